@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine: `make up` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install up test lint unit sim-long bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+up: install
+	$(BIN)/rillet cluster up
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Long deterministic-simulator runs, kept out of `make test`.
+sim-long: install
+	RILLET_SIM_SEEDS=20000 $(BIN)/pytest -q -m slow tests
+
+bench: install
+	$(BIN)/python benchmarks/storage_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

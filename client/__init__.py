@@ -1,0 +1,1 @@
+"""rillet.client"""
