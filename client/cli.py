@@ -15,7 +15,8 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
-CLIENT_COMMANDS: list[str] = []  # modules under rillet.client with a register(); filled as they land
+# Modules under rillet.client that expose register(); each adds its own sub-command.
+CLIENT_COMMANDS: list[str] = []
 
 
 def build_parser() -> argparse.ArgumentParser:
