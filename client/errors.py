@@ -71,11 +71,16 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (74, "FENCED_LEADER_EPOCH", True, "The request's leader epoch is older than the broker's."),
     (75, "UNKNOWN_LEADER_EPOCH", True, "The request's leader epoch is newer than the broker's."),
     (77, "STALE_BROKER_EPOCH", False, "The broker epoch is not current."),
+    (80, "PREFERRED_LEADER_NOT_AVAILABLE", True, "The preferred leader is not live and in sync."),
     (83, "ELIGIBLE_LEADERS_NOT_AVAILABLE", True, "No in-sync replica is alive to lead."),
+    (84, "ELECTION_NOT_NEEDED", False, "The partition already has the wanted leader."),
+    (85, "NO_REASSIGNMENT_IN_PROGRESS", False, "No reassignment is in progress to cancel."),
     (87, "INVALID_RECORD", False, "A record failed validation."),
     (89, "THROTTLING_QUOTA_EXCEEDED", True, "A quota was exceeded."),
+    (95, "INVALID_UPDATE_VERSION", False, "The partition epoch in the request is not current."),
     (102, "BROKER_ID_NOT_REGISTERED", False, "The broker id is not registered."),
     (104, "INCONSISTENT_CLUSTER_ID", False, "The cluster id does not match."),
+    (107, "INELIGIBLE_REPLICA", False, "A new ISR member is not a live, unfenced replica."),
     (109, "OFFSET_MOVED_TO_TIERED_STORAGE", False, "The offset is only in remote storage."),
     (1000, "DUPLICATE_BROKER_REGISTRATION", False, "Another live broker holds this id."),
     (1001, "TOO_MANY_CONNECTIONS", True, "The server has reached its connection limit."),
@@ -129,9 +134,14 @@ StorageError = EXCEPTIONS[56]
 FencedLeaderEpochError = EXCEPTIONS[74]
 UnknownLeaderEpochError = EXCEPTIONS[75]
 StaleBrokerEpochError = EXCEPTIONS[77]
+PreferredLeaderNotAvailableError = EXCEPTIONS[80]
 EligibleLeadersNotAvailableError = EXCEPTIONS[83]
+ElectionNotNeededError = EXCEPTIONS[84]
+NoReassignmentInProgressError = EXCEPTIONS[85]
 InvalidRecordError = EXCEPTIONS[87]
+InvalidUpdateVersionError = EXCEPTIONS[95]
 BrokerIdNotRegisteredError = EXCEPTIONS[102]
+IneligibleReplicaError = EXCEPTIONS[107]
 OffsetMovedToTieredStorageError = EXCEPTIONS[109]
 DuplicateBrokerRegistrationError = EXCEPTIONS[1000]
 TooManyConnectionsError = EXCEPTIONS[1001]
