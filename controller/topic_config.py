@@ -1,0 +1,120 @@
+"""The topic config keys the controller accepts, their types, defaults and validation.
+
+Values travel and are stored as strings (as Kafka's are); ``validate_topic_config``
+turns a request's values into their canonical string form or names the bad key, and
+``effective_topic_config`` gives a topic's typed values with defaults filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    name: str
+    kind: str  # "long", "int", "bool", "policy"
+    default: Any
+    minimum: int | None = None
+    doc: str = ""
+
+
+TOPIC_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in (
+        ConfigDef("cleanup.policy", "policy", "delete", doc="delete, compact, or both"),
+        ConfigDef("retention.ms", "long", 7 * 24 * 3600 * 1000, -1, "-1: keep forever"),
+        ConfigDef("retention.bytes", "long", -1, -1, "per partition; -1: unlimited"),
+        ConfigDef("segment.bytes", "int", 64 * 1024 * 1024, 1024, "roll the active segment"),
+        ConfigDef("segment.ms", "long", 7 * 24 * 3600 * 1000, 1, "roll the active segment"),
+        ConfigDef("min.insync.replicas", "int", 1, 1, "acks=all needs this many in sync"),
+        ConfigDef("max.message.bytes", "int", 1024 * 1024, 0, "largest batch accepted"),
+        ConfigDef("unclean.leader.election.enable", "bool", False, doc="elect outside the ISR"),
+        ConfigDef("delete.retention.ms", "long", 24 * 3600 * 1000, 0, "tombstone lifetime"),
+        ConfigDef("remote.storage.enable", "bool", False, doc="tier closed segments to S3"),
+        ConfigDef("local.retention.ms", "long", -2, -2, "-2: same as retention.ms"),
+        ConfigDef("local.retention.bytes", "long", -2, -2, "-2: same as retention.bytes"),
+        ConfigDef("flush.messages", "long", LONG_MAX, 1, "fsync every N messages"),
+        ConfigDef("flush.ms", "long", LONG_MAX, 0, "fsync every N ms"),
+        ConfigDef("min.compaction.lag.ms", "long", 0, 0, "records younger stay uncompacted"),
+    )
+}
+
+_POLICIES = {"delete", "compact"}
+
+
+def _parse_int(d: ConfigDef, raw: str) -> int:
+    value = int(raw.strip())
+    limit = INT_MAX if d.kind == "int" else LONG_MAX
+    if value > limit or (d.minimum is not None and value < d.minimum):
+        raise ValueError(f"{d.name}={raw} is outside [{d.minimum}, {limit}]")
+    return value
+
+
+def _parse_bool(d: ConfigDef, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(f"{d.name} must be true or false, not {raw!r}")
+    return lowered == "true"
+
+
+def _parse_policy(d: ConfigDef, raw: str) -> str:
+    parts = sorted({p.strip() for p in raw.split(",")})
+    if not parts or not set(parts) <= _POLICIES:
+        raise ValueError(f"{d.name} must be delete, compact or both, not {raw!r}")
+    return ",".join(sorted(parts, key=["delete", "compact"].index))
+
+
+_PARSERS: dict[str, Callable[[ConfigDef, str], Any]] = {
+    "long": _parse_int,
+    "int": _parse_int,
+    "bool": _parse_bool,
+    "policy": _parse_policy,
+}
+
+
+def parse_value(key: str, raw: str) -> Any:
+    """The typed value of one key; ValueError (KeyError for an unknown key) when invalid."""
+    d = TOPIC_CONFIGS[key]
+    return _PARSERS[d.kind](d, raw)
+
+
+def canonical(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def validate_topic_config(configs: Mapping[str, Any]) -> tuple[dict[str, str], str | None]:
+    """(canonical string values, error message or None). Accepts str, int or bool values."""
+    out: dict[str, str] = {}
+    for key, raw in configs.items():
+        if key not in TOPIC_CONFIGS:
+            return {}, f"unknown topic config {key!r}"
+        text = canonical(key, raw) if isinstance(raw, bool | int) else raw
+        if not isinstance(text, str):
+            return {}, f"{key}: value must be a string, not {type(raw).__name__}"
+        try:
+            out[key] = canonical(key, parse_value(key, text))
+        except ValueError as exc:
+            return {}, f"{key}: {exc}"
+    return out, None
+
+
+def effective_topic_config(overrides: Mapping[str, str]) -> dict[str, Any]:
+    """Typed values of every key: the topic's overrides on top of the defaults."""
+    out = {k: d.default for k, d in TOPIC_CONFIGS.items()}
+    for key, raw in overrides.items():
+        if key in TOPIC_CONFIGS:
+            out[key] = parse_value(key, raw)
+    return out
+
+
+def unclean_election_enabled(overrides: Mapping[str, str]) -> bool:
+    raw = overrides.get("unclean.leader.election.enable")
+    return raw is not None and raw.strip().lower() == "true"
