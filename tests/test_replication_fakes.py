@@ -1,0 +1,246 @@
+"""In-memory fakes for the replication core's tests, and tests that the fakes keep
+Kafka's semantics (LeaderEpochFileCache.endOffsetFor, truncateTo).
+
+FakeLog is a list of (epoch, value) records plus an epoch cache; Replica wraps a FakeLog
+and a PartitionState and applies effects the way a broker driver would. Other test
+modules import these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from rillet.broker.partition_state import PartitionState
+from rillet.broker.replication_types import (
+    UNDEFINED_EPOCH,
+    UNDEFINED_OFFSET,
+    AppendFetched,
+    AssignEpochStartOffset,
+    BatchInfo,
+    CompleteProduce,
+    Effect,
+    FailProduce,
+    FetchRequest,
+    FetchResponse,
+    ProposeAlterPartition,
+    ReplicationConfig,
+    Truncate,
+    TruncateFullyAndStartAt,
+    UpdateHighWatermark,
+)
+from rillet.client import errors
+
+Record = tuple[int, object]  # (leader epoch, value)
+
+
+class FakeLog:
+    """A log of (epoch, value) records with a leader-epoch cache, Kafka's semantics."""
+
+    def __init__(self) -> None:
+        self.log_start_offset = 0
+        self.records: list[Record] = []
+        self.epochs: list[tuple[int, int]] = []  # (epoch, start offset), ascending
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log_start_offset + len(self.records)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else UNDEFINED_EPOCH
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        if epoch == UNDEFINED_EPOCH or not self.epochs:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        if epoch == self.latest_epoch:
+            return epoch, self.log_end_offset
+        higher = [(e, s) for e, s in self.epochs if e > epoch]
+        if not higher:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        floor = [e for e, _ in self.epochs if e <= epoch]
+        return (floor[-1] if floor else epoch), higher[0][1]
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        assert start_offset == self.log_end_offset
+        if epoch > self.latest_epoch:
+            self.epochs.append((epoch, start_offset))
+
+    def append(self, records: Sequence[Record]) -> None:
+        for epoch, value in records:
+            assert epoch >= self.latest_epoch, (epoch, self.latest_epoch)
+            if epoch > self.latest_epoch:
+                self.epochs.append((epoch, self.log_end_offset))
+            self.records.append((epoch, value))
+
+    def read(self, start: int, end: int | None = None) -> list[Record]:
+        end = self.log_end_offset if end is None else end
+        return self.records[start - self.log_start_offset : end - self.log_start_offset]
+
+    def truncate_to(self, offset: int) -> None:
+        if offset >= self.log_end_offset:
+            return
+        del self.records[offset - self.log_start_offset :]
+        self.epochs = [(e, s) for e, s in self.epochs if s < offset]
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self.records, self.epochs, self.log_start_offset = [], [], offset
+
+
+def batches_of(start: int, records: Sequence[Record]) -> tuple[BatchInfo, ...]:
+    """One BatchInfo per run of same-epoch records."""
+    out: list[BatchInfo] = []
+    for i, (epoch, _) in enumerate(records):
+        offset = start + i
+        if out and out[-1].leader_epoch == epoch:
+            out[-1] = BatchInfo(out[-1].base_offset, offset, epoch)
+        else:
+            out.append(BatchInfo(offset, offset, epoch))
+    return tuple(out)
+
+
+@dataclass
+class Replica:
+    """One broker's copy of the partition: a FakeLog, its PartitionState, and what the
+    driver saw come out of it."""
+
+    broker_id: int
+    lag_ms: int = 30_000
+    log: FakeLog = field(default_factory=FakeLog)
+    proposals: list[ProposeAlterPartition] = field(default_factory=list)
+    results: dict[Hashable, int] = field(default_factory=dict)
+    hw_updates: list[int] = field(default_factory=list)
+    state: PartitionState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = PartitionState(self.broker_id, self.log, ReplicationConfig(self.lag_ms))
+
+    def apply(self, effects: Sequence[Effect], fetched: Sequence[Record] = ()) -> None:
+        for effect in effects:
+            match effect:
+                case AssignEpochStartOffset(epoch, start):
+                    self.log.assign_epoch_start_offset(epoch, start)
+                case UpdateHighWatermark(hw):
+                    self.hw_updates.append(hw)
+                case ProposeAlterPartition():
+                    self.proposals.append(effect)
+                case CompleteProduce(pid, code) | FailProduce(pid, code):
+                    assert pid not in self.results, f"produce {pid} answered twice"
+                    self.results[pid] = code
+                case Truncate(offset):
+                    self.log.truncate_to(offset)
+                case TruncateFullyAndStartAt(offset):
+                    self.log.truncate_fully_and_start_at(offset)
+                case AppendFetched(base, next_offset):
+                    assert base == self.log.log_end_offset
+                    assert len(fetched) == next_offset - base
+                    self.log.append(fetched)
+                case _:
+                    raise AssertionError(f"unknown effect {effect!r}")
+
+    # --- leader-side helpers -------------------------------------------------------
+
+    def append(self, values: Sequence[object], now_ms: int = 0) -> int:
+        """Append as leader; returns required_offset (last offset + 1)."""
+        epoch = self.state.leader_epoch
+        self.log.append([(epoch, v) for v in values])
+        self.apply(self.state.on_leader_append(self.log.log_end_offset, now_ms))
+        return self.log.log_end_offset
+
+    def produce(
+        self,
+        produce_id: Hashable,
+        values: Sequence[object],
+        min_isr: int = 1,
+        now_ms: int = 0,
+        timeout_ms: int = 30_000,
+    ) -> int | None:
+        """An acks=all produce, as a driver runs it. Returns the refusal code or None."""
+        error = self.state.check_produce(-1, min_isr)
+        if error is not None:
+            return error
+        required = self.append(values, now_ms)
+        self.apply(self.state.await_produce(produce_id, required, min_isr, now_ms + timeout_ms))
+        return None
+
+    def serve(self, request: FetchRequest, now_ms: int) -> tuple[FetchResponse, list[Record]]:
+        decision = self.state.on_fetch_request(request, now_ms)
+        self.apply(decision.effects)
+        records: list[Record] = []
+        if decision.error_code == errors.NONE and decision.diverging_epoch is None:
+            records = self.log.read(request.fetch_offset)
+        response = FetchResponse(
+            fetch_offset=request.fetch_offset,
+            leader_epoch=request.current_leader_epoch,
+            error_code=decision.error_code,
+            high_watermark=decision.high_watermark,
+            log_start_offset=decision.log_start_offset,
+            diverging_epoch=decision.diverging_epoch,
+            batches=batches_of(request.fetch_offset, records),
+        )
+        return response, records
+
+    # --- follower-side helpers -----------------------------------------------------
+
+    def receive(self, response: FetchResponse, records: Sequence[Record]) -> None:
+        self.apply(self.state.on_fetch_response(response), records)
+
+    def fetch_from(self, leader: Replica, now_ms: int = 0) -> None:
+        """One complete fetch round trip (request, leader decision, response)."""
+        request = self.state.fetch_request()
+        assert request is not None, f"broker {self.broker_id} is not a follower"
+        self.receive(*leader.serve(request, now_ms))
+
+
+# ---- the fake's own semantics -----------------------------------------------------
+
+
+def make_log(epochs_and_counts: Sequence[tuple[int, int]]) -> FakeLog:
+    log = FakeLog()
+    for epoch, count in epochs_and_counts:
+        log.append([(epoch, f"e{epoch}-{i}") for i in range(count)])
+    return log
+
+
+def test_fake_end_offset_for_latest_epoch_is_the_log_end() -> None:
+    log = make_log([(0, 3), (2, 2)])
+    assert log.end_offset_for_epoch(2) == (2, 5)
+
+
+def test_fake_end_offset_for_middle_epoch_is_next_epoch_start() -> None:
+    log = make_log([(0, 3), (2, 2), (5, 1)])
+    assert log.end_offset_for_epoch(0) == (0, 3)
+    assert log.end_offset_for_epoch(1) == (0, 3)  # floor epoch 0, next start 3
+    assert log.end_offset_for_epoch(3) == (2, 5)
+
+
+def test_fake_end_offset_below_first_epoch_and_above_last() -> None:
+    log = make_log([(3, 2), (4, 1)])
+    assert log.end_offset_for_epoch(1) == (1, 0)
+    assert log.end_offset_for_epoch(9) == (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+    assert FakeLog().end_offset_for_epoch(0) == (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+
+
+def test_fake_truncate_drops_epochs_starting_at_or_after_offset() -> None:
+    log = make_log([(0, 3), (2, 2), (5, 1)])
+    log.truncate_to(5)
+    assert log.epochs == [(0, 0), (2, 3)]
+    assert log.latest_epoch == 2 and log.log_end_offset == 5
+
+
+def test_fake_assigned_epoch_without_records_answers_its_start() -> None:
+    log = make_log([(0, 3)])
+    log.assign_epoch_start_offset(4, 3)
+    assert log.end_offset_for_epoch(0) == (0, 3)
+    assert log.end_offset_for_epoch(4) == (4, 3)
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_batches_of_groups_runs_of_one_epoch(start: int) -> None:
+    records: list[Record] = [(1, "a"), (1, "b"), (3, "c")]
+    assert batches_of(start, records) == (
+        BatchInfo(start, start + 1, 1),
+        BatchInfo(start + 2, start + 2, 3),
+    )
