@@ -1,0 +1,152 @@
+"""Test helpers shared across rillet's test suites.
+
+- ``wait_until`` / ``wait_until_async``: poll a condition with a generous deadline,
+  instead of sleeping a guessed time (no timing thresholds in tests).
+- ``ServerProcess`` / ``start_server_process``: run a node (or a test server) in its
+  own OS process, learn its port from a line it prints, and always stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 30.0  # generous: the shared CI machine has two busy cores
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.01,
+    message: str | Callable[[], str] = "",
+) -> Any:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Raises AssertionError after ``timeout`` seconds; ``message`` (or its result) says
+    what was being waited for. Exceptions from the predicate propagate.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {_describe(message)}")
+        time.sleep(interval)
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any | Awaitable[Any]],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.01,
+    message: str | Callable[[], str] = "",
+) -> Any:
+    """``wait_until`` for event-loop code; ``predicate`` may be sync or async."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {_describe(message)}")
+        await asyncio.sleep(interval)
+
+
+def _describe(message: str | Callable[[], str]) -> str:
+    text = message() if callable(message) else message
+    return text or "the condition"
+
+
+@dataclass
+class ServerProcess:
+    """A child process that announced its listening port on stdout."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    host: str = "127.0.0.1"
+    output: list[str] = field(default_factory=list)  # every stdout/stderr line so far
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+def start_server_process(
+    command: Sequence[str],
+    *,
+    port_pattern: str = r"^PORT (\d+)$",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> ServerProcess:
+    """Start ``command`` and wait until a stdout line matches ``port_pattern``.
+
+    The child's stderr is merged into stdout and read by a thread for the whole life of
+    the process (so the pipe never fills); lines land in ``ServerProcess.output``.
+    Callers must ``stop()`` it, e.g. in a fixture finalizer.
+    """
+    proc = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    output: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line.rstrip("\n"))
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, name=f"pump-{proc.pid}", daemon=True).start()
+    pattern = re.compile(port_pattern)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise RuntimeError(f"{command[0]} exited early:\n" + "\n".join(output))
+            match = pattern.search(line)
+            if match:
+                return ServerProcess(proc, int(match.group(1)), output=output)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def python_command(script: str, *args: str) -> list[str]:
+    """The command line to run a Python script with this interpreter (the venv's)."""
+    return [sys.executable, script, *args]

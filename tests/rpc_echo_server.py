@@ -1,0 +1,114 @@
+"""A small RpcServer in its own process, for tests that need a live peer.
+
+Run ``python tests/rpc_echo_server.py [--file-send-mode pread|sendfile]``; it prints
+``PORT <n>`` on stdout once listening on 127.0.0.1 and serves until SIGTERM or SIGINT.
+``make_handlers`` is importable, so in-process tests serve the same APIs.
+
+APIs served (besides the built-in ApiVersions):
+- Produce: answers each partition with base_offset = its nbytes (acks=0: no answer);
+- Fetch: each partition gets ``partition_max_bytes`` bytes of ``data_path`` from
+  ``fetch_offset``, sent as a FileRange;
+- ListOffsets: waits ``timestamp`` ms of its first partition, then echoes, so tests can
+  make later requests finish first;
+- Heartbeat: raises, to exercise UNKNOWN_SERVER_ERROR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import uvloop
+
+from rillet.client import schemas
+from rillet.client.errors import UnknownTopicOrPartitionError
+from rillet.client.rpc_server import FileRange, Handler, Request, Response, RpcServer
+
+
+async def produce(request: Request) -> Response | None:
+    if request.fields["acks"] == 0:
+        return None
+    topics = [
+        [topic, [[p, 0, nbytes, -1, 0, None] for p, nbytes in parts]]
+        for topic, parts in request.fields["topics"]
+    ]
+    return Response({"topics": topics, "throttle_time_ms": 0, "error_code": 0})
+
+
+def make_fetch(data_path: str) -> Handler:
+    size = os.path.getsize(data_path)
+
+    async def fetch(request: Request) -> Response:
+        topics: list[Any] = []
+        parts: list[Any] = []
+        for topic, partitions in request.fields["topics"]:
+            results = []
+            for p, offset, _epoch, _leader_epoch, _start, max_bytes in partitions:
+                if offset > size:
+                    raise UnknownTopicOrPartitionError(f"{topic}-{p}: offset {offset} past end")
+                n = min(max_bytes, size - offset)
+                results.append([p, 0, size, size, 0, None, -1, n])
+                parts.append(FileRange(data_path, offset, n))
+            topics.append([topic, results])
+        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": topics}, parts)
+
+    return fetch
+
+
+async def list_offsets(request: Request) -> Response:
+    topics = request.fields["topics"]
+    delay_ms = topics[0][1][0][2] if topics and topics[0][1] else 0
+    await asyncio.sleep(delay_ms / 1000)
+    answer = [[t, [[p[0], 0, p[2], p[2], 0] for p in ps]] for t, ps in topics]
+    return Response({"throttle_time_ms": 0, "topics": answer})
+
+
+async def heartbeat(request: Request) -> Response:
+    raise RuntimeError("heartbeat handler fails on purpose")
+
+
+def make_handlers(data_path: str) -> dict[int, Handler]:
+    return {
+        schemas.PRODUCE.key: produce,
+        schemas.FETCH.key: make_fetch(data_path),
+        schemas.LIST_OFFSETS.key: list_offsets,
+        schemas.HEARTBEAT.key: heartbeat,
+    }
+
+
+async def serve(args: argparse.Namespace) -> None:
+    server = RpcServer(
+        make_handlers(args.data),
+        max_request_bytes=args.max_request_bytes,
+        max_connections=args.max_connections,
+        file_send_mode=args.file_send_mode,
+        name="echo",
+    )
+    await server.start("127.0.0.1", 0)
+    print(f"PORT {server.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--file-send-mode", default="pread", choices=["pread", "sendfile"])
+    parser.add_argument("--max-request-bytes", type=int, default=1024 * 1024)
+    parser.add_argument("--max-connections", type=int, default=64)
+    parser.add_argument("--data", default=__file__, help="file that Fetch serves")
+    args = parser.parse_args(argv)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
