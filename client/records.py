@@ -141,12 +141,14 @@ def validate_batch(
     size = h.batch_length + LOG_OVERHEAD
     if size < HEADER_SIZE:
         raise CorruptRecordError(f"batch length {h.batch_length} shorter than its header")
+    # A length pointing past the buffer is a torn or corrupt batch, whatever the limit:
+    # check it before the size limit so a flipped length bit is never "too large".
+    if size > avail:
+        raise CorruptRecordError(f"batch truncated: length says {size} bytes, {avail} present")
     if max_size is not None and size > max_size:
         from rillet.client.errors import MessageTooLargeError
 
         raise MessageTooLargeError(f"batch of {size} bytes exceeds the limit of {max_size}")
-    if size > avail:
-        raise CorruptRecordError(f"batch truncated: length says {size} bytes, {avail} present")
     if h.record_count < 0 or h.last_offset_delta < 0:
         raise CorruptRecordError("negative record count or offset delta")
     actual = _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + size])
@@ -173,7 +175,9 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):
             if end - pos < HEADER_SIZE:
                 return
             h = BatchHeader._make(HEADER.unpack_from(buf, pos))
-            if h.batch_length + LOG_OVERHEAD > end - pos:
+            size = h.batch_length + LOG_OVERHEAD
+            # A length shorter than the header would never advance pos: stop, never loop.
+            if size > end - pos or size < HEADER_SIZE:
                 return
         yield pos, h
         pos += h.batch_length + LOG_OVERHEAD

@@ -1,0 +1,78 @@
+"""Small checkpoint files, written atomically (temp file, optional fsync, rename).
+
+Format, as Kafka's checkpoint files: a version line, a count line, then one entry per
+line of space-separated integers. A file that does not parse reads as missing, and the
+caller rebuilds what it held from the log (every checkpoint here is derivable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+VERSION = 0
+RECOVERY_POINT = "recovery-point"
+LOG_START_OFFSET = "log-start-offset"
+LEADER_EPOCH = "leader-epoch-checkpoint"
+CLEAN_SHUTDOWN = "clean-shutdown"
+
+
+def write_entries(path: Path, entries: list[tuple[int, ...]], *, fsync: bool) -> None:
+    """Replace ``path`` atomically with ``entries``; fsync file and dir when asked."""
+    lines = [str(VERSION), str(len(entries))]
+    lines.extend(" ".join(str(v) for v in e) for e in entries)
+    data = ("\n".join(lines) + "\n").encode()
+    # A unique temp name: a roll's background flush and close() may write at once.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def read_entries(path: Path, width: int) -> list[tuple[int, ...]] | None:
+    """The entries of a checkpoint, or None when missing or malformed (then rebuild)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        lines = text.split("\n")
+        if int(lines[0]) != VERSION:
+            raise ValueError(f"version {lines[0]}")
+        count = int(lines[1])
+        entries = [tuple(int(v) for v in line.split()) for line in lines[2 : 2 + count]]
+        if len(entries) != count or any(len(e) != width for e in entries):
+            raise ValueError("entry count or width")
+    except (ValueError, IndexError) as e:
+        log.warning("ignoring malformed checkpoint %s (%s); rebuilding from the log", path, e)
+        return None
+    return entries
+
+
+def write_offset(path: Path, offset: int, *, fsync: bool) -> None:
+    write_entries(path, [(offset,)], fsync=fsync)
+
+
+def read_offset(path: Path) -> int | None:
+    entries = read_entries(path, 1)
+    return entries[0][0] if entries else None
+
+
+def fsync_dir(path: Path) -> None:
+    """Make renames and unlinks in a directory durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,37 @@
+"""What a read returns: a byte range of one segment file, ready for ``os.sendfile``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """Whole batches at ``[position, position + length)`` of a segment file.
+
+    ``fd`` is the segment's own open descriptor: send from it (``os.sendfile(sock, fd,
+    position, length)`` or ``os.pread``) rather than reopening ``path``, because compaction
+    may replace the file at that path; the descriptor keeps the old bytes readable until
+    ``file.delete.delay.ms`` after the segment was retired. Do not close it.
+    ``first_offset`` is the base offset of the first batch, which may lie below the offset
+    asked for (a batch is never split). ``length`` 0 means nothing to read.
+    """
+
+    fd: int
+    path: Path | None
+    position: int
+    length: int
+    first_offset: int
+
+    @classmethod
+    def empty(cls, offset: int) -> FileSlice:
+        return cls(-1, None, 0, 0, offset)
+
+    def read(self) -> bytes:
+        """The bytes, by one pread (the copy ``read_bytes`` hands out)."""
+        if self.length == 0:
+            return b""
+        # May come back short if a follower truncated the file since the read was planned.
+        return os.pread(self.fd, self.length, self.position)

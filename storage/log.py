@@ -1,0 +1,528 @@
+"""``Log``: one partition's segmented, append-only log in ``<data.dir>/<topic>-<partition>/``.
+
+Threading model: every public method runs on the event-loop thread (the broker's), and
+the synchronous ones never fsync. Appends are one ``os.write`` to the page cache, so a
+produce handler can append before its first ``await`` and keep arrival order.
+
+Which calls block (do file work beyond a page-cache write) and what to use instead:
+
+- ``append``/``append_as_follower``: never fsync. A roll creates the new segment file
+  inline (one open) and hands the old segment's fsync and index write to the default
+  executor when a loop is running (inline otherwise). ``flush.messages``/``flush.ms``
+  schedule a background flush the same way.
+- ``read``/``read_bytes``/``offset_for_timestamp``: preads of headers (61 bytes each)
+  and, for a closed segment first touched, its index file (<= ~200 KiB).
+- ``truncate_to``/``truncate_fully_and_start_at``: ftruncate and renames inline (fast
+  metadata work); unlinks are deferred to ``purge_retired``.
+- ``flush``/``close``/``Log.open``: block (fsync, recovery scan). Use ``flush_async``,
+  ``close_async`` and ``LogManager`` (which opens logs in threads) from the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from rillet.client import records
+from rillet.client.errors import (
+    CorruptRecordError,
+    FencedLeaderEpochError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from rillet.client.records import LOG_OVERHEAD, BatchHeader
+from rillet.storage import checkpoints
+from rillet.storage.config import LogConfig
+from rillet.storage.epoch_cache import LeaderEpochCache
+from rillet.storage.fileslice import FileSlice
+from rillet.storage.invariants import invariant
+from rillet.storage.segment import LogSegment
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TimestampOffset(NamedTuple):
+    offset: int
+    timestamp: int
+
+
+@dataclass(slots=True)
+class Retired:
+    """A segment out of the log whose descriptor must outlive in-flight reads."""
+
+    deadline_ms: int
+    segment: LogSegment
+    unlink: list[Path]
+
+
+class Log:
+    """One partition log. Build with ``Log.open(directory, config)``."""
+
+    def __init__(self, directory: Path, config: LogConfig, clock: Clock) -> None:
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._log_start = 0
+        self._recovery_point = 0
+        self.epochs = LeaderEpochCache(directory / checkpoints.LEADER_EPOCH)
+        self.generation = 0  # bumped whenever segments are removed or cut: cleaner checks it
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock()
+        self._pending: set[asyncio.Future] = set()
+        self._retired: list[Retired] = []
+        self._state_lock = threading.Lock()  # recovery point, written from executor threads
+        self.failure: BaseException | None = None
+        self.maintenance_lock = asyncio.Lock()
+        self.closed = False
+        self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
+
+    # -- opening ----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: str | os.PathLike, config: LogConfig | None = None, *,
+        clock: Clock | None = None,
+    ) -> Log:
+        """Open (or create) a partition log. Blocks: run it in a thread from a loop."""
+        from rillet.storage.recovery import load_log
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        log = cls(path, config or LogConfig(), clock or wall_clock_ms)
+        load_log(log)
+        return log
+
+    def _install(self, segments: list[LogSegment], log_start: int, recovery_point: int) -> None:
+        """Set the loaded state; called once by recovery.load_log."""
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._log_start = log_start
+        self._recovery_point = recovery_point
+        self._check_segments()
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.directory.name
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epochs.latest_epoch
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> Sequence[LogSegment]:
+        return tuple(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """KIP-101/279: (largest epoch <= ``epoch``, where the next epoch starts or the
+        log end for the latest); (-1, -1) when ``epoch`` is newer than any known."""
+        return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
+    # -- appends ------------------------------------------------------------------------
+
+    def append(self, batches: bytes | bytearray | memoryview, leader_epoch: int) -> tuple[int, int]:
+        """Append a produce payload as leader: validate every batch, then assign offsets
+        and stamp ``leader_epoch`` in place, then write. Returns (first, last) offset.
+
+        Raises CorruptRecordError / MessageTooLargeError having written nothing.
+        """
+        self._check_writable()
+        buf = _writable(batches)
+        parsed = self._validate(buf)
+        if leader_epoch < self.epochs.latest_epoch:
+            raise FencedLeaderEpochError(
+                f"{self.name}: append at epoch {leader_epoch} < latest {self.latest_epoch}"
+            )
+        first = next_offset = self.log_end_offset
+        stamped = []
+        for position, h in parsed:
+            records.stamp(buf, position, next_offset, leader_epoch)
+            stamped.append(h._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
+            next_offset += h.last_offset_delta + 1
+        self._write(buf, stamped)
+        self.epochs.assign(leader_epoch, first)
+        return first, next_offset - 1
+
+    def append_as_follower(self, batches: bytes | bytearray | memoryview) -> tuple[int, int]:
+        """Append batches fetched from the leader, keeping their offsets and epochs.
+
+        Offsets must start at or after the log end and increase (compacted batches may
+        leave gaps). Returns (first, last) offset; raises CorruptRecordError otherwise.
+        """
+        self._check_writable()
+        parsed = self._validate(batches)
+        expected = self.log_end_offset
+        for position, h in parsed:
+            if h.base_offset < expected:
+                raise CorruptRecordError(
+                    f"{self.name}: follower batch at byte {position} has base offset "
+                    f"{h.base_offset}, expected >= {expected}"
+                )
+            expected = h.next_offset
+        headers = [h for _, h in parsed]
+        self._write(batches, headers)
+        for h in headers:
+            if h.partition_leader_epoch > self.epochs.latest_epoch:
+                self.epochs.assign(h.partition_leader_epoch, h.base_offset)
+        return headers[0].base_offset, headers[-1].last_offset
+
+    def _validate(self, buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
+        """Every batch complete, CRC-valid and within max.message.bytes; nothing written."""
+        if len(buf) == 0:
+            raise CorruptRecordError(f"{self.name}: empty append")
+        limit = self.config.max_message_bytes
+        out = []
+        position = 0
+        while position < len(buf):
+            h = records.validate_batch(buf, position, max_size=limit)
+            if h.record_count < 1:
+                raise CorruptRecordError(f"{self.name}: batch at byte {position} has no records")
+            out.append((position, h))
+            position += h.batch_length + LOG_OVERHEAD
+        return out
+
+    def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        self._maybe_roll(len(data), headers[-1].last_offset)
+        self.active_segment.append(data, headers)
+        self._unflushed_messages += sum(h.record_count for h in headers)
+        self._maybe_flush_by_policy()
+
+    def _check_writable(self) -> None:
+        if self.failure is not None:
+            raise StorageError(f"{self.name}: log failed earlier: {self.failure}")
+        invariant(not self.closed, f"{self.name}: append to a closed log")
+
+    # -- rolling and flushing -----------------------------------------------------------
+
+    def _maybe_roll(self, incoming: int, last_offset: int) -> None:
+        seg = self.active_segment
+        if seg.size == 0:
+            return
+        now = self.clock()
+        if (
+            seg.size + incoming > self.config.segment_bytes
+            or now - seg.created_ms >= self.config.segment_ms
+            or not seg.fits(last_offset)
+        ):
+            self.roll()
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end; the old one's fsync and index write
+        run in the background (inline without a running loop)."""
+        old = self.active_segment
+        snapshot = old.seal()
+        new = LogSegment.create(
+            self.directory, old.next_offset, self.config.index_interval_bytes, self.clock()
+        )
+        self._segments.append(new)
+        self._bases.append(new.base_offset)
+        end = new.base_offset
+        generation = self.generation
+
+        def persist() -> None:
+            old.write_indexes(snapshot, fsync=True)
+            old.fsync()
+            self._advance_recovery_point(end, generation, write=False)
+
+        self._background(persist, after=old.freeze)
+        return new
+
+    def _maybe_flush_by_policy(self) -> None:
+        c = self.config
+        due = c.flush_messages is not None and self._unflushed_messages >= c.flush_messages
+        if c.flush_ms is not None and self._unflushed_messages:
+            due = due or self.clock() - self._last_flush_ms >= c.flush_ms
+        if due:
+            self._unflushed_messages = 0
+            self._last_flush_ms = self.clock()
+            self._background(self._prepare_flush(), after=None)
+
+    def maybe_flush_by_time(self) -> None:
+        """The manager's periodic tick: flush.ms also applies to a log gone quiet."""
+        self._maybe_flush_by_policy()
+
+    def _prepare_flush(self) -> Callable[[], None]:
+        """Capture, on the loop thread, what a flush must persist; returns the job."""
+        segments = [s for s in self._segments if s.base_offset >= self._recovery_point_base()]
+        end = self.log_end_offset
+        active = self.active_segment
+        snapshot = active.index_snapshot()
+        epochs = self.epochs.snapshot() if self.epochs.dirty else None
+        generation = self.generation
+
+        def job() -> None:
+            for seg in segments:
+                seg.fsync()
+            active.write_indexes(snapshot, fsync=False)
+            if epochs is not None:
+                self.epochs.write(epochs, fsync=True)
+            self._advance_recovery_point(end, generation, write=True)
+
+        return job
+
+    def _recovery_point_base(self) -> int:
+        i = bisect.bisect_right(self._bases, self._recovery_point) - 1
+        return self._bases[max(i, 0)]
+
+    def _advance_recovery_point(self, offset: int, generation: int, *, write: bool) -> None:
+        """Raise the recovery point (thread-safe) unless the log was cut meanwhile."""
+        with self._state_lock:
+            if generation != self.generation or offset <= self._recovery_point:
+                if not write:
+                    return
+            else:
+                self._recovery_point = offset
+            point = self._recovery_point
+            if write:
+                path = self.directory / checkpoints.RECOVERY_POINT
+                checkpoints.write_offset(path, point, fsync=True)
+
+    def flush(self) -> None:
+        """fsync everything written so far and checkpoint the recovery point. Blocks."""
+        self._unflushed_messages = 0
+        self._last_flush_ms = self.clock()
+        self._prepare_flush()()
+
+    async def flush_async(self) -> None:
+        """``flush`` with the blocking part in the default executor."""
+        self._unflushed_messages = 0
+        self._last_flush_ms = self.clock()
+        job = self._prepare_flush()
+        await asyncio.get_running_loop().run_in_executor(None, job)
+
+    def _background(self, job: Callable[[], None], after: Callable[[], None] | None) -> None:
+        """Run blocking ``job`` in the default executor (inline with no running loop);
+        then ``after`` on the loop thread. A failure marks the log failed."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            job()
+            if after is not None:
+                after()
+            return
+        future = loop.run_in_executor(None, job)
+        self._pending.add(future)
+        future.add_done_callback(lambda f: self._background_done(f, after))
+
+    def _background_done(self, future: asyncio.Future, after: Callable[[], None] | None) -> None:
+        self._pending.discard(future)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self.failure = exc
+            logger.error("%s: background flush failed; log is now read-only: %r", self.name, exc)
+        elif after is not None and not self.closed:
+            after()
+
+    async def wait_background(self) -> None:
+        """Wait for background fsyncs started so far (rolls, flush policy)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FileSlice:
+        """Whole batches from the one holding ``offset``: up to ``max_bytes`` but at least
+        one batch, none reaching ``max_offset`` (the high watermark). Within one segment.
+
+        OffsetOutOfRangeError below the log start or above the log end; empty at the end.
+        """
+        self._check_offset(offset)
+        end = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        if offset >= end:
+            return FileSlice.empty(offset)
+        i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        for seg in self._segments[i:]:
+            hit = seg.find(offset)
+            if hit is None:
+                continue  # the offset fell in a compacted gap at the segment's end
+            position, h = hit
+            if h.last_offset >= end:
+                break
+            stop = seg.read_end(position, h, max_bytes, end)
+            return FileSlice(seg.fd, seg.log_path, position, stop - position, h.base_offset)
+        return FileSlice.empty(offset)
+
+    def read_bytes(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """``read`` as plain bytes (one pread)."""
+        return self.read(offset, max_bytes, max_offset).read()
+
+    def _check_offset(self, offset: int) -> None:
+        if offset < self._log_start or offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.name}: offset {offset} outside [{self._log_start}, "
+                f"{self.log_end_offset}]"
+            )
+
+    def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
+        """The first record (lowest offset) whose timestamp is >= ``timestamp``, or None."""
+        for seg in self._segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            hit = seg.find_timestamp(timestamp)
+            if hit is None:
+                continue
+            position, h = hit
+            data = os.pread(seg.fd, h.batch_length + LOG_OVERHEAD, position)
+            offsets, stamps, *_ = records.decode_columns(data, 0, h)
+            for off, ts in zip(offsets, stamps, strict=True):
+                if ts >= timestamp and off >= self._log_start:
+                    return TimestampOffset(off, ts)
+        return None
+
+    # -- truncation -------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the log so it ends at or before ``offset`` (whole batches: a batch holding
+        ``offset`` goes too). For a follower whose tail diverged from the leader's."""
+        if offset >= self.log_end_offset:
+            return
+        if offset <= self._log_start:
+            self.truncate_fully_and_start_at(offset)
+            return
+        keep = max(bisect.bisect_left(self._bases, offset), 1)
+        self._retire(self._segments[keep:], unlink=True, now=True)
+        del self._segments[keep:], self._bases[keep:]
+        last = self.active_segment
+        cut = last.truncate_to(offset)
+        last.created_ms = self.clock()
+        self._after_cut()
+        logger.info("%s: truncated to %d (%d bytes cut from the last segment)",
+                    self.name, self.log_end_offset, cut)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start empty at ``offset`` (a follower far behind)."""
+        self._retire(self._segments, unlink=True, now=True)
+        new = LogSegment.create(
+            self.directory, offset, self.config.index_interval_bytes, self.clock()
+        )
+        self._segments, self._bases = [new], [offset]
+        self._log_start = offset
+        self.epochs.clear()
+        self._after_cut()
+        checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=False)
+
+    def _after_cut(self) -> None:
+        with self._state_lock:
+            self.generation += 1
+            self._recovery_point = min(self._recovery_point, self.log_end_offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
+        self._check_segments()
+
+    # -- segment removal (retention, compaction, truncation) ------------------------------
+
+    def remove_prefix(self, count: int) -> list[LogSegment]:
+        """Take the first ``count`` closed segments out of the log (retention); the log
+        start moves to the next segment. The caller retires the files (``retire``)."""
+        invariant(0 < count < len(self._segments), f"cannot remove {count} segments")
+        gone = self._segments[:count]
+        del self._segments[:count], self._bases[:count]
+        with self._state_lock:
+            self.generation += 1
+        self._log_start = max(self._log_start, self._bases[0])
+        self.epochs.truncate_from_start(self._log_start)
+        self._check_segments()
+        return gone
+
+    def replace_segment(self, old: LogSegment, new: LogSegment | None) -> None:
+        """Swap a closed segment for its compacted copy (or drop it when ``new`` is None)."""
+        i = self._segments.index(old)
+        invariant(i < len(self._segments) - 1, "compaction never touches the active segment")
+        if new is None:
+            del self._segments[i], self._bases[i]
+        else:
+            self._segments[i] = new
+        self._check_segments()
+
+    def retire(self, segments: Sequence[LogSegment], *, unlink: bool) -> None:
+        """Keep retired descriptors open for file.delete.delay.ms, then close them."""
+        self._retire(segments, unlink=unlink, now=False)
+
+    def _retire(self, segments: Sequence[LogSegment], *, unlink: bool, now: bool) -> None:
+        deadline = self.clock() + self.config.file_delete_delay_ms
+        for seg in segments:
+            paths: list[Path] = []
+            if unlink and now:  # renamed now, so a reopen never sees them as live
+                for path in seg.paths():
+                    target = path.with_name(path.name + ".deleted")
+                    try:
+                        os.replace(path, target)
+                        paths.append(target)
+                    except FileNotFoundError:
+                        pass
+            elif unlink:
+                paths = seg.paths()
+            self._retired.append(Retired(deadline, seg, paths))
+
+    def due_retired(self, now_ms: int | None = None) -> list[Retired]:
+        """Retired segments whose delay passed (all of them with ``now_ms`` None)."""
+        due = [r for r in self._retired if now_ms is None or r.deadline_ms <= now_ms]
+        self._retired = [r for r in self._retired if r not in due]
+        return due
+
+    def _check_segments(self) -> None:
+        invariant(len(self._segments) > 0, f"{self.name}: a log always has a segment")
+        invariant(self._bases == sorted(set(self._bases)), f"{self.name}: segment order")
+        invariant(self._log_start <= self.log_end_offset, f"{self.name}: start > end")
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, persist indexes, write the clean-shutdown marker, close. Blocks."""
+        if self.closed:
+            return
+        from rillet.storage.recovery import close_log
+
+        close_log(self)
+
+    async def close_async(self) -> None:
+        await self.wait_background()
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+
+def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:
+    """A buffer ``stamp`` can patch: the caller's own if writable, else one copy."""
+    if isinstance(data, bytearray):
+        return data
+    if isinstance(data, memoryview) and not data.readonly:
+        return data
+    return bytearray(data)

@@ -1,0 +1,287 @@
+"""One segment: a ``.log`` file of back-to-back batches plus its two sparse indexes.
+
+Only the active (last) segment is written to, with plain ``os.write`` calls on an
+unbuffered descriptor: one syscall per append, the bytes land in the page cache, and an
+fsync from an executor thread can run alongside without Python-level buffers to race on.
+Closed segments are immutable until retention, compaction or a follower's truncation
+replaces them; their descriptors open lazily on the first read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rillet.client.records import LOG_OVERHEAD, BatchHeader
+from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
+from rillet.storage.invariants import invariant
+from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
+
+NO_TIMESTAMP = -1
+MAX_RELATIVE_OFFSET = 0xFFFFFFFF
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class LogSegment:
+    def __init__(
+        self, directory: Path, base_offset: int, *, size: int, active: bool, index_interval: int,
+        suffix: str = "",
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.size = size
+        self.index_interval = index_interval
+        name = segment_name(base_offset)
+        self.log_path = directory / f"{name}.log{suffix}"
+        self.index = OffsetIndex(directory / f"{name}.index{suffix}", mutable=active)
+        self.time_index = TimeIndex(directory / f"{name}.timeindex{suffix}", mutable=active)
+        self._fd: int | None = None
+        self._max_timestamp: int | None = None if not active else NO_TIMESTAMP
+        self.next_offset = base_offset  # exact for the active segment only
+        self.last_batch_base = -1
+        self.created_ms = 0
+        self._since_index = 0
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, directory: Path, base_offset: int, index_interval: int, now_ms: int, suffix: str = ""
+    ) -> LogSegment:
+        seg = cls(
+            directory, base_offset, size=0, active=True, index_interval=index_interval,
+            suffix=suffix,
+        )
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        seg._fd = os.open(seg.log_path, flags, 0o644)
+        seg.created_ms = now_ms
+        for index in (seg.index, seg.time_index):
+            index.path.unlink(missing_ok=True)  # a stale index from a deleted namesake
+        return seg
+
+    def activate(self, now_ms: int) -> None:
+        """Make an existing (last) segment the one appended to; reads only its tail."""
+        self.index.make_mutable()
+        self.time_index.make_mutable()
+        self._check_index()
+        self._rescan_tail()
+        self.created_ms = now_ms  # segment.ms counts from (re)opening, not the first batch
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+        return self._fd
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    # -- appends --------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, batches: list[BatchHeader]) -> None:
+        """Write whole batches (already validated and stamped) and index them."""
+        position = self.size
+        for h in batches:
+            invariant(h.base_offset >= self.next_offset, f"offset {h.base_offset} goes back")
+            self._maybe_index(h, position)
+            position += h.batch_length + LOG_OVERHEAD
+            self.next_offset = h.next_offset
+            self.last_batch_base = h.base_offset
+        _write_all(self.fd, data)
+        invariant(position == self.size + len(data), "batch sizes do not add up to the payload")
+        self.size = position
+
+    def _maybe_index(self, h: BatchHeader, position: int) -> None:
+        if h.max_timestamp > self.max_timestamp:
+            self._max_timestamp = h.max_timestamp
+        if self._since_index >= self.index_interval and position > 0:
+            relative = h.base_offset - self.base_offset
+            self.index.append(relative, position)
+            last = self.time_index.last()
+            if last is None or self.max_timestamp > last[0]:
+                self.time_index.append(self.max_timestamp, relative)
+            self._since_index = 0
+        self._since_index += h.batch_length + LOG_OVERHEAD
+
+    def fits(self, last_offset: int) -> bool:
+        return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
+
+    # -- lookups --------------------------------------------------------------------
+
+    def headers_from(
+        self, position: int, end: int | None = None
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """Batch headers from ``position`` by pread, 61 bytes each (no record bytes)."""
+        stop = self.size if end is None else end
+        while position < stop:
+            h = read_header_at(self.fd, position)
+            yield position, h
+            position += h.batch_length + LOG_OVERHEAD
+
+    def find(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """The first batch whose last offset is >= ``offset`` (holds it, or follows a gap)."""
+        entry = self.index.floor(offset - self.base_offset)
+        start = entry[1] if entry else 0
+        for position, h in self.headers_from(start):
+            if h.last_offset >= offset:
+                return position, h
+        return None
+
+    def read_end(self, start: int, first: BatchHeader, max_bytes: int, max_offset: int) -> int:
+        """End of a read from ``start``: whole batches within ``max_bytes`` and below
+        ``max_offset``, but at least ``first``. Jumps by the index, then walks <= a few KiB."""
+        limit = start + max(max_bytes, first.batch_length + LOG_OVERHEAD)
+        position = start + first.batch_length + LOG_OVERHEAD
+        jump = self._index_jump(limit, max_offset)
+        if jump is not None and jump > position:
+            position = jump
+        for pos, h in self.headers_from(position):
+            if pos + h.batch_length + LOG_OVERHEAD > limit or h.last_offset >= max_offset:
+                return pos
+        return self.size
+
+    def _index_jump(self, limit: int, max_offset: int) -> int | None:
+        """Largest indexed batch start with position <= ``limit`` and base offset <=
+        ``max_offset``: both columns increase, so every batch before it ends by ``limit``
+        and has a last offset below ``max_offset``."""
+        by_position = self.index.floor_value(limit)
+        by_offset = self.index.floor(max_offset - self.base_offset)
+        if by_position is None or by_offset is None:
+            return None
+        return min(by_position[1], by_offset[1])
+
+    @property
+    def max_timestamp(self) -> int:
+        """Largest timestamp in the segment (retention reads it), NO_TIMESTAMP if empty."""
+        if self._max_timestamp is None:
+            last = self.time_index.last()
+            if last is not None:
+                self._max_timestamp = last[0]
+            else:
+                self._max_timestamp = max(
+                    (h.max_timestamp for _, h in self.headers_from(0)), default=NO_TIMESTAMP
+                )
+        return self._max_timestamp
+
+    def find_timestamp(self, timestamp: int) -> tuple[int, BatchHeader] | None:
+        """The first batch whose max timestamp is >= ``timestamp``."""
+        entry = self.time_index.floor_before(timestamp)
+        start = 0
+        if entry is not None:
+            hit = self.index.floor(entry[1])
+            start = hit[1] if hit else 0
+        for position, h in self.headers_from(start):
+            if h.max_timestamp >= timestamp:
+                return position, h
+        return None
+
+    # -- recovery and truncation ---------------------------------------------------
+
+    def recover(
+        self, min_offset: int, on_batch: Callable[[BatchHeader], None] | None = None
+    ) -> tuple[int, ScanProblem | None]:
+        """Validate every batch, rebuild both indexes, cut the file at the first bad one.
+
+        Returns (bytes cut, problem or None). Leaves the segment mutable (active-like);
+        the caller seals it if it is not the last.
+        """
+        self.index.make_mutable()
+        self.time_index.make_mutable()
+        self.index.clear()
+        self.time_index.clear()
+        self._max_timestamp, self._since_index = NO_TIMESTAMP, 0
+        self.next_offset, self.last_batch_base = max(min_offset, self.base_offset), -1
+        scanner = BatchScanner(self.fd, min_offset=self.next_offset)
+        for position, h, _view in scanner:
+            self._maybe_index(h, position)
+            if on_batch is not None:
+                on_batch(h)
+            self.next_offset, self.last_batch_base = h.next_offset, h.base_offset
+        file_size = os.fstat(self.fd).st_size
+        cut = file_size - scanner.end
+        if cut:
+            os.ftruncate(self.fd, scanner.end)
+        self.size = scanner.end
+        return cut, scanner.problem
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; returns bytes removed."""
+        hit = self.find(offset)
+        if hit is None:
+            return 0
+        position, h = hit
+        removed = self.size - position
+        self.index.make_mutable()
+        self.time_index.make_mutable()
+        os.ftruncate(self.fd, position)
+        self.size = position
+        self.index.truncate_values_from(position)
+        self.time_index.truncate_values_from(h.base_offset - self.base_offset)
+        self._rescan_tail()
+        self.next_offset = max(min(offset, h.base_offset), self.next_offset)
+        return removed
+
+    def _rescan_tail(self) -> None:
+        """Recompute end offset, max timestamp and index spacing from the last entry on."""
+        last = self.index.last()
+        start = last[1] if last else 0
+        self.next_offset = self.base_offset if last is None else self.base_offset + last[0]
+        last_time = self.time_index.last()
+        self._max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
+        self._since_index = 0
+        self.last_batch_base = -1
+        for position, h in self.headers_from(start):
+            self._max_timestamp = max(self._max_timestamp, h.max_timestamp)
+            self._since_index = position + h.batch_length + LOG_OVERHEAD - start
+            self.next_offset, self.last_batch_base = h.next_offset, h.base_offset
+
+    def _check_index(self) -> None:
+        last = self.index.last()
+        if last is not None and last[1] >= self.size:
+            self.index.truncate_values_from(self.size)  # a stale tail: cut, then rescan
+
+    # -- durability and lifecycle -----------------------------------------------------
+
+    def seal(self) -> tuple[bytes, bytes]:
+        """Stop appending: add the final time entry; returns index bytes to persist."""
+        last = self.time_index.last()
+        if self.last_batch_base >= 0 and (last is None or self.max_timestamp > last[0]):
+            self.time_index.append(self.max_timestamp, self.last_batch_base - self.base_offset)
+        return self.index_snapshot()
+
+    def index_snapshot(self) -> tuple[bytes, bytes]:
+        return self.index.to_bytes(), self.time_index.to_bytes()
+
+    def write_indexes(self, snapshot: tuple[bytes, bytes], *, fsync: bool) -> None:
+        SparseIndex.write_file(self.index.path, snapshot[0], fsync=fsync)
+        SparseIndex.write_file(self.time_index.path, snapshot[1], fsync=fsync)
+
+    def freeze(self) -> None:
+        self.index.freeze()
+        self.time_index.freeze()
+
+    def fsync(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.index.forget()
+        self.time_index.forget()
+
+    def paths(self) -> list[Path]:
+        return [self.log_path, self.index.path, self.time_index.path]
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
