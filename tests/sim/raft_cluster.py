@@ -1,0 +1,529 @@
+"""Raft controller nodes as actors of the simulation, with invariants checked after every event.
+
+Each `RaftActor` is a short driver around a real `RaftNode`, like the production one:
+persist the Ready to its simulated durable store, send, apply, advance. A crash throws
+away the node and its state machine; a restart rebuilds both from the durable store only,
+so anything the driver did not persist from a Ready is lost, as after kill -9.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from dataclasses import dataclass, field
+
+import msgpack
+
+from rillet.controller.raft import (
+    AppendRequest,
+    AppendResponse,
+    Entry,
+    EntryKind,
+    HardState,
+    NotLeader,
+    PreVoteRequest,
+    PreVoteResponse,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    Ready,
+    Role,
+    Snapshot,
+    StorageState,
+    TooManyUncommitted,
+    VoteRequest,
+    VoteResponse,
+    message_from_dict,
+)
+
+from .network import LinkFaults, SimNetwork
+from .scheduler import Scheduler, SimClock
+from .trace import Trace
+
+REPLAY_COMMAND = "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_raft_sim.py -k replay -s"
+
+
+class SimulationFailure(AssertionError):
+    """An invariant broke; the message carries the seed's replay command and a trace."""
+
+
+# ---------------------------------------------------------------------------
+# Durable store and state machine of one simulated node
+
+
+@dataclass(slots=True)
+class SimDurableStore:
+    """What survives a crash: only what the driver persisted from Ready (or compact())."""
+
+    hard_state: HardState = HardState()
+    snapshot: Snapshot | None = None
+    entries: list[Entry] = field(default_factory=list)
+
+    def snapshot_index(self) -> int:
+        return self.snapshot.index if self.snapshot else 0
+
+    def last_index(self) -> int:
+        return self.entries[-1].index if self.entries else self.snapshot_index()
+
+    def persist(self, ready: Ready, write_hard_state: bool) -> None:
+        if ready.snapshot is not None:
+            self.snapshot = ready.snapshot
+            self.entries.clear()
+        if ready.entries:
+            first = ready.entries[0].index
+            self.entries = [e for e in self.entries if e.index < first]
+            if first != self.last_index() + 1:
+                raise SimulationFailure(f"Ready entries start at {first} but the store "
+                                        f"ends at {self.last_index()}")
+            self.entries.extend(ready.entries)
+        if ready.hard_state is not None and write_hard_state:
+            self.hard_state = ready.hard_state
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        if snapshot.index > self.snapshot_index():
+            self.snapshot = snapshot
+            self.entries = [e for e in self.entries if e.index > snapshot.index]
+
+    def load(self) -> StorageState:
+        return StorageState(self.hard_state, self.snapshot, tuple(self.entries))
+
+
+def _digest_step(digest: bytes, entry: Entry) -> bytes:
+    if entry.kind == EntryKind.NOOP:
+        return digest
+    return hashlib.blake2b(digest + entry.data, digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class DigestStateMachine:
+    """The application: a running hash of every applied payload, so replicas compare cheaply."""
+
+    applied_index: int = 0
+    digest: bytes = b""
+
+    def apply(self, entry: Entry) -> None:
+        if entry.index != self.applied_index + 1:
+            raise SimulationFailure(f"applied entry {entry.index} after {self.applied_index}")
+        self.digest = _digest_step(self.digest, entry)
+        self.applied_index = entry.index
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb([self.applied_index, self.digest])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> DigestStateMachine:
+        index, digest = msgpack.unpackb(data)
+        return cls(index, digest)
+
+
+# ---------------------------------------------------------------------------
+# Invariants shared by the whole cluster
+
+
+class RaftInvariants:
+    """Everything any node ever persisted, committed or applied, checked against the rest."""
+
+    def __init__(self, fail: callable) -> None:  # type: ignore[valid-type]
+        self.fail = fail
+        self.leader_of_term: dict[int, int] = {}
+        self.entry_by_key: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
+        self.committed: dict[int, Entry] = {}
+        self.digest_at: dict[int, bytes] = {}
+        self.checked_leaders: set[tuple[int, int]] = set()
+
+    def on_persist(self, node: RaftNode, ready: Ready) -> None:
+        """Log matching: one (index, term) names one payload and one previous term."""
+        for entry in ready.entries:
+            prev_term = node.log.term(entry.index - 1)
+            value = (int(entry.kind), entry.data, prev_term)
+            seen = self.entry_by_key.setdefault((entry.index, entry.term), value)
+            if seen != value:
+                self.fail(f"log matching: node {node.node_id} persists entry {entry.index} "
+                          f"term {entry.term} as {value!r}, another node had {seen!r}")
+
+    def on_commit(self, node_id: int, entry: Entry) -> None:
+        seen = self.committed.setdefault(entry.index, entry)
+        if seen != entry:
+            self.fail(f"committed entry changed: node {node_id} has {entry} at "
+                      f"{entry.index}, committed earlier as {seen}")
+
+    def on_apply(self, node_id: int, sm: DigestStateMachine) -> None:
+        seen = self.digest_at.setdefault(sm.applied_index, sm.digest)
+        if seen != sm.digest:
+            self.fail(f"state machines diverge: node {node_id} at index {sm.applied_index}")
+
+    def check_leader(self, node: RaftNode) -> None:
+        term = node.term
+        first = self.leader_of_term.setdefault(term, node.node_id)
+        if first != node.node_id:
+            self.fail(f"two leaders in term {term}: {first} and {node.node_id}")
+        if (term, node.node_id) in self.checked_leaders:
+            return
+        self.checked_leaders.add((term, node.node_id))
+        for index, entry in self.committed.items():
+            if index > node.log.snapshot_index and node.log.term(index) != entry.term:
+                self.fail(f"leader completeness: new leader {node.node_id} of term {term} "
+                          f"lacks committed entry {index} (term {entry.term})")
+
+    def check_lease(self, node: RaftNode, now_ms: int) -> None:
+        if not node.is_leader_with_lease(now_ms):
+            return
+        newest = max(self.leader_of_term)
+        if newest > node.term:
+            self.fail(f"lease: node {node.node_id} claims a lease in term {node.term} while "
+                      f"{self.leader_of_term[newest]} leads term {newest}")
+
+
+# ---------------------------------------------------------------------------
+# The driver of one simulated controller
+
+
+class RaftActor:
+    def __init__(self, cluster: RaftCluster, node_id: int, voters: tuple[int, ...]) -> None:
+        self.actor_id = node_id
+        self.cluster = cluster
+        self.config = RaftConfig(node_id=node_id, voters=voters,
+                                 election_timeout_ms=cluster.options.election_timeout_ms,
+                                 heartbeat_interval_ms=cluster.options.heartbeat_interval_ms,
+                                 max_clock_drift_ms=0,
+                                 max_entries_per_append=cluster.options.max_entries_per_append)
+        self.durable = SimDurableStore()
+        self.node: RaftNode | None = None
+        self.sm: DigestStateMachine | None = None
+        self.incarnation = 0
+        self.seen_term = 0
+        self.seen_commit = 0
+
+    # -- lifecycle ------------------------------------------------------
+
+    def start(self) -> None:
+        cluster = self.cluster
+        self.incarnation += 1
+        state = self.durable.load()
+        rng = random.Random(cluster.rng.getrandbits(64))
+        self.node = RaftNode(self.config, state, rng=rng, now_ms=cluster.clock.now_ms)
+        self.sm = DigestStateMachine()
+        if state.snapshot is not None:
+            self.sm = DigestStateMachine.from_bytes(state.snapshot.data)
+            cluster.invariants.on_apply(self.actor_id, self.sm)
+        self.seen_term = self.node.term
+        self.seen_commit = self.node.commit_index
+        cluster.trace.add(cluster.clock.now_ms, f"node {self.actor_id} starts (incarnation "
+                          f"{self.incarnation}): {self.node.status()}")
+        self.schedule_tick()
+        self.process_ready()
+
+    def crash(self, why: str) -> None:
+        if self.node is None:
+            return
+        self.cluster.trace.add(self.cluster.clock.now_ms, f"node {self.actor_id} crashes ({why})")
+        self.node = None
+        self.sm = None
+
+    def schedule_tick(self) -> None:
+        incarnation = self.incarnation
+        delay_ms = self.cluster.options.tick_ms + self.cluster.rng.randint(0, 3)
+        self.cluster.scheduler.after(delay_ms, lambda: self.on_tick(incarnation),
+                                     f"tick {self.actor_id}")
+
+    # -- inputs ---------------------------------------------------------
+
+    def on_tick(self, incarnation: int) -> None:
+        if self.node is None or incarnation != self.incarnation:
+            return
+        self.node.tick(self.cluster.clock.now_ms)
+        self.process_ready()
+        self.schedule_tick()
+
+    def deliver(self, src: int, payload: object) -> None:
+        if self.node is None:
+            return
+        msg = message_from_dict(msgpack.unpackb(payload))  # type: ignore[arg-type]
+        self.node.step(msg)
+        self.process_ready()
+
+    def propose(self, data: bytes) -> int | None:
+        if self.node is None:
+            return None
+        try:
+            index = self.node.propose(data)
+        except (NotLeader, TooManyUncommitted):
+            return None
+        self.process_ready()
+        return index
+
+    # -- the driver loop --------------------------------------------------
+
+    def process_ready(self) -> None:
+        node = self.node
+        for _ in range(1000):
+            if self.node is not node or node is None or not node.has_ready():
+                return
+            ready = node.ready()
+            self.persist(node, ready)
+            if self.cluster.maybe_crash_between_persist_and_send(self):
+                return
+            for msg in ready.messages:
+                self.cluster.network.send(self.actor_id, msg.dst, msgpack.packb(msg.to_dict()))
+            self.apply(ready)
+            node.advance(ready)
+            for event in ready.events:
+                self.cluster.trace.add(self.cluster.clock.now_ms, event.text)
+            self.maybe_compact(node)
+        self.cluster.fail(f"node {self.actor_id}: Ready loop did not settle")
+
+    def persist(self, node: RaftNode, ready: Ready) -> None:
+        invariants = self.cluster.invariants
+        invariants.on_persist(node, ready)
+        if ready.hard_state is not None and ready.hard_state.term < self.durable.hard_state.term:
+            self.cluster.fail(f"node {self.actor_id}: durable term goes back")
+        # A store may write a commit-only hard state lazily: sometimes "forget" to.
+        lazy = not ready.must_sync and self.cluster.rng.random() < 0.3
+        self.durable.persist(ready, write_hard_state=not lazy)
+        self.check_persisted_before_send(ready)
+
+    def check_persisted_before_send(self, ready: Ready) -> None:
+        """The Ready ordering rule, checked on every message: its cause is durable."""
+        hard = self.durable.hard_state
+        for msg in ready.messages:
+            # A pre-vote asks about term + 1 without entering it.
+            prospective = isinstance(msg, PreVoteRequest | PreVoteResponse)
+            if msg.term > hard.term and not prospective:
+                self.cluster.fail(f"node {self.actor_id} sends {msg} in a term not yet durable")
+            if isinstance(msg, VoteResponse) and msg.granted and hard.vote != msg.dst:
+                self.cluster.fail(f"node {self.actor_id} grants a vote not yet durable: {msg}")
+            if isinstance(msg, VoteRequest) and hard.vote != self.actor_id:
+                self.cluster.fail(f"node {self.actor_id} campaigns before its self-vote is durable")
+            if isinstance(msg, AppendResponse) and msg.success and (
+                    msg.match_index > self.durable.last_index()):
+                self.cluster.fail(f"node {self.actor_id} acknowledges {msg.match_index} but "
+                                  f"persisted only up to {self.durable.last_index()}")
+            if isinstance(msg, AppendRequest) and msg.entries and (
+                    msg.entries[-1].index > self.durable.last_index()):
+                self.cluster.fail(f"leader {self.actor_id} sends entries it has not persisted")
+
+    def apply(self, ready: Ready) -> None:
+        sm = self.sm
+        if sm is None:
+            return
+        invariants = self.cluster.invariants
+        if ready.snapshot is not None:
+            sm = self.sm = DigestStateMachine.from_bytes(ready.snapshot.data)
+            if sm.applied_index != ready.snapshot.index:
+                self.cluster.fail(f"snapshot at {ready.snapshot.index} holds state "
+                                  f"of {sm.applied_index}")
+            invariants.on_apply(self.actor_id, sm)
+        for entry in ready.committed_entries:
+            invariants.on_commit(self.actor_id, entry)
+            sm.apply(entry)
+            invariants.on_apply(self.actor_id, sm)
+
+    def maybe_compact(self, node: RaftNode) -> None:
+        sm = self.sm
+        every = self.cluster.options.compact_every_entries
+        if sm is None or sm.applied_index - node.log.snapshot_index < every:
+            return
+        snapshot = node.compact(sm.applied_index, sm.to_bytes())
+        self.durable.save_snapshot(snapshot)
+
+    # -- per-event checks -----------------------------------------------
+
+    def check(self, now_ms: int) -> None:
+        node = self.node
+        if node is None:
+            return
+        invariants = self.cluster.invariants
+        if node.term < self.seen_term:
+            self.cluster.fail(f"node {self.actor_id}: term went back to {node.term}")
+        if node.commit_index < self.seen_commit:
+            self.cluster.fail(f"node {self.actor_id}: commit went back from "
+                              f"{self.seen_commit} to {node.commit_index}")
+        for index in range(max(self.seen_commit, node.log.snapshot_index) + 1,
+                           node.commit_index + 1):
+            entry = node.log.slice(index, 1)[0]
+            invariants.on_commit(self.actor_id, entry)
+        self.seen_term, self.seen_commit = node.term, node.commit_index
+        if node.role is Role.LEADER:
+            invariants.check_leader(node)
+            invariants.check_lease(node, now_ms)
+
+
+# ---------------------------------------------------------------------------
+# The cluster and its fault schedule
+
+
+@dataclass(slots=True)
+class SimOptions:
+    seed: int
+    voters: int = 3
+    chaos_ms: int = 10_000
+    liveness_bound_ms: int = 20_000
+    election_timeout_ms: int = 1000
+    heartbeat_interval_ms: int = 100
+    tick_ms: int = 10
+    max_entries_per_append: int = 8
+    compact_every_entries: int = 30
+    echo_trace: bool = False
+
+    @classmethod
+    def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
+        """Everything derives from the seed, so the seed alone replays a run."""
+        return cls(seed=seed, voters=3 + 2 * (seed % 2), echo_trace=echo_trace)
+
+
+class RaftCluster:
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        self.clock = SimClock()
+        self.scheduler = Scheduler(self.clock)
+        self.network = SimNetwork(self.scheduler, random.Random(self.rng.getrandbits(64)),
+                                  self.random_link_faults())
+        self.trace = Trace(echo=options.echo_trace)
+        self.invariants = RaftInvariants(self.fail)
+        voters = tuple(range(1, options.voters + 1))
+        self.actors = {n: RaftActor(self, n, voters) for n in voters}
+        for actor in self.actors.values():
+            self.network.register(actor)
+        self.chaos = True
+        self.proposals = 0
+
+    def fail(self, text: str) -> None:
+        seed = self.options.seed
+        raise SimulationFailure(
+            f"seed {seed}, {self.clock.now_ms} ms: {text}\n"
+            f"replay: {REPLAY_COMMAND.format(seed=seed)}\n--- trace tail ---\n"
+            f"{self.trace.tail()}")
+
+    def random_link_faults(self) -> LinkFaults:
+        return LinkFaults(loss_rate=self.rng.choice([0.0, 0.01, 0.05, 0.15]),
+                          duplicate_rate=self.rng.choice([0.0, 0.02, 0.1]),
+                          min_delay_ms=1, max_delay_ms=self.rng.choice([2, 10, 40]))
+
+    def check_all(self) -> None:
+        now_ms = self.clock.now_ms
+        for actor in self.actors.values():
+            actor.check(now_ms)
+
+    def leaders(self) -> list[RaftActor]:
+        return [a for a in self.actors.values() if a.node is not None and a.node.is_leader]
+
+    def maybe_crash_between_persist_and_send(self, actor: RaftActor) -> bool:
+        if self.chaos and self.rng.random() < 0.0005:
+            actor.crash("between persist and send")
+            self.scheduler.after(self.rng.randint(50, 2000), actor.start, "restart")
+            return True
+        return False
+
+    # -- the run ----------------------------------------------------------
+
+    def run(self) -> None:
+        for actor in self.actors.values():
+            actor.start()
+        self.scheduler.after(self.rng.randint(200, 1500), self.inject_fault, "fault")
+        self.scheduler.after(self.rng.randint(5, 80), self.propose_some, "propose")
+        self.scheduler.run_until(self.options.chaos_ms, self.check_all)
+        self.heal()
+        self.check_liveness()
+
+    def propose_some(self) -> None:
+        leaders = self.leaders()
+        if leaders:
+            self.proposals += 1
+            self.rng.choice(leaders).propose(f"p{self.proposals}".encode())
+        gap_ms = self.rng.randint(5, 80) if self.chaos else 200
+        self.scheduler.after(gap_ms, self.propose_some, "propose")
+
+    def inject_fault(self) -> None:
+        if not self.chaos:
+            return
+        now_ms = self.clock.now_ms
+        action = self.rng.choice(["crash", "partition", "one_way", "isolate_leader",
+                                  "transfer", "link_faults", "heal", "heal"])
+        ids = list(self.actors)
+        if action == "crash":
+            actor = self.actors[self.rng.choice(ids)]
+            actor.crash("fault injection")
+            self.scheduler.after(self.rng.randint(100, 2500), lambda: self.restart(actor),
+                                 "restart")
+        elif action == "partition":
+            self.rng.shuffle(ids)
+            cut = self.rng.randint(1, len(ids) - 1)
+            self.network.partition([ids[:cut], ids[cut:]])
+            self.trace.add(now_ms, f"partition {sorted(ids[:cut])} | {sorted(ids[cut:])}")
+        elif action == "one_way":
+            src, dst = self.rng.sample(ids, 2)
+            self.network.cut(src, dst)
+            self.trace.add(now_ms, f"one-way cut {src} -> {dst}")
+        elif action == "isolate_leader" and self.leaders():
+            leader = self.rng.choice(self.leaders()).actor_id
+            self.network.isolate(leader)
+            self.trace.add(now_ms, f"isolate leader {leader}")
+        elif action == "transfer" and self.leaders():
+            self.transfer_leadership()
+        elif action == "link_faults":
+            self.network.faults = self.random_link_faults()
+            self.trace.add(now_ms, f"link faults now {self.network.faults}")
+        elif action == "heal":
+            self.network.heal()
+            self.trace.add(now_ms, "network healed")
+        self.scheduler.after(self.rng.randint(100, 1500), self.inject_fault, "fault")
+
+    def transfer_leadership(self) -> None:
+        leader = self.rng.choice(self.leaders())
+        assert leader.node is not None
+        target = self.rng.choice(leader.node.peers)
+        try:
+            leader.node.transfer_leadership(target)
+        except RaftError:
+            return
+        leader.process_ready()
+
+    def restart(self, actor: RaftActor) -> None:
+        if actor.node is None:
+            actor.start()
+
+    def heal(self) -> None:
+        self.chaos = False
+        self.network.heal()
+        self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=10)
+        self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
+        for actor in self.actors.values():
+            self.restart(actor)
+
+    def check_liveness(self) -> None:
+        """A leader emerges and a fresh proposal reaches every node within the bound."""
+        deadline_ms = self.clock.now_ms + self.options.liveness_bound_ms
+        marker_index: dict[int, int] = {}  # leader term -> index of its marker proposal
+        while self.clock.now_ms < deadline_ms:
+            if any(self.everyone_applied(index, term) for term, index in marker_index.items()):
+                return
+            leaders = self.leaders()
+            if leaders:
+                leader = max(leaders, key=lambda a: a.node.term if a.node else 0)
+                term = leader.node.term if leader.node else 0
+                if term not in marker_index:
+                    index = leader.propose(f"marker-{term}".encode())
+                    if index is not None:
+                        marker_index[term] = index
+            self.scheduler.run_until(self.clock.now_ms + 50, self.check_all)
+        self.fail(f"liveness: no proposal committed on all nodes within "
+                  f"{self.options.liveness_bound_ms} ms of healing; "
+                  f"status {[a.node.status() if a.node else None for a in self.actors.values()]}")
+
+    def everyone_applied(self, index: int, term: int) -> bool:
+        entry = self.invariants.committed.get(index)
+        if entry is None or entry.term != term:
+            return False
+        return all(a.sm is not None and a.sm.applied_index >= index for a in self.actors.values())
+
+
+def run_seed(seed: int, echo_trace: bool = False) -> RaftCluster:
+    cluster = RaftCluster(SimOptions.for_seed(seed, echo_trace=echo_trace))
+    cluster.run()
+    return cluster
+
+
+def seeds_from_env(default_count: int) -> int:
+    return int(os.environ.get("RILLET_SIM_SEEDS", default_count))
