@@ -1,0 +1,494 @@
+"""Scenario tests for the partition replication core (broker/partition_state.py).
+
+Each test drives PartitionState objects over in-memory FakeLogs with explicit times,
+the way a broker driver would, and names the Kafka behaviour it pins down.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_replication_fakes import FakeLog, Replica, batches_of
+
+from rillet.broker.partition_state import PartitionState, Role
+from rillet.broker.replication_types import (
+    AlterPartitionResponse,
+    EpochEndOffset,
+    FetchResponse,
+    ProposeAlterPartition,
+    ReplicationInvariantError,
+    Truncate,
+    TruncateFullyAndStartAt,
+)
+from rillet.client import errors
+
+NONE = errors.NONE
+E = errors.code_of
+
+
+def trio(lag_ms: int = 30_000, isr: tuple[int, ...] = (1, 2, 3), epoch: int = 1):
+    """Brokers 1, 2, 3; 1 leads `epoch` with `isr`."""
+    a, b, c = (Replica(i, lag_ms) for i in (1, 2, 3))
+    a.apply(a.state.become_leader(epoch, 1, (1, 2, 3), isr, now_ms=0))
+    for r in (b, c):
+        r.apply(r.state.become_follower(1, epoch, 1, (1, 2, 3), isr))
+    return a, b, c
+
+
+def commit(leader: Replica, proposal: ProposeAlterPartition, partition_epoch: int | None = None):
+    """The controller accepts `proposal` and answers the leader."""
+    new_epoch = proposal.partition_epoch + 1 if partition_epoch is None else partition_epoch
+    response = AlterPartitionResponse(NONE, proposal.new_isr, proposal.leader_epoch, new_epoch)
+    leader.apply(leader.state.on_alter_partition_response(proposal.proposal_id, response))
+
+
+def fail(leader: Replica, proposal: ProposeAlterPartition, code: int) -> None:
+    leader.apply(
+        leader.state.on_alter_partition_response(proposal.proposal_id, AlterPartitionResponse(code))
+    )
+
+
+# ---- high watermark ---------------------------------------------------------------
+
+
+def test_hw_is_min_leo_over_isr_and_unknown_follower_leo_holds_it_back() -> None:
+    a, b, c = trio()
+    a.append(["m0", "m1", "m2"])
+    assert a.state.high_watermark == 0
+    b.fetch_from(a)  # b asks at 0, gets 3 records
+    b.fetch_from(a)  # b asks at 3: leader now knows b's LEO
+    assert a.state.follower_log_end_offset(2) == 3
+    assert a.state.high_watermark == 0  # c's LEO still unknown
+    c.fetch_from(a)
+    c.fetch_from(a)
+    assert a.state.high_watermark == 3
+    assert a.hw_updates == [3]
+
+
+def test_follower_hw_is_min_of_leader_hw_and_own_leo() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    assert a.state.high_watermark == 2
+    a.append(["m2", "m3"])
+    b.fetch_from(a)  # gets m2, m3 and the leader's HW 2
+    assert b.state.high_watermark == 2
+    c.fetch_from(a)  # not in the ISR: HW min(2, own LEO 4) = 2
+    assert c.state.high_watermark == 2
+
+
+def test_hw_never_moves_back_when_a_follower_reports_a_lower_offset() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    assert a.state.high_watermark == 2
+    # b restarted and lost unflushed records: it fetches from 1 again.
+    decision = a.state.on_follower_fetch(2, 1, 1, now_ms=5, current_leader_epoch=1)
+    assert decision.error_code == NONE
+    assert a.state.follower_log_end_offset(2) == 1
+    assert a.state.high_watermark == 2
+
+
+def test_new_leader_keeps_its_hw_and_waits_for_isr_followers_before_advancing() -> None:
+    a, b, c = trio()
+    a.append(["m0", "m1"])
+    for r in (b, c, b, c):
+        r.fetch_from(a)
+    b.fetch_from(a)  # learns HW 2
+    assert b.state.high_watermark == 2
+    a.append(["m2"])
+    b.fetch_from(a)  # b has m2, c does not; HW stays 2
+    # a fails; b leads epoch 2 with the same ISR.
+    b.apply(b.state.become_leader(2, 2, (1, 2, 3), (1, 2, 3), now_ms=100))
+    assert b.state.high_watermark == 2
+    assert b.state.follower_log_end_offset(3) == -1  # unknown until c fetches
+    c.apply(c.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2, 3)))
+    c.fetch_from(b, now_ms=110)
+    c.fetch_from(b, now_ms=111)
+    assert b.state.high_watermark == 2  # a (still in ISR) has not fetched
+    a.apply(a.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2, 3)))
+    assert a.state.high_watermark == 2  # the old leader's HW does not move back
+    a.fetch_from(b, now_ms=112)
+    assert b.state.high_watermark == 3
+    assert a.log.records == b.log.records == c.log.records
+
+
+def test_leader_alone_in_isr_advances_hw_on_its_own_append() -> None:
+    a, _, _ = trio(isr=(1,))
+    a.append(["m0"])
+    assert a.state.high_watermark == 1
+
+
+# ---- ISR shrink and expand --------------------------------------------------------
+
+
+def test_isr_shrinks_after_lag_time_and_not_before() -> None:
+    a, b, c = trio(lag_ms=100)
+    a.append(["m0"], now_ms=0)
+    b.fetch_from(a, now_ms=10)
+    b.fetch_from(a, now_ms=20)  # b is caught up at 20
+    assert a.state.tick(100) == ()  # c was caught up at election time 0: 100 - 0 <= 100
+    (proposal,) = a.state.tick(101)
+    assert isinstance(proposal, ProposeAlterPartition)
+    assert proposal.new_isr == (1, 2)
+    assert (proposal.leader_epoch, proposal.partition_epoch) == (1, 1)
+
+
+def test_follower_at_leader_end_stays_in_isr_without_fetching() -> None:
+    # Kafka's isCaughtUp: LEO == leader LEO counts as caught up, however old the fetch.
+    a, b, c = trio(lag_ms=100)
+    for r in (b, c):
+        r.fetch_from(a, now_ms=1)
+    assert a.state.tick(10_000) == ()
+
+
+def test_follower_that_keeps_fetching_but_never_reaches_the_end_is_removed() -> None:
+    a, b, c = trio(lag_ms=100, isr=(1, 2))
+    for t in range(0, 400, 10):
+        a.append([f"m{t}"], now_ms=t)
+        # b fetches but is always one fetch behind the end the leader had last time.
+        a.state.on_follower_fetch(2, 0, -1, now_ms=t, current_leader_epoch=1)
+    effects = a.state.tick(400)
+    assert [p.new_isr for p in effects if isinstance(p, ProposeAlterPartition)] == [(1,)]
+
+
+def test_expansion_proposed_when_follower_reaches_hw_and_epoch_start() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    c.fetch_from(a)  # c at 0 < HW 2: no proposal yet
+    assert a.proposals == []
+    c.fetch_from(a)  # c at 2 == HW
+    (proposal,) = a.proposals
+    assert proposal.new_isr == (1, 2, 3)
+    commit(a, proposal)
+    assert a.state.isr == (1, 2, 3) and a.state.partition_epoch == 2
+    assert a.state.pending_isr_change is None
+
+
+def test_expansion_waits_for_the_leader_epoch_start_offset() -> None:
+    # A follower at the HW but below the new leader's epoch start may lack records that
+    # an earlier leader committed; Kafka's isFollowerInSync refuses it.
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1", "m2"])
+    b.fetch_from(a)
+    b.apply(b.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=0))
+    assert b.state.high_watermark == 0 and b.state.leader_epoch_start_offset == 3
+    c.apply(c.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2)))
+    c.fetch_from(b)  # c at 0 == b's HW, but below epoch start 3
+    assert b.proposals == []
+    c.fetch_from(b)
+    assert [p.new_isr for p in b.proposals] == [(1, 2, 3)]
+
+
+def test_only_one_alter_partition_in_flight() -> None:
+    a, b, c = trio(lag_ms=100, isr=(1, 2))
+    a.append(["m0"])
+    (shrink,) = a.state.tick(500)  # b never fetched: shrink to (1,)
+    assert shrink.new_isr == (1,)
+    c.fetch_from(a, now_ms=501)
+    c.fetch_from(a, now_ms=502)  # c reached the HW, but a change is in flight
+    assert a.state.tick(1000) == ()
+    commit(a, shrink)
+    assert a.state.isr == (1,)
+    c.fetch_from(a, now_ms=1001)
+    assert [p.new_isr for p in a.proposals] == [(1, 3)]
+
+
+def test_hw_during_pending_shrink_still_waits_for_the_leaving_member() -> None:
+    a, b, c = trio(lag_ms=100)
+    b.fetch_from(a, now_ms=1)
+    c.fetch_from(a, now_ms=1)
+    a.append(["m0", "m1"], now_ms=2)
+    b.fetch_from(a, now_ms=3)
+    b.fetch_from(a, now_ms=4)  # b has both; c is stuck at 0
+    (shrink,) = a.state.tick(200)
+    assert shrink.new_isr == (1, 2)
+    assert a.state.maximal_isr == (1, 2, 3)
+    assert a.state.high_watermark == 0  # the controller may still reject the shrink
+    commit(a, shrink)
+    assert a.state.high_watermark == 2
+
+
+def test_hw_during_pending_expand_counts_the_joining_member() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    c.fetch_from(a)
+    c.fetch_from(a)  # c reaches HW 1: expansion proposed
+    (expand,) = a.proposals
+    a.append(["m1", "m2"])
+    b.fetch_from(a)
+    b.fetch_from(a)  # b has everything; c does not
+    assert a.state.maximal_isr == (1, 2, 3)
+    assert a.state.high_watermark == 1  # c may be in the ISR the controller commits
+    commit(a, expand)
+    assert a.state.high_watermark == 1
+    c.fetch_from(a)
+    c.fetch_from(a)
+    assert a.state.high_watermark == 3
+
+
+def test_expand_not_applied_reverts_to_committed_isr_and_hw_advances() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    a.append(["m1"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    assert a.state.high_watermark == 1
+    fail(a, expand, E("INELIGIBLE_REPLICA"))
+    assert a.state.pending_isr_change is None
+    assert a.state.high_watermark == 2
+
+
+def test_transient_alter_error_keeps_maximal_isr_and_resends_on_tick() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    fail(a, expand, E("REQUEST_TIMED_OUT"))  # the controller may have applied it
+    assert a.state.maximal_isr == (1, 2, 3)
+    (again,) = a.state.tick(1)
+    assert again.new_isr == expand.new_isr and again.proposal_id != expand.proposal_id
+    assert a.state.tick(2) == ()  # one in flight
+    commit(a, again)
+    assert a.state.isr == (1, 2, 3)
+
+
+def test_stale_version_error_waits_for_metadata() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    fail(a, expand, E("INVALID_UPDATE_VERSION"))
+    assert a.state.maximal_isr == (1, 2, 3)
+    assert a.state.tick(1) == ()  # no resend, no new proposal
+    # The controller had committed it; the metadata arrives.
+    a.apply(a.state.become_leader(1, 2, (1, 2, 3), (1, 2, 3), now_ms=2))
+    assert a.state.isr == (1, 2, 3) and a.state.pending_isr_change is None
+
+
+def test_metadata_redelivery_keeps_the_pending_change() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    assert a.state.become_leader(1, 1, (1, 2, 3), (1, 2), now_ms=1) == ()
+    assert a.state.maximal_isr == (1, 2, 3)
+
+
+def test_alter_response_after_metadata_moved_on_is_ignored() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    a.apply(a.state.become_leader(1, 3, (1, 2, 3), (1, 2), now_ms=1))  # controller's change
+    commit(a, expand, partition_epoch=2)
+    assert a.state.isr == (1, 2) and a.state.partition_epoch == 3
+    with pytest.raises(ValueError):
+        commit(a, expand)  # answered already
+
+
+# ---- acks ---------------------------------------------------------------------------
+
+
+def test_produce_refusals() -> None:
+    a, b, _ = trio(isr=(1, 2))
+    assert a.state.check_produce(2, 1) == E("INVALID_REQUIRED_ACKS")
+    assert a.state.check_produce(-1, 3) == E("NOT_ENOUGH_REPLICAS")
+    assert a.state.check_produce(-1, 2) is None
+    assert a.state.check_produce(1, 3) is None  # min.insync only binds acks=all
+    assert a.state.check_produce(0, 3) is None
+    assert b.state.check_produce(1, 1) == E("NOT_LEADER_OR_FOLLOWER")
+    assert a.state.check_produce(1, 1, current_leader_epoch=0) == E("FENCED_LEADER_EPOCH")
+    assert a.state.check_produce(1, 1, current_leader_epoch=2) == E("UNKNOWN_LEADER_EPOCH")
+
+
+def test_acks_all_completes_exactly_when_hw_passes_its_last_offset() -> None:
+    a, b, _ = trio(isr=(1, 2))
+    assert a.produce("p1", ["m0", "m1"], min_isr=2) is None
+    assert a.produce("p2", ["m2"], min_isr=2) is None
+    b.fetch_from(a)  # b gets all 3, leader still thinks b is at 0
+    assert a.results == {}
+    a.state.on_follower_fetch(2, 1, 1, now_ms=1, current_leader_epoch=1)
+    assert a.results == {}  # HW 1: p1 needs 2
+    a.apply(a.state.on_follower_fetch(2, 2, 1, now_ms=2, current_leader_epoch=1).effects)
+    assert a.results == {"p1": NONE}
+    a.apply(a.state.on_follower_fetch(2, 3, 1, now_ms=3, current_leader_epoch=1).effects)
+    assert a.results == {"p1": NONE, "p2": NONE}
+    assert a.state.pending_produce_count == 0
+
+
+def test_acks_all_after_isr_shrinks_below_min_isr_reports_after_append_error() -> None:
+    a, b, _ = trio(lag_ms=100, isr=(1, 2))
+    assert a.produce("p", ["m0"], min_isr=2, now_ms=0) is None
+    (shrink,) = a.state.tick(200)
+    commit(a, shrink)  # ISR (1,): HW reaches 1 at once
+    assert a.results == {"p": E("NOT_ENOUGH_REPLICAS_AFTER_APPEND")}
+
+
+def test_acks_all_times_out() -> None:
+    a, _, _ = trio(isr=(1, 2))
+    a.produce("p", ["m0"], min_isr=2, now_ms=0, timeout_ms=50)
+    a.apply(a.state.expire(49))
+    assert a.results == {}
+    a.apply(a.state.tick(50))
+    assert a.results == {"p": E("REQUEST_TIMED_OUT")}
+
+
+def test_leadership_loss_fails_pending_produces() -> None:
+    a, _, _ = trio(isr=(1, 2))
+    a.produce("p1", ["m0"], min_isr=2)
+    a.produce("p2", ["m1"], min_isr=2)
+    a.apply(a.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2)))
+    assert a.results == {"p1": E("NOT_LEADER_OR_FOLLOWER"), "p2": E("NOT_LEADER_OR_FOLLOWER")}
+    assert a.state.role is Role.FOLLOWER
+
+
+def test_produce_already_below_hw_completes_at_once() -> None:
+    a, _, _ = trio(isr=(1,))
+    a.produce("p", ["m0"])
+    assert a.results == {"p": NONE}
+
+
+# ---- epochs, fetch validation, consumers -------------------------------------------
+
+
+def test_fetch_with_old_or_new_leader_epoch_is_refused() -> None:
+    a, _, _ = trio()
+    assert a.state.on_follower_fetch(2, 0, -1, 0, current_leader_epoch=0).error_code == E(
+        "FENCED_LEADER_EPOCH"
+    )
+    assert a.state.on_follower_fetch(2, 0, -1, 0, current_leader_epoch=2).error_code == E(
+        "UNKNOWN_LEADER_EPOCH"
+    )
+    assert a.state.on_follower_fetch(9, 0, -1, 0).error_code == E("NOT_LEADER_OR_FOLLOWER")
+
+
+def test_stale_metadata_is_ignored() -> None:
+    a, _, _ = trio(epoch=5)
+    assert a.state.become_follower(2, 4, 9, (1, 2, 3), (1, 2, 3)) == ()
+    assert a.state.role is Role.LEADER and a.state.leader_epoch == 5
+
+
+def test_consumers_read_only_below_the_hw() -> None:
+    a, b, _ = trio(isr=(1, 2))
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    assert a.state.max_readable_offset() == 0
+    assert a.state.max_readable_offset(for_consumer=False) == 2
+    b.fetch_from(a)
+    assert a.state.max_readable_offset() == 2
+    b.fetch_from(a)
+    assert b.state.max_readable_offset() == 2  # fetch from follower: below its HW
+
+
+def test_fetch_below_log_start_restarts_the_follower_at_the_leader_start() -> None:
+    a, b, _ = trio(isr=(1, 2))
+    a.append(["m0", "m1", "m2"])
+    a.log.log_start_offset = 2  # retention deleted the first records
+    a.log.records = a.log.records[2:]
+    decision = a.state.on_follower_fetch(2, 0, -1, 0, current_leader_epoch=1)
+    assert decision.error_code == E("OFFSET_OUT_OF_RANGE")
+    response = FetchResponse(0, 1, decision.error_code, 0, decision.log_start_offset)
+    assert b.state.on_fetch_response(response)[0] == TruncateFullyAndStartAt(2)
+
+
+def test_follower_ignores_a_response_to_an_older_request() -> None:
+    a, b, _ = trio()
+    a.append(["m0"])
+    request = b.state.fetch_request()
+    assert request is not None
+    response, records = a.serve(request, 0)
+    b.receive(response, records)
+    assert b.log.log_end_offset == 1
+    b.receive(response, records)  # duplicate: fetch_offset no longer matches
+    assert b.log.log_end_offset == 1
+
+
+def test_follower_refuses_batches_that_do_not_continue_its_log() -> None:
+    _, b, _ = trio()
+    bad = FetchResponse(0, 1, NONE, 0, 0, None, batches_of(5, [(1, "x")]))
+    with pytest.raises(ReplicationInvariantError):
+        b.state.on_fetch_response(bad)
+
+
+# ---- KIP-101 / KIP-279: truncation by leader epoch ----------------------------------
+
+
+def test_kip101_follower_with_uncommitted_records_truncates_to_new_leader_log() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    a.append(["lost"])  # only on a; HW is 2
+    # a fails; b takes over (epoch 2) and writes; a returns as a follower.
+    b.apply(b.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=0))
+    b.append(["n2"])
+    a.apply(a.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2)))
+    request = a.state.fetch_request()
+    assert request is not None and (request.fetch_offset, request.last_fetched_epoch) == (3, 1)
+    decision = b.state.on_fetch_request(request, 1)
+    assert decision.diverging_epoch == EpochEndOffset(1, 2)
+    a.fetch_from(b, 1)
+    assert a.log.log_end_offset == 2  # truncated the uncommitted "lost"
+    a.fetch_from(b, 2)
+    assert a.log.records == b.log.records == [(1, "m0"), (1, "m1"), (2, "n2")]
+    assert a.state.high_watermark == 2
+
+
+def test_kip279_two_quick_failovers_follower_truncates_by_epoch() -> None:
+    a, b, c = trio()
+    a.append(["r0"])
+    for r in (b, c, b, c):
+        r.fetch_from(a)
+    a.append(["a1"])  # uncommitted, only on a
+    # a fails: b leads epoch 2, writes b1, and fails before anyone fetches it.
+    b.apply(b.state.become_leader(2, 2, (1, 2, 3), (1, 2, 3), now_ms=0))
+    b.append(["b1"])
+    # c leads epoch 3 (still in the ISR), never having seen epoch 2.
+    c.apply(c.state.become_leader(3, 3, (1, 2, 3), (1, 2, 3), now_ms=0))
+    c.append(["c1", "c2"])
+    for r in (a, b):
+        r.apply(r.state.become_follower(3, 3, 3, (1, 2, 3), (1, 2, 3)))
+    for _ in range(3):
+        a.fetch_from(c, 1)
+        b.fetch_from(c, 1)
+    assert a.log.records == b.log.records == c.log.records
+    assert c.log.records == [(1, "r0"), (3, "c1"), (3, "c2")]
+    assert c.state.high_watermark == 3
+
+
+def test_truncation_takes_several_rounds_through_unknown_epochs() -> None:
+    leader = Replica(1)
+    leader.log.append([(1, "r0"), (3, "z")])
+    leader.apply(leader.state.become_leader(5, 5, (1, 2), (1, 2), now_ms=0))
+    follower = Replica(2)
+    follower.log.append([(1, "r0"), (2, "x"), (4, "y")])
+    follower.apply(follower.state.become_follower(1, 5, 5, (1, 2), (1, 2)))
+    truncations = []
+    for _ in range(4):
+        request = follower.state.fetch_request()
+        assert request is not None
+        response, records = leader.serve(request, 0)
+        effects = follower.state.on_fetch_response(response)
+        truncations += [e.offset for e in effects if isinstance(e, Truncate)]
+        follower.apply(effects, records)
+    assert truncations == [2, 1]
+    assert follower.log.records == leader.log.records
+
+
+def test_empty_follower_fetches_from_zero() -> None:
+    state = PartitionState(2, FakeLog())
+    state.become_follower(1, 1, 1, (1, 2), (1, 2))
+    request = state.fetch_request()
+    assert request is not None and (request.fetch_offset, request.last_fetched_epoch) == (0, -1)
