@@ -400,7 +400,7 @@ class _ServerProtocol(asyncio.Protocol):
         try:
             for part in slot.parts:
                 out.append(_pread_exact(part) if type(part) is _Pinned else part)
-        except OSError as e:
+        except Exception as e:  # OSError, or a bad range (ValueError) from the handler
             # The frame's size is already promised; a short file cannot be sent in it.
             self.drop(f"cannot read file range for response: {e!r}")
             return
@@ -418,7 +418,7 @@ class _ServerProtocol(asyncio.Protocol):
                     await self.sendfile(part)
                 else:
                     self.transport.write(part)
-        except (OSError, asyncio.CancelledError) as e:
+        except (Exception, asyncio.CancelledError) as e:
             if not self.closing:
                 self.drop(f"sendfile failed: {e!r}")
         finally:

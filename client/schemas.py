@@ -951,3 +951,20 @@ def _render_field(f: F) -> str:
     if f.doc:
         text += f" - {f.doc}"
     return text
+
+
+def _update_doc(path: str) -> None:
+    """Rewrite the generated API table between its markers in ``path``."""
+    begin, end = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n\n{render_markdown()}\n{end}{tail}")
+
+
+if __name__ == "__main__":  # python -m rillet.client.schemas [docs/protocol.md]
+    import sys
+
+    _update_doc(sys.argv[1] if len(sys.argv) > 1 else "docs/protocol.md")

@@ -1,0 +1,147 @@
+"""API schemas: declarations, validation with precise paths, and the generated doc."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rillet.client import schemas
+from rillet.client.errors import InvalidRequestError, UnsupportedVersionError
+from rillet.client.schemas import INT, STR, Api, Array, F, Struct
+
+DOC = Path(__file__).parents[1] / "docs" / "protocol.md"
+BEGIN, END = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
+
+# docs/architecture.md fixes these keys.
+EXPECTED_KEYS = {
+    "Produce": 0, "Fetch": 1, "ListOffsets": 2, "Metadata": 3, "ControlledShutdown": 7,
+    "OffsetCommit": 8, "OffsetFetch": 9, "FindCoordinator": 10, "JoinGroup": 11,
+    "Heartbeat": 12, "LeaveGroup": 13, "SyncGroup": 14, "ApiVersions": 18,
+    "CreateTopics": 19, "DeleteTopics": 20, "Vote": 52, "AlterPartition": 56,
+    "DescribeCluster": 60, "BrokerRegistration": 62, "BrokerHeartbeat": 63,
+    "RaftAppend": 1000, "FetchMetadata": 1001, "RaftInstallSnapshot": 1002,
+    "RaftTimeoutNow": 1003,
+}  # fmt: skip
+
+
+def produce_fields(**overrides: object) -> dict:
+    fields = {"acks": -1, "timeout_ms": 1000, "topics": [["t", [[0, 10], [1, 20]]]]}
+    return {**fields, **overrides}
+
+
+def fetch_fields() -> dict:
+    return {
+        "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20,
+        "topics": [["t", [[0, 100, 3, 3, 0, 65536]]]],
+    }  # fmt: skip
+
+
+def test_every_documented_api_is_declared_with_its_key() -> None:
+    assert {name: api.key for name, api in schemas.APIS_BY_NAME.items()} == EXPECTED_KEYS
+    assert schemas.resolve(0) is schemas.resolve("Produce") is schemas.PRODUCE
+
+
+def test_payload_flags() -> None:
+    with_payload = {a.name for a in schemas.APIS.values() if a.request_payload}
+    assert with_payload == {"Produce", "RaftInstallSnapshot"}
+    assert {a.name for a in schemas.APIS.values() if a.response_payload} == {
+        "Fetch", "FetchMetadata"
+    }
+
+
+def test_field_names_are_unique_per_struct() -> None:
+    def check(fields: tuple[F, ...]) -> None:
+        names = [f.name for f in fields]
+        assert len(names) == len(set(names)), names
+        for f in fields:
+            t = f.type
+            while isinstance(t, schemas.Array | schemas.Opt):
+                t = t.of
+            if isinstance(t, Struct):
+                check(t.fields)
+
+    for api in schemas.APIS.values():
+        check(api.request)
+        check(api.response)
+
+
+def test_valid_requests_pass_and_get_defaults() -> None:
+    header = produce_fields()
+    schemas.validate_request(schemas.PRODUCE, 0, header)
+    assert header["transactional_id"] is None
+    header = fetch_fields()
+    schemas.validate_request(schemas.FETCH, 0, header)
+    assert header["rack_id"] == "" and header["isolation_level"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"acks": "1"}, "acks: expected int, got str"),
+        ({"acks": True}, "acks: expected int, got bool"),
+        ({"topics": {}}, "topics: expected array, got dict"),
+        ({"topics": [["t", [[0, "10"]]]]}, "topics[0].partitions[0].nbytes: expected int"),
+        ({"topics": [["t", [[0]]]]}, "topics[0].partitions[0]: expected 2 items"),
+        ({"topics": [[1, []]]}, "topics[0].topic: expected str, got int"),
+        ({"topics": [["t", [[0, 1], None]]]}, "topics[0].partitions[1]: expected array"),
+        ({"transactional_id": 5}, "transactional_id: expected str, got int"),
+    ],
+)
+def test_invalid_requests_name_the_bad_value(change: dict, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=re.escape(f"Produce v0 request: {message}")):
+        schemas.validate_request(schemas.PRODUCE, 0, produce_fields(**change))
+
+
+def test_missing_required_field() -> None:
+    header = produce_fields()
+    del header["timeout_ms"]
+    with pytest.raises(InvalidRequestError, match="timeout_ms: missing required field"):
+        schemas.validate_request(schemas.PRODUCE, 0, header)
+
+
+def test_unsupported_version() -> None:
+    with pytest.raises(UnsupportedVersionError, match=r"Produce v7 is not supported \(v0-v0\)"):
+        schemas.validate_request(schemas.PRODUCE, 7, produce_fields())
+
+
+def test_newer_peers_extra_keys_and_trailing_items_are_accepted() -> None:
+    header = produce_fields(future_key=1, topics=[["t", [[0, 10, "new"]], "extra"]])
+    schemas.validate_request(schemas.PRODUCE, 0, header)
+
+
+def test_fields_added_in_a_later_version() -> None:
+    item = Struct(F("a", INT), F("b", STR, since=1))
+    api = Api(9999, "Test", 0, 1, (F("xs", Array(item)), F("new", INT, since=1)), ())
+    schemas.validate_request(api, 0, {"xs": [[1]]})
+    with pytest.raises(InvalidRequestError, match=r"Test v1 request: xs\[0\]: expected 2 items"):
+        schemas.validate_request(api, 1, {"xs": [[1]], "new": 1})
+    with pytest.raises(InvalidRequestError, match="new: missing required field"):
+        schemas.validate_request(api, 1, {"xs": [[1, "b"]]})
+    assert [f.name for f in api.request_fields(0)] == ["xs"]
+
+
+def test_response_validation_and_error_only_responses() -> None:
+    fetch_response = {
+        "throttle_time_ms": 0, "error_code": 0,
+        "topics": [["t", [[0, 0, 10, 10, 0, [3, 7], -1, 100], [1, 6, -1, -1, -1, None, -1, 0]]]],
+    }  # fmt: skip
+    schemas.validate_response(schemas.FETCH, 0, fetch_response)
+    schemas.validate_response(schemas.FETCH, 0, {"error_code": 42, "error_message": "bad"})
+    fetch_response["topics"][0][1][0][5] = [3]
+    with pytest.raises(InvalidRequestError, match=r"partitions\[0\].diverging_epoch: expected 2"):
+        schemas.validate_response(schemas.FETCH, 0, fetch_response)
+
+
+def test_declaring_a_header_key_as_a_field_is_refused() -> None:
+    with pytest.raises(ValueError, match="clashes with a header key"):
+        schemas.declare(9998, "Clash", (0, 0), [F("correlation_id", INT)], [])
+
+
+def test_protocol_doc_api_table_is_up_to_date() -> None:
+    text = DOC.read_text()
+    table = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
+    assert table.strip() == schemas.render_markdown().strip(), (
+        "docs/protocol.md is stale: run `python -m rillet.client.schemas` to regenerate it"
+    )
