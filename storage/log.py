@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import os
 import threading
@@ -419,7 +420,7 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return
         keep = max(bisect.bisect_left(self._bases, offset), 1)
-        self._retire(self._segments[keep:], unlink=True, now=True)
+        self.retire(self._segments[keep:], files="rename")
         del self._segments[keep:], self._bases[keep:]
         last = self.active_segment
         cut = last.truncate_to(offset)
@@ -430,7 +431,7 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start empty at ``offset`` (a follower far behind)."""
-        self._retire(self._segments, unlink=True, now=True)
+        self.retire(self._segments, files="rename")
         new = LogSegment.create(
             self.directory, offset, self.config.index_interval_bytes, self.clock()
         )
@@ -473,25 +474,21 @@ class Log:
             self._segments[i] = new
         self._check_segments()
 
-    def retire(self, segments: Sequence[LogSegment], *, unlink: bool) -> None:
-        """Keep retired descriptors open for file.delete.delay.ms, then close them."""
-        self._retire(segments, unlink=unlink, now=False)
+    def retire(self, segments: Sequence[LogSegment], *, files: str) -> None:
+        """Keep retired descriptors open for file.delete.delay.ms, then close them.
 
-    def _retire(self, segments: Sequence[LogSegment], *, unlink: bool, now: bool) -> None:
+        ``files``: "rename" renames them to ``*.deleted`` now (a reopen never sees them)
+        and unlinks later; "renamed" means the caller already renamed them; "keep" means
+        their paths now hold other files (a compaction swap): only close.
+        """
         deadline = self.clock() + self.config.file_delete_delay_ms
         for seg in segments:
-            paths: list[Path] = []
-            if unlink and now:  # renamed now, so a reopen never sees them as live
-                for path in seg.paths():
-                    target = path.with_name(path.name + ".deleted")
-                    try:
+            deleted = [p.with_name(p.name + ".deleted") for p in seg.paths()]
+            if files == "rename":
+                for path, target in zip(seg.paths(), deleted, strict=True):
+                    with contextlib.suppress(FileNotFoundError):
                         os.replace(path, target)
-                        paths.append(target)
-                    except FileNotFoundError:
-                        pass
-            elif unlink:
-                paths = seg.paths()
-            self._retired.append(Retired(deadline, seg, paths))
+            self._retired.append(Retired(deadline, seg, [] if files == "keep" else deleted))
 
     def due_retired(self, now_ms: int | None = None) -> list[Retired]:
         """Retired segments whose delay passed (all of them with ``now_ms`` None)."""

@@ -1,0 +1,210 @@
+"""Log compaction (cleanup.policy=compact): keep the newest record of each key.
+
+Only closed segments are cleaned, never the active one, so appends run on untouched.
+``compact`` plans on the loop thread, does the heavy part (read, decode, rewrite, fsync)
+in the default executor, then swaps on the loop thread after checking that no
+truncation or retention changed the log meanwhile (``Log.generation``).
+
+Per cleaned segment, rewritten in place of the old (same base offset):
+- a batch whose records all survive is copied byte for byte (its CRC stays valid);
+- a batch that loses some is re-encoded with explicit offset deltas
+  (``ATTR_OFFSET_DELTAS``), keeping its base offset, leader epoch and compression;
+- a batch that loses all is dropped (offsets leave a gap; readers skip it);
+- tombstones (value None) are dropped once their segment's largest timestamp is older
+  than delete.retention.ms; keyless records are always kept.
+
+Crash-safe swap: write ``X.log.cleaned`` and its indexes, fsync, rename the log to
+``X.log.swap`` (the commit point), rename the indexes into place, rename the swap over
+``X.log``. On open, ``.cleaned`` files are deleted and a ``.swap`` is completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+from rillet.client import records
+from rillet.client.records import BatchHeader
+from rillet.storage.invariants import invariant
+from rillet.storage.scan import BatchScanner
+from rillet.storage.segment import LogSegment
+
+logger = logging.getLogger(__name__)
+
+CLEANED = ".cleaned"
+
+
+@dataclass(slots=True)
+class CleanResult:
+    old: LogSegment
+    new: LogSegment | None  # the cleaned copy (possibly empty); the old one if unchanged
+    changed: bool
+
+
+@dataclass(slots=True)
+class CleanStats:
+    segments: int = 0
+    rewritten: int = 0
+    records_removed: int = 0
+    results: list[CleanResult] = field(default_factory=list)
+
+
+def plan(log, now_ms: int) -> list[LogSegment]:
+    """The closed segments to clean: the leading run past min.compaction.lag.ms."""
+    horizon = now_ms - log.config.min_compaction_lag_ms
+    chosen = []
+    for seg in log.segments[:-1]:
+        if seg.max_timestamp > horizon:
+            break
+        chosen.append(seg)
+    if not chosen or chosen[-1].base_offset <= log.clean_upto:
+        return []  # nothing new since the last cleaning
+    for seg in chosen:
+        _ = seg.fd  # open on the loop thread; the worker only preads
+    return chosen
+
+
+async def compact(log, now_ms: int | None = None) -> CleanStats:
+    """Clean the log's closed segments; returns what changed."""
+    if not log.config.compact:
+        return CleanStats()
+    now = log.clock() if now_ms is None else now_ms
+    async with log.maintenance_lock:
+        segments = plan(log, now)
+        if not segments:
+            return CleanStats()
+        generation = log.generation
+        horizon = now - log.config.delete_retention_ms
+        loop = asyncio.get_running_loop()
+        stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
+        if generation != log.generation:
+            logger.info("%s: log changed during compaction; discarding its output", log.name)
+            await loop.run_in_executor(None, _discard, stats)
+            return CleanStats()
+        _swap(log, stats)
+        log.clean_upto = segments[-1].base_offset
+        return stats
+
+
+def clean_segments(segments: list[LogSegment], tombstone_horizon_ms: int) -> CleanStats:
+    """The heavy part (executor thread): build the key map, write ``.cleaned`` files."""
+    latest = _latest_offsets(segments)
+    stats = CleanStats(segments=len(segments))
+    for seg in segments:
+        drop_tombstones = seg.max_timestamp < tombstone_horizon_ms
+        result, removed = _clean_one(seg, latest, drop_tombstones)
+        stats.results.append(result)
+        stats.rewritten += result.changed
+        stats.records_removed += removed
+    return stats
+
+
+def _latest_offsets(segments: list[LogSegment]) -> dict[object, int]:
+    latest: dict[object, int] = {}
+    for seg in segments:
+        for position, h, view in _batches(seg):
+            offsets, _, keys, _, _ = records.decode_columns(view, 0, h)
+            for key, offset in zip(keys, offsets, strict=True):
+                if key is not None:
+                    latest[key] = offset
+            invariant(position >= 0, "scan position")
+    return latest
+
+
+def _batches(seg: LogSegment):
+    scanner = BatchScanner(seg.fd, end=seg.size, min_offset=seg.base_offset)
+    yield from scanner
+    invariant(scanner.problem is None, f"corrupt closed segment {seg.log_path}: "
+              f"{scanner.problem}")
+
+
+def _clean_one(
+    seg: LogSegment, latest: dict[object, int], drop_tombstones: bool
+) -> tuple[CleanResult, int]:
+    """Rewrite one segment to ``X.log.cleaned`` unless nothing in it is removable."""
+    out: list[tuple[bytes | memoryview, BatchHeader]] = []
+    removed = 0
+    for _, h, view in _batches(seg):
+        kept = _filter_batch(view, h, latest, drop_tombstones)
+        if kept is None:
+            out.append((bytes(view), h))
+            continue
+        removed += h.record_count - (records.read_header(kept).record_count if kept else 0)
+        if kept:
+            out.append((kept, records.read_header(kept)))
+    if removed == 0:
+        return CleanResult(seg, seg, changed=False), 0
+    new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
+    for data, h in out:
+        new.append(data, [h])
+    new.write_indexes(new.seal(), fsync=True)
+    new.fsync()
+    new.close()
+    return CleanResult(seg, new, changed=True), removed
+
+
+def _filter_batch(
+    view: memoryview, h: BatchHeader, latest: dict[object, int], drop_tombstones: bool
+) -> bytes | None:
+    """None when every record stays; else the re-encoded batch (b"" when none stays)."""
+    offsets, stamps, keys, values, headers = records.decode_columns(view, 0, h)
+    keep = [
+        i for i, (o, k, v) in enumerate(zip(offsets, keys, values, strict=True))
+        if k is None or (latest.get(k) == o and not (v is None and drop_tombstones))
+    ]
+    if len(keep) == len(offsets):
+        return None
+    if not keep:
+        return b""
+    has_headers = bool(h.attributes & records.ATTR_HEADERS)
+    return records.encode_batch(
+        [values[i] for i in keep],
+        [keys[i] for i in keep],
+        headers=[headers[i] for i in keep] if has_headers else None,
+        timestamps=[stamps[i] for i in keep],
+        offset_deltas=[offsets[i] - h.base_offset for i in keep],
+        compression=h.compression,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+    )
+
+
+def _swap(log, stats: CleanStats) -> None:
+    """Commit each cleaned segment (loop thread; renames only) and retire the old."""
+    for r in stats.results:
+        if not r.changed:
+            continue
+        old = r.old
+        invariant(r.new is not None, "a changed segment has a cleaned copy")
+        assert r.new is not None  # for the type checker; the invariant above guards it
+        if r.new.size == 0 and old is not log.segments[0]:
+            # Nothing survived: drop the segment (the first stays, holding the log start).
+            for path in r.new.paths():
+                path.unlink(missing_ok=True)
+            log.replace_segment(old, None)
+            log.retire([old], files="rename")
+            continue
+        swap = old.log_path.with_name(old.log_path.name + ".swap")
+        os.replace(r.new.log_path, swap)  # commit point
+        os.replace(r.new.index.path, old.index.path)
+        os.replace(r.new.time_index.path, old.time_index.path)
+        os.replace(swap, old.log_path)
+        fresh = LogSegment(log.directory, old.base_offset, size=r.new.size, active=False,
+                           index_interval=old.index_interval)
+        log.replace_segment(old, fresh)
+        log.retire([old], files="keep")  # its fd still reads the old bytes for readers
+    logger.info("%s: compacted %d segment(s), rewrote %d, removed %d record(s)",
+                log.name, stats.segments, stats.rewritten, stats.records_removed)
+
+
+def _discard(stats: CleanStats) -> None:
+    for r in stats.results:
+        if r.changed and r.new is not None and r.new is not r.old:
+            for path in r.new.paths():
+                path.unlink(missing_ok=True)
+

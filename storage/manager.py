@@ -1,0 +1,208 @@
+"""``LogManager``: every partition log under one data dir.
+
+Opens all ``<topic>-<partition>`` dirs at start in a thread pool (recovery scans are
+I/O-bound and release the GIL in reads and CRC), hands logs out by topic-partition,
+deletes them Kafka's way (rename to ``<topic>-<partition>.<id>-delete``, remove in the
+background), and runs retention, compaction, flush.ms and recovery-point checkpoints on
+a schedule. ``close`` leaves a clean-shutdown marker in every log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rillet.client.errors import InvalidTopicError
+from rillet.storage import cleaner, retention
+from rillet.storage.config import LogConfig
+from rillet.storage.log import Clock, Log, wall_clock_ms
+
+logger = logging.getLogger(__name__)
+
+DELETE_SUFFIX = "-delete"
+_DIR_RE = re.compile(r"^(?P<topic>[A-Za-z0-9._-]+)-(?P<partition>\d+)$")
+TopicPartition = tuple[str, int]
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic) or topic in (".", ".."):
+        raise InvalidTopicError(f"invalid topic name {topic!r}")
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir(name: str) -> TopicPartition | None:
+    m = _DIR_RE.match(name)
+    return (m["topic"], int(m["partition"])) if m else None
+
+
+class LogManager:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        default_config: LogConfig | Mapping[str, Any] | None = None,
+        *,
+        clock: Clock | None = None,
+        retention_check_interval_ms: int = 300_000,  # Kafka: log.retention.check.interval.ms
+        flush_check_interval_ms: int = 1000,  # Kafka: log.flush.scheduler.interval.ms
+        recovery_threads: int = 4,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.default_config = _as_config(default_config, LogConfig())
+        self.clock = clock or wall_clock_ms
+        self.retention_check_interval_ms = retention_check_interval_ms
+        self.flush_check_interval_ms = flush_check_interval_ms
+        self.recovery_threads = recovery_threads
+        self.logs: dict[TopicPartition, Log] = {}
+        self._lock_fd: int | None = None
+        self._task: asyncio.Task | None = None
+        self._last_retention_ms = 0
+
+    # -- start-up ----------------------------------------------------------------------
+
+    def startup(self) -> None:
+        """Lock the data dir and open every partition log. Blocks (use ``start``)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
+        dirs, doomed = [], []
+        for entry in sorted(os.scandir(self.data_dir), key=lambda e: e.name):
+            if not entry.is_dir():
+                continue
+            if entry.name.endswith(DELETE_SUFFIX):
+                doomed.append(Path(entry.path))
+            elif (tp := parse_partition_dir(entry.name)) is not None:
+                dirs.append((tp, Path(entry.path)))
+        with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
+            opened = pool.map(lambda d: Log.open(d[1], self.default_config, clock=self.clock),
+                              dirs)
+            for (tp, _), log in zip(dirs, opened, strict=True):
+                self.logs[tp] = log
+        for path in doomed:  # deletes interrupted by a crash
+            shutil.rmtree(path, ignore_errors=True)
+        logger.info("opened %d log(s) in %s", len(self.logs), self.data_dir)
+
+    async def start(self, *, schedule: bool = True) -> None:
+        """``startup`` in the default executor, then the maintenance task."""
+        await asyncio.get_running_loop().run_in_executor(None, self.startup)
+        if schedule:
+            self._task = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
+
+    def _lock_data_dir(self) -> None:
+        fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"{self.data_dir} is in use by another process") from None
+        self._lock_fd = fd
+
+    # -- logs ----------------------------------------------------------------------------
+
+    def get(self, topic: str, partition: int) -> Log | None:
+        return self.logs.get((topic, partition))
+
+    def get_or_create(
+        self, topic: str, partition: int, config: LogConfig | Mapping[str, Any] | None = None
+    ) -> Log:
+        """The log of a topic-partition, created empty if new. A given ``config`` (Kafka
+        names over the manager's defaults) replaces the log's current one."""
+        log = self.logs.get((topic, partition))
+        cfg = _as_config(config, self.default_config) if config is not None else None
+        if log is None:
+            path = self.data_dir / partition_dir_name(topic, partition)
+            log = Log.open(path, cfg or self.default_config, clock=self.clock)
+            self.logs[(topic, partition)] = log
+        elif cfg is not None:
+            log.config = cfg
+        return log
+
+    async def delete(self, topic: str, partition: int) -> None:
+        """Remove a partition's log: rename the dir aside at once, delete it later."""
+        log = self.logs.pop((topic, partition), None)
+        if log is None:
+            return
+        await log.wait_background()
+        loop = asyncio.get_running_loop()
+        target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        await loop.run_in_executor(None, _close_and_rename, log, target)
+        await loop.run_in_executor(None, shutil.rmtree, target, True)
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    async def run_maintenance(self, now_ms: int | None = None) -> dict[str, int]:
+        """One round: retention, compaction, purge of retired files, checkpoints."""
+        now = self.clock() if now_ms is None else now_ms
+        stats = {"segments_deleted": 0, "segments_compacted": 0, "files_purged": 0}
+        for log in list(self.logs.values()):
+            if log.closed or log.failure is not None:
+                continue
+            try:
+                stats["segments_deleted"] += await retention.apply_retention(log, now)
+                stats["segments_compacted"] += (await cleaner.compact(log, now)).rewritten
+                stats["files_purged"] += await retention.purge_retired(log, now)
+            except Exception:  # one bad log must not stop maintenance of the others
+                logger.exception("%s: maintenance failed", log.name)
+        await self.checkpoint_recovery_points()
+        return stats
+
+    async def checkpoint_recovery_points(self) -> None:
+        """Flush logs with unflushed data so their recovery points advance (executor)."""
+        for log in list(self.logs.values()):
+            if not log.closed and log.failure is None and log.recovery_point < log.log_end_offset:
+                await log.flush_async()
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_check_interval_ms / 1000)
+            for log in list(self.logs.values()):
+                if not log.closed:
+                    log.maybe_flush_by_time()
+            now = self.clock()
+            if now - self._last_retention_ms >= self.retention_check_interval_ms:
+                self._last_retention_ms = now
+                await self.run_maintenance(now)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush and close every log (clean-shutdown markers) and unlock. Blocks."""
+        if self._task is not None:
+            self._task.cancel()
+        with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
+            list(pool.map(Log.close, list(self.logs.values())))
+        self.logs.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def close_async(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for log in list(self.logs.values()):
+            await log.wait_background()
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+
+def _close_and_rename(log: Log, target: Path) -> None:
+    log.close()
+    os.replace(log.directory, target)
+
+
+def _as_config(config: LogConfig | Mapping[str, Any] | None, base: LogConfig) -> LogConfig:
+    if config is None:
+        return base
+    if isinstance(config, LogConfig):
+        return config
+    return LogConfig.from_dict(config, base)

@@ -1,0 +1,81 @@
+"""Retention: delete whole closed segments older than retention.ms (by their largest
+timestamp) or beyond retention.bytes, oldest first, never the active segment.
+
+The decision is pure (``segments_to_delete``); ``apply_retention`` takes the chosen
+segments out of the log on the loop thread, then renames and checkpoints in the default
+executor. The files' descriptors live on for ``file.delete.delay.ms`` so reads already
+handed out (a FileSlice being sent) finish; ``purge_retired`` then closes and unlinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+
+from rillet.storage import checkpoints
+from rillet.storage.config import LogConfig
+from rillet.storage.recovery import purge
+from rillet.storage.segment import LogSegment
+
+logger = logging.getLogger(__name__)
+
+
+def segments_to_delete(
+    segments: Sequence[LogSegment], config: LogConfig, now_ms: int
+) -> tuple[int, str]:
+    """How many leading closed segments retention removes, and why (for the log line)."""
+    closed = len(segments) - 1  # the active segment is never deleted
+    count, reason = 0, ""
+    if config.retention_ms >= 0:
+        horizon = now_ms - config.retention_ms
+        while count < closed and segments[count].max_timestamp < horizon:
+            count += 1
+        reason = "retention.ms" if count else ""
+    if config.retention_bytes >= 0:
+        excess = sum(s.size for s in segments) - config.retention_bytes
+        by_size = 0
+        while by_size < closed and excess - segments[by_size].size >= 0:
+            excess -= segments[by_size].size
+            by_size += 1
+        if by_size > count:
+            count, reason = by_size, "retention.bytes"
+    return count, reason
+
+
+async def apply_retention(log, now_ms: int | None = None) -> int:
+    """Delete what retention allows; returns the number of segments removed."""
+    if not log.config.delete:
+        return 0
+    now = log.clock() if now_ms is None else now_ms
+    async with log.maintenance_lock:
+        count, reason = segments_to_delete(log.segments, log.config, now)
+        if count == 0:
+            return 0
+        gone = log.remove_prefix(count)
+        start = log.log_start_offset
+        logger.info("%s: %s deleted %d segment(s); log start now %d",
+                    log.name, reason, count, start)
+        await asyncio.get_running_loop().run_in_executor(None, _rename_and_checkpoint, log,
+                                                         gone, start)
+        log.retire(gone, files="renamed")
+        return count
+
+
+def _rename_and_checkpoint(log, gone: list[LogSegment], start: int) -> None:
+    """Rename to ``.deleted`` first: a reopen then never sees them, whatever the crash."""
+    for seg in gone:
+        for path in seg.paths():
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path.with_name(path.name + ".deleted"))
+    checkpoints.write_offset(log.directory / checkpoints.LOG_START_OFFSET, start, fsync=True)
+
+
+async def purge_retired(log, now_ms: int | None = None) -> int:
+    """Close and unlink retired segments whose delay has passed (in the executor)."""
+    due = log.due_retired(log.clock() if now_ms is None else now_ms)
+    if due:
+        await asyncio.get_running_loop().run_in_executor(None, purge, due)
+    return len(due)
