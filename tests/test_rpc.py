@@ -1,0 +1,271 @@
+"""Connection and RpcServer together, in one event loop (plus one uvloop process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import python_command, start_server_process, wait_until_async
+from rpc_echo_server import make_handlers
+
+from rillet.client import schemas
+from rillet.client.connection import Connection, connect_any, parse_address
+from rillet.client.errors import (
+    InvalidRequestError,
+    NetworkError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
+)
+from rillet.client.framing import encode_frame_bytes
+from rillet.client.rpc_server import FileRange, Request, Response, RpcServer
+
+ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
+DATA = bytes(range(256)) * 1024  # 256 KiB
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "segment.log"
+    path.write_bytes(DATA)
+    return path
+
+
+@pytest.fixture
+async def server(data_file: Path) -> AsyncIterator[RpcServer]:
+    srv = RpcServer(make_handlers(str(data_file)), max_request_bytes=1 << 20, name="test")
+    await srv.start("127.0.0.1", 0)
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
+async def conn(server: RpcServer) -> AsyncIterator[Connection]:
+    c = await Connection.open("127.0.0.1", server.port, client_id="tests")
+    yield c
+    await c.aclose()
+
+
+def produce(partitions: list[int], acks: int = 1) -> dict:
+    return {"acks": acks, "timeout_ms": 1000, "topics": [["t", [[i, n] for i, n in partitions]]]}
+
+
+def fetch(*ranges: tuple[int, int]) -> dict:
+    parts = [[i, offset, -1, -1, 0, n] for i, (offset, n) in enumerate(ranges)]
+    return {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [["t", parts]]}  # fmt: skip
+
+
+def list_offsets(delay_ms: int) -> dict:
+    return {"topics": [["t", [[0, -1, delay_ms]]]]}
+
+
+async def test_api_versions_lists_served_apis(conn: Connection) -> None:
+    versions = await conn.api_versions()
+    assert versions == {k: (0, 0) for k in (0, 1, 2, 12, 18)}
+
+
+async def test_many_pipelined_requests_are_matched_by_correlation_id(conn: Connection) -> None:
+    sizes = list(range(1, 401))
+    results = await asyncio.gather(
+        *(conn.request("Produce", produce([(0, n)]), b"x" * n) for n in sizes)
+    )
+    assert [h["topics"][0][1][0][2] for h, _ in results] == sizes
+    assert conn.in_flight == 0
+
+
+async def test_responses_are_written_in_arrival_order(conn: Connection) -> None:
+    # Earlier requests take longer, so handlers finish in reverse; answers must not.
+    completed: list[int] = []
+
+    async def one(i: int) -> None:
+        header, _ = await conn.request("ListOffsets", list_offsets(delay_ms=(10 - i) * 5))
+        completed.append(header["topics"][0][1][0][2])
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(10)]
+    await asyncio.gather(*tasks)
+    assert completed == [(10 - i) * 5 for i in range(10)]
+
+
+async def test_handlers_start_in_arrival_order(data_file: Path) -> None:
+    started: list[int] = []
+
+    async def record(request: Request) -> Response:
+        started.append(request.fields["topics"][0][1][0][1])  # before any await
+        await asyncio.sleep(0)
+        return Response({"topics": [], "throttle_time_ms": 0, "error_code": 0})
+
+    async with RpcServer({schemas.PRODUCE.key: record}) as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            await asyncio.gather(*(c.request("Produce", produce([(0, i)])) for i in range(50)))
+    assert started == list(range(50))
+
+
+@pytest.mark.parametrize("mode", ["pread", "sendfile"])
+async def test_file_range_payload_is_delivered_intact(data_file: Path, mode: str) -> None:
+    async with RpcServer(make_handlers(str(data_file)), file_send_mode=mode) as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            ranges = [(0, 100), (1000, 200_000), (len(DATA) - 5, 5), (7, 0)]
+            results = await asyncio.gather(*(c.request("Fetch", fetch(*ranges)) for _ in range(4)))
+    expected = b"".join(DATA[o : o + n] for o, n in ranges)
+    for header, payload in results:
+        assert [p[7] for p in header["topics"][0][1]] == [n for _, n in ranges]
+        assert payload == expected
+
+
+async def test_file_range_from_an_fd_the_handler_closes_at_once(data_file: Path) -> None:
+    async def from_fd(request: Request) -> Response:
+        fd = os.open(data_file, os.O_RDONLY)
+        # The server dup()s the fd in the step the handler returns in: the owner may
+        # close it right after (as a log closing a deleted segment would).
+        asyncio.get_running_loop().call_soon(os.close, fd)
+        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": []},
+                        [b"head", FileRange(fd, 10, 20), b"tail"])  # fmt: skip
+
+    async with RpcServer({schemas.FETCH.key: from_fd}, file_send_mode="sendfile") as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            _, payload = await c.request("Fetch", fetch())
+    assert payload == b"head" + DATA[10:30] + b"tail"
+
+
+@pytest.mark.parametrize("mode", ["pread", "sendfile"])
+def test_file_ranges_from_a_uvloop_server_process(data_file: Path, mode: str) -> None:
+    proc = start_server_process(
+        python_command(ECHO_SERVER, "--data", str(data_file), "--file-send-mode", mode)
+    )
+    try:
+
+        async def run() -> list:
+            async with await Connection.open("127.0.0.1", proc.port) as c:
+                return await asyncio.gather(
+                    *(c.request("Fetch", fetch((i * 1000, 150_000))) for i in range(8))
+                )
+
+        results = asyncio.run(run())
+    finally:
+        assert proc.stop() == 0, "\n".join(proc.output)
+    assert [bytes(p) for _, p in results] == [DATA[i * 1000 : i * 1000 + 150_000] for i in range(8)]
+
+
+async def test_dropped_connection_fails_every_pending_request(server: RpcServer) -> None:
+    conn = await Connection.open("127.0.0.1", server.port)
+    pending = [asyncio.ensure_future(conn.request("ListOffsets", list_offsets(60_000)))
+               for _ in range(5)]  # fmt: skip
+    await wait_until_async(lambda: conn.in_flight == 5)
+    for peer in list(server.connections):
+        peer.shutdown()
+    for future in pending:
+        with pytest.raises(NetworkError):
+            await future
+    with pytest.raises(NetworkError):
+        await conn.request("ApiVersions", {})
+    await conn.wait_closed()
+
+
+async def test_oversized_frame_closes_that_connection_only(
+    server: RpcServer, conn: Connection
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(struct.pack(">II", (1 << 20) + 1, 10))
+    assert await reader.read() == b""  # closed by the server without an answer
+    writer.close()
+    assert (await conn.api_versions())[18] == (0, 0)
+
+
+async def test_header_without_correlation_id_closes_the_connection(server: RpcServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(encode_frame_bytes({"api": 18, "version": 0}))
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_request_level_errors_keep_the_connection(conn: Connection) -> None:
+    with pytest.raises(UnsupportedVersionError):
+        await conn.request(schemas.METADATA, {"topics": None})  # not served here
+    with pytest.raises(UnsupportedVersionError, match="v3 is not supported"):
+        await conn.request("Produce", produce([(0, 1)]), b"x", version=3)
+    with pytest.raises(InvalidRequestError, match=r"topics\[0\].partitions\[0\].nbytes"):
+        await conn.request("Produce", produce([(0, "1")]))
+    with pytest.raises(InvalidRequestError, match="carry no payload"):
+        await conn.request("ListOffsets", list_offsets(0), b"stray")
+    with pytest.raises(UnknownServerError, match="fails on purpose"):
+        await conn.request("Heartbeat", {"group_id": "g", "generation_id": 1, "member_id": "m"})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        await conn.request("Fetch", fetch((len(DATA) + 1, 10)))
+    header, _ = await conn.request("Produce", produce([(0, "1")]), raise_errors=False)
+    assert header["error_code"] == InvalidRequestError.code
+    assert not conn.closed and (await conn.api_versions())[0] == (0, 0)
+
+
+async def test_one_way_requests_get_no_answer(conn: Connection) -> None:
+    for n in range(20):
+        conn.send_oneway("Produce", produce([(0, n)], acks=0), b"y" * n)
+    await conn.drain()
+    conn.send_oneway("Produce", produce([(0, "bad")], acks=0))  # its error answer is dropped
+    header, _ = await conn.request("Produce", produce([(0, 5)]), b"z" * 5)
+    assert header["topics"][0][1][0][2] == 5
+
+
+async def test_backpressure_drain_with_large_one_way_sends(conn: Connection) -> None:
+    chunk = b"b" * 512 * 1024
+    for _ in range(64):  # 32 MiB, well past the client's 4 MiB high-water mark
+        conn.send_oneway("Produce", produce([(0, len(chunk))], acks=0), chunk)
+        await conn.drain()
+    assert (await conn.api_versions())[0] == (0, 0)
+
+
+async def test_request_timeout(conn: Connection) -> None:
+    with pytest.raises(RequestTimedOutError):
+        # The answer cannot come before the handler's 300 ms wait, so 20 ms always expires.
+        await conn.request("ListOffsets", list_offsets(300), timeout_ms=20)
+    # Answered after the late ListOffsets answer (order), which must not confuse the client.
+    assert (await conn.api_versions())[18] == (0, 0)
+
+
+async def test_connection_limit_refuses_extra_connections(data_file: Path) -> None:
+    async with RpcServer(make_handlers(str(data_file)), max_connections=2) as srv:
+        await srv.start()
+        kept = [await Connection.open("127.0.0.1", srv.port) for _ in range(2)]
+        await wait_until_async(lambda: len(srv.connections) == 2)
+        extra = await Connection.open("127.0.0.1", srv.port)
+        with pytest.raises(NetworkError):
+            await extra.request("ApiVersions", {})
+        for c in kept:
+            assert (await c.api_versions())[18] == (0, 0)
+            await c.aclose()
+
+
+async def test_connect_any_skips_unreachable_addresses(server: RpcServer) -> None:
+    async with RpcServer({}) as dead:  # bind a port, then free it: nothing listens there
+        await dead.start()
+        dead_port = dead.port
+    c = await connect_any([f"127.0.0.1:{dead_port}", f"127.0.0.1:{server.port}"])
+    assert c.port == server.port
+    await c.aclose()
+    with pytest.raises(NetworkError, match="no bootstrap address reachable"):
+        await connect_any([f"127.0.0.1:{dead_port}"], connect_timeout_ms=2000)
+
+
+def test_parse_address() -> None:
+    assert parse_address("localhost:9092") == ("localhost", 9092)
+    assert parse_address("[::1]:9093") == ("::1", 9093)
+    with pytest.raises(ValueError):
+        parse_address("nohost")
+
+
+async def test_server_stop_fails_clients_and_frees_the_port(data_file: Path) -> None:
+    srv = RpcServer(make_handlers(str(data_file)))
+    await srv.start()
+    c = await Connection.open("127.0.0.1", srv.port)
+    await srv.stop()
+    await c.wait_closed()
+    with pytest.raises(NetworkError):
+        await c.request("ApiVersions", {})
