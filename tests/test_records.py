@@ -1,0 +1,97 @@
+"""The record-batch format: round trips and corruption detection, as properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rillet.client import records
+from rillet.client.errors import CorruptRecordError, MessageTooLargeError
+
+COMPRESSIONS = [records.COMPRESSION_NONE, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD]
+
+small_bytes = st.binary(max_size=40)
+header_lists = st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=3)
+
+
+@st.composite
+def batches(draw):
+    n = draw(st.integers(1, 20))
+    values = draw(st.lists(st.none() | small_bytes, min_size=n, max_size=n))
+    keys = draw(st.lists(st.none() | small_bytes, min_size=n, max_size=n))
+    headers = draw(st.none() | st.lists(st.none() | header_lists, min_size=n, max_size=n))
+    timestamps = draw(
+        st.none() | st.lists(st.integers(0, 2**40), min_size=n, max_size=n)
+    )
+    compression = draw(st.sampled_from(COMPRESSIONS))
+    return values, keys, headers, timestamps, compression
+
+
+def _normalize_headers(h):
+    return [list(pair) for pair in h] if h else None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(), st.integers(0, 2**40), st.integers(-1, 2**20))
+def test_encode_decode_round_trip(batch, base_offset, epoch):
+    values, keys, headers, timestamps, compression = batch
+    buf = records.encode_batch(
+        values, keys, headers=headers, timestamps=timestamps, timestamp_ms=77,
+        compression=compression, base_offset=base_offset, partition_leader_epoch=epoch,
+    )
+    h = records.validate_batch(buf)
+    assert (h.base_offset, h.partition_leader_epoch, h.record_count) == (base_offset, epoch, len(values))
+    assert h.compression == compression
+    decoded = records.decode_batch(buf)
+    assert [r.offset for r in decoded] == list(range(base_offset, base_offset + len(values)))
+    assert [r.value for r in decoded] == values
+    assert [r.key for r in decoded] == keys
+    expected_ts = timestamps if timestamps is not None else [77] * len(values)
+    assert [r.timestamp for r in decoded] == expected_ts
+    assert h.max_timestamp == max(expected_ts)
+    want_headers = [_normalize_headers(x) for x in headers] if headers else [None] * len(values)
+    assert [_normalize_headers(r.headers) for r in decoded] == want_headers
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.data())
+def test_flipped_bit_after_crc_field_is_detected(batch, data):
+    values, keys, headers, timestamps, compression = batch
+    buf = bytearray(records.encode_batch(values, keys, headers=headers, timestamps=timestamps,
+                                         compression=compression))
+    pos = data.draw(st.integers(records.CRC_START, len(buf) - 1), label="byte")
+    bit = data.draw(st.integers(0, 7), label="bit")
+    buf[pos] ^= 1 << bit
+    with pytest.raises(CorruptRecordError):
+        records.validate_batch(buf)
+
+
+def test_stamp_keeps_crc_valid():
+    buf = bytearray(records.encode_batch([b"a", b"b"]))
+    records.stamp(buf, 0, 1234, 9)
+    h = records.validate_batch(buf)
+    assert (h.base_offset, h.partition_leader_epoch) == (1234, 9)
+
+
+def test_offset_deltas_round_trip():
+    buf = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[2, 7],
+                               base_offset=100)
+    h = records.validate_batch(buf)
+    assert h.last_offset == 107
+    assert [r.offset for r in records.decode_batch(buf)] == [102, 107]
+
+
+def test_truncated_length_is_corrupt_not_too_large():
+    buf = bytearray(records.encode_batch([b"x" * 100]))
+    records._I.pack_into(buf, records.LENGTH_POS, 1 << 30)
+    with pytest.raises(CorruptRecordError):
+        records.validate_batch(buf, max_size=1000)
+    with pytest.raises(MessageTooLargeError):
+        records.validate_batch(records.encode_batch([b"x" * 100]), max_size=50)
+
+
+def test_iter_batches_stops_on_impossible_length_without_validation():
+    buf = bytearray(records.encode_batch([b"x"]))
+    records._I.pack_into(buf, records.LENGTH_POS, -12)  # would never advance
+    assert list(records.iter_batches(buf, validate=False)) == []

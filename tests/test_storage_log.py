@@ -1,0 +1,238 @@
+"""Log appends, reads, index lookups, bad input, flush policy and rolling."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rillet.client import records
+from rillet.client.errors import (
+    CorruptRecordError,
+    FencedLeaderEpochError,
+    InvalidConfigError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+)
+from rillet.storage import Log, LogConfig
+
+SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
+
+
+class FakeClock:
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def batch(n: int = 5, *, start: int = 0, ts: int = 1000, key: bytes | None = None) -> bytes:
+    return records.encode_batch(
+        [b"value-%06d" % (start + i) for i in range(n)],
+        [key if key is not None else b"k%06d" % (start + i) for i in range(n)],
+        timestamps=[ts + i for i in range(n)],
+    )
+
+
+def all_records(log: Log) -> list[records.Record]:
+    out, offset = [], log.log_start_offset
+    while offset < log.log_end_offset:
+        data = log.read_bytes(offset, 1 << 20)
+        if not data:
+            break
+        recs = [r for r in records.decode_all(data) if r.offset >= offset]
+        out.extend(recs)
+        offset = records.read_header(data, _last_batch_pos(data)).next_offset
+    return out
+
+
+def _last_batch_pos(data: bytes) -> int:
+    return [p for p, _ in records.iter_batches(data)][-1]
+
+
+def test_append_assigns_offsets_and_reads_back(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    assert (log.log_start_offset, log.log_end_offset) == (0, 0)
+    assert log.append(batch(3), 1) == (0, 2)
+    assert log.append(batch(4) + batch(2), 1) == (3, 8)  # a produce payload of two batches
+    assert log.log_end_offset == 9
+    recs = records.decode_all(log.read_bytes(0, 1 << 20))
+    assert [r.offset for r in recs] == list(range(9))
+    hdr = records.read_header(log.read_bytes(3, 1 << 20))
+    assert (hdr.base_offset, hdr.partition_leader_epoch) == (3, 1)
+    log.close()
+
+
+def test_read_returns_whole_batches_and_at_least_one(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    for i in range(10):
+        log.append(batch(5, start=i * 5), 0)
+    size = len(batch(5))
+    s = log.read(7, 1)  # max_bytes smaller than a batch: still one whole batch
+    assert (s.first_offset, s.length) == (5, size)
+    s = log.read(7, 2 * size + 10)
+    assert s.length == 2 * size
+    assert records.read_header(os.pread(s.fd, 61, s.position)).base_offset == 5
+    log.close()
+
+
+def test_read_stops_below_max_offset_and_at_log_end(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    for i in range(10):
+        log.append(batch(5, start=i * 5), 0)
+    data = log.read_bytes(0, 1 << 20, max_offset=20)
+    assert [r.offset for r in records.decode_all(data)][-1] == 19
+    assert log.read(20, 1 << 20, max_offset=20).length == 0
+    assert log.read(50, 1 << 20).length == 0  # exactly at the end: empty
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(51, 100)
+    log.close()
+
+
+def test_reads_match_linear_scan_across_many_segments(tmp_path):
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1024, index_interval_bytes=200))
+    expected = []
+    for i in range(120):
+        n = 1 + i % 7
+        log.append(batch(n, start=len(expected), ts=10_000 + i * 3), 2)
+        expected.extend(range(len(expected), len(expected) + n))
+    assert len(log.segments) > 10
+    truth = {r.offset: r for r in all_records(log)}
+    assert sorted(truth) == expected
+    for offset in range(0, len(expected), 3):
+        first = records.decode_all(log.read_bytes(offset, 1))
+        assert first[0].offset <= offset <= first[-1].offset
+        assert truth[offset] in first
+    for target in range(9_990, 10_000 + 120 * 3 + 10, 7):
+        want = min((r.offset for r in truth.values() if r.timestamp >= target), default=None)
+        got = log.offset_for_timestamp(target)
+        assert (got.offset if got else None) == want, target
+    log.close()
+
+
+def test_corrupt_crc_writes_nothing(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.append(batch(2), 0)
+    bad = bytearray(batch(2))
+    bad[-1] ^= 0x10
+    with pytest.raises(CorruptRecordError):
+        log.append(bytes(batch(3)) + bytes(bad), 0)  # the good first batch is not written
+    assert log.log_end_offset == 2
+    assert log.active_segment.size == len(batch(2))
+    assert os.path.getsize(log.active_segment.log_path) == len(batch(2))
+    log.close()
+
+
+def test_wrong_length_is_corrupt(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    bad = bytearray(batch(2))
+    records._I.pack_into(bad, records.LENGTH_POS, len(bad))  # claims 12 bytes too many
+    with pytest.raises(CorruptRecordError):
+        log.append(bytes(bad), 0)
+    with pytest.raises(CorruptRecordError):
+        log.append(batch(2)[:-3], 0)  # torn payload
+    with pytest.raises(CorruptRecordError):
+        log.append(b"", 0)
+    assert log.log_end_offset == 0 and log.active_segment.size == 0
+    log.close()
+
+
+def test_too_large_batch_is_refused(tmp_path):
+    log = Log.open(tmp_path / "t-0", LogConfig(max_message_bytes=200))
+    with pytest.raises(MessageTooLargeError):
+        log.append(records.encode_batch([b"x" * 500]), 0)
+    assert log.log_end_offset == 0
+    log.close()
+
+
+def test_stale_leader_epoch_is_fenced(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.append(batch(1), 5)
+    with pytest.raises(FencedLeaderEpochError):
+        log.append(batch(1), 4)
+    log.close()
+
+
+def test_read_below_log_start_is_out_of_range(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.truncate_fully_and_start_at(100)
+    log.append(batch(2), 0)
+    assert (log.log_start_offset, log.log_end_offset) == (100, 102)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(99, 100)
+    log.close()
+
+
+def test_follower_append_keeps_offsets_and_checks_order(tmp_path):
+    leader = Log.open(tmp_path / "l-0", SMALL)
+    follower = Log.open(tmp_path / "f-0", SMALL)
+    leader.append(batch(3), 1)
+    leader.append(batch(2), 2)
+    assert follower.append_as_follower(leader.read_bytes(0, 1 << 20)) == (0, 4)
+    assert follower.latest_epoch == 2
+    assert follower.epochs.entries() == [(1, 0), (2, 3)]
+    with pytest.raises(CorruptRecordError):
+        follower.append_as_follower(leader.read_bytes(3, 1 << 20))  # offsets go back
+    leader.close()
+    follower.close()
+
+
+def test_segments_roll_by_size_and_time(tmp_path):
+    clock = FakeClock()
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=4096, segment_ms=60_000),
+                   clock=clock)
+    while len(log.segments) == 1:
+        log.append(batch(10), 0)
+    assert all(s.size <= 4096 for s in log.segments)
+    n = len(log.segments)
+    log.append(batch(1), 0)
+    clock.now += 60_000
+    log.append(batch(1), 0)
+    assert len(log.segments) == n + 1
+    log.close()
+
+
+def test_flush_messages_forces_fsync_and_moves_recovery_point(tmp_path):
+    log = Log.open(tmp_path / "t-0", LogConfig(flush_messages=10))
+    log.append(batch(5), 0)
+    assert log.recovery_point == 0
+    log.append(batch(5), 0)  # no running loop here: the flush runs inline
+    assert log.recovery_point == 10
+    log.close()
+
+
+async def test_flush_ms_flushes_in_background(tmp_path):
+    clock = FakeClock()
+    log = Log.open(tmp_path / "t-0", LogConfig(flush_ms=1000), clock=clock)
+    log.append(batch(5), 0)
+    assert log.recovery_point == 0
+    clock.now += 1000
+    log.maybe_flush_by_time()
+    await log.wait_background()
+    assert log.recovery_point == 5
+    await log.flush_async()
+    await log.close_async()
+
+
+async def test_roll_persists_old_segment_off_the_loop(tmp_path):
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=2048, index_interval_bytes=256))
+    while len(log.segments) < 3:
+        log.append(batch(10), 0)
+    await log.wait_background()
+    first = log.segments[0]
+    assert not first.index.mutable and first.index.path.exists()
+    assert log.recovery_point >= log.segments[1].base_offset
+    await log.close_async()
+
+
+def test_config_rejects_unknown_and_bad_values():
+    with pytest.raises(InvalidConfigError, match="segmnet.bytes"):
+        LogConfig.from_dict({"segmnet.bytes": 1})
+    with pytest.raises(InvalidConfigError, match="cleanup.policy"):
+        LogConfig.from_dict({"cleanup.policy": "shred"})
+    with pytest.raises(InvalidConfigError, match="segment.bytes"):
+        LogConfig.from_dict({"segment.bytes": "lots"})
+    cfg = LogConfig.from_dict({"segment.bytes": "2048", "cleanup.policy": "delete,compact"})
+    assert cfg.segment_bytes == 2048 and cfg.compact and cfg.delete
+    assert LogConfig().to_dict()["segment.bytes"] == 64 * 1024 * 1024
