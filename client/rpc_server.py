@@ -228,6 +228,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.peer = "?"
         self.slots: deque[_Slot] = deque()
         self.closing = False
+        self.eof = False
         self.writer_busy = False  # an async file send owns the socket right now
         self.writer_task: asyncio.Task[None] | None = None
         self.empty_waiter: asyncio.Future[None] | None = None
@@ -261,6 +262,17 @@ class _ServerProtocol(asyncio.Protocol):
                 return
             self.dispatch(frame)
         self.flush()
+
+    def eof_received(self) -> bool:
+        # The peer half-closed: answer what it already sent, then close (flush() does).
+        self.eof = True
+        self.close_if_done()
+        return True
+
+    def close_if_done(self) -> None:
+        if self.eof and not self.slots and not self.writer_busy and self.transport is not None:
+            self.closing = True
+            self.transport.close()  # flushes the answers already written
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -360,6 +372,7 @@ class _ServerProtocol(asyncio.Protocol):
                 )
                 return
             self.write_now(slot, response)
+        self.close_if_done()
 
     def outcome(self, slot: _Slot) -> Response | None:
         task = slot.task

@@ -8,8 +8,8 @@ APIs served (besides the built-in ApiVersions):
 - Produce: answers each partition with base_offset = its nbytes (acks=0: no answer);
 - Fetch: each partition gets ``partition_max_bytes`` bytes of ``data_path`` from
   ``fetch_offset``, sent as a FileRange;
-- ListOffsets: waits ``timestamp`` ms of its first partition, then echoes, so tests can
-  make later requests finish first;
+- ListOffsets: waits ``timestamp`` ms of its first partition (at most ``--max-delay-ms``),
+  then echoes, so tests can make later requests finish first;
 - Heartbeat: raises, to exercise UNKNOWN_SERVER_ERROR.
 """
 
@@ -59,30 +59,33 @@ def make_fetch(data_path: str) -> Handler:
     return fetch
 
 
-async def list_offsets(request: Request) -> Response:
-    topics = request.fields["topics"]
-    delay_ms = topics[0][1][0][2] if topics and topics[0][1] else 0
-    await asyncio.sleep(delay_ms / 1000)
-    answer = [[t, [[p[0], 0, p[2], p[2], 0] for p in ps]] for t, ps in topics]
-    return Response({"throttle_time_ms": 0, "topics": answer})
+def make_list_offsets(max_delay_ms: int) -> Handler:
+    async def list_offsets(request: Request) -> Response:
+        topics = request.fields["topics"]
+        delay_ms = topics[0][1][0][2] if topics and topics[0][1] else 0
+        await asyncio.sleep(min(delay_ms, max_delay_ms) / 1000)
+        answer = [[t, [[p[0], 0, p[2], p[2], 0] for p in ps]] for t, ps in topics]
+        return Response({"throttle_time_ms": 0, "topics": answer})
+
+    return list_offsets
 
 
 async def heartbeat(request: Request) -> Response:
     raise RuntimeError("heartbeat handler fails on purpose")
 
 
-def make_handlers(data_path: str) -> dict[int, Handler]:
+def make_handlers(data_path: str, max_delay_ms: int = 60_000) -> dict[int, Handler]:
     return {
         schemas.PRODUCE.key: produce,
         schemas.FETCH.key: make_fetch(data_path),
-        schemas.LIST_OFFSETS.key: list_offsets,
+        schemas.LIST_OFFSETS.key: make_list_offsets(max_delay_ms),
         schemas.HEARTBEAT.key: heartbeat,
     }
 
 
 async def serve(args: argparse.Namespace) -> None:
     server = RpcServer(
-        make_handlers(args.data),
+        make_handlers(args.data, args.max_delay_ms),
         max_request_bytes=args.max_request_bytes,
         max_connections=args.max_connections,
         file_send_mode=args.file_send_mode,
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-send-mode", default="pread", choices=["pread", "sendfile"])
     parser.add_argument("--max-request-bytes", type=int, default=1024 * 1024)
     parser.add_argument("--max-connections", type=int, default=64)
+    parser.add_argument("--max-delay-ms", type=int, default=60_000, help="ListOffsets cap")
     parser.add_argument("--data", default=__file__, help="file that Fetch serves")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

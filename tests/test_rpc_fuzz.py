@@ -1,0 +1,179 @@
+"""Fuzz a LIVE server process with random and mutated frames; it must keep answering.
+
+``live_node(command)`` starts any node that prints ``PORT <n>`` (today the echo server,
+later a real controller or broker: pass its command line) and always stops it.
+Every example uses a fresh blocking socket; after each, the server must still answer
+ApiVersions correctly on a new connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import msgpack
+import pytest
+from helpers import ServerProcess, python_command, start_server_process
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rillet.client import schemas
+from rillet.client.framing import FrameDecoder, encode_frame_bytes
+
+ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
+MAX_REQUEST_BYTES = 1 << 20  # the echo server's --max-request-bytes default
+IO_TIMEOUT_S = 10.0
+
+
+def live_node(command: Sequence[str]) -> Iterator[ServerProcess]:
+    """Fixture body: run ``command`` until the test module is done, then stop it."""
+    node = start_server_process(command)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def live_server() -> Iterator[ServerProcess]:
+    # Fuzzed ListOffsets requests may ask for long waits: cap them so connections free up.
+    args = ["--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-delay-ms", "100"]
+    yield from live_node(python_command(ECHO_SERVER, *args))
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Send ``data``, half-close, and read until the server closes (or a timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT_S) as sock:
+        received = bytearray()
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            while chunk := sock.recv(65536):
+                received += chunk
+        except OSError:  # reset by the server, or it stalled: both fine for a bad peer
+            pass
+        return bytes(received)
+
+
+def assert_answers_api_versions(node: ServerProcess) -> None:
+    assert node.alive(), "\n".join(node.output)
+    request = {"api": 18, "version": 0, "correlation_id": 99, "client_id": "fuzz"}
+    frames = FrameDecoder().feed(exchange(node.port, encode_frame_bytes(request)))
+    assert len(frames) == 1, "\n".join(node.output[-20:])
+    header, payload = frames[0]
+    assert header["correlation_id"] == 99 and header["error_code"] == 0
+    schemas.validate_response(schemas.API_VERSIONS, 0, header)
+    assert [18, 0, 0] in header["api_keys"] and len(payload) == 0
+
+
+def valid_frames() -> st.SearchStrategy[bytes]:
+    produce = {"api": 0, "version": 0, "correlation_id": 1, "client_id": "f", "acks": 1,
+               "timeout_ms": 100, "topics": [["t", [[0, 3]]]]}  # fmt: skip
+    partitions = [["t", [[0, 0, -1, -1, 0, 50]]]]
+    fetch = {"api": 1, "version": 0, "correlation_id": 2, "replica_id": -1, "max_wait_ms": 0,
+             "min_bytes": 1, "max_bytes": 100, "topics": partitions}  # fmt: skip
+    versions = {"api": 18, "version": 0, "correlation_id": 3}
+    return st.sampled_from(
+        [encode_frame_bytes(produce, b"abc"), encode_frame_bytes(fetch),
+         encode_frame_bytes(versions)]
+    )  # fmt: skip
+
+
+MSGPACK_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=8) | st.binary(max_size=16),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+FIELD_NAMES = sorted({f.name for api in schemas.APIS.values() for f in api.request})
+
+
+@st.composite
+def random_requests(draw: st.DrawFn) -> bytes:
+    """Well-framed headers with real or unknown API keys and wrongly typed fields."""
+    header = {
+        "api": draw(st.sampled_from(sorted(schemas.APIS)) | st.integers(-5, 70_000)),
+        "version": draw(st.integers(-1, 3) | MSGPACK_VALUES),
+        "correlation_id": draw(st.integers(0, 2**31 - 1)),
+        "client_id": draw(st.text(max_size=5) | MSGPACK_VALUES),
+    }
+    header.update(draw(st.dictionaries(st.sampled_from(FIELD_NAMES), MSGPACK_VALUES, max_size=6)))
+    if draw(st.booleans()):
+        header = {k: v for k, v in header.items() if draw(st.booleans())}
+    return encode_frame_bytes(header, draw(st.binary(max_size=64)))
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn) -> bytes:
+    frame = bytearray(draw(valid_frames() | random_requests()))
+    kind = draw(st.sampled_from(["truncate", "flip", "size", "header_size", "garbage"]))
+    if kind == "truncate":
+        return bytes(frame[: draw(st.integers(0, len(frame) - 1))])
+    if kind == "flip":
+        for _ in range(draw(st.integers(1, 8))):
+            frame[draw(st.integers(0, len(frame) - 1))] ^= draw(st.integers(1, 255))
+        return bytes(frame)
+    if kind == "size":
+        size = draw(st.sampled_from([0, 1, 3, 4, MAX_REQUEST_BYTES + 1, 2**32 - 1])
+                    | st.integers(0, 2**32 - 1))  # fmt: skip
+        return struct.pack(">I", size) + bytes(frame[4:])
+    if kind == "header_size":
+        return frame[:4] + struct.pack(">I", draw(st.integers(0, 2**32 - 1))) + frame[8:]
+    garbage = draw(st.binary(min_size=1, max_size=40))
+    return struct.pack(">II", 4 + len(garbage), len(garbage)) + garbage
+
+
+def not_a_map_header() -> st.SearchStrategy[bytes]:
+    return MSGPACK_VALUES.filter(lambda v: not isinstance(v, dict)).map(
+        lambda v: (lambda h: struct.pack(">II", 4 + len(h), len(h)) + h)(msgpack.packb(v))
+    )
+
+
+ATTACKS = (
+    st.binary(max_size=200)
+    | mutated_frames()
+    | random_requests()
+    | not_a_map_header()
+    | st.lists(valid_frames() | random_requests() | mutated_frames(), min_size=2, max_size=5).map(
+        b"".join
+    )
+)
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(attack=ATTACKS)
+def test_server_survives_random_and_mutated_frames(
+    live_server: ServerProcess, attack: bytes
+) -> None:
+    exchange(live_server.port, attack)
+    assert_answers_api_versions(live_server)
+
+
+def test_server_survives_many_connections_at_once(live_server: ServerProcess) -> None:
+    socks = [socket.create_connection(("127.0.0.1", live_server.port)) for _ in range(80)]
+    try:  # beyond --max-connections 64: the extra ones are refused, the node lives
+        for s in socks:
+            s.sendall(b"\x00\x00")  # half a size field, then silence
+    except OSError:
+        pass
+    finally:
+        for s in socks:
+            s.close()
+    assert_answers_api_versions(live_server)
+
+
+def test_well_formed_requests_still_work_after_fuzzing(live_server: ServerProcess) -> None:
+    produce = {"api": 0, "version": 0, "correlation_id": 5, "client_id": "f", "acks": 1,
+               "timeout_ms": 100, "topics": [["t", [[0, 3], [1, 2]]]]}  # fmt: skip
+    ((header, _),) = FrameDecoder().feed(
+        exchange(live_server.port, encode_frame_bytes(produce, b"abcde"))
+    )
+    assert header["correlation_id"] == 5
+    assert [p[2] for p in header["topics"][0][1]] == [3, 2]
