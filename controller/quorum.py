@@ -23,7 +23,7 @@ How a driver uses it (the seam; the driver owns asyncio, Raft and RPC)::
     # every ~100 ms (and at least once per heartbeat interval):
     records, _ = ctl.tick(images.pending, now_ms)          # session expiry, rebalance
     # as Raft commits entries:
-    delta, image = images.commit(offset)                     # listeners get (delta, image)
+    delta, image = images.commit([(offset, epoch, decode_records(data))])  # -> listeners
     # on losing leadership: images.reset(); ctl = QuorumController(...) afresh.
 
 Operations must see every record proposed before them, so pass ``images.pending``
