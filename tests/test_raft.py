@@ -1,0 +1,323 @@
+"""Raft core scenarios, one protocol rule per test, driven by hand (no simulator RNG)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import msgpack
+import pytest
+
+from rillet.controller.raft import (
+    AppendRequest,
+    AppendResponse,
+    Entry,
+    EntryKind,
+    HardState,
+    InstallSnapshot,
+    Message,
+    NotLeader,
+    PreVoteRequest,
+    PreVoteResponse,
+    RaftConfig,
+    RaftNode,
+    RaftUsageError,
+    Role,
+    StorageState,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    message_from_dict,
+)
+
+T_MS = 1000
+
+
+class Harness:
+    """Nodes wired by hand: `run(ms)` ticks every 10 ms and delivers messages instantly."""
+
+    def __init__(self, voters: int = 3, states: dict[int, StorageState] | None = None) -> None:
+        ids = tuple(range(1, voters + 1))
+        self.now_ms = 0
+        self.nodes = {
+            i: RaftNode(RaftConfig(node_id=i, voters=ids), (states or {}).get(i),
+                        rng=random.Random(i), now_ms=0)
+            for i in ids
+        }
+        self.blocked: set[tuple[int, int]] = set()
+        self.applied: dict[int, list[bytes]] = {i: [] for i in ids}
+        self.sent: list[Message] = []
+        self.events: list[str] = []
+        self.queue: list[Message] = []
+
+    def isolate(self, node_id: int) -> None:
+        for other in self.nodes:
+            if other != node_id:
+                self.blocked |= {(node_id, other), (other, node_id)}
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+    def flush(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        while node.has_ready():
+            ready = node.ready()
+            self.sent.extend(ready.messages)
+            self.queue.extend(ready.messages)
+            self.events.extend(e.text for e in ready.events)
+            self.applied[node_id].extend(
+                e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL)
+            node.advance(ready)
+
+    def deliver(self, keep: Callable[[Message], bool] = lambda m: True) -> None:
+        for _ in range(10_000):
+            for node_id in self.nodes:
+                self.flush(node_id)
+            if not self.queue:
+                return
+            msg, self.queue = self.queue[0], self.queue[1:]
+            if (msg.src, msg.dst) not in self.blocked and keep(msg):
+                self.nodes[msg.dst].step(msg)
+        raise AssertionError("messages did not settle")
+
+    def run(self, duration_ms: int, keep: Callable[[Message], bool] = lambda m: True) -> None:
+        end_ms = self.now_ms + duration_ms
+        while self.now_ms < end_ms:
+            self.now_ms += 10
+            for node in self.nodes.values():
+                node.tick(self.now_ms)
+            self.deliver(keep)
+
+    def leader(self) -> int:
+        leaders = [i for i, n in self.nodes.items() if n.role is Role.LEADER]
+        assert len(leaders) == 1, f"leaders: {leaders}"
+        return leaders[0]
+
+    def elect(self, node_id: int) -> None:
+        """Make `node_id` time out first and win (after the start-up vote fence of T)."""
+        self.now_ms = max(self.now_ms, T_MS)
+        for other, node in self.nodes.items():
+            node.election_deadline_ms = self.now_ms + (0 if other == node_id else 2 * T_MS)
+        self.run(10)
+        assert self.leader() == node_id
+
+
+def test_leader_elected_and_proposals_apply_everywhere() -> None:
+    h = Harness(voters=5)
+    h.run(2 * T_MS)
+    leader = h.nodes[h.leader()]
+    assert "became leader in term 1 after winning votes from" in " ".join(h.events)
+    leader.propose(b"a")
+    leader.propose(b"b")
+    h.run(200)
+    assert all(applied == [b"a", b"b"] for applied in h.applied.values())
+
+
+def test_election_timeout_is_randomized_between_t_and_2t() -> None:
+    node = RaftNode(RaftConfig(node_id=1, voters=(1, 2, 3)), rng=random.Random(7), now_ms=0)
+    deadlines = set()
+    for _ in range(200):
+        node.reset_election_timer()
+        deadlines.add(node.election_deadline_ms)
+    assert min(deadlines) >= T_MS and max(deadlines) < 2 * T_MS and len(deadlines) > 50
+
+
+def test_candidate_persists_term_and_vote_before_sending_vote_requests() -> None:
+    node = RaftNode(RaftConfig(node_id=1, voters=(1, 2, 3), pre_vote=False),
+                    rng=random.Random(1), now_ms=0)
+    node.tick(2 * T_MS)
+    ready = node.ready()
+    assert ready.hard_state == HardState(term=1, vote=1, commit=0) and ready.must_sync
+    assert {type(m) for m in ready.messages} == {VoteRequest}
+
+
+def test_prevote_partitioned_node_does_not_disrupt_leader() -> None:
+    h = Harness()
+    h.elect(1)
+    term = h.nodes[1].term
+    h.isolate(3)
+    h.run(10 * T_MS)
+    assert h.nodes[3].term == term, "pre-vote must not bump the isolated node's term"
+    h.heal()
+    h.run(3 * T_MS)
+    assert h.leader() == 1 and h.nodes[1].term == term
+    assert h.nodes[3].leader_id == 1
+
+
+def test_follower_in_lease_ignores_vote_for_higher_term() -> None:
+    h = Harness()
+    h.elect(1)
+    h.nodes[2].step(VoteRequest(term=9, src=3, dst=2, last_log_index=99, last_log_term=9))
+    h.flush(2)
+    assert h.nodes[2].term == 1 and h.nodes[2].leader_id == 1
+    assert "ignored vote request from 3" in " ".join(h.events)
+
+
+def test_leader_steps_down_without_quorum() -> None:
+    h = Harness()
+    h.elect(1)
+    h.isolate(1)
+    h.run(2 * T_MS + 100)
+    assert h.nodes[1].role is Role.FOLLOWER
+    assert "stepping down in term 1: heard from only []" in " ".join(h.events)
+    assert {h.nodes[2].role, h.nodes[3].role} == {Role.LEADER, Role.FOLLOWER}
+
+
+def test_leader_lease_holds_with_quorum_and_lapses_when_isolated() -> None:
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    leader = h.nodes[1]
+    assert leader.is_leader_with_lease(h.now_ms)
+    assert leader.read_index(h.now_ms) == leader.commit_index
+    h.isolate(1)
+    h.run(T_MS)
+    assert not leader.is_leader_with_lease(h.now_ms)
+    with pytest.raises(NotLeader):
+        leader.read_index(h.now_ms)
+
+
+def test_conflicting_uncommitted_tail_is_overwritten() -> None:
+    h = Harness()
+    h.elect(1)
+    h.isolate(1)
+    stale = [h.nodes[1].propose(f"lost{i}".encode()) for i in range(3)]
+    h.run(3 * T_MS)
+    new_leader = h.leader() if h.nodes[1].role is not Role.LEADER else None
+    assert new_leader in (2, 3)
+    h.nodes[new_leader].propose(b"kept")
+    h.run(100)
+    h.heal()
+    h.run(T_MS)
+    logs = {i: [(e.index, e.term, e.data) for e in n.log.entries] for i, n in h.nodes.items()}
+    assert logs[1] == logs[2] == logs[3]
+    assert all(h.nodes[1].log.term(i) != 1 for i in stale[1:])
+    assert h.applied[1] == [b"kept"]
+
+
+def test_only_current_term_entries_commit_by_counting() -> None:
+    """Raft Figure 8: a replicated entry of an older term does not commit by counting."""
+    old_log = (Entry(1, 1, b"x"), Entry(2, 2, b"y"))
+    states = {1: StorageState(HardState(term=2, vote=1, commit=1), None, old_log),
+              2: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1]),
+              3: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1])}
+    h = Harness(states=states)
+    h.now_ms = T_MS
+    h.nodes[1].election_deadline_ms = T_MS
+    votes_only = (PreVoteRequest, PreVoteResponse, VoteRequest, VoteResponse)
+    h.run(10, keep=lambda m: isinstance(m, votes_only))
+    leader = h.nodes[1]
+    assert leader.role is Role.LEADER and leader.term == 3 and leader.log.last_index() == 3
+
+    def ack(match_index: int) -> None:
+        leader.step(AppendResponse(term=3, src=2, dst=1, success=True, match_index=match_index,
+                                   reject_index=0, hint_index=0, hint_term=0, sent_ms=0))
+
+    ack(2)  # a majority (1 and 2) now holds index 2, of term 2
+    assert leader.commit_index == 1
+    ack(3)  # the term-3 no-op reaches a majority: it commits, and index 2 with it
+    assert leader.commit_index == 3
+
+
+def test_follower_behind_snapshot_gets_install_snapshot() -> None:
+    h = Harness()
+    h.elect(1)
+    h.isolate(3)
+    leader = h.nodes[1]
+    for i in range(20):
+        leader.propose(f"v{i}".encode())
+    h.run(100)
+    leader.compact(leader.applied_index, b"state-after-20")
+    assert leader.log.snapshot_index == leader.applied_index
+    h.heal()
+    h.run(300)
+    installs = [m for m in h.sent if isinstance(m, InstallSnapshot) and m.dst == 3]
+    assert installs and installs[0].data == b"state-after-20"
+    assert h.nodes[3].log.snapshot_index == leader.log.snapshot_index
+    assert h.nodes[3].commit_index == leader.commit_index
+    assert "installing snapshot at index" in " ".join(h.events)
+
+
+def test_leadership_transfer() -> None:
+    h = Harness()
+    h.elect(1)
+    h.nodes[1].propose(b"before")
+    h.run(50)
+    h.nodes[1].transfer_leadership(3)
+    h.deliver()
+    assert h.leader() == 3 and h.nodes[3].term == 2
+    assert any(isinstance(m, TimeoutNow) and m.dst == 3 for m in h.sent)
+    h.nodes[3].propose(b"after")
+    h.run(100)
+    assert h.applied[2] == [b"before", b"after"]
+
+
+def test_proposal_during_transfer_or_on_follower_raises_not_leader() -> None:
+    h = Harness()
+    h.elect(1)
+    with pytest.raises(NotLeader) as info:
+        h.nodes[2].propose(b"x")
+    assert info.value.leader_id == 1
+    h.isolate(3)
+    h.nodes[1].transfer_leadership(3)  # cannot finish: 3 is unreachable
+    with pytest.raises(NotLeader):
+        h.nodes[1].propose(b"x")
+    h.run(T_MS + 100)
+    assert "timed out" in " ".join(h.events)
+    h.nodes[1].propose(b"after-abort")
+
+
+def test_slow_follower_catches_up_with_fast_backoff() -> None:
+    h = Harness()
+    h.elect(1)
+    h.isolate(3)
+    for i in range(200):
+        h.nodes[1].propose(f"v{i}".encode())
+    h.run(200)
+    h.heal()
+    h.run(500)
+    assert h.applied[3] == h.applied[1] and len(h.applied[3]) == 200
+
+
+def test_single_voter_commits_alone() -> None:
+    node = RaftNode(RaftConfig(node_id=1, voters=(1,)), rng=random.Random(0), now_ms=0)
+    node.tick(2 * T_MS)
+    assert node.role is Role.LEADER
+    index = node.propose(b"solo")
+    ready = node.ready()
+    assert [e.data for e in ready.committed_entries][-1] == b"solo"
+    node.advance(ready)
+    assert node.applied_index == index
+
+
+def test_ready_twice_without_advance_is_a_usage_error() -> None:
+    node = RaftNode(RaftConfig(node_id=1, voters=(1, 2, 3)), rng=random.Random(0), now_ms=0)
+    node.ready()
+    with pytest.raises(RaftUsageError):
+        node.ready()
+
+
+@pytest.mark.parametrize("msg", [
+    PreVoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1),
+    PreVoteResponse(term=2, src=2, dst=1, granted=True),
+    VoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1, leader_transfer=True),
+    VoteResponse(term=2, src=2, dst=1, granted=False),
+    AppendRequest(term=2, src=1, dst=2, prev_index=4, prev_term=1,
+                  entries=(Entry(5, 2, b"\x00x"), Entry(6, 2, b"", EntryKind.NOOP)),
+                  commit=4, sent_ms=123),
+    AppendResponse(term=2, src=2, dst=1, success=False, match_index=0, reject_index=4,
+                   hint_index=3, hint_term=1, sent_ms=123),
+    InstallSnapshot(term=2, src=1, dst=2, snapshot_index=9, snapshot_term=2, data=b"img",
+                    sent_ms=5),
+    TimeoutNow(term=2, src=1, dst=2),
+])
+def test_messages_round_trip_through_msgpack(msg: Message) -> None:
+    wire = msgpack.packb(msg.to_dict())
+    assert message_from_dict(msgpack.unpackb(wire)) == msg
+
+
+def test_malformed_message_dict_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown raft message"):
+        message_from_dict({"type": "Nope"})
+    with pytest.raises(ValueError, match="lacks field"):
+        message_from_dict({"type": "TimeoutNow", "term": 1, "src": 1})
