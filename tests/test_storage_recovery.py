@@ -3,6 +3,7 @@ clean open of thousands of segments that reads almost nothing."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -150,13 +151,22 @@ def test_clean_open_of_thousands_of_segments_reads_almost_nothing(tmp_path, monk
         opened.append(str(p))
         return real_open(p, *args, **kwargs)
 
+    real_io_open = io.open
+
+    def counting_io_open(p, *args, **kwargs):  # Path.read_bytes (index files) goes here
+        opened.append(str(p))
+        return real_io_open(p, *args, **kwargs)
+
     monkeypatch.setattr(os, "pread", counting_pread)
     monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_io_open)
     monkeypatch.setattr(scan_module.os, "pread", os.pread)
     reopened = Log.open(path, LogConfig(segment_bytes=1024, index_interval_bytes=256))
     assert reopened.log_end_offset == end and len(reopened.segments) >= 2000
     segment_opens = [p for p in opened if p.endswith(".log")]
     assert len(segment_opens) <= 1, segment_opens  # only the active segment
+    index_opens = [p for p in opened if p.endswith(("index", "timeindex"))]
+    assert len(index_opens) <= 2, index_opens  # only the active segment's two indexes
     assert sum(reads) < 10_000, f"read {sum(reads)} of {total} bytes"
     # Reads still work: the first segment's index loads on demand.
     assert records.decode_all(reopened.read_bytes(0, 1))[0].offset == 0
