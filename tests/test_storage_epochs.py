@@ -1,0 +1,120 @@
+"""Truncation and the leader-epoch cache (KIP-101/279 end-offset semantics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rillet.client import records
+from rillet.storage import Log, LogConfig
+from rillet.storage.epoch_cache import LeaderEpochCache
+
+CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=128)
+
+
+def batch(n: int) -> bytes:
+    return records.encode_batch([b"r%04d" % i for i in range(n)])
+
+
+@pytest.fixture
+def log(tmp_path):
+    log = Log.open(tmp_path / "t-0", CONFIG)
+    # epoch 1: offsets 0-9, epoch 3: 10-24, epoch 4: 25-29 (epoch 2 never led)
+    for _ in range(2):
+        log.append(batch(5), 1)
+    for _ in range(3):
+        log.append(batch(5), 3)
+    log.append(batch(5), 4)
+    yield log
+    log.close()
+
+
+def test_end_offset_for_epoch_cases(log):
+    assert log.epochs.entries() == [(1, 0), (3, 10), (4, 25)]
+    assert log.end_offset_for_epoch(4) == (4, 30)  # latest: the log end
+    assert log.end_offset_for_epoch(3) == (3, 25)  # start of the next epoch
+    assert log.end_offset_for_epoch(2) == (1, 10)  # unknown: the largest epoch below it
+    assert log.end_offset_for_epoch(1) == (1, 10)
+    assert log.end_offset_for_epoch(0) == (0, 0)  # older than all: the first start
+    assert log.end_offset_for_epoch(5) == (-1, -1)  # newer than all
+    assert log.end_offset_for_epoch(-1) == (-1, -1)
+
+
+def test_empty_cache_answers_undefined(tmp_path):
+    cache = LeaderEpochCache(tmp_path / "x")
+    assert cache.end_offset_for(3, 100) == (-1, -1)
+
+
+def test_truncate_to_cuts_whole_batches_and_epochs(log):
+    log.truncate_to(27)  # mid-batch: the batch holding 27 (25-29) goes whole
+    assert log.log_end_offset == 25
+    assert log.epochs.entries() == [(1, 0), (3, 10)]
+    log.truncate_to(12)
+    assert log.log_end_offset == 10
+    assert log.epochs.entries() == [(1, 0)]
+    assert log.end_offset_for_epoch(3) == (-1, -1)
+    assert log.append(batch(2), 5) == (10, 11)
+    assert log.epochs.entries() == [(1, 0), (5, 10)]
+    recs = []
+    while len(recs) < 12:
+        recs.extend(records.decode_all(log.read_bytes(len(recs), 1 << 20)))
+    assert [r.offset for r in recs] == list(range(12))
+
+
+def test_truncation_spanning_segments_survives_reopen(tmp_path):
+    path = tmp_path / "t-0"
+    log = Log.open(path, CONFIG)
+    for i in range(40):
+        log.append(batch(5), 1 + i // 10)
+    assert len(log.segments) > 3
+    log.truncate_to(52)
+    assert log.log_end_offset == 50
+    assert log.epochs.entries() == [(1, 0)]  # epoch 2 started at 50: cut away
+    assert log.latest_epoch == 1 and log.end_offset_for_epoch(1) == (1, 50)
+    log.append(batch(5), 7)
+    log.close()
+    again = Log.open(path, CONFIG)
+    assert again.log_end_offset == 55
+    assert again.epochs.entries() == [(1, 0), (7, 50)]
+    recs = []
+    while len(recs) < 55:
+        recs.extend(records.decode_all(again.read_bytes(len(recs), 1 << 20)))
+    assert [r.offset for r in recs] == list(range(55))
+    again.close()
+    assert not list(path.glob("*.deleted"))
+
+
+def test_truncate_fully_and_start_at(log):
+    log.truncate_fully_and_start_at(500)
+    assert (log.log_start_offset, log.log_end_offset) == (500, 500)
+    assert log.epochs.entries() == []
+    assert log.append(batch(3), 6) == (500, 502)
+    assert log.end_offset_for_epoch(6) == (6, 503)
+
+
+def test_follower_truncation_then_catch_up(tmp_path):
+    leader = Log.open(tmp_path / "l-0", CONFIG)
+    follower = Log.open(tmp_path / "f-0", CONFIG)
+    leader.append(batch(5), 1)
+    follower.append_as_follower(leader.read_bytes(0, 1 << 20))
+    follower.append(batch(5), 1)  # a divergent tail the new leader never had
+    leader.append(batch(3), 2)
+    epoch, end = leader.end_offset_for_epoch(follower.latest_epoch)
+    assert (epoch, end) == (1, 5)
+    follower.truncate_to(end)
+    follower.append_as_follower(leader.read_bytes(5, 1 << 20))
+    assert follower.epochs.entries() == leader.epochs.entries() == [(1, 0), (2, 5)]
+    assert follower.read_bytes(0, 1 << 20) == leader.read_bytes(0, 1 << 20)
+    leader.close()
+    follower.close()
+
+
+def test_epoch_checkpoint_is_rebuilt_when_unreadable(tmp_path):
+    path = tmp_path / "t-0"
+    log = Log.open(path, CONFIG)
+    log.append(batch(3), 2)
+    log.append(batch(3), 5)
+    log.close()
+    (path / "leader-epoch-checkpoint").write_text("garbage\n")
+    again = Log.open(path, CONFIG)
+    assert again.epochs.entries() == [(2, 0), (5, 3)]
+    again.close()
