@@ -1,0 +1,209 @@
+"""Retention by time and size, compaction, and reads across compacted segments."""
+
+from __future__ import annotations
+
+import os
+
+from rillet.client import records
+from rillet.storage import Log, LogConfig, LogManager, cleaner, retention
+
+DAY = 24 * 3600 * 1000
+
+
+class FakeClock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def keyed(keys: list[bytes], values: list[bytes | None], ts: int) -> bytes:
+    return records.encode_batch(values, keys, timestamps=[ts] * len(keys))
+
+
+def read_all(log: Log) -> list[records.Record]:
+    out, offset = [], log.log_start_offset
+    while offset < log.log_end_offset:
+        data = log.read_bytes(offset, 1 << 20)
+        if not data:
+            break
+        recs = [r for r in records.decode_all(data) if r.offset >= offset]
+        out.extend(recs)
+        last = [h for _, h in records.iter_batches(data)][-1]
+        offset = last.next_offset
+    return out
+
+
+async def test_time_retention_deletes_old_closed_segments(tmp_path):
+    clock = FakeClock(10 * DAY)
+    cfg = LogConfig(segment_bytes=1024, retention_ms=DAY, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    for i in range(30):  # old records, then new ones
+        ts = 10 * DAY - 3 * DAY if i < 20 else 10 * DAY
+        log.append(keyed([b"k"] * 5, [b"v" * 20] * 5, ts), 0)
+    old_segments = [s for s in log.segments[:-1] if s.max_timestamp < 9 * DAY]
+    assert old_segments
+    removed = await retention.apply_retention(log)
+    assert removed == len(old_segments)
+    assert log.log_start_offset == log.segments[0].base_offset > 0
+    assert all(not s.log_path.exists() for s in old_segments)  # renamed to .deleted
+    assert await retention.purge_retired(log) == removed
+    assert not list((tmp_path / "t-0").glob("*.deleted"))
+    assert read_all(log)[0].offset == log.log_start_offset
+    await log.close_async()
+    again = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    assert again.log_start_offset == log.log_start_offset  # the checkpoint persisted
+    again.close()
+
+
+async def test_size_retention_keeps_at_most_retention_bytes(tmp_path):
+    clock = FakeClock(DAY)
+    cfg = LogConfig(segment_bytes=1024, retention_bytes=3000, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    for _ in range(60):
+        log.append(keyed([b"k"] * 3, [b"v" * 30] * 3, DAY), 0)
+    assert log.size_bytes > 3000
+    await retention.apply_retention(log)
+    assert log.size_bytes <= 3000 + 1024  # whole segments only, never the active one
+    assert log.size_bytes - log.segments[0].size < 3000
+    await log.close_async()
+
+
+async def test_compaction_keeps_latest_per_key_and_offsets(tmp_path):
+    clock = FakeClock(100 * DAY)
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0,
+                    delete_retention_ms=DAY)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    offset = 0
+    for round_ in range(12):
+        keys = [b"key-%d" % ((round_ * 3 + j) % 7) for j in range(4)]
+        values: list[bytes | None] = [b"val-%d-%d" % (round_, j) for j in range(4)]
+        if round_ == 5:
+            values[0] = None  # a tombstone, old enough to drop (timestamp 50 days ago)
+        log.append(keyed(keys, values, 50 * DAY), 0)
+        for k, v in zip(keys, values, strict=True):
+            latest[k] = (offset, v)
+            offset += 1
+    before = {r.offset: r for r in read_all(log)}
+    active_base = log.active_segment.base_offset
+    stats = await cleaner.compact(log)
+    assert stats.rewritten > 0
+    after = read_all(log)
+    offsets = [r.offset for r in after]
+    assert offsets == sorted(offsets) and len(offsets) < len(before)
+    for r in after:
+        assert before[r.offset] == r  # surviving records keep offset, key, value, time
+    cleaned = [r for r in after if r.offset < active_base]
+    seen: dict[bytes, int] = {}
+    for r in cleaned:
+        assert r.key not in seen, "a key appears twice in the cleaned part"
+        seen[r.key] = r.offset
+        assert r.value is not None or latest[r.key][0] >= active_base
+    for off, value in latest.values():  # the newest record of each key survives
+        if value is not None or off >= active_base:
+            assert off in {r.offset for r in after}
+    # epochs and batch epochs are kept; the log reopens cleanly
+    assert {h.partition_leader_epoch for h in _headers(log)} == {0}
+    await log.close_async()
+    again = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    assert [r.offset for r in read_all(again)] == offsets
+    again.close()
+
+
+async def test_reading_across_a_compacted_segment(tmp_path):
+    clock = FakeClock(100 * DAY)
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    while len(log.segments) < 4:
+        log.append(keyed([b"same"] * 10, [b"x" * 10] * 10, DAY), 0)
+    await cleaner.compact(log)
+    # Every closed segment lost all but (at most) one record: reading from each old
+    # offset lands on the next surviving record, never on an error.
+    survivors = [r.offset for r in read_all(log)]
+    for offset in range(log.log_start_offset, log.log_end_offset, 7):
+        data = log.read_bytes(offset, 1)
+        first = [r for r in records.decode_all(data) if r.offset >= offset]
+        assert first and first[0].offset == min(o for o in survivors if o >= offset)
+    await log.close_async()
+
+
+async def test_compaction_output_left_by_a_crash_is_discarded_or_finished(tmp_path):
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact")
+    path = tmp_path / "t-0"
+    log = Log.open(path, cfg)
+    while len(log.segments) < 3:
+        log.append(keyed([b"a"] * 5, [b"x" * 20] * 5, 1), 0)
+    end = log.log_end_offset
+    stats = cleaner.clean_segments(list(log.segments[:-1]), 0)  # output only, no swap
+    first = log.segments[0]
+    log.close()
+    # Crash 1: only .cleaned files exist -> discarded, the old segment stands.
+    assert list(path.glob("*.cleaned"))
+    reopened = Log.open(path, cfg)
+    assert not list(path.glob("*.cleaned"))
+    assert reopened.log_end_offset == end and reopened.segments[0].size == first.size
+    reopened.close()
+    # Crash 2: committed (renamed to .swap) but not yet moved into place -> finished.
+    stats = cleaner.clean_segments(list(Log.open(path, cfg).segments[:-1]), 0)
+    new = stats.results[0].new
+    os.replace(new.log_path, first.log_path.with_name(first.log_path.name + ".swap"))
+    reopened = Log.open(path, cfg)
+    assert reopened.segments[0].size == new.size < first.size
+    assert reopened.log_end_offset == end
+    reopened.close()
+
+
+async def test_manager_maintenance_runs_retention_and_compaction(tmp_path):
+    clock = FakeClock(10 * DAY)
+    manager = LogManager(tmp_path, {"segment.bytes": 1024, "file.delete.delay.ms": 0},
+                         clock=clock)
+    await manager.start(schedule=False)
+    old = manager.get_or_create("old", 0, {"retention.ms": DAY})
+    comp = manager.get_or_create("comp", 0, {"cleanup.policy": "compact"})
+    for _ in range(30):
+        old.append(keyed([b"k"] * 5, [b"v" * 20] * 5, DAY), 0)
+        comp.append(keyed([b"k"] * 5, [b"v" * 20] * 5, DAY), 0)
+    stats = await manager.run_maintenance()
+    assert stats["segments_deleted"] > 0 and stats["segments_compacted"] > 0
+    assert old.recovery_point == old.log_end_offset  # checkpointed by the round
+    await manager.close_async()
+
+
+def _headers(log: Log):
+    for seg in log.segments:
+        yield from (h for _, h in seg.headers_from(0))
+
+
+async def test_tombstones_dropped_only_after_delete_retention(tmp_path):
+    clock = FakeClock(100 * DAY)
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0,
+                    delete_retention_ms=DAY)
+    for age, survives in ((10 * DAY, False), (DAY // 2, True)):
+        log = Log.open(tmp_path / f"t-{age}", cfg, clock=clock)
+        log.append(keyed([b"gone"], [b"v"], clock.now - age), 0)
+        log.append(keyed([b"gone"], [None], clock.now - age), 0)
+        while len(log.segments) < 2:
+            log.append(keyed([b"other"] * 5, [b"x" * 30] * 5, clock.now - age), 0)
+        await cleaner.compact(log)
+        kept = [r for r in read_all(log) if r.key == b"gone"]
+        assert [r.value for r in kept] == ([None] if survives else [])
+        await log.close_async()
+
+
+async def test_manager_opens_existing_logs_and_deletes(tmp_path):
+    manager = LogManager(tmp_path, {"segment.bytes": 1024})
+    await manager.start(schedule=False)
+    for p in range(3):
+        manager.get_or_create("topic", p).append(keyed([b"k"], [b"v"], 1), 0)
+    await manager.close_async()
+    assert (tmp_path / "topic-1" / "clean-shutdown").exists()
+    again = LogManager(tmp_path)
+    await again.start()
+    assert sorted(again.logs) == [("topic", 0), ("topic", 1), ("topic", 2)]
+    assert again.get("topic", 2).log_end_offset == 1
+    await again.delete("topic", 1)
+    assert again.get("topic", 1) is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["topic-0", "topic-2"]
+    await again.close_async()
