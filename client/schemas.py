@@ -910,6 +910,52 @@ RAFT_TIMEOUT_NOW = declare(
 )  # fmt: skip
 
 
+RAFT_MESSAGE = declare(
+    1004, "RaftMessage", (0, 0),
+    request=[
+        F("cluster_id", Opt(STR), default=None, doc="nil until the cluster id is known"),
+        F("src", INT, doc="sending voter"),
+        F("dst", INT, doc="receiving voter"),
+    ],
+    response=[ERROR_CODE],
+    payload="request",
+    scope=SCOPE_RAFT,
+    doc="One-way (never answered): one message of the Raft core, msgpack of "
+        "`Message.to_dict()` in the payload. Replies travel as RaftMessages the other way.",
+)  # fmt: skip
+
+PARTITION_ERROR = Struct(
+    F("topic", STR), F("partition", INT), F("error_code", INT), F("error_message", Opt(STR))
+)
+
+ELECT_LEADERS = declare(
+    43, "ElectLeaders", (0, 0),
+    request=[
+        F("election_type", INT, default=0, doc="0: preferred leader (the only type)"),
+        F("topics", Opt(Array(STR)), default=None, doc="nil for every topic"),
+        F("timeout_ms", INT, default=30_000),
+    ],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    scope=SCOPE_CLUSTER,
+    doc="Served by the active controller: move leadership to each partition's first replica.",
+)  # fmt: skip
+
+ALTER_PARTITION_REASSIGNMENTS = declare(
+    45, "AlterPartitionReassignments", (0, 0),
+    request=[
+        F("timeout_ms", INT, default=30_000),
+        F("partitions", Array(Struct(
+            F("topic", STR),
+            F("partition", INT),
+            F("replicas", Opt(INT_LIST), doc="target replicas; nil cancels"),
+        ))),
+    ],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    scope=SCOPE_CLUSTER,
+    doc="Served by the active controller (KIP-455).",
+)  # fmt: skip
+
+
 def render_markdown() -> str:
     """The API table for docs/protocol.md (a test keeps the doc in step with this)."""
     lines: list[str] = []

@@ -22,7 +22,8 @@ EXPECTED_KEYS = {
     "CreateTopics": 19, "DeleteTopics": 20, "Vote": 52, "AlterPartition": 56,
     "DescribeCluster": 60, "BrokerRegistration": 62, "BrokerHeartbeat": 63,
     "RaftAppend": 1000, "FetchMetadata": 1001, "RaftInstallSnapshot": 1002,
-    "RaftTimeoutNow": 1003,
+    "RaftTimeoutNow": 1003, "ElectLeaders": 43, "AlterPartitionReassignments": 45,
+    "RaftMessage": 1004,
 }  # fmt: skip
 
 
@@ -45,7 +46,7 @@ def test_every_documented_api_is_declared_with_its_key() -> None:
 
 def test_payload_flags() -> None:
     with_payload = {a.name for a in schemas.APIS.values() if a.request_payload}
-    assert with_payload == {"Produce", "RaftInstallSnapshot"}
+    assert with_payload == {"Produce", "RaftInstallSnapshot", "RaftMessage"}
     assert {a.name for a in schemas.APIS.values() if a.response_payload} == {
         "Fetch", "FetchMetadata"
     }
