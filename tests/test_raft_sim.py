@@ -11,8 +11,8 @@ import os
 import pytest
 from sim.raft_cluster import SimulationFailure, run_seed, seeds_from_env
 
-# make test: each seed is ~10 s of chaos then <= 20 s of healing, in ~0.05 s of CPU.
-QUICK_SEEDS = 160
+# make test: each seed is ~10 s of simulated chaos then <= 20 s of healing, ~0.07 s of CPU.
+QUICK_SEEDS = 320
 
 
 @pytest.mark.parametrize("block", range(8))

@@ -369,7 +369,10 @@ class SimOptions:
     @classmethod
     def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
         """Everything derives from the seed, so the seed alone replays a run."""
-        return cls(seed=seed, voters=3 + 2 * (seed % 2), echo_trace=echo_trace)
+        rng = random.Random(seed ^ 0x5EED)
+        return cls(seed=seed, voters=3 + 2 * (seed % 2), echo_trace=echo_trace,
+                   max_entries_per_append=rng.choice([1, 2, 8, 64]),
+                   compact_every_entries=rng.choice([5, 30, 200]))
 
 
 class RaftCluster:
