@@ -956,6 +956,28 @@ ALTER_PARTITION_REASSIGNMENTS = declare(
 )  # fmt: skip
 
 
+DESCRIBE_QUORUM = declare(
+    55, "DescribeQuorum", (0, 0),
+    request=[],
+    response=[
+        ERROR_CODE,
+        F("node_id", INT),
+        F("role", STR, doc="follower, pre-candidate, candidate or leader"),
+        F("term", INT),
+        F("leader_id", INT, doc="-1 when unknown"),
+        F("active", BOOL, doc="this node is the active controller"),
+        F("cluster_id", Opt(STR)),
+        F("commit_index", INT),
+        F("applied_offset", INT, doc="offset of the newest record in this node's image"),
+        F("snapshot_index", INT, doc="last index of the local snapshot, 0 if none"),
+        F("last_index", INT),
+    ],
+    scope=SCOPE_RAFT,
+    doc="Any controller answers with its own view of the quorum (rillet's shape, not "
+        "Kafka's): for tooling, tests and status pages.",
+)  # fmt: skip
+
+
 def render_markdown() -> str:
     """The API table for docs/protocol.md (a test keeps the doc in step with this)."""
     lines: list[str] = []

@@ -23,7 +23,7 @@ EXPECTED_KEYS = {
     "DescribeCluster": 60, "BrokerRegistration": 62, "BrokerHeartbeat": 63,
     "RaftAppend": 1000, "FetchMetadata": 1001, "RaftInstallSnapshot": 1002,
     "RaftTimeoutNow": 1003, "ElectLeaders": 43, "AlterPartitionReassignments": 45,
-    "RaftMessage": 1004,
+    "RaftMessage": 1004, "DescribeQuorum": 55,
 }  # fmt: skip
 
 
