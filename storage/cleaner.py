@@ -138,7 +138,7 @@ def _clean_one(
         return CleanResult(seg, seg, changed=False), 0
     new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
     for data, h in out:
-        new.append(data, [h])
+        new.append_one(data, h.base_offset, h.last_offset, h.max_timestamp, len(data))
     new.write_indexes(new.seal(), fsync=True)
     new.fsync()
     new.close()

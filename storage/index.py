@@ -130,9 +130,12 @@ class SparseIndex:
     # -- writes (mutable only) ------------------------------------------------------
 
     def append(self, key: int, value: int) -> None:
-        invariant(self.mutable, f"append to a closed index {self.path}")
-        keys, values = self._columns()
-        invariant(not len(keys) or key >= keys[-1], f"index key {key} after {keys[-1:]}")
+        keys, values = self._keys, self._values
+        if not self.mutable or keys is None or values is None:
+            invariant(False, f"append to a closed index {self.path}")
+            return
+        if keys and key < keys[-1]:  # the message is built only on failure: hot path
+            invariant(False, f"{self.path}: index key {key} after {keys[-1]}")
         keys.append(key)
         values.append(value)
 

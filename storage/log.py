@@ -45,7 +45,7 @@ from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
 from rillet.storage.fileslice import FileSlice
 from rillet.storage.invariants import invariant
-from rillet.storage.segment import LogSegment
+from rillet.storage.segment import MAX_RELATIVE_OFFSET, LogSegment
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Log:
 
     def __init__(self, directory: Path, config: LogConfig, clock: Clock) -> None:
         self.directory = directory
-        self.config = config
+        self.config = config  # the setter below caches what the append path reads
         self.clock = clock
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
@@ -118,6 +118,17 @@ class Log:
         self._check_segments()
 
     # -- state --------------------------------------------------------------------------
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LogConfig) -> None:
+        """Replace the settings (a topic config change); takes effect on the next append."""
+        self._config = config
+        self._flush_policy = config.flush_messages is not None or config.flush_ms is not None
+        self._segment_bytes = config.segment_bytes
 
     @property
     def name(self) -> str:
@@ -163,23 +174,61 @@ class Log:
         and stamp ``leader_epoch`` in place, then write. Returns (first, last) offset.
 
         Raises CorruptRecordError / MessageTooLargeError having written nothing.
+        This is the hot path (one call per produced batch): keep per-batch work lean.
         """
-        self._check_writable()
+        if self.failure is not None or self.closed:
+            self._refuse_write()
         buf = _writable(batches)
-        parsed = self._validate(buf)
+        h = records.validate_batch(buf, 0, max_size=self._config.max_message_bytes)
+        if h.batch_length + LOG_OVERHEAD == len(buf) and h.record_count > 0:
+            hit = self._append_one(buf, h, leader_epoch)
+            if hit is not None:
+                return hit
+        headers, count = self._validate(buf)
         if leader_epoch < self.epochs.latest_epoch:
             raise FencedLeaderEpochError(
                 f"{self.name}: append at epoch {leader_epoch} < latest {self.latest_epoch}"
             )
-        first = next_offset = self.log_end_offset
-        stamped = []
-        for position, h in parsed:
+        first = next_offset = self._segments[-1].next_offset
+        entries = []
+        position = 0
+        for h in headers:
             records.stamp(buf, position, next_offset, leader_epoch)
-            stamped.append(h._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
-            next_offset += h.last_offset_delta + 1
-        self._write(buf, stamped)
-        self.epochs.assign(leader_epoch, first)
+            size = h.batch_length + LOG_OVERHEAD
+            last = next_offset + h.last_offset_delta
+            entries.append((next_offset, last, h.max_timestamp, size))
+            position += size
+            next_offset = last + 1
+        self._write(buf, entries, count)
+        if leader_epoch != self.epochs.latest_epoch:
+            self.epochs.assign(leader_epoch, first)
         return first, next_offset - 1
+
+    def _append_one(
+        self, buf: bytearray | memoryview, h: BatchHeader, leader_epoch: int
+    ) -> tuple[int, int] | None:
+        """The common case, a payload of one batch that needs no roll, without the
+        general path's lists; None sends the caller down the general path."""
+        seg = self._segments[-1]
+        size = h.batch_length + LOG_OVERHEAD
+        base = seg.next_offset
+        last = base + h.last_offset_delta
+        epoch = self.epochs.latest_epoch
+        if (
+            leader_epoch < epoch
+            or (seg.size and seg.size + size > self._segment_bytes)
+            or last - seg.base_offset > MAX_RELATIVE_OFFSET
+            or self.clock() - seg.created_ms >= self._config.segment_ms
+        ):
+            return None
+        records.stamp(buf, 0, base, leader_epoch)
+        seg.append_one(buf, base, last, h.max_timestamp, size)
+        self._unflushed_messages += h.record_count
+        if self._flush_policy:
+            self._maybe_flush_by_policy()
+        if leader_epoch != epoch:
+            self.epochs.assign(leader_epoch, base)
+        return base, last
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> tuple[int, int]:
         """Append batches fetched from the leader, keeping their offsets and epochs.
@@ -187,60 +236,72 @@ class Log:
         Offsets must start at or after the log end and increase (compacted batches may
         leave gaps). Returns (first, last) offset; raises CorruptRecordError otherwise.
         """
-        self._check_writable()
-        parsed = self._validate(batches)
+        if self.failure is not None or self.closed:
+            self._refuse_write()
+        headers, count = self._validate(batches)
         expected = self.log_end_offset
-        for position, h in parsed:
+        entries = []
+        for h in headers:
             if h.base_offset < expected:
                 raise CorruptRecordError(
-                    f"{self.name}: follower batch at byte {position} has base offset "
-                    f"{h.base_offset}, expected >= {expected}"
+                    f"{self.name}: follower batch has base offset {h.base_offset}, "
+                    f"expected >= {expected}"
                 )
             expected = h.next_offset
-        headers = [h for _, h in parsed]
-        self._write(batches, headers)
+            entries.append((h.base_offset, h.last_offset, h.max_timestamp,
+                            h.batch_length + LOG_OVERHEAD))
+        self._write(batches, entries, count)
         for h in headers:
             if h.partition_leader_epoch > self.epochs.latest_epoch:
                 self.epochs.assign(h.partition_leader_epoch, h.base_offset)
         return headers[0].base_offset, headers[-1].last_offset
 
-    def _validate(self, buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
-        """Every batch complete, CRC-valid and within max.message.bytes; nothing written."""
-        if len(buf) == 0:
+    def _validate(self, buf: bytes | bytearray | memoryview) -> tuple[list[BatchHeader], int]:
+        """Every batch complete, CRC-valid and within max.message.bytes; nothing written.
+        Returns the headers and the total record count."""
+        end = len(buf)
+        if end == 0:
             raise CorruptRecordError(f"{self.name}: empty append")
         limit = self.config.max_message_bytes
         out = []
-        position = 0
-        while position < len(buf):
+        count = position = 0
+        while position < end:
             h = records.validate_batch(buf, position, max_size=limit)
             if h.record_count < 1:
                 raise CorruptRecordError(f"{self.name}: batch at byte {position} has no records")
-            out.append((position, h))
+            out.append(h)
+            count += h.record_count
             position += h.batch_length + LOG_OVERHEAD
-        return out
+        return out, count
 
-    def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
-        self._maybe_roll(len(data), headers[-1].last_offset)
-        self.active_segment.append(data, headers)
-        self._unflushed_messages += sum(h.record_count for h in headers)
-        self._maybe_flush_by_policy()
+    def _write(
+        self, data: bytes | bytearray | memoryview, entries: list[tuple[int, int, int, int]],
+        count: int,
+    ) -> None:
+        """entries: (base offset, last offset, max timestamp, size) per batch."""
+        seg = self._segments[-1]
+        if seg.size and seg.size + len(data) > self._segment_bytes:
+            seg = self.roll()
+        else:
+            self._maybe_roll(entries[-1][1])
+            seg = self._segments[-1]
+        seg.append(data, entries)
+        self._unflushed_messages += count
+        if self._flush_policy:
+            self._maybe_flush_by_policy()
 
-    def _check_writable(self) -> None:
+    def _refuse_write(self) -> None:
         if self.failure is not None:
             raise StorageError(f"{self.name}: log failed earlier: {self.failure}")
         invariant(not self.closed, f"{self.name}: append to a closed log")
 
     # -- rolling and flushing -----------------------------------------------------------
 
-    def _maybe_roll(self, incoming: int, last_offset: int) -> None:
-        seg = self.active_segment
-        if seg.size == 0:
-            return
-        now = self.clock()
-        if (
-            seg.size + incoming > self.config.segment_bytes
-            or now - seg.created_ms >= self.config.segment_ms
-            or not seg.fits(last_offset)
+    def _maybe_roll(self, last_offset: int) -> None:
+        """Roll by segment.ms, or when relative offsets would overflow the index."""
+        seg = self._segments[-1]
+        if seg.size and (
+            self.clock() - seg.created_ms >= self._config.segment_ms or not seg.fits(last_offset)
         ):
             self.roll()
 
@@ -518,8 +579,9 @@ class Log:
 
 def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:
     """A buffer ``stamp`` can patch: the caller's own if writable, else one copy."""
-    if isinstance(data, bytearray):
-        return data
-    if isinstance(data, memoryview) and not data.readonly:
-        return data
+    kind = type(data)
+    if kind is bytes:
+        return bytearray(data)
+    if kind is bytearray or (kind is memoryview and not data.readonly):  # type: ignore[union-attr]
+        return data  # type: ignore[return-value]
     return bytearray(data)

@@ -45,6 +45,7 @@ class LogSegment:
         self.last_batch_base = -1
         self.created_ms = 0
         self._since_index = 0
+        self._last_indexed_ts = NO_TIMESTAMP - 1
 
     # -- construction ---------------------------------------------------------------
 
@@ -83,30 +84,67 @@ class LogSegment:
 
     # -- appends --------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, batches: list[BatchHeader]) -> None:
-        """Write whole batches (already validated and stamped) and index them."""
+    def append(
+        self, data: bytes | bytearray | memoryview, entries: list[tuple[int, int, int, int]]
+    ) -> None:
+        """Write whole batches (validated, stamped) and index them. ``entries`` holds
+        (base offset, last offset, max timestamp, size) per batch, in ``data`` order."""
         position = self.size
-        for h in batches:
-            invariant(h.base_offset >= self.next_offset, f"offset {h.base_offset} goes back")
-            self._maybe_index(h, position)
-            position += h.batch_length + LOG_OVERHEAD
-            self.next_offset = h.next_offset
-            self.last_batch_base = h.base_offset
-        _write_all(self.fd, data)
-        invariant(position == self.size + len(data), "batch sizes do not add up to the payload")
+        for base, last, max_ts, size in entries:
+            if base < self.next_offset:
+                invariant(False, f"{self.log_path}: offset {base} < {self.next_offset}")
+            self._note_batch(base, last, max_ts, size, position)
+            position += size
+        if position != self.size + len(data):
+            invariant(False, f"{self.log_path}: batch sizes do not add up to the payload")
+        fd = self._fd if self._fd is not None else self.fd
+        written = os.write(fd, data)
+        if written != len(data):
+            _write_all(fd, memoryview(data)[written:])
         self.size = position
 
-    def _maybe_index(self, h: BatchHeader, position: int) -> None:
-        if h.max_timestamp > self.max_timestamp:
-            self._max_timestamp = h.max_timestamp
-        if self._since_index >= self.index_interval and position > 0:
-            relative = h.base_offset - self.base_offset
+    def append_one(
+        self, data: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, size: int
+    ) -> None:
+        """``append`` for a single batch: the produce hot path, without list building."""
+        if base < self.next_offset or size != len(data):
+            invariant(False, f"{self.log_path}: batch {base} out of order or mis-sized")
+        position = self.size
+        # _note_batch, inlined: this runs once per produced batch.
+        if max_ts > self._max_timestamp:  # never None while mutable
+            self._max_timestamp = max_ts
+        if self._since_index >= self.index_interval and position:
+            relative = base - self.base_offset
             self.index.append(relative, position)
-            last = self.time_index.last()
-            if last is None or self.max_timestamp > last[0]:
-                self.time_index.append(self.max_timestamp, relative)
+            if max_ts > self._last_indexed_ts:
+                self.time_index.append(self._max_timestamp, relative)
+                self._last_indexed_ts = self._max_timestamp
+            self._since_index = size
+        else:
+            self._since_index += size
+        self.next_offset = last + 1
+        self.last_batch_base = base
+        fd = self._fd if self._fd is not None else self.fd
+        written = os.write(fd, data)
+        if written != size:
+            _write_all(fd, memoryview(data)[written:])
+        self.size += size
+
+    def _note_batch(self, base: int, last: int, max_ts: int, size: int, position: int) -> None:
+        """Account for one batch at ``position``: end offset, max timestamp, and an index
+        entry (offset and time) once index.interval.bytes passed since the last one."""
+        if max_ts > self._max_timestamp:  # never None while mutable
+            self._max_timestamp = max_ts
+        if self._since_index >= self.index_interval and position > 0:
+            relative = base - self.base_offset
+            self.index.append(relative, position)
+            if self._max_timestamp > self._last_indexed_ts:
+                self.time_index.append(self._max_timestamp, relative)
+                self._last_indexed_ts = self._max_timestamp
             self._since_index = 0
-        self._since_index += h.batch_length + LOG_OVERHEAD
+        self._since_index += size
+        self.next_offset = last + 1
+        self.last_batch_base = base
 
     def fits(self, last_offset: int) -> bool:
         return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
@@ -195,10 +233,12 @@ class LogSegment:
         self.index.clear()
         self.time_index.clear()
         self._max_timestamp, self._since_index = NO_TIMESTAMP, 0
+        self._last_indexed_ts = NO_TIMESTAMP - 1
         self.next_offset, self.last_batch_base = max(min_offset, self.base_offset), -1
         scanner = BatchScanner(self.fd, min_offset=self.next_offset)
         for position, h, _view in scanner:
-            self._maybe_index(h, position)
+            size = h.batch_length + LOG_OVERHEAD
+            self._note_batch(h.base_offset, h.last_offset, h.max_timestamp, size, position)
             if on_batch is not None:
                 on_batch(h)
             self.next_offset, self.last_batch_base = h.next_offset, h.base_offset
@@ -233,6 +273,7 @@ class LogSegment:
         self.next_offset = self.base_offset if last is None else self.base_offset + last[0]
         last_time = self.time_index.last()
         self._max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
+        self._last_indexed_ts = last_time[0] if last_time else NO_TIMESTAMP - 1
         self._since_index = 0
         self.last_batch_base = -1
         for position, h in self.headers_from(start):
@@ -252,6 +293,7 @@ class LogSegment:
         last = self.time_index.last()
         if self.last_batch_base >= 0 and (last is None or self.max_timestamp > last[0]):
             self.time_index.append(self.max_timestamp, self.last_batch_base - self.base_offset)
+            self._last_indexed_ts = self.max_timestamp
         return self.index_snapshot()
 
     def index_snapshot(self) -> tuple[bytes, bytes]:
