@@ -1,0 +1,215 @@
+"""The broker's configuration: its key table (every key with a default and a line of
+documentation, rendered into docs/broker.md) and ``BrokerConfig``, the typed view the
+server reads.
+
+Keys use Kafka's names where Kafka has the setting. ``log.*`` keys are the defaults of
+every partition log; a topic's own configs (``segment.bytes``, ``max.message.bytes``...)
+override them per topic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rillet.client.config import Config, ConfigTable, Key
+from rillet.client.errors import InvalidConfigError
+from rillet.storage.config import DAY_MS, KAFKA_NAMES, LogConfig
+
+MIB = 1024 * 1024
+BROKER_LISTENER = "BROKER"
+DEFAULT_BROKER_LISTENER = "BROKER://127.0.0.1:9092"
+CONTROLLER_LISTENER = "CONTROLLER"
+
+# (broker key, LogConfig's Kafka name): the broker-wide defaults of every partition log.
+LOG_DEFAULT_KEYS: dict[str, str] = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+}
+
+# Keys only a broker reads. Keys every node has (node.id, process.roles, listeners,
+# controller.quorum.voters, log.level, socket.request.max.bytes, max.connections,
+# broker.heartbeat.interval.ms...) come from controller/config.py's ``node_keys``.
+BROKER_KEYS = ConfigTable(
+    [
+        Key("log.dirs", str, "/tmp/rillet-logs",
+            "Directory of this broker's partition logs (one directory)."),
+        Key("broker.rack", str, "", "Rack id for rack-aware placement; empty = none."),
+        Key("auto.create.topics.enable", bool, False,
+            "Create a topic a Metadata request names when the client allows it."),
+        Key("min.insync.replicas", int, 1,
+            "Smallest ISR an acks=all produce accepts (topic config overrides)."),
+        Key("message.max.bytes", int, MIB + 12,
+            "Largest record batch (topic config `max.message.bytes` overrides)."),
+        Key("replica.lag.time.max.ms", int, 30_000,
+            "A follower not caught up for this long leaves the ISR."),
+        Key("replica.fetch.max.bytes", int, MIB, "Follower fetch: bytes per partition."),
+        Key("replica.fetch.response.max.bytes", int, 10 * MIB,
+            "Follower fetch: bytes per response."),
+        Key("replica.fetch.wait.max.ms", int, 500, "Follower fetch: longest wait at the leader."),
+        Key("replica.tick.interval.ms", int, 100,
+            "How often partitions are ticked (acks=all timeouts, ISR shrink checks)."),
+        Key("log.segment.bytes", int, 64 * MIB, "Segment size before rolling (Kafka: 1 GiB)."),
+        Key("log.roll.ms", int, 7 * DAY_MS, "Segment age before rolling."),
+        Key("log.index.interval.bytes", int, 4096, "Bytes between offset-index entries."),
+        Key("log.flush.interval.messages", int, None,
+            "fsync after this many messages; unset = rely on replication (Kafka's default)."),
+        Key("log.flush.interval.ms", int, None, "fsync data older than this; unset = never."),
+        Key("log.retention.ms", int, 7 * DAY_MS,
+            "Delete closed segments older than this; -1 keeps them."),
+        Key("log.retention.bytes", int, -1, "Per-partition size limit; -1 = unlimited."),
+        Key("log.cleanup.policy", str, "delete", "`delete`, `compact` or `compact,delete`."),
+        Key("log.cleaner.delete.retention.ms", int, DAY_MS,
+            "How long compaction keeps tombstones."),
+        Key("log.segment.delete.delay.ms", int, 60_000,
+            "Retired segment files outlive in-flight reads this long."),
+        Key("log.retention.check.interval.ms", int, 300_000, "Retention/compaction period."),
+        Key("log.flush.scheduler.interval.ms", int, 1000, "How often flush.ms is checked."),
+    ]
+)  # fmt: skip
+
+# Keys a broker reads that a controller declares too (same name, same meaning). A
+# broker-only node takes these defaults; a combined node takes the broker's where the
+# two defaults differ (the tables are merged broker-first).
+BROKER_SHARED_KEYS = ConfigTable(
+    [
+        Key("cluster.id", str, "",
+            "Cluster id this broker registers with; empty = whatever the quorum has."),
+        Key("num.partitions", int, 1, "Partitions of an auto-created topic."),
+        Key("default.replication.factor", int, 1, "Replication factor of an auto-created topic."),
+        Key("controlled.shutdown.timeout.ms", int, 30_000,
+            "SIGTERM: longest wait for the controller to move this node's leaderships away."),
+    ]
+)  # fmt: skip
+
+
+def broker_config_table() -> ConfigTable:
+    """Every key of a broker-only node (``rillet broker``)."""
+    from rillet.controller.config import node_keys
+
+    return merge_tables(node_keys("broker"), BROKER_KEYS, BROKER_SHARED_KEYS)
+
+
+def combined_config_table() -> ConfigTable:
+    """Every key of a combined node: the broker's and the controller's tables merged."""
+    from rillet.controller.config import CONTROLLER_KEYS, node_keys
+
+    return merge_tables(
+        node_keys("broker,controller"), BROKER_KEYS, BROKER_SHARED_KEYS, CONTROLLER_KEYS
+    )
+
+
+def merge_tables(*tables: ConfigTable) -> ConfigTable:
+    """The union of several tables; a key declared twice is taken from the first."""
+    keys: dict[str, Key] = {}
+    for table in tables:
+        for name, key in table.keys.items():
+            keys.setdefault(name, key)
+    return ConfigTable(keys.values())
+
+
+def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
+    """``BROKER://127.0.0.1:9092,CONTROLLER://h:9093`` -> {name: (host, port)}."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, address = item.partition("://")
+        host, colon, port = address.rpartition(":")
+        if not sep or not colon or not name or not port.isdigit():
+            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
+        out[name.upper()] = (host or "0.0.0.0", int(port))
+    return out
+
+
+def parse_voters(text: str) -> dict[int, tuple[str, int]]:
+    """``1@127.0.0.1:9093,2@h:9094`` -> {node id: (host, port)}."""
+    out: dict[int, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        node, at, address = item.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not at or not colon or not node.isdigit() or not port.isdigit():
+            raise InvalidConfigError(
+                f"controller.quorum.voters: expected id@host:port, got {item!r}"
+            )
+        out[int(node)] = (host, int(port))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """What the broker reads, typed. Build with ``BrokerConfig.from_config``."""
+
+    node_id: int
+    roles: frozenset[str]
+    listeners: dict[str, tuple[str, int]]
+    voters: dict[int, tuple[str, int]]
+    cluster_id: str
+    log_dir: str
+    rack: str | None
+    log_defaults: LogConfig
+    values: Config
+
+    @classmethod
+    def from_config(cls, config: Config) -> BrokerConfig:
+        roles = frozenset(r.strip() for r in config["process.roles"].split(",") if r.strip())
+        if not roles or not roles <= {"broker", "controller"}:
+            raise InvalidConfigError(
+                f"process.roles must be broker, controller or broker,controller, "
+                f"not {config['process.roles']!r}"
+            )
+        if config["node.id"] is None:
+            raise InvalidConfigError("node.id is required")
+        listeners = parse_listeners(config["listeners"] or DEFAULT_BROKER_LISTENER)
+        if "broker" in roles and BROKER_LISTENER not in listeners:
+            raise InvalidConfigError(f"listeners: a broker needs a {BROKER_LISTENER}:// listener")
+        for name, value in (("num.partitions", 1), ("default.replication.factor", 1),
+                            ("min.insync.replicas", 1), ("message.max.bytes", 0),
+                            ("max.connections", 1), ("socket.request.max.bytes", 1024),
+                            ("replica.tick.interval.ms", 1)):
+            if config[name] < value:
+                raise InvalidConfigError(f"{name} must be >= {value}, not {config[name]}")
+        return cls(
+            node_id=config["node.id"],
+            roles=roles,
+            listeners=listeners,
+            voters=parse_voters(config["controller.quorum.voters"]),
+            cluster_id=config["cluster.id"],
+            log_dir=config["log.dirs"],
+            rack=config["broker.rack"] or None,
+            log_defaults=log_defaults(config),
+            values=config,
+        )
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    @property
+    def broker_address(self) -> tuple[str, int]:
+        return self.listeners[BROKER_LISTENER]
+
+
+def log_defaults(config: Config) -> LogConfig:
+    """The broker-wide LogConfig: ``log.*`` keys plus ``message.max.bytes``."""
+    settings: dict[str, Any] = {
+        kafka: config[key] for key, kafka in LOG_DEFAULT_KEYS.items() if config[key] is not None
+    }
+    settings["max.message.bytes"] = config["message.max.bytes"]
+    return LogConfig.from_dict(settings)
+
+
+def topic_log_config(defaults: LogConfig, topic_config: dict[str, str] | Any) -> LogConfig:
+    """A topic's LogConfig: its explicit configs that are log settings, over the broker
+    defaults (topic keys such as min.insync.replicas are not log settings)."""
+    own = {k: v for k, v in topic_config.items() if k in KAFKA_NAMES}
+    return LogConfig.from_dict(own, defaults) if own else defaults

@@ -1,0 +1,187 @@
+"""The Fetch and ListOffsets handlers.
+
+Fetch reads each partition as a byte range of one segment file (``Log.read`` ->
+``FileSlice``) and returns it as a ``FileRange`` payload part: the RpcServer dup()s the
+descriptor when the handler returns and preads the range straight into the socket
+write, so batches go from the page cache to the socket without being decoded or copied
+into Python objects. The read and the ``return`` happen in one step (no ``await``
+between them), so the range is pinned before retention or truncation can touch it.
+
+Consumers (``replica_id`` -1) read below the high watermark only; followers
+(``replica_id`` = their broker id) read up to the log end, and their fetch position
+feeds the leader's replication core (HW, ISR expansion, diverging-epoch answers).
+
+Long poll: with fewer than ``min_bytes`` available the handler parks one future on each
+partition it reads; appends, HW moves and role changes wake it (``Replica.wake``), it
+re-reads, and it answers once ``min_bytes`` is there, a partition has an error, or
+``max_wait_ms`` has passed. Nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.replica_manager import Replica, ReplicaManager
+from rillet.client import errors
+from rillet.client.errors import RilletError
+from rillet.client.rpc_server import FileRange, Request, Response
+from rillet.controller.metadata import TopicPartition
+from rillet.storage import FileSlice
+
+NONE = errors.NONE
+OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
+NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
+CONSUMER = -1
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One read over every requested partition."""
+
+    topics: list[list[Any]] = field(default_factory=list)
+    payload: list[FileRange] = field(default_factory=list)
+    nbytes: int = 0
+    error: bool = False
+    touched: list[Replica] = field(default_factory=list)
+
+
+class FetchHandler:
+    def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics) -> None:
+        self.replicas = replicas
+        self.metrics = metrics
+
+    async def __call__(self, request: Request) -> Response:
+        f = request.fields
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, f["max_wait_ms"]) / 1000
+        while True:
+            result = self.read_all(f)
+            remaining = deadline - loop.time()
+            if result.nbytes >= f["min_bytes"] or result.error or remaining <= 0:
+                break
+            waiter: asyncio.Future[None] = loop.create_future()
+            for replica in result.touched:  # none touched (no partitions): wait it out
+                replica.waiters.append(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=remaining)
+            finally:
+                waiter.cancel()
+                for replica in result.touched:  # a timed-out waiter must not pile up
+                    if waiter in replica.waiters:
+                        replica.waiters.remove(waiter)
+        # ---- no await from the last read to here: the ranges are pinned on return ----
+        self.metrics.bytes_out.inc(result.nbytes)
+        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": result.topics},
+                        result.payload)  # fmt: skip
+
+    def read_all(self, f: dict[str, Any]) -> _Pass:
+        out = _Pass()
+        budget = f["max_bytes"]
+        replica_id = f["replica_id"]
+        now = self.replicas.now_ms()
+        for topic, partitions in f["topics"]:
+            results: list[list[Any]] = []
+            for p in partitions:
+                row, data = self.read_one(topic, p, replica_id, budget, out, now)
+                if data is not None and data.length:
+                    budget -= data.length
+                    out.nbytes += data.length
+                    out.payload.append(FileRange(data.fd, data.position, data.length))
+                results.append(row)
+            out.topics.append([topic, results])
+        return out
+
+    def read_one(
+        self, topic: str, p: list[Any], replica_id: int, budget: int, out: _Pass, now: int
+    ) -> tuple[list[Any], FileSlice | None]:
+        partition, offset, last_fetched_epoch, current_leader_epoch, _, max_bytes = p[:6]
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        if replica is None:
+            out.error = True
+            return _row(partition, self.replicas.partition_error(topic, partition)), None
+        out.touched.append(replica)
+        state, log = replica.state, replica.log
+        diverging = None
+        if replica_id == CONSUMER:
+            code = state.validate_leader_epoch(current_leader_epoch)
+            if code is None and not replica.is_leader:
+                code = NOT_LEADER_OR_FOLLOWER
+            if code is None and not log.log_start_offset <= offset <= log.log_end_offset:
+                code = OFFSET_OUT_OF_RANGE
+            limit = state.high_watermark
+        else:
+            decision = state.on_follower_fetch(
+                replica_id, offset, last_fetched_epoch, now, current_leader_epoch
+            )
+            self.replicas.apply_effects(replica, decision.effects)
+            code = decision.error_code or None
+            diverging = decision.diverging_epoch
+            limit = None
+        hw = state.high_watermark
+        if code is not None or diverging is not None:
+            out.error = True
+            row = _row(partition, code or NONE, hw, log.log_start_offset)
+            if diverging is not None:
+                row[5] = [diverging.epoch, diverging.end_offset]
+            return row, None
+        data = self._read(log, offset, min(max_bytes, budget), limit, first=out.nbytes == 0)
+        nbytes = data.length if data is not None else 0
+        return [partition, NONE, hw, hw, log.log_start_offset, None, -1, nbytes], data
+
+    @staticmethod
+    def _read(log: Any, offset: int, max_bytes: int, limit: int | None,
+              first: bool) -> FileSlice | None:  # fmt: skip
+        """Whole batches; the first partition with data may exceed the byte limits by one
+        batch (so an oversized batch still makes progress), later ones may not."""
+        if max_bytes <= 0 and not first:
+            return None
+        try:
+            data = log.read(offset, max(max_bytes, 1), limit)
+        except RilletError:
+            return None  # the log moved under us (retention); the next fetch says why
+        if not first and data.length > max_bytes:
+            return None
+        return data
+
+
+def _row(partition: int, code: int, hw: int = -1, log_start: int = -1) -> list[Any]:
+    return [partition, code, hw, hw, log_start, None, -1, 0]
+
+
+class ListOffsetsHandler:
+    """Earliest (-2) is the log start, latest (-1) the high watermark, anything else the
+    first record whose timestamp is at or after it (below the HW), or offset -1."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    async def __call__(self, request: Request) -> Response:
+        out = []
+        for topic, partitions in request.fields["topics"]:
+            out.append([topic, [self.lookup(topic, *p[:3]) for p in partitions]])
+        return Response({"throttle_time_ms": 0, "topics": out})
+
+    def lookup(self, topic: str, partition: int, leader_epoch: int, ts: int) -> list[Any]:
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        if replica is None:
+            return [partition, self.replicas.partition_error(topic, partition), -1, -1, -1]
+        state, log = replica.state, replica.log
+        code = state.validate_leader_epoch(leader_epoch)
+        if code is None and not replica.is_leader:
+            code = NOT_LEADER_OR_FOLLOWER
+        if code is not None:
+            return [partition, code, -1, -1, -1]
+        hw = state.high_watermark
+        if ts == EARLIEST:
+            return [partition, NONE, -1, log.log_start_offset, state.leader_epoch]
+        if ts == LATEST:
+            return [partition, NONE, -1, hw, state.leader_epoch]
+        found = log.offset_for_timestamp(ts)
+        if found is None or found.offset >= hw:
+            return [partition, NONE, -1, -1, -1]
+        return [partition, NONE, found.timestamp, found.offset, state.leader_epoch]

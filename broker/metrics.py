@@ -1,0 +1,104 @@
+"""Broker metrics, kept in memory as prometheus-client types in the broker's own registry
+(so two brokers in one process, as in tests or combined mode, never share counters).
+Serving them over HTTP comes later; ``snapshot()`` gives the numbers as a dict now.
+
+What is counted, all per batch or per request, never per record:
+
+- bytes in / out, messages in: counters; ``snapshot()`` turns them into per-second rates
+  over the last ``RATE_WINDOW_S`` seconds from samples ``sample()`` takes each second;
+- request latency per API: a histogram from handler start to handler return (queueing
+  behind earlier requests on the connection and the socket write are not in it);
+- request handler idle percent: 100 * (1 - process CPU seconds / wall seconds) over the
+  window. One event loop runs every handler, so the process's CPU share is how busy the
+  handlers are (executor threads doing fsyncs count as busy too, which errs safe);
+- under-replicated partitions: led partitions whose ISR is smaller than their replica
+  set, read from the replica manager when sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+RATE_WINDOW_S = 10.0
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                     2.5, 5.0, 10.0, 30.0)  # fmt: skip
+
+
+class BrokerMetrics:
+    def __init__(self, under_replicated: Callable[[], int] = lambda: 0) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.bytes_in = Counter("rillet_broker_bytes_in", "Produced bytes appended", registry=r)
+        self.bytes_out = Counter("rillet_broker_bytes_out", "Fetched bytes sent", registry=r)
+        self.messages_in = Counter("rillet_broker_messages_in", "Records appended", registry=r)
+        self.latency = Histogram("rillet_broker_request_latency_seconds",
+                                 "Handler time per request", ["api"], registry=r,
+                                 buckets=LATENCY_BUCKETS_S)  # fmt: skip
+        self.under_replicated = Gauge("rillet_broker_under_replicated_partitions",
+                                      "Led partitions with ISR < replicas", registry=r)  # fmt: skip
+        self.under_replicated.set_function(lambda: float(under_replicated()))
+        self.idle = Gauge("rillet_broker_request_handler_idle_percent",
+                          "100 * (1 - CPU share of the process)", registry=r)  # fmt: skip
+        self._samples: deque[tuple[float, float, float, float, float]] = deque()
+        self._latency_children: dict[str, Histogram] = {}
+        self.sample()
+
+    def observe_latency(self, api_name: str, seconds: float) -> None:
+        child = self._latency_children.get(api_name)
+        if child is None:
+            child = self._latency_children[api_name] = self.latency.labels(api_name)
+        child.observe(seconds)
+
+    def record_append(self, nbytes: int, messages: int) -> None:
+        self.bytes_in.inc(nbytes)
+        self.messages_in.inc(messages)
+
+    def sample(self) -> None:
+        """Take a sample for the rates (the broker calls this about once a second)."""
+        now = time.monotonic()
+        self._samples.append((now, time.process_time(), self.total("bytes_in"),
+                              self.total("bytes_out"), self.total("messages_in")))  # fmt: skip
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        self.idle.set(self.rates()["request_handler_idle_percent"])
+
+    def rates(self) -> dict[str, float]:
+        if len(self._samples) < 2:
+            return {"bytes_in_per_sec": 0.0, "bytes_out_per_sec": 0.0,
+                    "messages_in_per_sec": 0.0, "request_handler_idle_percent": 100.0}  # fmt: skip
+        (t0, c0, bi0, bo0, m0), (t1, c1, bi1, bo1, m1) = self._samples[0], self._samples[-1]
+        wall = max(t1 - t0, 1e-9)
+        return {
+            "bytes_in_per_sec": (bi1 - bi0) / wall,
+            "bytes_out_per_sec": (bo1 - bo0) / wall,
+            "messages_in_per_sec": (m1 - m0) / wall,
+            "request_handler_idle_percent": max(0.0, 100.0 * (1.0 - (c1 - c0) / wall)),
+        }
+
+    def total(self, counter: str) -> float:
+        """A counter's total, e.g. ``total("bytes_in")``."""
+        return self.registry.get_sample_value(f"rillet_broker_{counter}_total") or 0.0
+
+    def snapshot(self) -> dict[str, object]:
+        """Every metric as plain numbers (rates, totals, latency count/sum per API)."""
+        get = self.registry.get_sample_value
+        name = "rillet_broker_request_latency_seconds"
+        latency = {
+            api: {"count": int(get(f"{name}_count", {"api": api}) or 0),
+                  "sum_s": get(f"{name}_sum", {"api": api}) or 0.0}
+            for api in self._latency_children
+        }  # fmt: skip
+        return {
+            **self.rates(),
+            "bytes_in_total": self.total("bytes_in"),
+            "bytes_out_total": self.total("bytes_out"),
+            "messages_in_total": self.total("messages_in"),
+            "under_replicated_partitions": int(
+                get("rillet_broker_under_replicated_partitions") or 0
+            ),
+            "request_latency": latency,
+        }

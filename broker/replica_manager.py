@@ -1,0 +1,317 @@
+"""``ReplicaManager``: this broker's partitions, each a local log plus its replication core
+(``PartitionState``), driven from metadata deltas, produce/fetch handlers and a tick.
+
+This is the thin asyncio driver around broker/partition_state.py (DESIGN section 10): it
+feeds the core events (metadata, appends, follower fetches, AlterPartition answers, time)
+and applies the effects each call returns, in order:
+
+| effect | what the driver does |
+|---|---|
+| AssignEpochStartOffset | record the epoch in the log's leader-epoch cache |
+| UpdateHighWatermark | wake fetches waiting on the partition (consumers read below the HW) |
+| ProposeAlterPartition | send AlterPartition to the controller, feed the answer back |
+| CompleteProduce / FailProduce | resolve the acks=all produce's future with the code |
+| Truncate / TruncateFullyAndStartAt | cut the follower's log |
+| AppendFetched | append the fetched bytes as follower (the fetcher passes them in) |
+
+Followers do not fetch yet (issue 5 adds one fetcher per source broker, built on
+``PartitionState.fetch_request`` / ``on_fetch_response`` and ``apply_effects(...,
+fetched=...)``); the leader side of follower fetches is here already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rillet.broker.config import BrokerConfig, topic_log_config
+from rillet.broker.partition_state import PartitionState
+from rillet.broker.replication_types import (
+    AlterPartitionResponse,
+    AppendFetched,
+    AssignEpochStartOffset,
+    CompleteProduce,
+    Effect,
+    FailProduce,
+    ProposeAlterPartition,
+    ReplicationConfig,
+    Truncate,
+    TruncateFullyAndStartAt,
+    UpdateHighWatermark,
+)
+from rillet.client import errors
+from rillet.controller.metadata import (
+    EMPTY_IMAGE,
+    NO_LEADER,
+    RESOURCE_TOPIC,
+    MetadataDelta,
+    MetadataImage,
+    Partition,
+    TopicPartition,
+)
+from rillet.storage import Log, LogManager
+
+logger = logging.getLogger(__name__)
+
+AlterPartitionSender = Callable[[str, ProposeAlterPartition], Awaitable[AlterPartitionResponse]]
+REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One partition on this broker: its log, its replication core, and the fetches
+    waiting for it to grow."""
+
+    topic: str
+    partition: int
+    topic_id: str
+    log: Log
+    state: PartitionState
+    min_insync_replicas: int
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    def wake(self) -> None:
+        """Wake every fetch waiting on this partition (new data, HW move, role change)."""
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        logs: LogManager,
+        alter_partition: AlterPartitionSender | None = None,
+    ) -> None:
+        self.config = config
+        self.broker_id = config.node_id
+        self.logs = logs
+        self.alter_partition = alter_partition
+        self.image: MetadataImage = EMPTY_IMAGE
+        self.replicas: dict[TopicPartition, Replica] = {}
+        self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
+        self._produce_waiters: dict[int, asyncio.Future[int]] = {}
+        self._produce_ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+        self._metadata_waiters: list[asyncio.Future[None]] = []
+
+    # -- clock -------------------------------------------------------------------------
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(asyncio.get_running_loop().time() * 1000)
+
+    # -- metadata ----------------------------------------------------------------------
+
+    async def on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """Apply a committed metadata delta: delete removed partitions first, then take
+        the leader or follower role for every partition that changed here."""
+        changes = delta.local_changes(self.broker_id)
+        for tp in sorted(changes.deletes):
+            await self.remove(tp, delete_log=True)
+        self.image = image
+        now = self.now_ms()
+        for tp, p in sorted(changes.leaders.items()):
+            self._become(tp, p, image, now)
+        for tp, p in sorted(changes.followers.items()):
+            self._become(tp, p, image, now)
+        self._apply_config_changes(delta, image)
+        waiters, self._metadata_waiters = self._metadata_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def wait_metadata(self, timeout_s: float) -> bool:
+        """Wait for the next metadata change; False on timeout."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._metadata_waiters.append(waiter)
+        done, _ = await asyncio.wait([waiter], timeout=timeout_s)
+        if not done:
+            waiter.cancel()
+            self._metadata_waiters.remove(waiter)
+        return bool(done)
+
+    def _become(self, tp: TopicPartition, p: Partition, image: MetadataImage, now: int) -> None:
+        replica = self.replicas.get(tp)
+        if replica is not None and replica.topic_id != p.topic_id:
+            # A re-created topic under the same name: its deletes ran first; be safe.
+            self.apply_effects(replica, replica.state.shutdown())
+            replica = None
+        if replica is None:
+            replica = self._open(tp, p.topic_id, image)
+        if p.leader == self.broker_id:
+            effects = replica.state.become_leader(
+                p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now
+            )
+            logger.info("%s-%d: leader at epoch %d, isr %s", tp.topic, tp.partition,
+                        p.leader_epoch, list(p.isr))  # fmt: skip
+        else:
+            effects = replica.state.become_follower(
+                p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr
+            )
+            logger.info("%s-%d: follower of %d at epoch %d", tp.topic, tp.partition,
+                        p.leader, p.leader_epoch)  # fmt: skip
+        self.apply_effects(replica, effects)
+        replica.wake()  # waiting fetches re-check their role and epoch
+
+    def _open(self, tp: TopicPartition, topic_id: str, image: MetadataImage) -> Replica:
+        topic_config = image.topic_config(tp.topic)
+        log = self.logs.get_or_create(
+            tp.topic, tp.partition, topic_log_config(self.logs.default_config, topic_config)
+        )
+        state = PartitionState(self.broker_id, log, self.replication)
+        replica = Replica(tp.topic, tp.partition, topic_id, log, state,
+                          self._min_isr(topic_config))  # fmt: skip
+        self.replicas[tp] = replica
+        return replica
+
+    def _min_isr(self, topic_config: Mapping[str, str]) -> int:
+        value = topic_config.get("min.insync.replicas")
+        return int(value) if value is not None else self.config["min.insync.replicas"]
+
+    def _apply_config_changes(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        changed = {name for kind, name in delta.changed_configs if kind == RESOURCE_TOPIC}
+        if not changed:
+            return
+        for replica in self.replicas.values():
+            if replica.topic in changed:
+                topic_config = image.topic_config(replica.topic)
+                replica.log.config = topic_log_config(self.logs.default_config, topic_config)
+                replica.min_insync_replicas = self._min_isr(topic_config)
+
+    async def remove(self, tp: TopicPartition, *, delete_log: bool) -> None:
+        replica = self.replicas.pop(tp, None)
+        if replica is not None:
+            self.apply_effects(replica, replica.state.shutdown())
+            replica.wake()
+        if delete_log:
+            await self.logs.delete(tp.topic, tp.partition)
+            logger.info("%s-%d: log deleted", tp.topic, tp.partition)
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def partition_error(self, topic: str, partition: int) -> int:
+        """Why this broker cannot serve a partition it holds no replica of."""
+        p = self.image.partition(topic, partition)
+        if p is None:
+            return errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+        if p.leader == NO_LEADER:
+            return errors.code_of("LEADER_NOT_AVAILABLE")
+        return errors.code_of("NOT_LEADER_OR_FOLLOWER")
+
+    def leaders(self) -> Iterable[Replica]:
+        return (r for r in self.replicas.values() if r.is_leader)
+
+    def under_replicated_count(self) -> int:
+        return sum(1 for r in self.leaders() if len(r.state.isr) < len(r.state.replicas))
+
+    # -- effects ---------------------------------------------------------------------------
+
+    def apply_effects(
+        self, replica: Replica, effects: Sequence[Effect], fetched: memoryview | None = None
+    ) -> None:
+        """Carry out a core call's effects, in order (docs/replication.md, "Effects")."""
+        for effect in effects:
+            match effect:
+                case AssignEpochStartOffset(epoch, start):
+                    replica.log.epochs.assign(epoch, start)
+                case UpdateHighWatermark():
+                    replica.wake()
+                case CompleteProduce(pid, code) | FailProduce(pid, code):
+                    future = self._produce_waiters.pop(pid, None)  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(code)
+                case ProposeAlterPartition():
+                    self._spawn(self._send_alter_partition(replica, effect))
+                case Truncate(offset):
+                    replica.log.truncate_to(offset)
+                case TruncateFullyAndStartAt(offset):
+                    replica.log.truncate_fully_and_start_at(offset)
+                case AppendFetched():
+                    if fetched is None:
+                        raise ValueError("AppendFetched without the fetched bytes")
+                    replica.log.append_as_follower(fetched)
+                    replica.wake()
+
+    async def _send_alter_partition(
+        self, replica: Replica, proposal: ProposeAlterPartition
+    ) -> None:
+        try:
+            if self.alter_partition is None:
+                raise errors.RequestTimedOutError("no controller channel")
+            response = await self.alter_partition(replica.topic, proposal)
+        except errors.RilletError as e:
+            response = AlterPartitionResponse(e.code)
+        except Exception:  # a bug or a dropped channel: the core resends on its next tick
+            logger.exception("%s: AlterPartition failed", replica.log.name)
+            response = AlterPartitionResponse(REQUEST_TIMED_OUT)
+        if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
+            self.apply_effects(
+                replica, replica.state.on_alter_partition_response(proposal.proposal_id, response)
+            )
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- produce -----------------------------------------------------------------------------
+
+    def after_append(self, replica: Replica, now: int) -> None:
+        """The leader appended: the HW may move (single-replica ISR: at once)."""
+        self.apply_effects(replica, replica.state.on_leader_append(replica.log.log_end_offset, now))
+        replica.wake()  # follower fetches read up to the log end, not the HW
+
+    def await_produce(
+        self, replica: Replica, required_offset: int, deadline_ms: int
+    ) -> asyncio.Future[int]:
+        """A future for an appended acks=all produce: its error code once the HW passes
+        ``required_offset`` (or REQUEST_TIMED_OUT / NOT_LEADER_OR_FOLLOWER)."""
+        pid = next(self._produce_ids)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._produce_waiters[pid] = future
+        effects = replica.state.await_produce(
+            pid, required_offset, replica.min_insync_replicas, deadline_ms
+        )
+        self.apply_effects(replica, effects)
+        return future
+
+    # -- time --------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Expire acks=all waiters, resend AlterPartitions, propose ISR shrinks."""
+        now = self.now_ms()
+        for replica in list(self.replicas.values()):
+            if replica.is_leader or replica.state.pending_produce_count:
+                self.apply_effects(replica, replica.state.tick(now))
+
+    async def run_ticks(self) -> None:
+        interval = self.config["replica.tick.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.tick()
+            except Exception:  # one partition's bug must not stop every partition's timers
+                logger.exception("replica tick failed")
+
+    async def shutdown(self) -> None:
+        """Stop every partition (pending acks=all produces fail NOT_LEADER_OR_FOLLOWER)."""
+        for replica in list(self.replicas.values()):
+            self.apply_effects(replica, replica.state.shutdown())
+            replica.wake()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        self.replicas.clear()

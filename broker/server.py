@@ -1,0 +1,201 @@
+"""``BrokerServer``: one broker node's servers and tasks, in one event loop.
+
+Start-up order (``start``):
+
+1. open every partition log in ``log.dirs`` (``LogManager``: a log without its clean
+   shutdown marker is recovered, batch by batch, from its recovery point);
+2. bind the ``BROKER`` listener (port 0 picks one) and serve requests: ApiVersions,
+   Metadata, DescribeCluster, Produce, Fetch, ListOffsets, CreateTopics, DeleteTopics;
+3. register with the controller quorum with the port actually bound, heartbeat, and
+   follow the metadata log; each committed ``(delta, image)`` goes to the
+   ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs.
+
+Until step 3 delivers metadata the broker knows no partitions and answers
+UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER, which clients retry.
+
+``stop(controlled=True)`` is the SIGTERM path (DESIGN section 1): ask the controller to
+move this broker's leaderships away and wait until it has, or
+``controlled.shutdown.timeout.ms`` passes; then stop serving, fail waiting acks=all
+produces, flush and close every log with its clean-shutdown marker (the next start skips
+recovery). ``stop(controlled=False)`` skips the controller step.
+
+The controller side is behind ``ControllerLink`` (broker/controller_link.py wraps the
+controller's ControllerChannel, BrokerLifecycle and MetadataFollower), so tests can run a
+broker against hand-made metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.handlers_fetch import FetchHandler, ListOffsetsHandler
+from rillet.broker.handlers_metadata import MetadataHandlers
+from rillet.broker.handlers_produce import ProduceHandler
+from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replication_types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.client import schemas
+from rillet.client.config import Config
+from rillet.client.rpc_server import Handler, Request, Response, RpcServer
+from rillet.controller.metadata import MetadataDelta, MetadataImage
+from rillet.storage import LogManager
+
+logger = logging.getLogger(__name__)
+
+MetadataListener = Callable[[MetadataDelta, MetadataImage], Awaitable[None]]
+METRICS_SAMPLE_INTERVAL_S = 1.0
+
+
+class ControllerLink(Protocol):
+    """What the broker needs from the controller quorum."""
+
+    async def start(
+        self, endpoints: list[tuple[str, str, int]], on_metadata: MetadataListener
+    ) -> None:
+        """Register (with the endpoints actually bound), start heartbeats and follow the
+        metadata log, calling ``on_metadata`` for each committed delta."""
+
+    def controller_id(self) -> int:
+        """The active controller's id, -1 when unknown."""
+
+    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Send a request to the active controller; its response header."""
+
+    async def alter_partition(
+        self, topic: str, proposal: ProposeAlterPartition
+    ) -> AlterPartitionResponse:
+        """Send one AlterPartition for one partition."""
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        """Ask to have leaderships moved away; True once the controller says done."""
+
+    async def stop(self) -> None:
+        """Stop heartbeats and the metadata follower."""
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig | Config, *, link: ControllerLink | None = None):
+        self.config = config if isinstance(config, BrokerConfig) else BrokerConfig.from_config(
+            config
+        )
+        self.node_id = self.config.node_id
+        self._link = link
+        self.logs: LogManager | None = None
+        self.replicas: ReplicaManager | None = None
+        self.metrics: BrokerMetrics | None = None
+        self.rpc: RpcServer | None = None
+        self.host, self.port = self.config.broker_address
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = False
+
+    @property
+    def link(self) -> ControllerLink:
+        if self._link is None:
+            from rillet.broker.controller_link import QuorumLink
+
+            self._link = QuorumLink(self.config)
+        return self._link
+
+    @property
+    def listeners(self) -> dict[str, str]:
+        """Bound listeners, for the readiness line: {"BROKER": "host:port"}."""
+        return {BROKER_LISTENER: f"{self.host}:{self.port}"}
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.logs = LogManager(
+            cfg.log_dir,
+            cfg.log_defaults,
+            retention_check_interval_ms=cfg["log.retention.check.interval.ms"],
+            flush_check_interval_ms=cfg["log.flush.scheduler.interval.ms"],
+        )
+        await self.logs.start()
+        link = self.link
+        self.replicas = ReplicaManager(cfg, self.logs, alter_partition=link.alter_partition)
+        self.metrics = BrokerMetrics(self.replicas.under_replicated_count)
+        self.rpc = RpcServer(
+            self._handlers(link),
+            max_request_bytes=cfg["socket.request.max.bytes"],
+            max_connections=cfg["max.connections"],
+            name=f"broker-{self.node_id}",
+        )
+        await self.rpc.start(self.host, self.port)
+        assert self.rpc.port is not None
+        self.port = self.rpc.port
+        self._tasks = [
+            asyncio.create_task(self.replicas.run_ticks(), name="replica-ticks"),
+            asyncio.create_task(self._sample_metrics(), name="metrics"),
+        ]
+        await link.start([(BROKER_LISTENER, self.host, self.port)], self.replicas.on_metadata)
+        logger.info("broker %d serving on %s:%d with %d log(s)", self.node_id, self.host,
+                    self.port, len(self.logs.logs))  # fmt: skip
+
+    def _handlers(self, link: ControllerLink) -> dict[int, Handler]:
+        assert self.replicas is not None and self.metrics is not None
+        meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
+        by_api: list[tuple[schemas.Api, Handler]] = [
+            (schemas.PRODUCE, ProduceHandler(self.replicas, self.metrics)),
+            (schemas.FETCH, FetchHandler(self.replicas, self.metrics)),
+            (schemas.LIST_OFFSETS, ListOffsetsHandler(self.replicas)),
+            (schemas.METADATA, meta.metadata),
+            (schemas.DESCRIBE_CLUSTER, meta.describe_cluster),
+            (schemas.CREATE_TOPICS, meta.create_topics),
+            (schemas.DELETE_TOPICS, meta.delete_topics),
+        ]
+        return {api.key: self._timed(api.name, h) for api, h in by_api}
+
+    def _timed(self, name: str, handler: Handler) -> Handler:
+        metrics = self.metrics
+        assert metrics is not None
+
+        async def timed(request: Request) -> Response | None:
+            # The handler runs synchronously up to its first await, exactly as unwrapped,
+            # so Produce appends keep arrival order.
+            start = time.perf_counter()
+            try:
+                return await handler(request)
+            finally:
+                metrics.observe_latency(name, time.perf_counter() - start)
+
+        return timed
+
+    async def _sample_metrics(self) -> None:
+        assert self.metrics is not None
+        while True:
+            await asyncio.sleep(METRICS_SAMPLE_INTERVAL_S)
+            self.metrics.sample()
+
+    async def stop(self, controlled: bool = True) -> None:
+        """Controlled shutdown (see the module docstring); safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if controlled and self._link is not None and self.replicas is not None:
+            timeout_s = self.config["controlled.shutdown.timeout.ms"] / 1000
+            try:
+                done = await self.link.controlled_shutdown(timeout_s)
+            except Exception:  # the controller may be gone: still close the logs cleanly
+                logger.exception("controlled shutdown request failed")
+                done = False
+            logger.info("controlled shutdown %s", "completed" if done else "timed out")
+        if self._link is not None:
+            with contextlib.suppress(Exception):
+                await self._link.stop()
+        if self.rpc is not None:
+            await self.rpc.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.replicas is not None:
+            await self.replicas.shutdown()
+        if self.logs is not None:
+            await self.logs.close_async()
+        logger.info("broker %d stopped", self.node_id)
