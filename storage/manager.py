@@ -125,6 +125,22 @@ class LogManager:
             log.config = cfg
         return log
 
+    async def get_or_create_async(
+        self, topic: str, partition: int, config: LogConfig | Mapping[str, Any] | None = None
+    ) -> Log:
+        """``get_or_create`` with a new log's creation (mkdir, fsyncs) in the executor."""
+        if (topic, partition) not in self.logs:
+            cfg = _as_config(config, self.default_config)
+            path = self.data_dir / partition_dir_name(topic, partition)
+            log = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: Log.open(path, cfg, clock=self.clock)
+            )
+            existing = self.logs.setdefault((topic, partition), log)
+            if existing is not log:  # created concurrently: keep the first
+                await log.close_async()
+            return existing
+        return self.get_or_create(topic, partition, config)
+
     async def delete(self, topic: str, partition: int) -> None:
         """Remove a partition's log: rename the dir aside at once, delete it later."""
         log = self.logs.pop((topic, partition), None)
