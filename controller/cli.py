@@ -1,0 +1,89 @@
+"""``rillet controller --config FILE [--set key=value ...]``: run a controller node.
+
+Loads ``controller_config_table()`` (every key documented in docs/controller.md), runs
+``ControllerServer`` on uvloop, prints the readiness line of the node contract
+(docs/architecture.md) once listening, and stops cleanly on SIGTERM/SIGINT: a leading
+controller first hands leadership to the most caught-up voter (TimeoutNow), so the
+quorum does not wait out an election timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rillet.client.errors import InvalidConfigError
+from rillet.controller.config import controller_config_table
+
+log = logging.getLogger("rillet.controller")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("controller", help="run a controller quorum node")
+    parser.add_argument("--config", help="TOML config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (repeatable)")  # fmt: skip
+    parser.set_defaults(func=cmd_controller)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )  # fmt: skip
+
+
+def print_ready(node_id: int, listeners: Mapping[str, str]) -> None:
+    """The node contract's readiness line: one JSON object on stdout, flushed."""
+    line = {"event": "listening", "node_id": node_id, "listeners": dict(listeners),
+            "pid": os.getpid()}  # fmt: skip
+    print(json.dumps(line), flush=True)
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    try:
+        config = controller_config_table().load(args.config, args.set)
+    except InvalidConfigError as e:
+        print(f"rillet controller: {e}", file=sys.stderr)
+        return 2
+    if "controller" not in config["process.roles"].split(","):
+        print("rillet controller: process.roles must include controller", file=sys.stderr)
+        return 2
+    setup_logging(config["log.level"])
+    import uvloop
+
+    try:
+        return uvloop.run(run_controller(config))
+    except InvalidConfigError as e:
+        print(f"rillet controller: {e}", file=sys.stderr)
+        return 2
+
+
+async def run_controller(config: Mapping[str, Any]) -> int:
+    from rillet.controller.server import ControllerServer
+
+    server = ControllerServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print_ready(server.node_id, server.listeners)
+    assert server.failure is not None
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stopping, server.failure], return_when=asyncio.FIRST_COMPLETED)
+    if server.failure.done():
+        log.critical("controller %d failed: %r", server.node_id, server.failure.result())
+        await server.stop(transfer_leadership=False)
+        return 1
+    stopping.cancel()
+    log.info("controller %d: stopping on signal", server.node_id)
+    await server.stop()
+    return 0

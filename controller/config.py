@@ -1,0 +1,132 @@
+"""Config keys of a controller node, and parsers for `listeners` and the voter list.
+
+Three tables, so a combined node (broker + controller in one process) can merge them
+without declaring a key twice (``ConfigTable.__add__`` refuses duplicates):
+
+- ``node_keys(default_roles)``: what every node has (the NODE PROCESS/CONFIG CONTRACT in
+  docs/architecture.md: ``node.id``, ``process.roles``, ``listeners``,
+  ``controller.quorum.voters``, ``log.level``...), plus ``broker.heartbeat.interval.ms``,
+  which brokers send at and controllers expect;
+- ``CONTROLLER_KEYS``: only a controller reads these;
+- a broker's own table (broker/).
+
+``controller_config_table()`` is ``node_keys("controller") + CONTROLLER_KEYS``; a
+combined node uses ``node_keys("broker,controller") + CONTROLLER_KEYS + BROKER_KEYS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rillet.client.config import NODE_KEYS, ConfigTable, Key
+from rillet.client.connection import parse_address
+from rillet.client.errors import InvalidConfigError
+
+# NODE_KEYS entries superseded by the architecture contract: `listeners` replaces
+# `listeners.host`, and each command sets its own default role.
+_SUPERSEDED = {"process.roles", "listeners.host", "node.id"}
+
+
+def node_keys(default_roles: str) -> ConfigTable:
+    """Keys shared by every node kind, with ``process.roles`` defaulting to ``default_roles``."""
+    inherited = [k for k in NODE_KEYS.keys.values() if k.name not in _SUPERSEDED]
+    return ConfigTable([
+        Key("node.id", int, None, "Unique integer id of this node (required)."),
+        Key("process.roles", str, default_roles,
+            "`broker`, `controller` or `broker,controller` (combined mode)."),
+        Key("listeners", str, "",
+            "Kafka-style listener list, e.g. `CONTROLLER://127.0.0.1:9093`; port 0 binds an "
+            "ephemeral port. Empty: a controller listens on its own voter address."),
+        Key("controller.quorum.voters", str, "1@127.0.0.1:9093",
+            "The controller quorum: `id@host:port` entries separated by commas."),
+        Key("log.level", str, "INFO", "Python logging level; logs go to stderr."),
+        Key("broker.heartbeat.interval.ms", int, 500,
+            "How often a broker heartbeats to the active controller (Kafka: 2000)."),
+        *inherited,
+    ])  # fmt: skip
+
+
+CONTROLLER_KEYS = ConfigTable([
+    Key("metadata.log.dir", str, "/tmp/rillet-controller",
+        "Directory of the Raft log, hard state, snapshot and meta.properties."),
+    Key("quorum.election.timeout.ms", int, 1000,
+        "Raft election timeout T: a follower campaigns after a random wait in [T, 2T) "
+        "without hearing from a leader; a leader steps down without a quorum for T."),
+    Key("quorum.fetch.timeout.ms", int, 2000,
+        "Connect and write timeout of the Raft transport towards another voter."),
+    Key("quorum.heartbeat.interval.ms", int, 100,
+        "Raft leader heartbeat (empty append) interval; must be below the election timeout."),
+    Key("quorum.tick.interval.ms", int, 20, "How often the driver ticks the Raft core."),
+    Key("broker.session.timeout.ms", int, 3000,
+        "A broker without a heartbeat for this long is fenced (Kafka: 9000)."),
+    Key("controller.tick.interval.ms", int, 100,
+        "How often the active controller checks sessions and leader balance."),
+    Key("metadata.snapshot.max.records", int, 20_000,
+        "Snapshot the image and compact the Raft log after this many applied records."),
+    Key("metadata.snapshot.max.bytes", int, 16 * 1024 * 1024,
+        "... or after this many bytes of applied entries, whichever comes first."),
+    Key("metadata.fetch.max.bytes", int, 1024 * 1024,
+        "Upper bound of one FetchMetadata response's records (at least one entry is sent)."),
+    Key("cluster.id", str, "",
+        "Cluster id to write when this quorum starts empty; empty generates one."),
+    Key("num.partitions", int, 1, "Partitions of a topic created without a count."),
+    Key("default.replication.factor", int, 1, "Replication factor when none is given."),
+    Key("auto.leader.rebalance.enable", bool, True,
+        "Move leadership back to preferred replicas when a broker's imbalance is too high."),
+    Key("leader.imbalance.per.broker.percentage", int, 10,
+        "Imbalance (share of its preferred partitions a broker does not lead) that triggers it."),
+    Key("leader.imbalance.check.interval.ms", int, 300_000, "How often the imbalance is checked."),
+    Key("controlled.shutdown.timeout.ms", int, 5000,
+        "On SIGTERM, how long a leading controller waits for a leadership transfer."),
+])  # fmt: skip
+
+
+def controller_config_table() -> ConfigTable:
+    return node_keys("controller") + CONTROLLER_KEYS
+
+
+def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
+    """``NAME://host:port,...`` -> {NAME: (host, port)}."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, address = item.partition("://")
+        if not sep or not name:
+            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
+        try:
+            out[name.upper()] = parse_address(address)
+        except ValueError as e:
+            raise InvalidConfigError(f"listeners: {e}") from None
+    return out
+
+
+def parse_voters(text: str) -> dict[int, tuple[str, int]]:
+    """``1@host:port,2@host:port`` -> {1: (host, port), ...}."""
+    out: dict[int, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        node, sep, address = item.partition("@")
+        if not sep or not node.strip().isdigit():
+            raise InvalidConfigError(f"controller.quorum.voters: expected id@host:port, "
+                                     f"got {item!r}")
+        try:
+            out[int(node)] = parse_address(address)
+        except ValueError as e:
+            raise InvalidConfigError(f"controller.quorum.voters: {e}") from None
+    if not out:
+        raise InvalidConfigError("controller.quorum.voters is empty")
+    return out
+
+
+def format_voters(voters: Mapping[int, tuple[str, int]]) -> str:
+    return ",".join(f"{n}@{h}:{p}" for n, (h, p) in sorted(voters.items()))
+
+
+def require_node_id(config: Mapping[str, Any]) -> int:
+    node_id = config["node.id"]
+    if node_id is None:
+        raise InvalidConfigError("node.id is required")
+    return int(node_id)

@@ -1,0 +1,275 @@
+"""RPC handlers of the controller: wire fields <-> `QuorumController` operations.
+
+Every write follows the seam in docs/metadata.md: the operation reads
+``server.images.pending`` and returns (records, response); the records are proposed as
+one Raft entry and the response goes out only once they commit. An operation that
+writes nothing is answered after whatever it read from the pending image commits.
+Requests that reach a controller that is not active, or whose proposal is lost with
+the leadership, get NOT_CONTROLLER carrying ``leader_id``, ``leader_host`` and
+``leader_port`` so the caller can redirect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from rillet.client import schemas
+from rillet.client.errors import NotControllerError, code_of
+from rillet.client.rpc_server import Request, Response
+from rillet.controller.metadata import MetadataImage, MetadataRecord, replay_records
+from rillet.controller.quorum import (
+    CreatableTopic,
+    QuorumController,
+    describe_cluster,
+    describe_topics,
+)
+from rillet.controller.raft_driver import monotonic_ms
+
+if TYPE_CHECKING:
+    from rillet.controller.server import ControllerServer
+
+Handler = Callable[[Request], Awaitable[Response | None]]
+ActiveHandler = Callable[["ControllerServer", QuorumController, dict[str, Any]],
+                         Awaitable[dict[str, Any]]]  # fmt: skip
+
+INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
+FETCH_METADATA_MAX_WAIT_MS = 30_000
+
+
+def _active(server: ControllerServer, op: ActiveHandler) -> Handler:
+    """Run ``op`` on the active controller; NOT_CONTROLLER (with a redirect) otherwise."""
+
+    async def handle(request: Request) -> Response:
+        ctl = server.ctl
+        if not server.active or ctl is None:
+            return server.not_controller()
+        try:
+            return Response(await op(server, ctl, request.fields))
+        except NotControllerError:
+            return server.not_controller()
+
+    return handle
+
+
+# -- brokers ---------------------------------------------------------------------------
+
+
+async def broker_registration(server: ControllerServer, ctl: QuorumController,
+                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    if f["cluster_id"] and server.cluster_id and f["cluster_id"] != server.cluster_id:
+        return {"error_code": INCONSISTENT_CLUSTER_ID, "broker_epoch": -1,
+                "error_message": f"cluster id is {server.cluster_id}, not {f['cluster_id']}"}
+    endpoints = [tuple(e) for e in f["listeners"]]
+    records, resp = ctl.register_broker(server.images.pending, f["broker_id"],
+                                        f["incarnation_id"], endpoints, f["rack"],
+                                        monotonic_ms())  # fmt: skip
+    await server.commit(records)
+    return {"error_code": resp.error_code, "error_message": resp.error_message,
+            "broker_epoch": resp.broker_epoch}  # fmt: skip
+
+
+async def broker_heartbeat(server: ControllerServer, ctl: QuorumController,
+                           f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    records, resp = ctl.broker_heartbeat(
+        server.images.pending, f["broker_id"], f["broker_epoch"],
+        f["current_metadata_offset"], f["want_fence"], f["want_shut_down"], monotonic_ms(),
+    )  # fmt: skip
+    await server.commit(records)
+    return {"error_code": resp.error_code, "error_message": resp.error_message,
+            "is_caught_up": resp.is_caught_up, "is_fenced": resp.is_fenced,
+            "should_shut_down": resp.should_shut_down}  # fmt: skip
+
+
+async def controlled_shutdown(server: ControllerServer, ctl: QuorumController,
+                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Kafka's old API, as a want_shutdown heartbeat: moves leaderships off the broker and
+    lists what it still leads. The broker finishes with heartbeats (BrokerLifecycle)."""
+    records, resp = ctl.broker_heartbeat(server.images.pending, f["broker_id"],
+                                         f["broker_epoch"], -1, False, True, monotonic_ms())
+    await server.commit(records)
+    led = server.images.committed.partitions_led_by(f["broker_id"])
+    return {"error_code": resp.error_code,
+            "remaining_partitions": [[t.name, p.partition] for t, p in led]}  # fmt: skip
+
+
+# -- topics and partitions ---------------------------------------------------------------
+
+
+async def create_topics(server: ControllerServer, ctl: QuorumController,
+                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    topics = [
+        CreatableTopic(name, n, rf, configs,
+                       {p: tuple(b) for p, b in assignments} if assignments else None)
+        for name, n, rf, assignments, configs in f["topics"]
+    ]  # fmt: skip
+    records, results = ctl.create_topics(server.images.pending, topics, f["validate_only"])
+    await server.commit(records)
+    return {"topics": [[r.name, r.error_code, r.error_message or None, r.num_partitions,
+                        r.replication_factor] for r in results]}  # fmt: skip
+
+
+async def delete_topics(server: ControllerServer, ctl: QuorumController,
+                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    records, results = ctl.delete_topics(server.images.pending, list(f["topic_names"]))
+    await server.commit(records)
+    return {"responses": [[r.name, r.error_code, r.error_message or None] for r in results]}
+
+
+async def alter_partition(server: ControllerServer, ctl: QuorumController,
+                          f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    image: MetadataImage = server.images.pending
+    records: list[MetadataRecord] = []
+    out = []
+    for topic, partitions in f["topics"]:
+        results = []
+        for partition, leader_epoch, new_isr, partition_epoch in partitions:
+            recs, r = ctl.alter_partition(image, f["broker_id"], f["broker_epoch"], topic,
+                                          partition, leader_epoch, partition_epoch, new_isr)
+            if recs:  # a later item of the same request must see this one's effect
+                image = replay_records(image, recs)
+                records += recs
+            results.append([partition, r.error_code, r.leader, r.leader_epoch, list(r.isr),
+                            r.partition_epoch])  # fmt: skip
+        out.append([topic, results])
+    await server.commit(records)
+    return {"error_code": 0, "topics": out}
+
+
+async def elect_leaders(server: ControllerServer, ctl: QuorumController,
+                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    records, results = ctl.elect_preferred_leaders(server.images.pending, f["topics"])
+    await server.commit(records)
+    return {"error_code": 0, "results": _partition_results(results)}
+
+
+async def alter_partition_reassignments(server: ControllerServer, ctl: QuorumController,
+                                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    moves = [(t, p, tuple(r) if r is not None else None) for t, p, r in f["partitions"]]
+    records, results = ctl.reassign_partitions(server.images.pending, moves)
+    await server.commit(records)
+    return {"error_code": 0, "results": _partition_results(results)}
+
+
+def _partition_results(results: list[Any]) -> list[list[Any]]:
+    return [[r.topic, r.partition, r.error_code, r.error_message or None] for r in results]
+
+
+# -- reads ----------------------------------------------------------------------------------
+
+
+async def describe_cluster_op(server: ControllerServer, ctl: QuorumController,
+                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    desc = describe_cluster(server.images.committed, server.cluster_id or "", server.node_id,
+                            include_fenced=True)  # fmt: skip
+    return {"error_code": 0, "cluster_id": desc.cluster_id, "controller_id": desc.controller_id,
+            "brokers": [[b.broker_id, b.host, b.port, b.rack, b.fenced]
+                        for b in desc.brokers]}  # fmt: skip
+
+
+async def metadata(server: ControllerServer, ctl: QuorumController,
+                   f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Admin's view of topics, read off the committed image (brokers serve clients)."""
+    image = server.images.committed
+    desc = describe_cluster(image, server.cluster_id or "", server.node_id)
+    topics = describe_topics(image, f["topics"])
+    return {
+        "cluster_id": server.cluster_id, "controller_id": server.node_id,
+        "brokers": [[b.broker_id, b.host, b.port, b.rack] for b in desc.brokers],
+        "topics": [[t.error_code, t.name, False,
+                    [[p.error_code, p.partition, p.leader, p.leader_epoch, list(p.replicas),
+                      list(p.isr), list(p.offline_replicas)] for p in t.partitions]]
+                   for t in topics],
+    }  # fmt: skip
+
+
+def describe_quorum(server: ControllerServer) -> Handler:
+    async def handle(request: Request) -> Response:
+        s = server.status()
+        return Response({
+            "error_code": 0, "node_id": server.node_id, "role": s["role"], "term": s["term"],
+            "leader_id": -1 if s["leader_id"] is None else s["leader_id"],
+            "active": server.active, "cluster_id": server.cluster_id,
+            "commit_index": s["commit_index"], "applied_offset": s["applied_offset"],
+            "snapshot_index": s["snapshot_index"], "last_index": s["last_index"],
+        })  # fmt: skip
+
+    return handle
+
+
+# -- FetchMetadata ------------------------------------------------------------------------
+
+
+def fetch_metadata(server: ControllerServer) -> Handler:
+    """Brokers long-poll committed entries from ``fetch_offset``.
+
+    Payload: msgpack ``[[offset, epoch, data], ...]`` where ``data`` is one operation's
+    `encode_records` bytes (empty for a Raft no-op), at least one entry and otherwise at
+    most ``max_bytes`` (capped by ``metadata.fetch.max.bytes``). Below the log start (after
+    compaction) the answer is the snapshot instead: ``snapshot_id`` set and the payload
+    the `encode_snapshot` bytes; the broker loads it and fetches from its end + 1.
+    """
+    cap = server.config["metadata.fetch.max.bytes"]
+
+    async def handle(request: Request) -> Response:
+        f = request.fields
+        offset = max(f["fetch_offset"], 1)  # Raft indexes start at 1
+        deadline = asyncio.get_running_loop().time() + min(
+            max(f["max_wait_ms"], 0), FETCH_METADATA_MAX_WAIT_MS) / 1000  # fmt: skip
+        while True:
+            if not server.active:
+                return server.not_controller()
+            node, committed = server.node, server.images.committed.offset
+            if offset <= node.log.snapshot_index and node.snapshot is not None:
+                snap = node.snapshot
+                return _fetch_response(server, {"snapshot_id": [snap.index, snap.term]},
+                                       [snap.data])  # fmt: skip
+            left = deadline - asyncio.get_running_loop().time()
+            if offset <= committed or left <= 0:
+                break
+            await server.wait_applied_change(left)
+        entries = node.log.entries_between(offset, committed)
+        out, size = [], 0
+        for e in entries:
+            if out and size + len(e.data) > min(max(f["max_bytes"], 1), cap):
+                break
+            out.append([e.index, e.term, e.data if e.kind == 0 else b""])
+            size += len(e.data) + 16
+        payload = msgpack.packb(out, use_bin_type=True) if out else b""
+        return _fetch_response(server, {"snapshot_id": None}, [payload] if payload else [])
+
+    return handle
+
+
+def _fetch_response(server: ControllerServer, extra: dict[str, Any],
+                    payload: list[bytes]) -> Response:  # fmt: skip
+    node = server.node
+    return Response({
+        "error_code": 0, "leader_id": server.node_id, "leader_epoch": node.term,
+        "high_watermark": server.images.committed.offset,
+        "log_start_offset": node.log.snapshot_index + 1, "diverging_epoch": None,
+        "nbytes": sum(len(p) for p in payload), **extra,
+    }, payload)  # fmt: skip
+
+
+def build_handlers(server: ControllerServer) -> dict[int, Handler]:
+    ops: dict[schemas.Api, ActiveHandler] = {
+        schemas.BROKER_REGISTRATION: broker_registration,
+        schemas.BROKER_HEARTBEAT: broker_heartbeat,
+        schemas.CONTROLLED_SHUTDOWN: controlled_shutdown,
+        schemas.CREATE_TOPICS: create_topics,
+        schemas.DELETE_TOPICS: delete_topics,
+        schemas.ALTER_PARTITION: alter_partition,
+        schemas.ELECT_LEADERS: elect_leaders,
+        schemas.ALTER_PARTITION_REASSIGNMENTS: alter_partition_reassignments,
+        schemas.DESCRIBE_CLUSTER: describe_cluster_op,
+        schemas.METADATA: metadata,
+    }
+    handlers: dict[int, Handler] = {api.key: _active(server, op) for api, op in ops.items()}
+    handlers[schemas.FETCH_METADATA.key] = fetch_metadata(server)
+    handlers[schemas.DESCRIBE_QUORUM.key] = describe_quorum(server)
+    handlers[schemas.RAFT_MESSAGE.key] = server.transport.handle
+    return handlers
