@@ -56,8 +56,8 @@ def plan(log, now_ms: int) -> list[LogSegment]:
     horizon = now_ms - log.config.min_compaction_lag_ms
     chosen = []
     for seg in log.segments[:-1]:
-        if seg.max_timestamp > horizon:
-            break
+        if seg.max_timestamp > horizon or seg.index.mutable:
+            break  # too young, or its roll's index write is still pending
         chosen.append(seg)
     if not chosen or chosen[-1].base_offset <= log.clean_upto:
         return []  # nothing new since the last cleaning

@@ -323,8 +323,14 @@ class Log:
             old.fsync()
             self._advance_recovery_point(end, generation, write=False)
 
-        self._background(persist, after=old.freeze)
+        self._background(persist, after=lambda: self._freeze_if_closed(old))
         return new
+
+    def _freeze_if_closed(self, seg: LogSegment) -> None:
+        """After a roll's index write: drop the in-memory index, unless a truncation made
+        the segment active again meanwhile."""
+        if seg is not self._segments[-1]:
+            seg.freeze()
 
     def _maybe_flush_by_policy(self) -> None:
         c = self.config

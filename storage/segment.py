@@ -251,13 +251,14 @@ class LogSegment:
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset is >= ``offset``; returns bytes removed."""
+        self.index.make_mutable()  # whatever happens, this is the active segment now
+        self.time_index.make_mutable()
         hit = self.find(offset)
         if hit is None:
+            self._rescan_tail()  # a closed segment's next_offset was never tracked
             return 0
         position, h = hit
         removed = self.size - position
-        self.index.make_mutable()
-        self.time_index.make_mutable()
         os.ftruncate(self.fd, position)
         self.size = position
         self.index.truncate_values_from(position)

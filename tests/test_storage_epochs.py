@@ -118,3 +118,19 @@ def test_epoch_checkpoint_is_rebuilt_when_unreadable(tmp_path):
     again = Log.open(path, CONFIG)
     assert again.epochs.entries() == [(2, 0), (5, 3)]
     again.close()
+
+
+def test_truncate_at_a_segment_boundary(tmp_path):
+    log = Log.open(tmp_path / "t-0", CONFIG)
+    while len(log.segments) < 3:
+        log.append(batch(5), 1)
+    boundary = log.segments[1].base_offset
+    log.truncate_to(boundary)
+    assert log.log_end_offset == boundary and len(log.segments) == 1
+    assert log.append(batch(5), 2) == (boundary, boundary + 4)
+    assert records.read_header(log.read_bytes(boundary, 1)).base_offset == boundary
+    log.close()
+    again = Log.open(tmp_path / "t-0", CONFIG)
+    assert again.log_end_offset == boundary + 5
+    assert again.epochs.entries() == [(1, 0), (2, boundary)]
+    again.close()
