@@ -213,3 +213,28 @@ def topic_log_config(defaults: LogConfig, topic_config: dict[str, str] | Any) ->
     defaults (topic keys such as min.insync.replicas are not log settings)."""
     own = {k: v for k, v in topic_config.items() if k in KAFKA_NAMES}
     return LogConfig.from_dict(own, defaults) if own else defaults
+
+
+DOC_BEGIN = "<!-- BEGIN BROKER CONFIG TABLE (generated) -->"
+DOC_END = "<!-- END BROKER CONFIG TABLE -->"
+
+
+def render_doc_table() -> str:
+    """The key table of docs/broker.md, from ``broker_config_table()``."""
+    return f"{DOC_BEGIN}\n\n{broker_config_table().render_markdown()}\n{DOC_END}"
+
+
+def update_doc(path: str) -> None:
+    """Rewrite the generated table between the markers of ``path``."""
+    from pathlib import Path
+
+    doc = Path(path)
+    text = doc.read_text()
+    start, end = text.index(DOC_BEGIN), text.index(DOC_END) + len(DOC_END)
+    doc.write_text(text[:start] + render_doc_table() + text[end:])
+
+
+if __name__ == "__main__":  # python -m rillet.broker.config [docs/broker.md]
+    import sys
+
+    update_doc(sys.argv[1] if len(sys.argv) > 1 else "docs/broker.md")

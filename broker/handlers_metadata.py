@@ -25,6 +25,7 @@ from rillet.client import errors
 from rillet.client.rpc_server import Request, Response
 from rillet.controller.metadata import MetadataImage
 from rillet.controller.quorum import describe_cluster, describe_topics
+from rillet.controller.server import cluster_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,14 @@ class MetadataHandlers:
     def image(self) -> MetadataImage:
         return self.replicas.image
 
-    def _brokers(self) -> list[Any]:
-        desc = describe_cluster(self.image, self.config.cluster_id, self.controller_id(),
-                                BROKER_LISTENER)  # fmt: skip
+    @property
+    def cluster_id(self) -> str:
+        return self.config.cluster_id or cluster_id_of(self.image) or ""
+
+    def _brokers(self, include_fenced: bool = False) -> list[Any]:
+        # DescribeCluster lists fenced brokers too, flagged: tooling waits on that flag.
+        desc = describe_cluster(self.image, self.cluster_id, self.controller_id(),
+                                BROKER_LISTENER, include_fenced)  # fmt: skip
         return desc.brokers
 
     async def metadata(self, request: Request) -> Response:
@@ -76,7 +82,7 @@ class MetadataHandlers:
             ]  # fmt: skip
             out.append([code, t.name, False, parts])
         brokers = [[b.broker_id, b.host, b.port, b.rack] for b in self._brokers()]
-        return Response({"throttle_time_ms": 0, "cluster_id": self.config.cluster_id,
+        return Response({"throttle_time_ms": 0, "cluster_id": self.cluster_id,
                          "controller_id": self.controller_id(), "brokers": brokers,
                          "topics": out})  # fmt: skip
 
@@ -99,9 +105,10 @@ class MetadataHandlers:
         asyncio.get_running_loop().create_task(create())
 
     async def describe_cluster(self, request: Request) -> Response:
-        brokers = [[b.broker_id, b.host, b.port, b.rack, b.fenced] for b in self._brokers()]
+        brokers = [[b.broker_id, b.host, b.port, b.rack, b.fenced]
+                   for b in self._brokers(include_fenced=True)]  # fmt: skip
         return Response({"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                         "cluster_id": self.config.cluster_id,
+                         "cluster_id": self.cluster_id,
                          "controller_id": self.controller_id(), "brokers": brokers})  # fmt: skip
 
     async def create_topics(self, request: Request) -> Response:

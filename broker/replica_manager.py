@@ -57,7 +57,9 @@ from rillet.storage import Log, LogManager
 
 logger = logging.getLogger(__name__)
 
-AlterPartitionSender = Callable[[str, ProposeAlterPartition], Awaitable[AlterPartitionResponse]]
+AlterPartitionSender = Callable[
+    [str, int, ProposeAlterPartition], Awaitable[AlterPartitionResponse]
+]
 REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 
 
@@ -189,6 +191,15 @@ class ReplicaManager:
                 replica.log.config = topic_log_config(self.logs.default_config, topic_config)
                 replica.min_insync_replicas = self._min_isr(topic_config)
 
+    async def delete_strays(self, image: MetadataImage) -> None:
+        """Delete local logs the caught-up image does not assign here (partitions deleted
+        or moved away while this broker was down)."""
+        for topic, partition in sorted(self.logs.logs):
+            p = image.partition(topic, partition)
+            if p is None or self.broker_id not in p.replicas:
+                logger.info("%s-%d: stray log (not assigned here), deleting", topic, partition)
+                await self.remove(TopicPartition(topic, partition), delete_log=True)
+
     async def remove(self, tp: TopicPartition, *, delete_log: bool) -> None:
         replica = self.replicas.pop(tp, None)
         if replica is not None:
@@ -249,7 +260,7 @@ class ReplicaManager:
         try:
             if self.alter_partition is None:
                 raise errors.RequestTimedOutError("no controller channel")
-            response = await self.alter_partition(replica.topic, proposal)
+            response = await self.alter_partition(replica.topic, replica.partition, proposal)
         except errors.RilletError as e:
             response = AlterPartitionResponse(e.code)
         except Exception:  # a bug or a dropped channel: the core resends on its next tick

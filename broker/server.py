@@ -68,7 +68,7 @@ class ControllerLink(Protocol):
         """Send a request to the active controller; its response header."""
 
     async def alter_partition(
-        self, topic: str, proposal: ProposeAlterPartition
+        self, topic: str, partition: int, proposal: ProposeAlterPartition
     ) -> AlterPartitionResponse:
         """Send one AlterPartition for one partition."""
 
@@ -132,6 +132,9 @@ class BrokerServer:
             asyncio.create_task(self.replicas.run_ticks(), name="replica-ticks"),
             asyncio.create_task(self._sample_metrics(), name="metrics"),
         ]
+        on_caught_up = getattr(link, "on_caught_up", None)
+        if on_caught_up is not None:
+            on_caught_up(self.replicas.delete_strays)
         await link.start([(BROKER_LISTENER, self.host, self.port)], self.replicas.on_metadata)
         logger.info("broker %d serving on %s:%d with %d log(s)", self.node_id, self.host,
                     self.port, len(self.logs.logs))  # fmt: skip

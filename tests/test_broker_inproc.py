@@ -98,7 +98,7 @@ class FakeLink:
             return {"responses": out, "throttle_time_ms": 0}
         raise AssertionError(api)
 
-    async def alter_partition(self, topic: str, proposal: ProposeAlterPartition):
+    async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
         return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:

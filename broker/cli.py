@@ -1,0 +1,126 @@
+"""``rillet broker --config FILE [--set key=value ...]``: run a broker node.
+
+``process.roles`` defaults to ``broker``. With ``broker,controller`` (combined mode) the
+process runs a ``ControllerServer`` and a ``BrokerServer`` in one uvloop event loop, with
+the two config tables merged (``combined_config_table``). Once every listener is bound
+the node prints the readiness line of the node contract (docs/architecture.md) on stdout.
+
+SIGTERM or SIGINT is a controlled shutdown: the broker asks the controller to move its
+leaderships away and waits (``controlled.shutdown.timeout.ms``), closes its logs with
+clean-shutdown markers, and in combined mode the controller then hands Raft leadership
+over and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
+from rillet.client.config import Config
+from rillet.client.errors import InvalidConfigError
+
+log = logging.getLogger("rillet.broker")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("broker", help="run a broker node (or a combined node)")
+    parser.add_argument("--config", help="TOML config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (repeatable)")  # fmt: skip
+    parser.set_defaults(func=cmd_broker)
+
+
+def load_config(path: str | None, overrides: list[str]) -> Config:
+    """Broker keys, or broker + controller keys when the roles (from the file or the
+    overrides) include controller: the roles decide which table to check keys against."""
+    probe = broker_config_table()
+    roles = _roles(probe, path, overrides)
+    table = combined_config_table() if "controller" in roles else probe
+    return table.load(path, overrides)
+
+
+def _roles(table: Any, path: str | None, overrides: list[str]) -> set[str]:
+    roles = table.keys["process.roles"].default
+    if path is not None:
+        import tomllib
+
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidConfigError(f"{path}: {e}") from None
+        roles = raw.get("process.roles", raw.get("process", {}).get("roles", roles))
+    for item in overrides:
+        name, _, value = item.partition("=")
+        if name.strip() == "process.roles":
+            roles = value.strip()
+    return {r.strip() for r in str(roles).split(",") if r.strip()}
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from rillet.controller.cli import setup_logging
+
+    try:
+        config = load_config(args.config, args.set)
+        broker_config = BrokerConfig.from_config(config)
+    except InvalidConfigError as e:
+        print(f"rillet broker: {e}", file=sys.stderr)
+        return 2
+    if "broker" not in broker_config.roles:
+        print("rillet broker: process.roles must include broker", file=sys.stderr)
+        return 2
+    setup_logging(config["log.level"])
+    import uvloop
+
+    try:
+        return uvloop.run(run_node(config, broker_config))
+    except InvalidConfigError as e:
+        print(f"rillet broker: {e}", file=sys.stderr)
+        return 2
+
+
+async def run_node(config: Config, broker_config: BrokerConfig) -> int:
+    """Run the broker (and the controller in combined mode) until a signal."""
+    from rillet.broker.server import BrokerServer
+    from rillet.controller.cli import print_ready
+
+    controller = None
+    if "controller" in broker_config.roles:
+        from rillet.controller.server import ControllerServer
+
+        controller = ControllerServer(config)
+        await controller.start()
+    broker = BrokerServer(broker_config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await broker.start()
+    except BaseException:
+        await broker.stop(controlled=False)
+        if controller is not None:
+            await controller.stop(transfer_leadership=False)
+        raise
+    listeners = dict(broker.listeners)
+    if controller is not None:
+        listeners.update(controller.listeners)
+    print_ready(broker.node_id, listeners)
+    waits = [asyncio.ensure_future(stop.wait())]
+    if controller is not None and controller.failure is not None:
+        waits.append(controller.failure)  # type: ignore[arg-type]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    failed = controller is not None and controller.failure is not None and (
+        controller.failure.done()
+    )
+    waits[0].cancel()
+    log.info("node %d: stopping (%s)", broker.node_id, "controller failed" if failed else "signal")
+    await broker.stop(controlled=not failed)
+    if controller is not None:
+        await controller.stop(transfer_leadership=not failed)
+    return 1 if failed else 0
