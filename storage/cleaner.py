@@ -72,6 +72,7 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         return CleanStats()
     now = log.clock() if now_ms is None else now_ms
     async with log.maintenance_lock:
+        await log.wait_background()  # rolled segments' index writes must land first
         segments = plan(log, now)
         if not segments:
             return CleanStats()
