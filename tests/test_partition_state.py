@@ -492,3 +492,21 @@ def test_empty_follower_fetches_from_zero() -> None:
     state.become_follower(1, 1, 1, (1, 2), (1, 2))
     request = state.fetch_request()
     assert request is not None and (request.fetch_offset, request.last_fetched_epoch) == (0, -1)
+
+
+def test_partial_fetch_keeps_follower_hw_at_its_own_leo() -> None:
+    a, b, _ = trio(isr=(1, 2))
+    a.append(["m0", "m1", "m2"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    assert a.state.high_watermark == 3
+    c = Replica(3)
+    c.apply(c.state.become_follower(1, 1, 1, (1, 2, 3), (1, 2)))
+    request = c.state.fetch_request()
+    assert request is not None
+    response, records = a.serve(request, 0)
+    first = records[:1]  # the leader's size limit cut the answer after one record
+    c.receive(
+        FetchResponse(0, 1, NONE, response.high_watermark, 0, None, batches_of(0, first)), first
+    )
+    assert c.state.high_watermark == 1
