@@ -1,0 +1,539 @@
+"""The consumer: fetch from each partition's leader, decode batches into cheap records.
+
+- Positions: one next-offset per assigned partition, resolved at start from
+  ``from_beginning`` (earliest) or the end (latest) with ListOffsets, or set by ``seek``.
+- Fetching: one fetch task per broker, so fetches to different brokers run concurrently;
+  each covers every assigned partition that broker leads and that has nothing buffered
+  yet. As soon as a response is buffered the next fetch goes out (one fetch ahead),
+  while buffered bytes stay under ``fetch_max_bytes``.
+- Decoding: every batch's CRC is checked (``validate_batch``), then one
+  ``decode_columns`` call per batch, and records are built at C level:
+  ``map(partial(tuple.__new__, ConsumerRecord), zip(...columns))``.
+- Errors: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, a broken connection...
+  refresh metadata and carry on from the same position at the new leader;
+  OFFSET_OUT_OF_RANGE resets by ``auto_offset_reset`` or raises when it is ``'none'``.
+
+Consumer groups come later: ``group_id`` and the ``_assignor`` seam (a callable from the
+subscribed topics' metadata to this member's partitions) are where they plug in; today
+the assignor takes every partition of the subscribed topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from functools import partial
+from itertools import repeat
+from typing import NamedTuple
+
+from rillet.client import records, schemas
+from rillet.client.errors import (
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+    RilletError,
+    error_for,
+)
+from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
+
+log = logging.getLogger(__name__)
+
+EARLIEST = -2  # ListOffsets timestamps
+LATEST = -1
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+class ConsumerRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list | None
+
+
+_new_record = partial(tuple.__new__, ConsumerRecord)
+Assignor = Callable[[ClusterMetadata, list[str]], list[TopicPartition]]
+
+
+def assign_all(snapshot: ClusterMetadata, topics: list[str]) -> list[TopicPartition]:
+    """The group-less assignor: every partition of every subscribed topic."""
+    return [TopicPartition(t, p.partition) for t in topics for p in snapshot.topics.get(t, ())]
+
+
+def decode_records(tp: TopicPartition, data: memoryview, fetch_offset: int) -> tuple[list, int]:
+    """Records at or after ``fetch_offset`` in a fetch's bytes, and the next offset.
+
+    Every complete batch is CRC-checked; a trailing partial batch (a fetch may end in
+    one) is left for the next fetch.
+    """
+    out: list[ConsumerRecord] = []
+    next_offset = fetch_offset
+    topic, partition = tp
+    for pos, _ in records.iter_batches(data, validate=False):
+        h = records.validate_batch(data, pos)
+        if h.base_offset + h.last_offset_delta < fetch_offset:
+            continue  # a batch that starts before the position: already consumed
+        offsets, timestamps, keys, values, headers = records.decode_columns(data, pos, h)
+        cols = (repeat(topic), repeat(partition), offsets, timestamps, keys, values, headers)
+        batch = list(map(_new_record, zip(*cols, strict=False)))  # repeat() is endless
+        if offsets[0] < fetch_offset:
+            batch = [r for r in batch if r[2] >= fetch_offset]
+        out += batch
+        next_offset = h.base_offset + h.last_offset_delta + 1
+    return out, next_offset
+
+
+class _Fetched:
+    """Decoded records of one partition, waiting to be handed to the application."""
+
+    __slots__ = ("tp", "records", "pos", "nbytes", "generation")
+
+    def __init__(self, tp: TopicPartition, recs: list, nbytes: int, generation: int) -> None:
+        self.tp, self.records, self.pos, self.nbytes = tp, recs, 0, nbytes
+        self.generation = generation
+
+
+class Consumer:
+    """An asyncio consumer of explicitly assigned partitions or of whole topics.
+
+    ``async for record in consumer`` yields ``ConsumerRecord`` tuples;
+    ``await consumer.getmany(timeout_ms, max_records)`` returns
+    ``{TopicPartition: [records]}``.
+    """
+
+    def __init__(
+        self,
+        topics: Iterable[str] | str | None = None,
+        *,
+        assignment: Iterable[tuple[str, int]] | None = None,
+        bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP,
+        from_beginning: bool = False,
+        auto_offset_reset: str | None = None,
+        fetch_max_bytes: int = 50 * 1024 * 1024,
+        max_partition_fetch_bytes: int = 1024 * 1024,
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
+        client_rack: str | None = None,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        metadata_wait_ms: int = 30_000,
+        client_id: str = "rillet-consumer",
+        group_id: str | None = None,
+        metadata: MetadataClient | None = None,
+    ) -> None:
+        if isinstance(topics, str):
+            topics = [topics]
+        if (topics is None) == (assignment is None):
+            raise ValueError("give either topics or an assignment")
+        if group_id is not None:
+            raise NotImplementedError("consumer groups are not implemented yet")
+        reset = auto_offset_reset or ("earliest" if from_beginning else "latest")
+        if reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        self.auto_offset_reset = reset
+        self.group_id = group_id
+        self._subscription = list(topics) if topics is not None else None
+        self._assigned = [TopicPartition(*tp) for tp in assignment or ()]
+        self._assignor: Assignor = assign_all
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.client_rack = client_rack or ""
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.metadata_wait_ms = metadata_wait_ms
+        self._meta = metadata or MetadataClient(
+            bootstrap,
+            client_id=client_id,
+            request_timeout_ms=request_timeout_ms + fetch_max_wait_ms,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self._own_meta = metadata is None
+        self._positions: dict[TopicPartition, int] = {}  # what the application consumed
+        self._fetch_positions: dict[TopicPartition, int] = {}  # where the next fetch starts
+        self._generations: dict[TopicPartition, int] = {}  # bumped by seek: drops old data
+        self._preferred: dict[TopicPartition, int] = {}  # follower to fetch from (client.rack)
+        self._buffer: deque[_Fetched] = deque()
+        self._buffered_bytes = 0
+        self._buffered_chunks: dict[TopicPartition, int] = {}  # prefetch: at most 2 each
+        self._in_flight: set[TopicPartition] = set()
+        self._fetchers: dict[int, asyncio.Task] = {}
+        self._wakeup = asyncio.Event()  # the fetch loop: something changed
+        self._data = asyncio.Event()  # getmany: records arrived or an error is waiting
+        self._error: BaseException | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self.stats = {"fetches": 0, "records": 0, "bytes": 0}
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> Consumer:
+        """Learn metadata, the assignment and the starting positions."""
+        topics = self._subscription or sorted({tp.topic for tp in self._assigned})
+        await self._meta.wait_for_topics(topics, self.metadata_wait_ms)
+        if self._subscription is not None:
+            self._assigned = self._assignor(self._meta.snapshot, self._subscription)
+            self._meta.listeners.append(self._on_metadata)
+        else:
+            self._check_assignment()
+        await self._reset_positions([tp for tp in self._assigned if tp not in self._positions])
+        self._task = asyncio.ensure_future(self._fetch_loop())
+        return self
+
+    async def __aenter__(self) -> Consumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._task, *self._fetchers.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_meta:
+            await self._meta.close()
+
+    def _check_assignment(self) -> None:
+        snap = self._meta.snapshot
+        for tp in self._assigned:
+            parts = snap.topics.get(tp.topic, ())
+            if not 0 <= tp.partition < len(parts):
+                raise error_for(3, f"{tp.topic} has no partition {tp.partition}")
+
+    def _on_metadata(self, snapshot: ClusterMetadata) -> None:
+        if self._subscription is None or self._closed:
+            return
+        current = set(self._assigned)
+        new = [tp for tp in self._assignor(snapshot, self._subscription) if tp not in current]
+        if new:
+            self._assigned += new
+            # New partitions start at the beginning (nothing there was seen yet).
+            for tp in new:
+                self._set_position(tp, 0)
+        self._wakeup.set()
+
+    # --- the application's side ----------------------------------------------------
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._assigned)
+
+    def position(self, tp: tuple[str, int]) -> int:
+        """The offset of the next record ``getmany`` will return for ``tp``."""
+        return self._positions[TopicPartition(*tp)]
+
+    def seek(self, tp: tuple[str, int], offset: int) -> None:
+        tp = TopicPartition(*tp)
+        if tp not in self._assigned:
+            raise ValueError(f"{tp} is not assigned to this consumer")
+        self._set_position(tp, offset)
+
+    async def seek_to_beginning(self, *tps: tuple[str, int]) -> None:
+        await self._reset_positions([TopicPartition(*t) for t in tps] or self._assigned, EARLIEST)
+
+    async def seek_to_end(self, *tps: tuple[str, int]) -> None:
+        await self._reset_positions([TopicPartition(*t) for t in tps] or self._assigned, LATEST)
+
+    async def end_offsets(self, tps: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
+        return await self._list_offsets([TopicPartition(*t) for t in tps], LATEST)
+
+    async def beginning_offsets(self, tps: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
+        return await self._list_offsets([TopicPartition(*t) for t in tps], EARLIEST)
+
+    async def getmany(
+        self, timeout_ms: float = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records fetched so far, waiting up to ``timeout_ms`` for the first ones."""
+        if self._task is None:
+            raise RuntimeError("consumer not started")
+        if not self._buffer and self._error is None and timeout_ms > 0:
+            self._data.clear()
+            try:
+                async with asyncio.timeout(timeout_ms / 1000):
+                    await self._data.wait()
+            except TimeoutError:
+                pass
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._drain(max_records if max_records is not None else 1 << 62)
+
+    def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        while self._buffer and limit > 0:
+            f = self._buffer[0]
+            if f.generation != self._generations.get(f.tp, 0):
+                self._pop_fetched()  # a seek made it stale
+                continue
+            if f.pos == 0 and limit >= len(f.records):
+                take = f.records  # the common case: hand over the list, no copy
+            else:
+                take = f.records[f.pos : f.pos + limit]
+            f.pos += len(take)
+            limit -= len(take)
+            if take:
+                out.setdefault(f.tp, []).extend(take)
+                self._positions[f.tp] = take[-1][2] + 1
+            if f.pos >= len(f.records):
+                self._pop_fetched()
+        return out
+
+    def _pop_fetched(self) -> None:
+        f = self._buffer.popleft()
+        self._buffered_bytes -= f.nbytes
+        self._buffered_chunks[f.tp] -= 1
+        self._wakeup.set()
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
+        while not self._closed:
+            batch = await self.getmany(timeout_ms=self.fetch_max_wait_ms)
+            for recs in batch.values():
+                for r in recs:
+                    yield r
+
+    # --- positions -----------------------------------------------------------------
+
+    def _set_position(self, tp: TopicPartition, offset: int) -> None:
+        self._positions[tp] = offset
+        self._fetch_positions[tp] = offset
+        self._generations[tp] = self._generations.get(tp, 0) + 1
+        self._wakeup.set()
+
+    async def _reset_positions(self, tps: list[TopicPartition], where: int | None = None) -> None:
+        if not tps:
+            return
+        if where is None:
+            if self.auto_offset_reset == "none":
+                raise OffsetOutOfRangeError(f"no position for {tps} and auto_offset_reset=none")
+            where = EARLIEST if self.auto_offset_reset == "earliest" else LATEST
+        for tp, offset in (await self._list_offsets(tps, where)).items():
+            self._set_position(tp, offset)
+
+    async def _list_offsets(
+        self, tps: list[TopicPartition], where: int
+    ) -> dict[TopicPartition, int]:
+        """ListOffsets to each partition's leader, retrying through leader changes."""
+        result: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + self.metadata_wait_ms / 1000
+        todo = list(tps)
+        while todo:
+            by_node: dict[int, list[TopicPartition]] = {}
+            snap = self._meta.snapshot
+            for tp in todo:
+                by_node.setdefault(snap.leader_for(*tp), []).append(tp)
+            retry: list[TopicPartition] = by_node.pop(NO_LEADER, [])
+            answers = await asyncio.gather(
+                *(self._list_offsets_at(node, group, where) for node, group in by_node.items())
+            )
+            for got, failed in answers:
+                result.update(got)
+                retry += failed
+            todo = retry
+            if todo:
+                if time.monotonic() > deadline:
+                    raise error_for(5, f"no leader answered ListOffsets for {todo}")
+                self._meta.request_update()
+                await asyncio.sleep(self.retry_backoff_s)
+                await self._meta.refresh()
+        return result
+
+    async def _list_offsets_at(
+        self, node: int, tps: list[TopicPartition], where: int
+    ) -> tuple[dict[TopicPartition, int], list[TopicPartition]]:
+        snap = self._meta.snapshot
+        by_topic: dict[str, list[list[int]]] = {}
+        for t, p in tps:
+            by_topic.setdefault(t, []).append([p, snap.topics[t][p].leader_epoch, where])
+        try:
+            conn = await self._meta.connection(node)
+            header, _ = await conn.request(
+                schemas.LIST_OFFSETS, {"topics": [[t, ps] for t, ps in by_topic.items()]}
+            )
+        except RilletError as e:
+            if not e.retriable:
+                raise
+            return {}, tps
+        got: dict[TopicPartition, int] = {}
+        failed: list[TopicPartition] = []
+        for topic, parts in header["topics"]:
+            for p, code, _ts, offset, *_ in parts:
+                if code == 0:
+                    got[TopicPartition(topic, p)] = offset
+                elif error_for(code).retriable:
+                    failed.append(TopicPartition(topic, p))
+                else:
+                    raise error_for(code, f"ListOffsets {topic}-{p}")
+        return got, failed
+
+    # --- fetching ------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        """Start a fetch to every broker that leads a fetchable partition and has no
+        fetch running; wait for a change; repeat."""
+        while not self._closed:
+            self._wakeup.clear()
+            by_node = self._fetchable()
+            for node, tps in by_node.items():
+                if node not in self._fetchers:
+                    self._in_flight.update(tps)
+                    task = asyncio.ensure_future(self._fetch(node, tps))
+                    self._fetchers[node] = task
+            await self._wakeup.wait()
+
+    def _fetchable(self) -> dict[int, list[TopicPartition]]:
+        if self._buffered_bytes >= self.fetch_max_bytes:
+            return {}
+        snap = self._meta.snapshot
+        by_node: dict[int, list[TopicPartition]] = {}
+        missing = False
+        for tp in self._assigned:
+            if tp in self._in_flight or tp not in self._positions:
+                continue
+            if self._buffered_chunks.get(tp, 0) > 1:
+                continue  # one chunk being consumed and one fetched ahead: enough
+            node = self._preferred.get(tp, NO_LEADER)
+            if node == NO_LEADER or node not in snap.brokers:
+                node = snap.leader_for(*tp)
+            if node == NO_LEADER:
+                missing = True
+                continue
+            by_node.setdefault(node, []).append(tp)
+        if missing:
+            self._refresh_later()
+        return by_node
+
+    def _refresh_later(self) -> None:
+        self._meta.request_update()
+
+        async def refresh() -> None:
+            try:
+                await self._meta.refresh()
+            except RilletError as e:
+                log.info("metadata refresh failed: %r", e)
+                await asyncio.sleep(self.retry_backoff_s)
+            self._wakeup.set()
+
+        if "refresh" not in self._fetchers:
+            task = asyncio.ensure_future(refresh())
+            self._fetchers["refresh"] = task  # type: ignore[index]
+            task.add_done_callback(lambda _: self._fetchers.pop("refresh", None))  # type: ignore[call-overload]
+
+    async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
+        try:
+            await self._fetch_from(node, tps)
+        except asyncio.CancelledError:
+            raise
+        except RilletError as e:
+            if not e.retriable:
+                self._fail(e)
+            else:
+                log.info("fetch from broker %d failed: %r; refreshing metadata", node, e)
+                for tp in tps:
+                    self._preferred.pop(tp, None)
+                self._meta.request_update()
+                await asyncio.sleep(self.retry_backoff_s)
+                self._refresh_later()
+        except Exception as e:  # a bug or a malformed answer: surface it, never hang
+            log.exception("fetch from broker %d failed", node)
+            self._fail(e)
+        finally:
+            self._in_flight.difference_update(tps)
+            self._fetchers.pop(node, None)
+            self._wakeup.set()
+
+    async def _fetch_from(self, node: int, tps: list[TopicPartition]) -> None:
+        snap = self._meta.snapshot
+        generations = {tp: self._generations.get(tp, 0) for tp in tps}
+        by_topic: dict[str, list[list[int]]] = {}
+        for tp in tps:
+            epoch = snap.topics[tp.topic][tp.partition].leader_epoch
+            by_topic.setdefault(tp.topic, []).append(
+                [tp.partition, self._fetch_positions[tp], -1, epoch, -1,
+                 self.max_partition_fetch_bytes]
+            )  # fmt: skip
+        fields = {
+            "replica_id": -1,
+            "max_wait_ms": self.fetch_max_wait_ms,
+            "min_bytes": self.fetch_min_bytes,
+            "max_bytes": self.fetch_max_bytes - self._buffered_bytes,
+            "topics": [[t, ps] for t, ps in by_topic.items()],
+            "rack_id": self.client_rack,
+        }
+        conn = await self._meta.connection(node)
+        header, payload = await conn.request(schemas.FETCH, fields)
+        self.stats["fetches"] += 1
+        pos = 0
+        for topic, parts in header["topics"]:
+            for p, code, _hw, _lso, _start, _div, preferred, nbytes, *_ in parts:
+                tp = TopicPartition(topic, p)
+                data = payload[pos : pos + nbytes]
+                pos += nbytes
+                if generations.get(tp) != self._generations.get(tp, 0):
+                    continue  # seeked while this fetch was out: its data is stale
+                if code:
+                    await self._partition_error(tp, code)
+                    continue
+                if preferred >= 0 and preferred != node:
+                    self._preferred[tp] = preferred
+                self._accept(tp, data, generations[tp])
+
+    def _accept(self, tp: TopicPartition, data: memoryview, generation: int) -> None:
+        if not data:
+            return
+        try:
+            recs, next_offset = decode_records(tp, data, self._fetch_positions[tp])
+        except CorruptRecordError as e:
+            raise CorruptRecordError(f"{tp.topic}-{tp.partition}: {e}") from e
+        self._fetch_positions[tp] = next_offset
+        if not recs:
+            return
+        self._buffer.append(_Fetched(tp, recs, len(data), generation))
+        self._buffered_bytes += len(data)
+        self._buffered_chunks[tp] = self._buffered_chunks.get(tp, 0) + 1
+        self.stats["records"] += len(recs)
+        self.stats["bytes"] += len(data)
+        self._data.set()
+
+    async def _partition_error(self, tp: TopicPartition, code: int) -> None:
+        if code == OffsetOutOfRangeError.code:
+            if self.auto_offset_reset == "none":
+                self._fail(
+                    OffsetOutOfRangeError(
+                        f"{tp.topic}-{tp.partition}: offset {self._fetch_positions[tp]} "
+                        "is out of range"
+                    )
+                )
+                return
+            log.info("%s-%d: offset %d out of range, resetting to %s", tp.topic, tp.partition,
+                     self._fetch_positions[tp], self.auto_offset_reset)  # fmt: skip
+            await self._reset_positions([tp])
+            return
+        error = error_for(code, f"{tp.topic}-{tp.partition}")
+        if not error.retriable:
+            self._fail(error)
+            return
+        self._preferred.pop(tp, None)
+        self._refresh_later()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._data.set()
+
+
+__all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "assign_all", "decode_records"]
