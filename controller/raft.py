@@ -439,6 +439,7 @@ class Progress:
     snapshot_sent_ms: int = NEVER_MS
     last_heard_ms: int = NEVER_MS
     lease_sent_ms: int = NEVER_MS  # sent_ms of the newest request this follower answered
+    match_sent_ms: int = NEVER_MS  # sent_ms of the request whose success set match_index
 
 
 # ---------------------------------------------------------------------------
@@ -1019,6 +1020,8 @@ class RaftNode:
         pr.last_heard_ms = self.now_ms
         pr.lease_sent_ms = max(pr.lease_sent_ms, msg.sent_ms)
         if msg.success:
+            if msg.match_index >= pr.match_index:
+                pr.match_sent_ms = max(pr.match_sent_ms, msg.sent_ms)
             self.handle_append_success(msg.src, pr, msg.match_index)
         else:
             self.handle_append_reject(msg.src, pr, msg)
@@ -1040,6 +1043,8 @@ class RaftNode:
         self.send_append(peer)
 
     def handle_append_reject(self, peer: int, pr: Progress, msg: AppendResponse) -> None:
+        if self.follower_lost_state(peer, pr, msg):
+            return
         if msg.reject_index <= pr.match_index or pr.state is ProgressState.SNAPSHOT:
             return  # stale, or answered by the snapshot in flight
         if msg.hint_term == 0:
@@ -1052,6 +1057,26 @@ class RaftNode:
         pr.state = ProgressState.PROBE
         pr.probe_sent = False
         self.send_append(peer)
+
+    def follower_lost_state(self, peer: int, pr: Progress, msg: AppendResponse) -> bool:
+        """A follower whose log now ends below its match index, in answer to a request sent
+        after the one that set that match, lost its disk (a replaced or wiped controller).
+        Start over from what it holds (entries or a snapshot) instead of waiting forever
+        for acknowledgements of entries it no longer has. The commit index never moves
+        back; a lower match only makes later commits wait for other voters."""
+        if msg.hint_term != 0 or msg.hint_index >= pr.match_index:
+            return False
+        if msg.sent_ms <= pr.match_sent_ms:
+            return False  # a reordered answer to an older request
+        self.emit("follower_lost_state", f"{peer} lost its log: it ends at {msg.hint_index} "
+                  f"below its match index {pr.match_index}; replicating it afresh")
+        pr.match_index = msg.hint_index
+        pr.next_index = msg.hint_index + 1
+        pr.match_sent_ms = msg.sent_ms
+        pr.state = ProgressState.PROBE
+        pr.probe_sent = False
+        self.send_append(peer)
+        return True
 
     def maybe_commit(self) -> None:
         if self.role is not Role.LEADER:
