@@ -65,7 +65,8 @@ CONTROLLER_KEYS = ConfigTable([
     Key("metadata.snapshot.max.records", int, 20_000,
         "Snapshot the image and compact the Raft log after this many applied records."),
     Key("metadata.snapshot.max.bytes", int, 16 * 1024 * 1024,
-        "... or after this many bytes of applied entries, whichever comes first."),
+        "Snapshot and compact after this many bytes of applied entries (or the record "
+        "count above, whichever comes first)."),
     Key("metadata.fetch.max.bytes", int, 1024 * 1024,
         "Upper bound of one FetchMetadata response's records (at least one entry is sent)."),
     Key("cluster.id", str, "",
@@ -130,3 +131,24 @@ def require_node_id(config: Mapping[str, Any]) -> int:
     if node_id is None:
         raise InvalidConfigError("node.id is required")
     return int(node_id)
+
+
+CONFIG_TABLE_BEGIN = "<!-- BEGIN CONFIG TABLE (generated) -->"
+CONFIG_TABLE_END = "<!-- END CONFIG TABLE -->"
+
+
+def update_doc(path: str) -> None:
+    """Rewrite the generated key table in docs/controller.md between its markers."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(CONFIG_TABLE_BEGIN, 1)
+    _, tail = rest.split(CONFIG_TABLE_END, 1)
+    table = controller_config_table().render_markdown()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{CONFIG_TABLE_BEGIN}\n{table}{CONFIG_TABLE_END}{tail}")
+
+
+if __name__ == "__main__":  # python -m rillet.controller.config [docs/controller.md]
+    import sys
+
+    update_doc(sys.argv[1] if len(sys.argv) > 1 else "docs/controller.md")
