@@ -169,18 +169,27 @@ def test_expansion_proposed_when_follower_reaches_hw_and_epoch_start() -> None:
 
 
 def test_expansion_waits_for_the_leader_epoch_start_offset() -> None:
-    # A follower at the HW but below the new leader's epoch start may lack records that
-    # an earlier leader committed; Kafka's isFollowerInSync refuses it.
-    a, b, c = trio(isr=(1, 2))
-    a.append(["m0", "m1", "m2"])
-    b.fetch_from(a)
-    b.apply(b.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=0))
-    assert b.state.high_watermark == 0 and b.state.leader_epoch_start_offset == 3
-    c.apply(c.state.become_follower(2, 2, 2, (1, 2, 3), (1, 2)))
-    c.fetch_from(b)  # c at 0 == b's HW, but below epoch start 3
+    # A follower at a new leader's lagging HW may still lack records an earlier leader
+    # committed; Kafka's isFollowerInSync also wants it at the leader epoch start.
+    a, b, c = trio(lag_ms=100)
+    a.append(["m0"])
+    for r in (b, c, b, c):
+        r.fetch_from(a, now_ms=1)
+    a.append(["m1", "m2"], now_ms=2)
+    b.fetch_from(a, now_ms=3)  # b has m1, m2; c stops fetching
+    (shrink,) = a.state.tick(200)
+    commit(a, shrink)  # ISR (1, 2)
+    a.state.on_follower_fetch(2, 3, 1, now_ms=201, current_leader_epoch=1)  # answer lost
+    assert a.state.high_watermark == 3  # m1, m2 committed
+    assert (b.state.high_watermark, c.log.log_end_offset) == (1, 1)
+    b.apply(b.state.become_leader(2, 3, (1, 2, 3), (1, 2), now_ms=300))
+    c.apply(c.state.become_follower(2, 2, 3, (1, 2, 3), (1, 2)))
+    assert b.state.leader_epoch_start_offset == 3
+    c.fetch_from(b, now_ms=301)  # c at 1 == b's HW: not enough, it lacks m1, m2
     assert b.proposals == []
-    c.fetch_from(b)
+    c.fetch_from(b, now_ms=302)
     assert [p.new_isr for p in b.proposals] == [(1, 2, 3)]
+    assert c.log.records == a.log.records
 
 
 def test_only_one_alter_partition_in_flight() -> None:
@@ -510,3 +519,29 @@ def test_partial_fetch_keeps_follower_hw_at_its_own_leo() -> None:
         FetchResponse(0, 1, NONE, response.high_watermark, 0, None, batches_of(0, first)), first
     )
     assert c.state.high_watermark == 1
+
+
+def test_shutdown_fails_waiters_and_stops_replicating() -> None:
+    a, _, _ = trio(isr=(1, 2))
+    a.produce("p", ["m0"], min_isr=2)
+    a.apply(a.state.shutdown())
+    assert a.results == {"p": E("NOT_LEADER_OR_FOLLOWER")}
+    assert a.state.role is Role.NONE and a.state.fetch_request() is None
+
+
+def test_controller_shrinking_the_isr_lets_the_hw_advance() -> None:
+    # The controller fences broker 2 and drops it from the ISR (same leader epoch).
+    a, _, c = trio(isr=(1, 2, 3))
+    assert a.produce("p", ["m0"], min_isr=2) is None
+    c.fetch_from(a)
+    c.fetch_from(a)
+    assert a.results == {}
+    a.apply(a.state.become_leader(1, 2, (1, 2, 3), (1, 3), now_ms=1))
+    assert a.state.high_watermark == 1 and a.results == {"p": NONE}
+
+
+def test_follower_falls_back_to_its_hw_when_leader_knows_no_such_epoch() -> None:
+    _, b, _ = trio()
+    b.log.append([(1, "x"), (1, "y")])
+    response = FetchResponse(2, 1, NONE, 0, 0, EpochEndOffset(-1, -1))
+    assert b.state.on_fetch_response(response) == (Truncate(0),)
