@@ -113,7 +113,9 @@ class Admin:
         )
 
     async def start(self) -> Admin:
-        await self._retrying(lambda: self._meta.any_connection())
+        """Connect to a bootstrap broker; NetworkError at once when none answers (later
+        calls retry through errors, the cluster was reachable once)."""
+        await self._meta.any_connection()
         return self
 
     async def __aenter__(self) -> Admin:

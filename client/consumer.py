@@ -139,6 +139,9 @@ class Consumer:
         if reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
         self.auto_offset_reset = reset
+        # Where a partition without a position starts: from_beginning, else the reset
+        # policy, else the end.
+        self._start_at = EARLIEST if from_beginning or reset == "earliest" else LATEST
         self.group_id = group_id
         self._subscription = list(topics) if topics is not None else None
         self._assigned = [TopicPartition(*tp) for tp in assignment or ()]
@@ -185,7 +188,9 @@ class Consumer:
             self._meta.listeners.append(self._on_metadata)
         else:
             self._check_assignment()
-        await self._reset_positions([tp for tp in self._assigned if tp not in self._positions])
+        await self._reset_positions(
+            [tp for tp in self._assigned if tp not in self._positions], self._start_at
+        )
         self._task = asyncio.ensure_future(self._fetch_loop())
         return self
 

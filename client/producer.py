@@ -42,6 +42,7 @@ from rillet.client.errors import (
     NetworkError,
     RilletError,
     error_for,
+    error_name,
 )
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, MetadataClient
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
@@ -262,6 +263,9 @@ class Producer:
         self._done_future: asyncio.Future[None] | None = None
         self._closed = False
         self.stats = {"requests": 0, "batches": 0, "records": 0, "retries": 0}
+        # Called as (records, seconds from batch open to result) per completed batch;
+        # `rillet perf produce` uses it for latency percentiles.
+        self.on_batch_done: Any = None
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -389,6 +393,12 @@ class Producer:
         self._append_slow(topic, value, key, headers, partition, timestamp, handle)
         return handle
 
+    async def partitions_for(self, topic: str) -> int:
+        """The topic's partition count (waits up to ``max_block_ms`` for its metadata)."""
+        self._check_open()
+        t = self._topics.get(topic) or await self._await_topic(topic)
+        return t.num_partitions
+
     async def send_and_wait(self, topic: str, value: Any, key: Any = None, **kw: Any
                             ) -> RecordMetadata:  # fmt: skip
         return await self.send(topic, value, key, **kw)
@@ -406,7 +416,7 @@ class Producer:
         """Every case the hot path leaves out: unknown topic, headers, timestamps."""
         self._check_open()
         t = self._topics.get(topic)
-        if t is None:
+        if t is None or topic in self._pending:
             self._defer(topic, (value, key, headers, partition, timestamp, handle))
             return
         if partition is None:
@@ -682,8 +692,8 @@ class Producer:
         tp = self._topics[b.topic].parts[b.partition]
         tp.in_flight -= 1
         if error is None and result is not None and result[1]:
-            msg = result[5] if len(result) > 5 else ""
-            error = error_for(result[1], msg or f"{b.topic}-{b.partition}")
+            msg = result[5] if len(result) > 5 and result[5] else error_name(result[1])
+            error = error_for(result[1], f"{b.topic}-{b.partition}: {msg}")
         if error is None:
             b.base_offset = result[2] if result is not None else -1  # type: ignore[index]
             b.log_append_time = result[3] if result is not None else -1  # type: ignore[index]
@@ -737,6 +747,8 @@ class Producer:
         if error is None:
             self.stats["batches"] += 1
             self.stats["records"] += n
+            if self.on_batch_done is not None and self._loop is not None:
+                self.on_batch_done(n, self._loop.time() - b.created)
         else:
             self._failed_records += n
             if self._first_error is None:
@@ -801,6 +813,15 @@ class Producer:
         t = self._topics.get(topic)
         if t is None:
             t = self._topics[topic] = _Topic(topic, len(parts))
+        # Records held while the metadata was on its way go first, before anything the
+        # caller appends once this returns, so the topic's order is the call order.
+        entry = self._pending.pop(topic, None)
+        if entry is not None:
+            known, held = entry
+            for rec in held:
+                self._buffered -= _record_size(rec[0], rec[1], rec[2])  # counted again
+                self._append_slow(topic, *rec)
+            known.set_result(None)
         return t
 
     def _defer(self, topic: str, rec: tuple) -> None:
@@ -821,12 +842,6 @@ class Producer:
             await self._await_topic(topic)
         except (RilletError, ValueError) as e:
             self._fail_pending(topic, e)
-            return
-        known, held = self._pending.pop(topic)
-        for rec in held:
-            self._buffered -= _record_size(rec[0], rec[1], rec[2])  # counted again below
-            self._append_slow(topic, *rec)
-        known.set_result(None)
 
     def _fail_pending(self, topic: str, error: BaseException) -> None:
         known, held = self._pending.pop(topic, (None, []))

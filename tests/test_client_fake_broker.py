@@ -44,6 +44,7 @@ class FakePartition:
     end_offset: int = 0
     appended: asyncio.Event = field(default_factory=asyncio.Event)
     inject: list[int] = field(default_factory=list)  # error codes for the next produces
+    move_at: tuple[int, int] | None = None  # (end offset, node): move the leader there
 
 
 class FakeCluster:
@@ -156,6 +157,8 @@ class FakeCluster:
             part.end_offset += h.last_offset_delta + 1
             pos = batch_pos + h.size
         part.log += buf[:pos]
+        if part.move_at is not None and part.end_offset >= part.move_at[0]:
+            part.leader, part.epoch, part.move_at = part.move_at[1], part.epoch + 1, None
         part.appended.set()
         part.appended = asyncio.Event()
         return 0, base

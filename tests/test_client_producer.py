@@ -1,0 +1,232 @@
+"""Producer logic against the in-memory fake cluster: batching, ordering, retries,
+backpressure, handles, acks=0, send_many, unknown topics. No real broker needed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_client_fake_broker import FakeCluster
+
+from rillet.client import records
+from rillet.client.errors import (
+    InvalidRecordError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
+from rillet.client.partitioner import partition_for_key
+from rillet.client.producer import DeliveryError, Producer, ProducerClosedError, RecordHandle
+
+
+@pytest.fixture
+async def fake():
+    cluster = await FakeCluster(3).start()
+    cluster.create("t", 6)
+    yield cluster
+    await cluster.stop()
+
+
+def values_of(fake: FakeCluster, topic: str, partition: int) -> list[bytes]:
+    return [r.value for r in fake.records(topic, partition)]
+
+
+async def test_send_returns_metadata_with_offsets(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap) as p:
+        handles = [p.send("t", b"v%d" % i, partition=2) for i in range(5)]
+        mds = [await h for h in handles]
+    assert [m.offset for m in mds] == [0, 1, 2, 3, 4]
+    assert {(m.topic, m.partition) for m in mds} == {("t", 2)}
+    assert values_of(fake, "t", 2) == [b"v%d" % i for i in range(5)]
+
+
+async def test_keyed_records_land_on_the_murmur2_partition_in_order(fake: FakeCluster) -> None:
+    keys = [b"key-%d" % (i % 37) for i in range(3000)]
+    async with Producer(fake.bootstrap, batch_size=2048) as p:
+        for i, k in enumerate(keys):
+            await p.produce("t", b"%d" % i, k)
+        await p.flush()
+    for part in range(6):
+        recs = fake.records("t", part)
+        assert all(partition_for_key(r.key, 6) == part for r in recs)
+        by_key: dict[bytes, list[int]] = {}
+        for r in recs:
+            by_key.setdefault(r.key, []).append(int(r.value))
+        assert all(seq == sorted(seq) for seq in by_key.values())
+    assert sum(len(fake.records("t", q)) for q in range(6)) == 3000
+
+
+async def test_one_encode_per_batch_and_batches_bounded_by_batch_size(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, batch_size=4096, linger_ms=50) as p:
+        for _ in range(2000):
+            await p.produce("t", b"x" * 100, partition=0)
+        await p.flush()
+        assert p.stats["records"] == 2000
+    sizes = [h.size for _, h in records.iter_batches(bytes(fake.topics["t"][0].log))]
+    assert len(sizes) == p.stats["batches"] > 1
+    assert max(sizes) < 4096 + 200  # sealed once the estimate reaches batch_size
+
+
+async def test_one_request_carries_batches_of_many_partitions(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, linger_ms=1000) as p:
+        for part in range(6):
+            p.send("t", b"v", partition=part)
+        await p.flush()
+        # six partitions over three leaders: flush seals all at once -> 3 requests
+        assert p.stats["requests"] == 3
+        assert p.stats["batches"] == 6
+
+
+async def test_unkeyed_records_stick_to_one_partition_per_batch(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, linger_ms=1000) as p:
+        handles = [p.send("t", b"v%d" % i) for i in range(50)]
+        await p.flush()
+        parts = {(await h).partition for h in handles}
+    assert len(parts) == 1
+
+
+async def test_leader_change_under_pipelined_load_keeps_order(fake: FakeCluster) -> None:
+    # Many batches in flight when the leader moves: every later one fails too, and all
+    # of them are resent in their original order to the new leader.
+    fake.topics["t"][1].move_at = (100, 3)
+    async with Producer(fake.bootstrap, batch_size=256, retry_backoff_ms=1, linger_ms=50) as p:
+        for i in range(600):
+            await p.produce("t", b"%05d" % i, partition=1)
+        await p.flush()
+        assert p.stats["retries"] >= 1
+    assert fake.topics["t"][1].leader == 3
+    assert values_of(fake, "t", 1) == [b"%05d" % i for i in range(600)]
+
+
+async def test_isolated_failures_keep_order_with_one_in_flight_per_partition(
+    fake: FakeCluster,
+) -> None:
+    # A failure that hits one batch and not the next (say an acks=all timeout) could let
+    # a later batch overtake the retried one with several in flight; one in flight
+    # per partition rules it out.
+    fake.topics["t"][1].inject = [NotLeaderOrFollowerError.code] * 3
+    async with Producer(fake.bootstrap, batch_size=256, retry_backoff_ms=1,
+                        max_in_flight_per_partition=1) as p:  # fmt: skip
+        for i in range(300):
+            await p.produce("t", b"%05d" % i, partition=1)
+        await p.flush()
+        assert p.stats["retries"] >= 1
+    assert values_of(fake, "t", 1) == [b"%05d" % i for i in range(300)]
+
+
+async def test_leader_move_is_followed(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, retry_backoff_ms=1) as p:
+        await p.send("t", b"before", partition=0)
+        fake.move_leader("t", 0, 2)  # the producer's metadata still names broker 1
+        md = await p.send("t", b"after", partition=0)
+    assert md.offset == 1
+    assert values_of(fake, "t", 0) == [b"before", b"after"]
+
+
+async def test_non_retriable_error_fails_the_handle_and_flush(fake: FakeCluster) -> None:
+    fake.topics["t"][3].inject = [InvalidRecordError.code]
+    async with Producer(fake.bootstrap) as p:
+        h = p.send("t", b"bad", partition=3)
+        with pytest.raises(InvalidRecordError, match="t-3: INVALID_RECORD"):
+            await h
+        with pytest.raises(DeliveryError):
+            await p.flush()
+        await p.flush()  # errors are reported once
+        assert (await p.send("t", b"good", partition=3)).offset == 0
+
+
+async def test_retries_exhausted_fail_the_batch(fake: FakeCluster) -> None:
+    fake.topics["t"][4].inject = [NotLeaderOrFollowerError.code] * 10
+    async with Producer(fake.bootstrap, retries=2, retry_backoff_ms=1) as p:
+        with pytest.raises(NotLeaderOrFollowerError):
+            await p.send("t", b"v", partition=4)
+        await p.flush(raise_errors=False)
+
+
+async def test_buffer_memory_bounds_what_is_buffered(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, buffer_memory=64 * 1024, batch_size=16 * 1024) as p:
+        blocked = 0
+        for _ in range(5000):
+            fut = p.produce("t", b"x" * 100, partition=5)
+            if not fut.done():
+                blocked += 1
+                assert p._buffered >= p.buffer_memory
+            await fut
+            assert p._buffered < p.buffer_memory + 200
+        await p.flush()
+        assert blocked > 0
+        assert p._buffered == 0
+    assert len(fake.records("t", 5)) == 5000
+
+
+async def test_acks0_sends_one_way(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, acks=0) as p:
+        md = await p.send("t", b"v", partition=0)
+        assert md.offset == -1
+    await asyncio.wait_for(_until(lambda: len(fake.records("t", 0)) == 1), 10)
+
+
+async def _until(pred) -> None:  # noqa: ANN001
+    while not pred():
+        await asyncio.sleep(0.01)
+
+
+async def test_send_many_builds_whole_batches_in_order(fake: FakeCluster) -> None:
+    values = [b"%06d" % i for i in range(20_000)]
+    async with Producer(fake.bootstrap, batch_size=8192) as p:
+        await p.produce("t", b"first", partition=2)
+        await p.send_many("t", values, partition=2)
+        await p.flush()
+    assert values_of(fake, "t", 2) == [b"first", *values]
+
+
+async def test_send_many_keyed_groups_by_partition(fake: FakeCluster) -> None:
+    keys = [b"k%d" % (i % 11) for i in range(1000)]
+    async with Producer(fake.bootstrap) as p:
+        await p.send_many("t", [b"%d" % i for i in range(1000)], keys)
+        await p.flush()
+    for part in range(6):
+        for r in fake.records("t", part):
+            assert partition_for_key(r.key, 6) == part
+
+
+async def test_headers_and_timestamps_round_trip(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, linger_ms=100) as p:
+        p.send("t", b"a", partition=0)
+        h = p.send("t", b"b", headers=[("h", b"1")], timestamp=1234, partition=0)
+        md = await h
+    assert md.timestamp == 1234
+    recs = fake.records("t", 0)
+    assert recs[1].headers == [["h", b"1"]] and recs[1].timestamp == 1234
+    assert recs[0].headers is None
+
+
+async def test_unknown_topic_fails_after_max_block(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, max_block_ms=200) as p:
+        h = p.send("missing", b"v")
+        assert isinstance(h, RecordHandle)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await h
+        with pytest.raises(DeliveryError):
+            await p.flush()
+
+
+async def test_topic_created_after_first_send_is_delivered(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, max_block_ms=10_000, retry_backoff_ms=5) as p:
+        h = p.send("late", b"v")
+        fake.create("late", 1)
+        assert (await h).offset == 0
+
+
+async def test_closed_producer_refuses_records(fake: FakeCluster) -> None:
+    p = Producer(fake.bootstrap)
+    await p.start()
+    await p.close()
+    with pytest.raises(ProducerClosedError):
+        p.send("t", b"v")
+
+
+def test_bad_configuration_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        Producer(acks=2)
+    with pytest.raises(ValueError):
+        Producer(compression="gzip")
