@@ -274,3 +274,14 @@ async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leadership
             await lifecycles[b].channel.close()
             await followers[b].channel.close()
         await admin.close()
+
+
+async def test_sigterm_hands_leadership_over_before_exiting(quorum: Quorum) -> None:
+    leader = await active_controller(quorum)
+    proc = quorum.procs.pop(leader)
+    assert proc.stop() == 0  # SIGTERM: clean exit
+    assert any("handing leadership" in line for line in proc.output), "\n".join(proc.output)
+    new_leader = await active_controller(quorum)
+    assert new_leader != leader
+    quorum.start(leader)
+    await caught_up(quorum, leader)
