@@ -53,6 +53,11 @@ _I = struct.Struct(">i")
 _U = struct.Struct(">I")
 _LEN_EPOCH = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 _PREFIX = struct.Struct(">qiibI")  # up to and including crc
+# From batch_length on, only what an append needs: batch_length, magic, crc,
+# last_offset_delta, max_timestamp, record_count (pad bytes skip the rest). Six ints
+# instead of thirteen plus a named tuple: check_batch runs once per produced batch.
+_CHECKED = struct.Struct(">i4xbI2xi8xq14xi")
+_crc32c_of = _crc32c.crc32c
 
 # attributes bits
 COMPRESSION_MASK = 0x07
@@ -125,22 +130,24 @@ def crc_of(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
     return _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + size])
 
 
-def validate_batch(
-    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_size: int | None = None
-) -> BatchHeader:
+def check_batch(
+    buf: bytes | bytearray | memoryview, pos: int, max_size: int | None
+) -> tuple[int, int, int, int]:
     """Check one batch at ``pos``: complete, right magic, sane length, CRC matches.
 
-    Raises CorruptRecordError (or MessageTooLargeError when ``max_size`` is exceeded).
+    Returns (size, last_offset_delta, max_timestamp, record_count): what a log append
+    needs, without building a BatchHeader. Raises CorruptRecordError (or
+    MessageTooLargeError when ``max_size`` is exceeded).
     """
     avail = len(buf) - pos
     if avail < HEADER_SIZE:
         raise CorruptRecordError(f"batch truncated: {avail} bytes, header needs {HEADER_SIZE}")
-    # Fields go to locals first: a broker calls this once per produced batch, and
-    # named-tuple attribute reads cost more than the checks themselves.
-    fields = HEADER.unpack_from(buf, pos)
-    _, batch_length, _, magic, crc, _, last_offset_delta, *_, record_count = fields
+    batch_length, magic, crc, last_offset_delta, max_timestamp, record_count = (
+        _CHECKED.unpack_from(buf, pos + LENGTH_POS)
+    )
     if magic != MAGIC:
-        raise CorruptRecordError(f"bad magic {magic} at batch offset {fields[0]}")
+        base = _Q.unpack_from(buf, pos)[0]
+        raise CorruptRecordError(f"bad magic {magic} at batch offset {base}")
     size = batch_length + LOG_OVERHEAD
     if size < HEADER_SIZE:
         raise CorruptRecordError(f"batch length {batch_length} shorter than its header")
@@ -154,13 +161,25 @@ def validate_batch(
         raise MessageTooLargeError(f"batch of {size} bytes exceeds the limit of {max_size}")
     if record_count < 0 or last_offset_delta < 0:
         raise CorruptRecordError("negative record count or offset delta")
-    actual = _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + size])
+    actual = _crc32c_of(memoryview(buf)[pos + CRC_START : pos + size])
     if actual != crc:
+        base = _Q.unpack_from(buf, pos)[0]
         raise CorruptRecordError(
-            f"CRC mismatch in batch at offset {fields[0]}: stored {crc:#010x}, "
+            f"CRC mismatch in batch at offset {base}: stored {crc:#010x}, "
             f"computed {actual:#010x}"
         )
-    return BatchHeader._make(fields)
+    return size, last_offset_delta, max_timestamp, record_count
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_size: int | None = None
+) -> BatchHeader:
+    """``check_batch``, returning the whole header.
+
+    Raises CorruptRecordError (or MessageTooLargeError when ``max_size`` is exceeded).
+    """
+    check_batch(buf, pos, max_size)
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
 
 
 def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):

@@ -43,6 +43,11 @@ def test_encode_decode_round_trip(batch, base_offset, epoch):
     h = records.validate_batch(buf)
     assert (h.base_offset, h.partition_leader_epoch) == (base_offset, epoch)
     assert h.record_count == len(values)
+    # check_batch's lean unpack (pad bytes between fields) reads the same fields.
+    padded = b"\0" * 5 + buf + b"\0" * 3
+    assert records.check_batch(padded, 5, None) == (
+        h.size, h.last_offset_delta, h.max_timestamp, h.record_count
+    )
     assert h.compression == compression
     decoded = records.decode_batch(buf)
     assert [r.offset for r in decoded] == list(range(base_offset, base_offset + len(values)))
@@ -66,6 +71,20 @@ def test_flipped_bit_after_crc_field_is_detected(batch, data):
     buf[pos] ^= 1 << bit
     with pytest.raises(CorruptRecordError):
         records.validate_batch(buf)
+    with pytest.raises(CorruptRecordError):
+        records.check_batch(memoryview(bytes(buf)), 0, None)
+
+
+def test_check_batch_errors_name_the_batch():
+    buf = bytearray(records.encode_batch([b"x"], base_offset=4321))
+    buf[-1] ^= 1
+    with pytest.raises(CorruptRecordError, match="CRC mismatch in batch at offset 4321"):
+        records.check_batch(buf, 0, None)
+    buf[records.MAGIC_POS] = 2
+    with pytest.raises(CorruptRecordError, match="bad magic 2 at batch offset 4321"):
+        records.check_batch(buf, 0, None)
+    with pytest.raises(CorruptRecordError, match="header needs"):
+        records.check_batch(buf[:60], 0, None)
 
 
 def test_stamp_keeps_crc_valid():
