@@ -1,0 +1,81 @@
+"""The client CLI commands as real subprocesses against a real local cluster, with
+their --json output parsed; expected errors print one line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def rillet(cluster, *args: str, stdin: str | None = None, ok: bool = True):  # noqa: ANN001, ANN201
+    env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rillet.client.cli", *args],
+        input=stdin, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def json_out(proc) -> dict:  # noqa: ANN001
+    return json.loads(proc.stdout)
+
+
+def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
+    created = json_out(rillet(cluster, "topic", "create", "cli", "--partitions", "3",
+                              "--replication-factor", "3", "--config", "retention.ms=600000",
+                              "--json"))  # fmt: skip
+    assert created["created"] == "cli"
+    assert "cli" in json_out(rillet(cluster, "topic", "list", "--json"))["topics"]
+    (topic,) = json_out(rillet(cluster, "topic", "describe", "cli", "--json"))["topics"]
+    assert len(topic["partitions"]) == 3
+    assert all(len(p["replicas"]) == 3 and p["leader"] in p["replicas"]
+               for p in topic["partitions"])  # fmt: skip
+    human = rillet(cluster, "topic", "describe", "cli").stdout
+    assert "PartitionCount: 3" in human and "Isr" in human
+
+    lines = "".join(f"k{i % 5}:v{i}\n" for i in range(50))
+    sent = json_out(rillet(cluster, "produce", "cli", "--key-separator", ":", "--json",
+                           stdin=lines))  # fmt: skip
+    assert sent == {"topic": "cli", "records": 50}
+    out = rillet(cluster, "consume", "cli", "--from-beginning", "--max-messages", "50", "--json")
+    recs = [json.loads(line) for line in out.stdout.splitlines()]
+    assert sorted(int(r["value"][1:]) for r in recs) == list(range(50))
+    assert all(r["key"] == f"k{int(r['value'][1:]) % 5}" for r in recs)
+
+    part, offset = recs[0]["partition"], recs[0]["offset"]
+    one = rillet(cluster, "consume", "cli", "--partition", str(part), "--offset", str(offset),
+                 "--max-messages", "1", "--json")  # fmt: skip
+    assert json.loads(one.stdout)["offset"] == offset
+
+    perf = json_out(rillet(cluster, "perf", "produce", "--topic", "cli", "--num-records",
+                           "20000", "--record-size", "100", "--acks", "1", "--json"))  # fmt: skip
+    assert perf["records"] == 20000 and perf["records_per_s"] > 0
+    assert perf["latency_ms"]["p50"] <= perf["latency_ms"]["p99"] <= perf["latency_ms"]["max"]
+    got = json_out(rillet(cluster, "perf", "consume", "--topic", "cli", "--num-records",
+                          "20050", "--json"))  # fmt: skip
+    assert got["records"] >= 20050 and got["peak_rss_mb"] > 0
+
+    assert json_out(rillet(cluster, "topic", "delete", "cli", "--json")) == {"deleted": "cli"}
+
+
+def test_cli_expected_errors_are_one_line(cluster) -> None:  # noqa: ANN001
+    for args in (
+        ["topic", "describe", "missing"],
+        ["consume", "missing", "--max-messages", "1"],
+        ["produce", "missing"],
+        ["topic", "list", "--bootstrap", "127.0.0.1:1"],
+    ):
+        proc = rillet(cluster, *args, stdin="x\n", ok=False)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr, proc.stderr
+    rillet(cluster, "topic", "create", "dup", "--partitions", "1", "--replication-factor", "1")
+    dup = rillet(cluster, "topic", "create", "dup", "--partitions", "1", ok=False)
+    assert dup.returncode == 1 and "TOPIC_ALREADY_EXISTS" in dup.stderr
