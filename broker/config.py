@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rillet.client.config import Config, ConfigTable, Key
+from rillet.client.config import (
+    Config,
+    ConfigTable,
+    Key,
+    merge_tables,
+    node_keys,
+    parse_listeners,
+    parse_voters,
+)
 from rillet.client.errors import InvalidConfigError
 from rillet.storage.config import DAY_MS, KAFKA_NAMES, LogConfig
 
@@ -37,7 +45,7 @@ LOG_DEFAULT_KEYS: dict[str, str] = {
 
 # Keys only a broker reads. Keys every node has (node.id, process.roles, listeners,
 # controller.quorum.voters, log.level, socket.request.max.bytes, max.connections,
-# broker.heartbeat.interval.ms...) come from controller/config.py's ``node_keys``.
+# broker.heartbeat.interval.ms...) come from client/config.py's ``node_keys``.
 BROKER_KEYS = ConfigTable(
     [
         Key("log.dirs", str, "/tmp/rillet-logs",
@@ -55,6 +63,10 @@ BROKER_KEYS = ConfigTable(
         Key("replica.fetch.response.max.bytes", int, 10 * MIB,
             "Follower fetch: bytes per response."),
         Key("replica.fetch.wait.max.ms", int, 500, "Follower fetch: longest wait at the leader."),
+        Key("replica.fetch.backoff.ms", int, 1000,
+            "Follower fetch: pause before retrying a partition that failed, or a lost leader."),
+        Key("replica.high.watermark.checkpoint.interval.ms", int, 5000,
+            "How often high watermarks are written to `replication-offset-checkpoint`."),
         Key("replica.tick.interval.ms", int, 100,
             "How often partitions are ticked (acks=all timeouts, ISR shrink checks)."),
         Key("log.segment.bytes", int, 64 * MIB, "Segment size before rolling (Kafka: 1 GiB)."),
@@ -93,57 +105,16 @@ BROKER_SHARED_KEYS = ConfigTable(
 
 def broker_config_table() -> ConfigTable:
     """Every key of a broker-only node (``rillet broker``)."""
-    from rillet.controller.config import node_keys
-
     return merge_tables(node_keys("broker"), BROKER_KEYS, BROKER_SHARED_KEYS)
 
 
 def combined_config_table() -> ConfigTable:
     """Every key of a combined node: the broker's and the controller's tables merged."""
-    from rillet.controller.config import CONTROLLER_KEYS, node_keys
+    from rillet.controller.config import CONTROLLER_KEYS
 
     return merge_tables(
         node_keys("broker,controller"), BROKER_KEYS, BROKER_SHARED_KEYS, CONTROLLER_KEYS
     )
-
-
-def merge_tables(*tables: ConfigTable) -> ConfigTable:
-    """The union of several tables; a key declared twice is taken from the first."""
-    keys: dict[str, Key] = {}
-    for table in tables:
-        for name, key in table.keys.items():
-            keys.setdefault(name, key)
-    return ConfigTable(keys.values())
-
-
-def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
-    """``BROKER://127.0.0.1:9092,CONTROLLER://h:9093`` -> {name: (host, port)}."""
-    out: dict[str, tuple[str, int]] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        name, sep, address = item.partition("://")
-        host, colon, port = address.rpartition(":")
-        if not sep or not colon or not name or not port.isdigit():
-            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
-        out[name.upper()] = (host or "0.0.0.0", int(port))
-    return out
-
-
-def parse_voters(text: str) -> dict[int, tuple[str, int]]:
-    """``1@127.0.0.1:9093,2@h:9094`` -> {node id: (host, port)}."""
-    out: dict[int, tuple[str, int]] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        node, at, address = item.partition("@")
-        host, colon, port = address.rpartition(":")
-        if not at or not colon or not node.isdigit() or not port.isdigit():
-            raise InvalidConfigError(
-                f"controller.quorum.voters: expected id@host:port, got {item!r}"
-            )
-        out[int(node)] = (host, int(port))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +147,10 @@ class BrokerConfig:
         for name, value in (("num.partitions", 1), ("default.replication.factor", 1),
                             ("min.insync.replicas", 1), ("message.max.bytes", 0),
                             ("max.connections", 1), ("socket.request.max.bytes", 1024),
-                            ("replica.tick.interval.ms", 1)):
+                            ("replica.tick.interval.ms", 1), ("replica.fetch.max.bytes", 1),
+                            ("replica.fetch.response.max.bytes", 1),
+                            ("replica.fetch.wait.max.ms", 0), ("replica.fetch.backoff.ms", 0),
+                            ("replica.high.watermark.checkpoint.interval.ms", 1)):
             if config[name] < value:
                 raise InvalidConfigError(f"{name} must be >= {value}, not {config[name]}")
         return cls(

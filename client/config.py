@@ -154,15 +154,88 @@ class Config(Mapping[str, Any]):
         return f"Config({self._values!r})"
 
 
-# Keys every node has (DESIGN section 1); brokers and controllers add their own tables,
-# e.g. ``NODE_KEYS + BROKER_KEYS``.
-NODE_KEYS = ConfigTable(
-    [
-        Key("node.id", int, 1, "Unique integer id of this node."),
-        Key("process.roles", str, "broker,controller", "broker, controller or both."),
-        Key("listeners.host", str, "127.0.0.1", "Address the RPC listener binds."),
+# --- the node contract (docs/architecture.md: "Node processes and configuration") ---
+
+
+def node_keys(default_roles: str) -> ConfigTable:
+    """Keys every node has, with ``process.roles`` defaulting to ``default_roles``
+    (``rillet broker`` passes "broker", ``rillet controller`` "controller")."""
+    return ConfigTable([
+        Key("node.id", int, None, "Unique integer id of this node (required)."),
+        Key("process.roles", str, default_roles,
+            "`broker`, `controller` or `broker,controller` (combined mode)."),
+        Key("listeners", str, "",
+            "Kafka-style listener list, e.g. `BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093`;"
+            " port 0 binds an ephemeral port, an empty host binds every interface. Empty: a "
+            "controller listens on its own voter address, a broker on 127.0.0.1:9092."),
+        Key("controller.quorum.voters", str, "1@127.0.0.1:9093",
+            "The controller quorum: `id@host:port` entries separated by commas."),
+        Key("log.level", str, "INFO", "Python logging level; logs go to stderr."),
+        Key("broker.heartbeat.interval.ms", int, 500,
+            "How often a broker heartbeats to the active controller (Kafka: 2000)."),
         Key("socket.request.max.bytes", int, 100 * 1024 * 1024, "Largest request frame."),
         Key("max.connections", int, 10_000, "Connections accepted at once; more are refused."),
         Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
-    ]
-)
+    ])  # fmt: skip
+
+
+def merge_tables(*tables: ConfigTable) -> ConfigTable:
+    """The union of several tables; a key declared twice is taken from the first."""
+    keys: dict[str, Key] = {}
+    for table in tables:
+        for name, key in table.keys.items():
+            keys.setdefault(name, key)
+    return ConfigTable(keys.values())
+
+
+def _split_host_port(address: str, what: str, item: str) -> tuple[str, int]:
+    host, colon, port = address.strip().rpartition(":")
+    if not colon or not port.isdigit():
+        raise InvalidConfigError(f"{what}: expected host:port, got {item!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
+    """``BROKER://127.0.0.1:9092,CONTROLLER://:9093`` -> {NAME: (host, port)}; an empty
+    host means every interface, as in Kafka."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, address = item.partition("://")
+        if not sep or not name:
+            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
+        host, port = _split_host_port(address, "listeners", item)
+        out[name.upper()] = (host or "0.0.0.0", port)
+    return out
+
+
+def parse_voters(text: str) -> dict[int, tuple[str, int]]:
+    """``1@host:port,2@host:port`` -> {1: (host, port), ...}."""
+    out: dict[int, tuple[str, int]] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        node, sep, address = item.partition("@")
+        if not sep or not node.strip().isdigit():
+            raise InvalidConfigError(
+                f"controller.quorum.voters: expected id@host:port, got {item!r}"
+            )
+        host, port = _split_host_port(address, "controller.quorum.voters", item)
+        if not host:
+            raise InvalidConfigError(f"controller.quorum.voters: no host in {item!r}")
+        out[int(node)] = (host, port)
+    if not out:
+        raise InvalidConfigError("controller.quorum.voters is empty")
+    return out
+
+
+def format_voters(voters: Mapping[int, tuple[str, int]]) -> str:
+    return ",".join(f"{n}@{h}:{p}" for n, (h, p) in sorted(voters.items()))
+
+
+def require_node_id(config: Mapping[str, Any]) -> int:
+    node_id = config["node.id"]
+    if node_id is None:
+        raise InvalidConfigError("node.id is required")
+    return int(node_id)

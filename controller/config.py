@@ -16,36 +16,15 @@ combined node uses ``node_keys("broker,controller") + CONTROLLER_KEYS + BROKER_K
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from rillet.client.config import NODE_KEYS, ConfigTable, Key
-from rillet.client.connection import parse_address
-from rillet.client.errors import InvalidConfigError
-
-# NODE_KEYS entries superseded by the architecture contract: `listeners` replaces
-# `listeners.host`, and each command sets its own default role.
-_SUPERSEDED = {"process.roles", "listeners.host", "node.id"}
-
-
-def node_keys(default_roles: str) -> ConfigTable:
-    """Keys shared by every node kind, with ``process.roles`` defaulting to ``default_roles``."""
-    inherited = [k for k in NODE_KEYS.keys.values() if k.name not in _SUPERSEDED]
-    return ConfigTable([
-        Key("node.id", int, None, "Unique integer id of this node (required)."),
-        Key("process.roles", str, default_roles,
-            "`broker`, `controller` or `broker,controller` (combined mode)."),
-        Key("listeners", str, "",
-            "Kafka-style listener list, e.g. `CONTROLLER://127.0.0.1:9093`; port 0 binds an "
-            "ephemeral port. Empty: a controller listens on its own voter address."),
-        Key("controller.quorum.voters", str, "1@127.0.0.1:9093",
-            "The controller quorum: `id@host:port` entries separated by commas."),
-        Key("log.level", str, "INFO", "Python logging level; logs go to stderr."),
-        Key("broker.heartbeat.interval.ms", int, 500,
-            "How often a broker heartbeats to the active controller (Kafka: 2000)."),
-        *inherited,
-    ])  # fmt: skip
-
+from rillet.client.config import (  # noqa: F401  (re-exported for controller modules)
+    ConfigTable,
+    Key,
+    format_voters,
+    node_keys,
+    parse_listeners,
+    parse_voters,
+    require_node_id,
+)
 
 CONTROLLER_KEYS = ConfigTable([
     Key("metadata.log.dir", str, "/tmp/rillet-controller",
@@ -85,52 +64,6 @@ CONTROLLER_KEYS = ConfigTable([
 
 def controller_config_table() -> ConfigTable:
     return node_keys("controller") + CONTROLLER_KEYS
-
-
-def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
-    """``NAME://host:port,...`` -> {NAME: (host, port)}."""
-    out: dict[str, tuple[str, int]] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        name, sep, address = item.partition("://")
-        if not sep or not name:
-            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
-        try:
-            out[name.upper()] = parse_address(address)
-        except ValueError as e:
-            raise InvalidConfigError(f"listeners: {e}") from None
-    return out
-
-
-def parse_voters(text: str) -> dict[int, tuple[str, int]]:
-    """``1@host:port,2@host:port`` -> {1: (host, port), ...}."""
-    out: dict[int, tuple[str, int]] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        node, sep, address = item.partition("@")
-        if not sep or not node.strip().isdigit():
-            raise InvalidConfigError(f"controller.quorum.voters: expected id@host:port, "
-                                     f"got {item!r}")
-        try:
-            out[int(node)] = parse_address(address)
-        except ValueError as e:
-            raise InvalidConfigError(f"controller.quorum.voters: {e}") from None
-    if not out:
-        raise InvalidConfigError("controller.quorum.voters is empty")
-    return out
-
-
-def format_voters(voters: Mapping[int, tuple[str, int]]) -> str:
-    return ",".join(f"{n}@{h}:{p}" for n, (h, p) in sorted(voters.items()))
-
-
-def require_node_id(config: Mapping[str, Any]) -> int:
-    node_id = config["node.id"]
-    if node_id is None:
-        raise InvalidConfigError("node.id is required")
-    return int(node_id)
 
 
 CONFIG_TABLE_BEGIN = "<!-- BEGIN CONFIG TABLE (generated) -->"

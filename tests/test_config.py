@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from rillet.client.config import NODE_KEYS, ConfigTable, Key
+from rillet.client.config import (
+    ConfigTable,
+    Key,
+    merge_tables,
+    node_keys,
+    parse_listeners,
+    parse_voters,
+)
 from rillet.client.errors import InvalidConfigError
 
 TABLE = ConfigTable(
@@ -85,10 +92,30 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_tables_combine_and_refuse_duplicates() -> None:
-    combined = NODE_KEYS + ConfigTable([Key("broker.rack", str, None, "Rack.")])
+    node = node_keys("broker")
+    combined = node + ConfigTable([Key("broker.rack", str, None, "Rack.")])
     assert {"node.id", "broker.rack"} <= set(combined.keys)
     with pytest.raises(ValueError, match="declared twice"):
-        NODE_KEYS + NODE_KEYS  # noqa: B018
+        node + node  # noqa: B018
+
+
+def test_merge_takes_the_first_declaration_of_a_shared_key() -> None:
+    merged = merge_tables(node_keys("broker"), node_keys("controller"))
+    assert merged.keys["process.roles"].default == "broker"
+
+
+def test_listeners_and_voters_parse_as_the_contract_says() -> None:
+    assert parse_listeners("BROKER://:9092, controller://[::1]:0") == {
+        "BROKER": ("0.0.0.0", 9092),
+        "CONTROLLER": ("::1", 0),
+    }
+    assert parse_voters("1@a:1,2@b:2") == {1: ("a", 1), 2: ("b", 2)}
+    for bad in ("127.0.0.1:9092", "BROKER://host", "BROKER://host:x"):
+        with pytest.raises(InvalidConfigError):
+            parse_listeners(bad)
+    for bad in ("", "x@a:1", "1@:9093", "1@a"):
+        with pytest.raises(InvalidConfigError):
+            parse_voters(bad)
 
 
 def test_markdown_lists_every_key() -> None:
