@@ -138,8 +138,8 @@ def _clean_one(
     if removed == 0:
         return CleanResult(seg, seg, changed=False), 0
     new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
-    for data, h in out:
-        new.append_one(data, h.base_offset, h.last_offset, h.max_timestamp, len(data))
+    for data, h in out:  # offsets and epochs as they were: append, which never stamps
+        new.append(data, [(h.base_offset, h.last_offset, h.max_timestamp, len(data))])
     new.write_indexes(new.seal(), fsync=True)
     new.fsync()
     new.close()

@@ -39,7 +39,7 @@ from rillet.client.errors import (
     OffsetOutOfRangeError,
     StorageError,
 )
-from rillet.client.records import LOG_OVERHEAD, BatchHeader
+from rillet.client.records import LOG_OVERHEAD, BatchHeader, check_batch
 from rillet.storage import checkpoints
 from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
@@ -129,6 +129,8 @@ class Log:
         self._config = config
         self._flush_policy = config.flush_messages is not None or config.flush_ms is not None
         self._segment_bytes = config.segment_bytes
+        self._segment_ms = config.segment_ms
+        self._max_message_bytes = config.max_message_bytes
 
     @property
     def name(self) -> str:
@@ -171,19 +173,44 @@ class Log:
 
     def append(self, batches: bytes | bytearray | memoryview, leader_epoch: int) -> tuple[int, int]:
         """Append a produce payload as leader: validate every batch, then assign offsets
-        and stamp ``leader_epoch`` in place, then write. Returns (first, last) offset.
+        and stamp ``leader_epoch``, then write. Returns (first, last) offset.
 
+        A writable payload (bytearray, writable memoryview) is stamped in place; a
+        read-only one is left as it is and written with a stamped copy of its prefix.
         Raises CorruptRecordError / MessageTooLargeError having written nothing.
         This is the hot path (one call per produced batch): keep per-batch work lean.
         """
         if self.failure is not None or self.closed:
             self._refuse_write()
+        # The common case inline: one batch that needs no roll. Everything else (several
+        # batches, a roll, a fenced epoch, no records) takes the general path, which
+        # validates again: cheap next to what that path does anyway.
+        size, last_delta, max_ts, count = check_batch(batches, 0, self._max_message_bytes)
+        if size == len(batches) and count > 0:
+            seg = self._segments[-1]
+            base = seg.next_offset
+            last = base + last_delta
+            epoch = self.epochs.latest_epoch
+            if (
+                leader_epoch >= epoch
+                and (seg.size + size <= self._segment_bytes or not seg.size)
+                and last - seg.base_offset <= MAX_RELATIVE_OFFSET
+                and self.clock() - seg.created_ms < self._segment_ms
+            ):
+                seg.append_one(batches, base, last, max_ts, size, leader_epoch)
+                self._unflushed_messages += count
+                if self._flush_policy:
+                    self._maybe_flush_by_policy()
+                if leader_epoch != epoch:
+                    self.epochs.assign(leader_epoch, base)
+                return base, last
+        return self._append_many(batches, leader_epoch)
+
+    def _append_many(
+        self, batches: bytes | bytearray | memoryview, leader_epoch: int
+    ) -> tuple[int, int]:
+        """``append`` in general: any number of batches, rolling first when needed."""
         buf = _writable(batches)
-        h = records.validate_batch(buf, 0, max_size=self._config.max_message_bytes)
-        if h.batch_length + LOG_OVERHEAD == len(buf) and h.record_count > 0:
-            hit = self._append_one(buf, h, leader_epoch)
-            if hit is not None:
-                return hit
         headers, count = self._validate(buf)
         if leader_epoch < self.epochs.latest_epoch:
             raise FencedLeaderEpochError(
@@ -203,32 +230,6 @@ class Log:
         if leader_epoch != self.epochs.latest_epoch:
             self.epochs.assign(leader_epoch, first)
         return first, next_offset - 1
-
-    def _append_one(
-        self, buf: bytearray | memoryview, h: BatchHeader, leader_epoch: int
-    ) -> tuple[int, int] | None:
-        """The common case, a payload of one batch that needs no roll, without the
-        general path's lists; None sends the caller down the general path."""
-        seg = self._segments[-1]
-        size = h.batch_length + LOG_OVERHEAD
-        base = seg.next_offset
-        last = base + h.last_offset_delta
-        epoch = self.epochs.latest_epoch
-        if (
-            leader_epoch < epoch
-            or (seg.size and seg.size + size > self._segment_bytes)
-            or last - seg.base_offset > MAX_RELATIVE_OFFSET
-            or self.clock() - seg.created_ms >= self._config.segment_ms
-        ):
-            return None
-        records.stamp(buf, 0, base, leader_epoch)
-        seg.append_one(buf, base, last, h.max_timestamp, size)
-        self._unflushed_messages += h.record_count
-        if self._flush_policy:
-            self._maybe_flush_by_policy()
-        if leader_epoch != epoch:
-            self.epochs.assign(leader_epoch, base)
-        return base, last
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> tuple[int, int]:
         """Append batches fetched from the leader, keeping their offsets and epochs.

@@ -10,16 +10,19 @@ replaces them; their descriptors open lazily on the first read.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rillet.client.records import LOG_OVERHEAD, BatchHeader
+from rillet.client.records import LOG_OVERHEAD, BatchHeader, stamp
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
 
 NO_TIMESTAMP = -1
 MAX_RELATIVE_OFFSET = 0xFFFFFFFF
+# base_offset, batch_length, partition_leader_epoch: the 16 bytes a leader stamps.
+_STAMPED_PREFIX = struct.Struct(">qii")
 
 
 def segment_name(base_offset: int) -> str:
@@ -104,12 +107,27 @@ class LogSegment:
         self.size = position
 
     def append_one(
-        self, data: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, size: int
+        self, data: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, size: int,
+        leader_epoch: int,
     ) -> None:
-        """``append`` for a single batch: the produce hot path, without list building."""
+        """Stamp ``base`` and ``leader_epoch`` on one validated batch, write and index it:
+        the produce hot path, without ``append``'s lists."""
         if base < self.next_offset or size != len(data):
             invariant(False, f"{self.log_path}: batch {base} out of order or mis-sized")
+        fd = self._fd if self._fd is not None else self.fd
+        kind = type(data)
+        if kind is bytearray or (kind is memoryview and not data.readonly):  # type: ignore[union-attr]
+            stamp(data, 0, base, leader_epoch)  # type: ignore[arg-type]
+            written = os.write(fd, data)
+        else:
+            # Read-only: stamp a 16-byte copy of the prefix, not a copy of the whole batch.
+            prefix = _STAMPED_PREFIX.pack(base, size - LOG_OVERHEAD, leader_epoch)
+            written = os.writev(fd, (prefix, memoryview(data)[_STAMPED_PREFIX.size :]))
+        if written != size:
+            self._write_rest(data, written, base, leader_epoch)
+        # Book-keeping after the write: a failed write leaves the segment as it was.
         position = self.size
+        self.size = position + size
         # _note_batch, inlined: this runs once per produced batch.
         if max_ts > self._max_timestamp:  # never None while mutable
             self._max_timestamp = max_ts
@@ -124,11 +142,14 @@ class LogSegment:
             self._since_index += size
         self.next_offset = last + 1
         self.last_batch_base = base
-        fd = self._fd if self._fd is not None else self.fd
-        written = os.write(fd, data)
-        if written != size:
-            _write_all(fd, memoryview(data)[written:])
-        self.size += size
+
+    def _write_rest(
+        self, data: bytes | bytearray | memoryview, written: int, base: int, leader_epoch: int
+    ) -> None:
+        """Finish a short write (rare: a signal, a nearly full disk) of a stamped batch."""
+        full = bytearray(data)
+        stamp(full, 0, base, leader_epoch)
+        _write_all(self.fd, memoryview(full)[written:])
 
     def _note_batch(self, base: int, last: int, max_ts: int, size: int, position: int) -> None:
         """Account for one batch at ``position``: end offset, max timestamp, and an index

@@ -236,3 +236,78 @@ def test_config_rejects_unknown_and_bad_values():
     cfg = LogConfig.from_dict({"segment.bytes": "2048", "cleanup.policy": "delete,compact"})
     assert cfg.segment_bytes == 2048 and cfg.compact and cfg.delete
     assert LogConfig().to_dict()["segment.bytes"] == 64 * 1024 * 1024
+
+
+def _stamped(data: bytes, base: int, epoch: int) -> bytes:
+    out = bytearray(data)
+    records.stamp(out, 0, base, epoch)
+    return bytes(out)
+
+
+def test_append_stamps_every_buffer_kind_the_same_on_disk(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    b = batch(3)
+    padded = bytearray(b"xx" + b + b"yy")
+    inputs = [
+        b,  # read-only: written with a stamped copy of its prefix (writev)
+        memoryview(b),
+        memoryview(bytes(padded))[2:-2],  # a read-only slice, as a request payload is
+        bytearray(b),  # writable: stamped in place
+        memoryview(padded)[2:-2],
+    ]
+    expected = b""
+    for i, data in enumerate(inputs):
+        assert log.append(data, 7) == (3 * i, 3 * i + 2)
+        expected += _stamped(b, 3 * i, 7)
+    assert b == batch(3) and bytes(inputs[1]) == b  # read-only input left as it was
+    assert bytes(inputs[3]) == _stamped(b, 9, 7)  # writable input stamped in place
+    assert padded[:2] == b"xx" and padded[-2:] == b"yy"
+    assert log.read_bytes(0, 1 << 20) == expected
+    assert [h.base_offset for _, h in records.iter_batches(expected)] == [0, 3, 6, 9, 12]
+    log.close()
+
+
+@pytest.mark.parametrize("short", [5, 16, 100])
+def test_short_write_of_a_stamped_batch_is_completed(tmp_path, monkeypatch, short):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    real_writev = os.writev
+    calls = []
+
+    def writev_short(fd: int, buffers) -> int:  # a regular file may return short
+        calls.append(1)
+        return os.write(fd, b"".join(bytes(x) for x in buffers)[:short])
+
+    monkeypatch.setattr(os, "writev", writev_short)
+    log.append(batch(3), 2)
+    monkeypatch.setattr(os, "writev", real_writev)
+    log.append(batch(2), 2)
+    assert calls == [1]
+    assert log.read_bytes(0, 1 << 20) == _stamped(batch(3), 0, 2) + _stamped(batch(2), 3, 2)
+    assert log.active_segment.size == len(batch(3)) + len(batch(2))
+    log.close()
+
+
+def test_failed_write_leaves_the_log_as_it_was(tmp_path, monkeypatch):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.append(batch(2), 0)
+
+    def no_space(fd: int, buffers) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", no_space)
+    with pytest.raises(OSError):
+        log.append(batch(3), 0)
+    assert (log.log_end_offset, log.active_segment.size) == (2, len(batch(2)))
+    log.close()
+
+
+def test_batch_without_records_is_refused(tmp_path):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    empty = records.assemble_batch(
+        b"\x90", attributes=0, record_count=0, last_offset_delta=0, base_timestamp=0,
+        max_timestamp=0,
+    )
+    with pytest.raises(CorruptRecordError, match="no records"):
+        log.append(empty, 0)
+    assert (log.log_end_offset, log.active_segment.size) == (0, 0)
+    log.close()
