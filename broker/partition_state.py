@@ -13,7 +13,7 @@ The ordering rules are written in docs/replication.md ("Effects").
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from rillet.broker.follower_state import FollowerState
@@ -127,7 +127,11 @@ class PartitionState:
         log: EpochLogView,
         config: ReplicationConfig | None = None,
         high_watermark: int = 0,
+        is_isr_eligible: Callable[[int], bool] | None = None,
     ) -> None:
+        """``is_isr_eligible(broker_id)``: may that broker join an ISR now (Kafka's
+        isReplicaIsrEligible: registered and unfenced, read from the driver's metadata
+        image)? An expansion the controller would refuse is not proposed; default: any."""
         invariant(
             0 <= high_watermark <= log.log_end_offset,
             f"checkpointed HW {high_watermark} outside [0, {log.log_end_offset}]",
@@ -151,6 +155,7 @@ class PartitionState:
         self._next_proposal_id = 1
         self._purgatory = ProducePurgatory()
         self._follower: FollowerState | None = None
+        self._is_isr_eligible = is_isr_eligible
 
     # ---- read-only views -----------------------------------------------------------
 
@@ -389,6 +394,8 @@ class PartitionState:
             return []
         if replica_id in self.isr:
             return []
+        if self._is_isr_eligible is not None and not self._is_isr_eligible(replica_id):
+            return []  # fenced: the controller would answer INELIGIBLE_REPLICA
         leo = self._followers[replica_id].log_end_offset
         if leo < self.high_watermark or leo < self.leader_epoch_start_offset:
             return []
