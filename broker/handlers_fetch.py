@@ -59,8 +59,10 @@ class FetchHandler:
         f = request.fields
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0, f["max_wait_ms"]) / 1000
+        first = True
         while True:
-            result = self.read_all(f)
+            result = self.read_all(f, first)
+            first = False
             remaining = deadline - loop.time()
             if result.nbytes >= f["min_bytes"] or result.error or remaining <= 0:
                 break
@@ -79,7 +81,10 @@ class FetchHandler:
         return Response({"throttle_time_ms": 0, "error_code": 0, "topics": result.topics},
                         result.payload)  # fmt: skip
 
-    def read_all(self, f: dict[str, Any]) -> _Pass:
+    def read_all(self, f: dict[str, Any], first: bool = True) -> _Pass:
+        """One read over every partition. A follower's position is recorded on the
+        ``first`` pass only: re-reads after a long-poll wake-up must not count as fetches
+        (they would refresh its caught-up time without the follower asking again)."""
         out = _Pass()
         budget = f["max_bytes"]
         replica_id = f["replica_id"]
@@ -87,7 +92,7 @@ class FetchHandler:
         for topic, partitions in f["topics"]:
             results: list[list[Any]] = []
             for p in partitions:
-                row, data = self.read_one(topic, p, replica_id, budget, out, now)
+                row, data = self.read_one(topic, p, replica_id, budget, out, now, first)
                 if data is not None and data.length:
                     budget -= data.length
                     out.nbytes += data.length
@@ -97,8 +102,9 @@ class FetchHandler:
         return out
 
     def read_one(
-        self, topic: str, p: list[Any], replica_id: int, budget: int, out: _Pass, now: int
-    ) -> tuple[list[Any], FileSlice | None]:
+        self, topic: str, p: list[Any], replica_id: int, budget: int, out: _Pass, now: int,
+        first: bool = True,
+    ) -> tuple[list[Any], FileSlice | None]:  # fmt: skip
         partition, offset, last_fetched_epoch, current_leader_epoch, _, max_bytes = p[:6]
         replica = self.replicas.replicas.get(TopicPartition(topic, partition))
         if replica is None:
@@ -114,13 +120,20 @@ class FetchHandler:
             if code is None and not log.log_start_offset <= offset <= log.log_end_offset:
                 code = OFFSET_OUT_OF_RANGE
             limit = state.high_watermark
-        else:
+        elif first:
             decision = state.on_follower_fetch(
                 replica_id, offset, last_fetched_epoch, now, current_leader_epoch
             )
             self.replicas.apply_effects(replica, decision.effects)
             code = decision.error_code or None
             diverging = decision.diverging_epoch
+            limit = None
+        else:  # a wake-up: the position was taken; only re-check that we still lead
+            code = state.validate_leader_epoch(current_leader_epoch)
+            if code is None and not replica.is_leader:
+                code = NOT_LEADER_OR_FOLLOWER
+            if code is None and not log.log_start_offset <= offset <= log.log_end_offset:
+                code = OFFSET_OUT_OF_RANGE
             limit = None
         hw = state.high_watermark
         if code is not None or diverging is not None:

@@ -14,9 +14,12 @@ and applies the effects each call returns, in order:
 | Truncate / TruncateFullyAndStartAt | cut the follower's log |
 | AppendFetched | append the fetched bytes as follower (the fetcher passes them in) |
 
-Followers do not fetch yet (issue 5 adds one fetcher per source broker, built on
-``PartitionState.fetch_request`` / ``on_fetch_response`` and ``apply_effects(...,
-fetched=...)``); the leader side of follower fetches is here already.
+Followers fetch through broker/fetcher.py (one fetcher per source broker); after every
+metadata change ``on_roles_changed`` (the FetcherManager's ``sync``) moves partitions
+between fetchers. High watermarks are checkpointed to ``replication-offset-checkpoint``
+in the log dir (broker/hw_checkpoint.py) every
+``replica.high.watermark.checkpoint.interval.ms`` and on shutdown, and read back when a
+partition is opened, so a restarted leader does not start at HW 0.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rillet.broker import hw_checkpoint
 from rillet.broker.config import BrokerConfig, topic_log_config
 from rillet.broker.partition_state import PartitionState
 from rillet.broker.replication_types import (
@@ -106,6 +110,9 @@ class ReplicaManager:
         self._produce_ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self._metadata_waiters: list[asyncio.Future[None]] = []
+        self.on_roles_changed: Callable[[], None] | None = None  # the fetchers' sync
+        self._checkpointed_hw: dict[TopicPartition, int] = {}
+        self._checkpoint_lock = asyncio.Lock()
 
     # -- clock -------------------------------------------------------------------------
 
@@ -128,6 +135,7 @@ class ReplicaManager:
         for tp, p in sorted(changes.followers.items()):
             self._become(tp, p, image, now)
         self._apply_config_changes(delta, image)
+        self._roles_changed()
         waiters, self._metadata_waiters = self._metadata_waiters, []
         for w in waiters:
             if not w.done():
@@ -142,6 +150,20 @@ class ReplicaManager:
             waiter.cancel()
             self._metadata_waiters.remove(waiter)
         return bool(done)
+
+    def _roles_changed(self) -> None:
+        if self.on_roles_changed is not None:
+            self.on_roles_changed()
+
+    def broker_endpoint(self, broker_id: int, listener: str) -> tuple[str, int] | None:
+        """Where another broker serves ``listener``, from the metadata image."""
+        reg = self.image.brokers.get(broker_id)
+        if reg is None:
+            return None
+        for endpoint in reg.endpoints:
+            if endpoint.listener == listener:
+                return endpoint.host, endpoint.port
+        return None
 
     def _become(self, tp: TopicPartition, p: Partition, image: MetadataImage, now: int) -> None:
         replica = self.replicas.get(tp)
@@ -171,7 +193,11 @@ class ReplicaManager:
         log = self.logs.get_or_create(
             tp.topic, tp.partition, topic_log_config(self.logs.default_config, topic_config)
         )
-        state = PartitionState(self.broker_id, log, self.replication)
+        # The checkpointed HW, clamped: recovery after kill -9 may have cut the log.
+        hw = self._checkpointed_hw.get(tp, 0)
+        hw = max(min(hw, log.log_end_offset), log.log_start_offset)
+        state = PartitionState(self.broker_id, log, self.replication, high_watermark=hw,
+                               is_isr_eligible=self.is_isr_eligible)  # fmt: skip
         replica = Replica(tp.topic, tp.partition, topic_id, log, state,
                           self._min_isr(topic_config))  # fmt: skip
         self.replicas[tp] = replica
@@ -205,6 +231,8 @@ class ReplicaManager:
         if replica is not None:
             self.apply_effects(replica, replica.state.shutdown())
             replica.wake()
+        self._checkpointed_hw.pop(tp, None)
+        self._roles_changed()
         if delete_log:
             await self.logs.delete(tp.topic, tp.partition)
             logger.info("%s-%d: log deleted", tp.topic, tp.partition)
@@ -242,7 +270,10 @@ class ReplicaManager:
                     future = self._produce_waiters.pop(pid, None)  # type: ignore[arg-type]
                     if future is not None and not future.done():
                         future.set_result(code)
-                case ProposeAlterPartition():
+                case ProposeAlterPartition(_, _, leader_epoch, partition_epoch, new_isr):
+                    logger.info("%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
+                                replica.log.name, list(new_isr), leader_epoch,
+                                partition_epoch)  # fmt: skip
                     self._spawn(self._send_alter_partition(replica, effect))
                 case Truncate(offset):
                     replica.log.truncate_to(offset)
@@ -266,10 +297,18 @@ class ReplicaManager:
         except Exception:  # a bug or a dropped channel: the core resends on its next tick
             logger.exception("%s: AlterPartition failed", replica.log.name)
             response = AlterPartitionResponse(REQUEST_TIMED_OUT)
+        logger.info("%s: AlterPartition answered %s, isr %s, partition epoch %d",
+                    replica.log.name, errors.error_name(response.error_code),
+                    list(response.isr), response.partition_epoch)  # fmt: skip
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
             self.apply_effects(
                 replica, replica.state.on_alter_partition_response(proposal.proposal_id, response)
             )
+
+    def is_isr_eligible(self, broker_id: int) -> bool:
+        """Registered and unfenced in this broker's image (the core asks before it
+        proposes an ISR expansion; the controller checks again)."""
+        return self.image.is_unfenced(broker_id)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -315,8 +354,42 @@ class ReplicaManager:
             except Exception:  # one partition's bug must not stop every partition's timers
                 logger.exception("replica tick failed")
 
+    # -- high-watermark checkpoint -----------------------------------------------------------
+
+    def load_hw_checkpoint(self) -> None:
+        """Read ``replication-offset-checkpoint`` (once, before any partition opens)."""
+        self._checkpointed_hw = hw_checkpoint.read(self.logs.data_dir)
+
+    def hw_entries(self) -> dict[TopicPartition, int]:
+        """Every open partition's HW, plus checkpointed ones not reopened yet (a broker
+        that just started has not heard from metadata which logs it still holds)."""
+        entries = {
+            tp: hw for tp, hw in self._checkpointed_hw.items()
+            if tp not in self.replicas and (tp.topic, tp.partition) in self.logs.logs
+        }  # fmt: skip
+        for tp, replica in self.replicas.items():
+            entries[tp] = replica.state.high_watermark
+        return entries
+
+    async def checkpoint_high_watermarks(self) -> None:
+        entries = self.hw_entries()
+        async with self._checkpoint_lock:  # two writers must not race on the temp file
+            await asyncio.get_running_loop().run_in_executor(
+                None, hw_checkpoint.write, self.logs.data_dir, entries
+            )
+
+    async def run_hw_checkpoints(self) -> None:
+        interval = self.config["replica.high.watermark.checkpoint.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.checkpoint_high_watermarks()
+            except OSError:
+                logger.exception("high-watermark checkpoint failed")
+
     async def shutdown(self) -> None:
-        """Stop every partition (pending acks=all produces fail NOT_LEADER_OR_FOLLOWER)."""
+        """Stop every partition (pending acks=all produces fail NOT_LEADER_OR_FOLLOWER)
+        and write the final high-watermark checkpoint."""
         for replica in list(self.replicas.values()):
             self.apply_effects(replica, replica.state.shutdown())
             replica.wake()
@@ -325,4 +398,8 @@ class ReplicaManager:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        try:
+            await self.checkpoint_high_watermarks()
+        except OSError:
+            logger.exception("final high-watermark checkpoint failed")
         self.replicas.clear()

@@ -8,7 +8,10 @@ Start-up order (``start``):
    Metadata, DescribeCluster, Produce, Fetch, ListOffsets, CreateTopics, DeleteTopics;
 3. register with the controller quorum with the port actually bound, heartbeat, and
    follow the metadata log; each committed ``(delta, image)`` goes to the
-   ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs.
+   ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs
+   (with the high watermarks of ``replication-offset-checkpoint``), and the
+   ``FetcherManager`` (broker/fetcher.py) starts one fetcher per leader this broker
+   follows partitions from.
 
 Until step 3 delivers metadata the broker knows no partitions and answers
 UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER, which clients retry.
@@ -16,8 +19,9 @@ UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER, which clients retry.
 ``stop(controlled=True)`` is the SIGTERM path (DESIGN section 1): ask the controller to
 move this broker's leaderships away and wait until it has, or
 ``controlled.shutdown.timeout.ms`` passes; then stop serving, fail waiting acks=all
-produces, flush and close every log with its clean-shutdown marker (the next start skips
-recovery). ``stop(controlled=False)`` skips the controller step.
+produces, stop the fetchers, write the high-watermark checkpoint, flush and close every
+log with its clean-shutdown marker (the next start skips recovery).
+``stop(controlled=False)`` skips the controller step.
 
 The controller side is behind ``ControllerLink`` (broker/controller_link.py wraps the
 controller's ControllerChannel, BrokerLifecycle and MetadataFollower), so tests can run a
@@ -34,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.handlers_fetch import FetchHandler, ListOffsetsHandler
 from rillet.broker.handlers_metadata import MetadataHandlers
 from rillet.broker.handlers_produce import ProduceHandler
@@ -88,6 +93,7 @@ class BrokerServer:
         self._link = link
         self.logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
+        self.fetchers: FetcherManager | None = None
         self.metrics: BrokerMetrics | None = None
         self.rpc: RpcServer | None = None
         self.host, self.port = self.config.broker_address
@@ -118,6 +124,9 @@ class BrokerServer:
         await self.logs.start()
         link = self.link
         self.replicas = ReplicaManager(cfg, self.logs, alter_partition=link.alter_partition)
+        self.replicas.load_hw_checkpoint()
+        self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
+        self.replicas.on_roles_changed = self.fetchers.sync
         self.metrics = BrokerMetrics(self.replicas.under_replicated_count)
         self.rpc = RpcServer(
             self._handlers(link),
@@ -131,6 +140,7 @@ class BrokerServer:
         self._tasks = [
             asyncio.create_task(self.replicas.run_ticks(), name="replica-ticks"),
             asyncio.create_task(self._sample_metrics(), name="metrics"),
+            asyncio.create_task(self.replicas.run_hw_checkpoints(), name="hw-checkpoints"),
         ]
         on_caught_up = getattr(link, "on_caught_up", None)
         if on_caught_up is not None:
@@ -197,8 +207,10 @@ class BrokerServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.fetchers is not None:
+            await self.fetchers.stop()
         if self.replicas is not None:
-            await self.replicas.shutdown()
+            await self.replicas.shutdown()  # writes the final HW checkpoint
         if self.logs is not None:
             await self.logs.close_async()
         logger.info("broker %d stopped", self.node_id)
