@@ -1,0 +1,262 @@
+"""Helpers for the replication tests against real processes (tests/test_replication_*.py).
+
+- ``replication_cluster``: 3 controllers + 3 brokers with fault-friendly timings (short
+  session and lag timeouts, so a fault shows within seconds, not Kafka's 30 s);
+- ``Client``: raw requests (records.encode_batch + client.connection), so every produce
+  answer says exactly at which offset its records landed;
+- ``Writer``: produces acks=all continuously, in a thread of its own, while the test
+  injects faults; it records what was sent and what was acknowledged where;
+- ``check_acknowledged``: reads every partition from the start and checks the writer's
+  acknowledgements against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.broker.local_cluster import LocalCluster
+from rillet.client import errors, records
+from rillet.client.connection import Connection, parse_address
+
+BROKERS = (1, 2, 3)
+CONTROLLERS = (101, 102, 103)
+LAG_MS = 1000
+SESSION_MS = 2500
+
+
+def replication_cluster(cluster_factory: Callable[..., LocalCluster], **broker_extra: Any
+                        ) -> LocalCluster:  # fmt: skip
+    """Brokers shrink the ISR after LAG_MS; controllers fence after SESSION_MS (lag <
+    session, so a paused follower leaves the ISR by lag before its session expires)."""
+    broker = {
+        "replica.lag.time.max.ms": LAG_MS,
+        "replica.fetch.wait.max.ms": 200,
+        "replica.fetch.backoff.ms": 100,
+        "replica.high.watermark.checkpoint.interval.ms": 500,
+        "broker.heartbeat.interval.ms": 250,
+        "controlled.shutdown.timeout.ms": 10_000,
+        **broker_extra,
+    }
+    controller = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": 250}
+    overrides = {b: dict(broker) for b in BROKERS}
+    overrides.update({c: dict(controller) for c in CONTROLLERS})
+    return cluster_factory(controllers=3, brokers=3, node_overrides=overrides)
+
+
+@dataclass(slots=True)
+class PartitionInfo:
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+
+
+class Client:
+    """Raw requests to the brokers of a LocalCluster, connections cached per address."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self._conns: dict[str, Connection] = {}
+
+    async def conn(self, node_id: int) -> Connection:
+        address = self.cluster.broker_address(node_id)
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            conn = await Connection.open(*parse_address(address), connect_timeout_ms=2000,
+                                         request_timeout_ms=15_000)  # fmt: skip
+            self._conns[address] = conn
+        return conn
+
+    def live_brokers(self) -> list[int]:
+        from rillet.broker.local_cluster import pid_alive
+
+        return [n.node_id for n in self.cluster.brokers() if pid_alive(n.pid)]
+
+    async def any_request(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
+        last: Exception | None = None
+        for node_id in self.live_brokers():
+            try:
+                header, _ = await (await self.conn(node_id)).request(api, fields, timeout_ms=3000)
+                return header
+            except errors.RilletError as e:
+                last = e
+        raise errors.NetworkError(f"no live broker answered {api}: {last}")
+
+    async def create_topic(self, name: str, partitions: int, rf: int,
+                           configs: dict[str, str]) -> None:  # fmt: skip
+        header = await self.any_request("CreateTopics", {
+            "topics": [[name, partitions, rf, [], configs]], "timeout_ms": 20_000})
+        assert header["topics"][0][1] == 0, header
+
+    async def partitions(self, topic: str) -> dict[int, PartitionInfo]:
+        header = await self.any_request("Metadata", {"topics": [topic]})
+        (t,) = header["topics"]
+        return {p[1]: PartitionInfo(p[2], p[3], list(p[4]), list(p[5])) for p in t[3]}
+
+    async def produce(self, leader: int, topic: str, partition: int, values: list[bytes],
+                      acks: int = -1, timeout_ms: int = 5000) -> tuple[int, int]:  # fmt: skip
+        """(error code, base offset) of one batch sent to ``leader``."""
+        data = records.encode_batch(values)
+        header, _ = await (await self.conn(leader)).request("Produce", {
+            "acks": acks, "timeout_ms": timeout_ms,
+            "topics": [[topic, [[partition, len(data)]]]],
+        }, data, timeout_ms=timeout_ms + 5000)  # fmt: skip
+        row = header["topics"][0][1][0]
+        return row[1], row[2]
+
+    async def read_all(self, node_id: int, topic: str, partition: int) -> list[records.Record]:
+        """Every record below the leader's HW, from offset 0, as a consumer."""
+        out: list[records.Record] = []
+        offset = 0
+        conn = await self.conn(node_id)
+        while True:
+            header, payload = await conn.request("Fetch", {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 22,
+                "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
+            })  # fmt: skip
+            row = header["topics"][0][1][0]
+            assert row[1] == 0, row
+            recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
+            if not recs:
+                return out
+            out.extend(recs)
+            offset = recs[-1].offset + 1
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+
+def run(cluster: LocalCluster, body: Callable[[Client], Any]) -> Any:
+    """Run ``body(client)`` (a coroutine function) on a fresh event loop."""
+
+    async def main() -> Any:
+        client = Client(cluster)
+        try:
+            return await body(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+@dataclass(slots=True)
+class Ack:
+    partition: int
+    base_offset: int
+    values: list[bytes]
+
+
+@dataclass
+class Writer:
+    """Produces batches of ``batch`` values (acks=all unless ``required_acks`` says
+    otherwise), one request in flight per partition, until stopped. Runs its own event
+    loop in a thread, so the test's own thread can inject faults meanwhile."""
+
+    cluster: LocalCluster
+    topic: str
+    partitions: int
+    batch: int = 5
+    required_acks: int = -1
+    acks: list[Ack] = field(default_factory=list)
+    sent: set[bytes] = field(default_factory=set)
+    errors_seen: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _failure: BaseException | None = None
+
+    def start(self) -> Writer:
+        self._thread = threading.Thread(target=self._main, name="writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(60)
+        if self._failure is not None:
+            raise self._failure
+
+    def acked_count(self) -> int:
+        return sum(len(a.values) for a in self.acks)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self._failure = e
+
+    async def _run(self) -> None:
+        client = Client(self.cluster)
+        seq = itertools.count()
+        try:
+            await asyncio.gather(*(self._one_partition(client, p, seq)
+                                   for p in range(self.partitions)))  # fmt: skip
+        finally:
+            await client.close()
+
+    async def _one_partition(self, client: Client, p: int, seq: itertools.count) -> None:
+        leader = -1
+        while not self._stop.is_set():
+            if leader < 0:
+                leader = await self._leader_of(client, p)
+                continue
+            values = [f"{self.topic}-{p}-{next(seq)}".encode() for _ in range(self.batch)]
+            self.sent.update(values)
+            try:
+                code, base = await client.produce(leader, self.topic, p, values,
+                                                  self.required_acks)  # fmt: skip
+            except errors.RilletError as e:
+                code, base = e.code, -1
+            if code == errors.NONE:
+                self.acks.append(Ack(p, base, values))
+                continue
+            name = errors.error_name(code)
+            self.errors_seen[name] = self.errors_seen.get(name, 0) + 1
+            leader = -1
+
+    async def _leader_of(self, client: Client, p: int) -> int:
+        try:
+            info = (await client.partitions(self.topic))[p]
+        except (errors.RilletError, KeyError):
+            info = None
+        if info is None or info.leader < 0 or info.leader not in client.live_brokers():
+            await asyncio.sleep(0.05)  # retry backoff while no leader is known
+            return -1
+        return info.leader
+
+
+def check_acknowledged(cluster: LocalCluster, writer: Writer) -> dict[int, int]:
+    """Every acknowledged record sits exactly at its acknowledged offset, acknowledgements
+    of a partition come in offset order, and nothing that was never sent is in the log.
+    Returns the record count read per partition."""
+
+    async def body(client: Client) -> dict[int, int]:
+        info = await client.partitions(writer.topic)
+        counts = {}
+        for p in range(writer.partitions):
+            log = await client.read_all(info[p].leader, writer.topic, p)
+            by_offset = {r.offset: r.value for r in log}
+            offsets = [r.offset for r in log]
+            assert offsets == sorted(by_offset), f"partition {p}: offsets out of order"
+            unknown = [r for r in log if r.value not in writer.sent]
+            assert not unknown, f"partition {p}: records never sent: {unknown[:3]}"
+            last_base = -1
+            for ack in (a for a in writer.acks if a.partition == p):
+                assert ack.base_offset > last_base, f"partition {p}: acks out of order at {ack}"
+                last_base = ack.base_offset
+                for i, value in enumerate(ack.values):
+                    found = by_offset.get(ack.base_offset + i)
+                    assert found == value, (
+                        f"partition {p}: offset {ack.base_offset + i} holds {found!r}, "
+                        f"acknowledged {value!r}")
+            counts[p] = len(log)
+        return counts
+
+    return run(cluster, body)
