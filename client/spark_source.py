@@ -319,13 +319,23 @@ async def leader_request(
             meta.request_update()
 
 
+async def topic_partitions(meta: MetadataClient, topic: str) -> dict[str, tuple]:
+    """The topic's partitions once each has a leader; a missing topic fails at once
+    (rather than after a metadata wait) so a typo in an option is reported quickly."""
+    meta.add_topics([topic])
+    snap = await meta.refresh(force=True)
+    if snap.topic_errors.get(topic) == UnknownTopicOrPartitionError.code:
+        raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+    return await meta.wait_for_topics([topic], timeout_ms=TOPIC_WAIT_MS)
+
+
 async def list_offsets(meta: MetadataClient, topic: str, timestamp: int) -> dict[int, int]:
     """Each partition's offset for ``timestamp`` (EARLIEST, LATEST or ms since epoch).
 
     For a time, the first offset whose timestamp is >= it, or the partition's latest
     offset when no record is that new (so a range ending there reads to the end).
     """
-    parts = await meta.wait_for_topics([topic], timeout_ms=TOPIC_WAIT_MS)
+    parts = await topic_partitions(meta, topic)
 
     async def one(p: int) -> tuple[int, int]:
         fields = {"topics": [[topic, [[p, -1, timestamp]]]]}
@@ -664,7 +674,9 @@ class RilletDataSource(DataSource):
         names = [f.name for f in schema.fields]
         if "value" not in names:
             raise ValueError("writing to rillet needs a 'value' column (binary or string)")
-        return RilletWriter(SourceOptions.parse(dict(self.options)), names)
+        o = SourceOptions.parse(dict(self.options))
+        run_with_client(o.bootstrap, lambda m: topic_partitions(m, o.topic))  # fail fast
+        return RilletWriter(o, names)
 
 
 def register(spark: Any) -> None:

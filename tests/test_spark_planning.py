@@ -1,0 +1,141 @@
+"""The Spark data source's option parsing and range planning, and the load record format.
+
+Pure functions: no SparkSession, no Java, no cluster (pyspark must import, though,
+since the planning lives next to the data source classes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
+pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
+
+from rillet.client.errors import OffsetOutOfRangeError  # noqa: E402
+from rillet.client.spark_cli import format_report  # noqa: E402
+from rillet.client.spark_jobs import (  # noqa: E402
+    VerifyReport,
+    make_value,
+    parse_conf,
+    parse_value,
+    task_records,
+)
+from rillet.client.spark_source import (  # noqa: E402
+    OffsetRange,
+    SourceOptions,
+    parse_offsets,
+    parse_stream_offset,
+    plan_ranges,
+    resolve,
+    stream_offset,
+    to_arrow,
+)
+
+EARLIEST = {0: 0, 1: 5, 2: 0}
+LATEST = {0: 10, 1: 20, 2: 0}
+
+
+def test_offsets_keywords_and_json_forms() -> None:
+    assert parse_offsets(None, "t", "earliest") == "earliest"
+    assert parse_offsets(" Latest ", "t", "earliest") == "latest"
+    assert parse_offsets('{"0": 3, "1": -2}', "t", "earliest") == {0: 3, 1: -2}
+    # Spark's Kafka source nests partitions under the topic name: accepted too.
+    assert parse_offsets('{"t": {"0": 7}}', "t", "earliest") == {0: 7}
+
+
+@pytest.mark.parametrize("text", ["soon", '["0", 1]', '{"zero": 1}'])
+def test_offsets_garbage_is_refused_with_the_text(text: str) -> None:
+    with pytest.raises(ValueError, match="offsets"):
+        parse_offsets(text, "t", "earliest")
+
+
+def test_resolve_fills_missing_partitions_and_special_offsets() -> None:
+    start = resolve({0: 4, 1: -1}, "earliest", EARLIEST, LATEST)
+    assert start == {0: 4, 1: 20, 2: 0}  # -1 = latest, partition 2 from the default
+    assert resolve("latest", "earliest", EARLIEST, LATEST) == LATEST
+    with pytest.raises(ValueError, match=r"\[7\]"):
+        resolve({7: 0}, "earliest", EARLIEST, LATEST)
+
+
+def test_one_range_per_partition_with_records_and_end_clamped_to_latest() -> None:
+    ranges = plan_ranges("t", {0: 2, 1: 5, 2: 0}, {0: 99, 1: 20, 2: 0}, latest=LATEST)
+    assert ranges == [OffsetRange("t", 0, 2, 10), OffsetRange("t", 1, 5, 20)]
+
+
+def test_large_ranges_split_into_max_records_pieces_without_gaps() -> None:
+    ranges = plan_ranges("t", {0: 0, 1: 5}, {0: 10, 1: 20}, max_records=4)
+    assert [(r.partition, r.start, r.end) for r in ranges] == [
+        (0, 0, 4), (0, 4, 8), (0, 8, 10),
+        (1, 5, 9), (1, 9, 13), (1, 13, 17), (1, 17, 20),
+    ]  # fmt: skip
+    assert sum(r.count for r in ranges) == 25
+
+
+def test_start_below_log_start_is_data_loss_unless_allowed() -> None:
+    with pytest.raises(OffsetOutOfRangeError, match="failOnDataLoss"):
+        plan_ranges("t", {1: 0}, {1: 20}, earliest=EARLIEST)
+    kept = plan_ranges("t", {1: 0}, {1: 20}, earliest=EARLIEST, fail_on_data_loss=False)
+    assert kept == [OffsetRange("t", 1, 5, 20)]
+
+
+def test_stream_offsets_round_trip_through_json_keys() -> None:
+    offset = stream_offset({10: 3, 2: 0})
+    assert offset == {"2": 0, "10": 3} and list(offset) == ["2", "10"]
+    assert parse_stream_offset(offset) == {2: 0, 10: 3}
+
+
+def test_options_are_case_insensitive_and_need_a_topic() -> None:
+    o = SourceOptions.parse({"Topic": "t", "STARTINGOFFSETS": '{"0": 1}', "acks": "1",
+                             "maxRecordsPerPartition": "100", "lingerMs": "2"})  # fmt: skip
+    assert (o.topic, o.starting, o.ending, o.acks) == ("t", {0: 1}, "latest", "1")
+    assert o.max_records == 100 and o.producer == {"linger_ms": 2.0}
+    assert SourceOptions.parse({"topic": "t"}, streaming=True).starting == "latest"
+    with pytest.raises(ValueError, match="topic"):
+        SourceOptions.parse({"bootstrap": "h:1"})
+
+
+def test_arrow_batch_has_the_source_schema_and_converts_headers() -> None:
+    cols = ([5, 6], [1000, 2000], [b"k", None], ["text", b"raw"], [[["h", b"v"]], None])
+    batch = to_arrow("t", 3, cols)
+    rows = batch.to_pylist()
+    assert [r["offset"] for r in rows] == [5, 6]
+    assert rows[0]["value"] == b"text" and rows[1]["key"] is None
+    assert rows[0]["headers"] == [{"key": "h", "value": b"v"}] and rows[1]["headers"] is None
+    assert rows[1]["timestamp"].timestamp() == 2.0
+
+
+def test_load_values_round_trip_and_every_byte_is_checked() -> None:
+    value = make_value(3, 12345, 64)
+    assert len(value) == 64 and parse_value(value) == (3, 12345)
+    assert parse_value(make_value(0, 0, 20)) == (0, 0)  # header only
+    for i in range(len(value)):  # flip any byte: magic, ids, checksum or payload
+        damaged = bytearray(value)
+        damaged[i] ^= 0x01
+        assert parse_value(bytes(damaged)) is None, i
+    assert parse_value(None) is None and parse_value(b"RLT1") is None
+
+
+def test_task_record_counts_cover_all_records() -> None:
+    assert [task_records(10, 4, t) for t in range(4)] == [3, 3, 2, 2]
+    assert sum(task_records(1_000_003, 7, t) for t in range(7)) == 1_000_003
+
+
+def test_conf_pairs() -> None:
+    assert parse_conf(["spark.a=1", "spark.b=x=y"]) == {"spark.a": "1", "spark.b": "x=y"}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_conf(["novalue"])
+
+
+def test_report_names_each_violation_with_examples() -> None:
+    r = VerifyReport("t", 10, 10, 11, lost=1, duplicates=1, reordered=1)
+    r.examples = {
+        "lost": [{"task": 0, "seq": 3}],
+        "duplicate": [{"task": 0, "seq": 5, "copies": 2, "at": ["0@4", "0@5"]}],
+        "reordered": [{"partition": 0, "task": 0, "seq": 6, "offset": 7, "after_seq": 7}],
+    }
+    text = format_report(r)
+    assert "FAIL lost" in text and "task 0 seq 3" in text
+    assert "2 copies at 0@4, 0@5" in text
+    assert "after seq 7 of the same task" in text
+    assert text.endswith("FAIL: the log lost, duplicated, reordered or corrupted data")
+    assert format_report(VerifyReport("t", 1, 1, 1)).endswith("PASS")
