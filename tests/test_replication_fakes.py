@@ -80,10 +80,13 @@ class FakeLog:
         return self.records[start - self.log_start_offset : end - self.log_start_offset]
 
     def truncate_to(self, offset: int) -> None:
-        if offset >= self.log_end_offset:
-            return
-        del self.records[offset - self.log_start_offset :]
-        self.epochs = [(e, s) for e, s in self.epochs if s < offset]
+        """Kafka's truncateTo: cut records at or after ``offset``, and always forget epochs
+        starting at or after the resulting log end, even when no record is cut (an epoch a
+        leader assigned before it appended anything)."""
+        if offset < self.log_end_offset:
+            del self.records[offset - self.log_start_offset :]
+        end = self.log_end_offset
+        self.epochs = [(e, s) for e, s in self.epochs if s < end]
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.records, self.epochs, self.log_start_offset = [], [], offset
@@ -228,6 +231,13 @@ def test_fake_truncate_drops_epochs_starting_at_or_after_offset() -> None:
     log.truncate_to(5)
     assert log.epochs == [(0, 0), (2, 3)]
     assert log.latest_epoch == 2 and log.log_end_offset == 5
+
+
+def test_fake_truncate_at_the_end_drops_an_epoch_without_records() -> None:
+    log = make_log([(0, 2)])
+    log.assign_epoch_start_offset(1, 2)  # elected leader, never appended
+    log.truncate_to(2)  # cuts no record...
+    assert log.latest_epoch == 0  # ...but the empty epoch goes, as in Kafka
 
 
 def test_fake_assigned_epoch_without_records_answers_its_start() -> None:
