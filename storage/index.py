@@ -130,14 +130,19 @@ class SparseIndex:
     # -- writes (mutable only) ------------------------------------------------------
 
     def append(self, key: int, value: int) -> None:
-        keys, values = self._keys, self._values
-        if not self.mutable or keys is None or values is None:
+        # One branch on the hot path (an entry per 16 KiB batch); messages only on failure.
+        keys = self._keys
+        if not self.mutable or keys is None or (keys and key < keys[-1]):
+            self._refuse_append(key)
+        keys.append(key)  # type: ignore[union-attr]
+        self._values.append(value)  # type: ignore[union-attr]
+
+    def _refuse_append(self, key: int) -> None:
+        keys = self._keys
+        if not self.mutable or keys is None or self._values is None:
             invariant(False, f"append to a closed index {self.path}")
-            return
-        if keys and key < keys[-1]:  # the message is built only on failure: hot path
+        else:
             invariant(False, f"{self.path}: index key {key} after {keys[-1]}")
-        keys.append(key)
-        values.append(value)
 
     def truncate_keys_from(self, key: int) -> None:
         """Drop every entry whose key is >= ``key``."""

@@ -193,7 +193,7 @@ class Log:
             epoch = self.epochs.latest_epoch
             if (
                 leader_epoch >= epoch
-                and (seg.size + size <= self._segment_bytes or not seg.size)
+                and seg.size + size <= self._segment_bytes  # else: roll (or oversized)
                 and last - seg.base_offset <= MAX_RELATIVE_OFFSET
                 and self.clock() - seg.created_ms < self._segment_ms
             ):

@@ -125,21 +125,23 @@ class LogSegment:
             written = os.writev(fd, (prefix, memoryview(data)[_STAMPED_PREFIX.size :]))
         if written != size:
             self._write_rest(data, written, base, leader_epoch)
-        # Book-keeping after the write: a failed write leaves the segment as it was.
+        # Book-keeping after the write, so a failed write leaves the segment as it was.
+        # _note_batch, inlined and on locals: this runs once per produced batch.
         position = self.size
         self.size = position + size
-        # _note_batch, inlined: this runs once per produced batch.
-        if max_ts > self._max_timestamp:  # never None while mutable
-            self._max_timestamp = max_ts
-        if self._since_index >= self.index_interval and position:
+        max_seen = self._max_timestamp
+        if max_ts > max_seen:  # never None while mutable
+            self._max_timestamp = max_seen = max_ts
+        since = self._since_index
+        if since >= self.index_interval and position:
             relative = base - self.base_offset
             self.index.append(relative, position)
-            if max_ts > self._last_indexed_ts:
-                self.time_index.append(self._max_timestamp, relative)
-                self._last_indexed_ts = self._max_timestamp
+            if max_seen > self._last_indexed_ts:
+                self.time_index.append(max_seen, relative)
+                self._last_indexed_ts = max_seen
             self._since_index = size
         else:
-            self._since_index += size
+            self._since_index = since + size
         self.next_offset = last + 1
         self.last_batch_base = base
 

@@ -15,6 +15,7 @@ from rillet.client.errors import (
     OffsetOutOfRangeError,
 )
 from rillet.storage import Log, LogConfig
+from rillet.storage.index import OffsetIndex, TimeIndex
 
 SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
 
@@ -310,4 +311,32 @@ def test_batch_without_records_is_refused(tmp_path):
     with pytest.raises(CorruptRecordError, match="no records"):
         log.append(empty, 0)
     assert (log.log_end_offset, log.active_segment.size) == (0, 0)
+    log.close()
+
+
+@pytest.mark.parametrize("kind", [OffsetIndex, TimeIndex])
+@pytest.mark.parametrize("n", [0, 1, 4031])
+def test_index_bytes_match_the_entry_layout_and_reload(tmp_path, kind, n):
+    index = kind(tmp_path / "x.index", mutable=True)
+    entries = [(i * 157 + (2**40 if kind is TimeIndex else 0), i * 16235) for i in range(n)]
+    for key, value in entries:
+        index.append(key, value)
+    data = index.to_bytes()
+    assert data == b"".join(kind.ENTRY.pack(k, v) for k, v in entries)
+    kind.write_file(index.path, data, fsync=False)
+    assert kind(index.path, mutable=True).entries() == entries
+
+
+def test_live_indexes_equal_the_ones_recovery_rebuilds(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    log = Log.open(tmp_path / "t-0", LogConfig(index_interval_bytes=300))
+    for i in range(200):  # timestamps jump around: the time index keeps the max so far
+        log.append(batch(rng.randint(1, 4), start=i, ts=rng.randint(0, 10_000)), 0)
+    seg = log.active_segment
+    live = (seg.index.entries(), seg.time_index.entries(), seg.max_timestamp)
+    assert len(live[0]) > 20 and len(live[1]) > 3
+    seg.recover(seg.base_offset)
+    assert (seg.index.entries(), seg.time_index.entries(), seg.max_timestamp) == live
     log.close()
