@@ -1,7 +1,8 @@
 """The rillet Spark data source and jobs against a real local cluster.
 
 One SparkSession serves the whole module (it costs ~6-13 s to start); each test gets a
-small cluster of its own (1 controller + 1 broker) from the shared fixture.
+small cluster of its own (1 controller + 3 brokers) from the shared fixture, and its
+topics are replicated three ways, written with acks=all.
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ def spark() -> Any:
 
 @pytest.fixture
 def bootstrap(cluster_factory: Any) -> str:
-    return cluster_factory(controllers=1, brokers=1).bootstrap
+    return cluster_factory(controllers=1, brokers=3).bootstrap
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     with SyncAdmin(bootstrap) as admin:
-        admin.create_topics([NewTopic(topic, partitions, 1)])
+        admin.create_topics([NewTopic(topic, partitions, 3)])
 
 
 def read_df(spark: Any, bootstrap: str, topic: str, **options: str) -> Any:
@@ -144,7 +145,8 @@ def test_stream_picks_up_new_records_and_resumes_after_restart(
 
     def start(**trigger: Any) -> Any:
         stream = (spark.readStream.format("rillet").option("bootstrap", bootstrap)
-                  .option("topic", "stream").option("startingOffsets", "earliest").load())  # fmt: skip
+                  .option("topic", "stream").option("startingOffsets", "earliest")
+                  .load())  # fmt: skip
         return (stream.writeStream.foreachBatch(collect)
                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
                 .trigger(**trigger).start())  # fmt: skip
@@ -179,7 +181,7 @@ def test_spark_load_then_verify_pass(
     manifest = tmp_path / "manifest.json"
     assert rillet_main([
         "spark", "load", "--topic", "load", "--records", "5000", "--record-size", "64",
-        "--tasks", "3", "--partitions", "2", "--replication-factor", "1",
+        "--tasks", "3", "--partitions", "2", "--replication-factor", "3",
         "--manifest", str(manifest), "--bootstrap", bootstrap, "--json",
     ]) == 0  # fmt: skip
     load = json.loads(capsys.readouterr().out)
