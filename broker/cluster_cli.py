@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--detach", action="store_true", help="return once the cluster serves")
     up.add_argument("--rack", action="append", default=[], help="racks, assigned round robin")
     up.add_argument(
+        "--ephemeral-ports",
+        action="store_true",
+        help="let the OS pick every port (several clusters side by side, tests)",
+    )
+    up.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config for every node"
     )
     up.add_argument("--json", action="store_true", help="machine-readable output")
@@ -128,6 +133,7 @@ def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
         controllers=args.controllers,
         brokers=args.brokers,
         combined=args.combined,
+        ephemeral_ports=args.ephemeral_ports,
         overrides=_parse_sets(args.set),
         racks=args.rack or None,
     )
@@ -166,9 +172,9 @@ def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
 
     table = Table(title="rillet local cluster")
     for col in ("node", "roles", "address", "state", "pid"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for r in rows:
-        style = "green" if r["state"].startswith(("unfenced", "running")) else "yellow"
+        style = "green" if r["state"].startswith(("unfenced", "running", "active")) else "yellow"
         if r["state"] == "stopped":
             style = "red"
         table.add_row(

@@ -437,12 +437,14 @@ class LocalCluster:
                         fenced.get(n.node_id), "registering"
                     )
                 if n.is_controller and n.node_id == controller_id:
-                    state += " (active controller)"
+                    active = "active controller"
+                    state = f"{state}, {active}" if n.is_broker else active
             rows.append(
                 {
                     "node_id": n.node_id,
                     "roles": n.roles,
-                    "address": ", ".join(f"{k}://{v}" for k, v in sorted(n.listeners.items())),
+                    "address": ", ".join(v for _, v in sorted(n.listeners.items())),
+                    "listeners": dict(n.listeners),
                     "state": state,
                     "pid": n.pid if alive else None,
                     "rack": n.rack,
