@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint unit sim-long bench clean
+.PHONY: install up test lint sim-long bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,9 @@ test: install lint
 sim-long: install
 	RILLET_SIM_SEEDS=20000 $(BIN)/pytest -q -m slow tests
 
+# Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
-	$(BIN)/python benchmarks/storage_bench.py
+	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
