@@ -1,0 +1,59 @@
+"""docker-compose.yml cannot run here (no Docker engine), so check what can be checked:
+every node's command line is a config its own role accepts, and the quorum, listeners
+and ids agree with each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rillet.broker.config import broker_config_table
+from rillet.client.config import parse_listeners, parse_voters
+from rillet.controller.config import controller_config_table
+
+COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+
+
+def services() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def node_config(service: dict):  # noqa: ANN201
+    command = service["command"]
+    role, args = command[0], command[1:]
+    overrides = [args[i + 1] for i in range(0, len(args), 2) if args[i] == "--set"]
+    assert len(overrides) * 2 == len(args), f"only --set pairs expected: {args}"
+    table = broker_config_table() if role == "broker" else controller_config_table()
+    return role, table.load(None, overrides)
+
+
+@pytest.mark.parametrize("name", [n for n, s in services().items() if "command" in s
+                                  and s["command"][0] in ("broker", "controller")])
+def test_every_node_command_is_a_valid_config(name: str) -> None:
+    role, config = node_config(services()[name])
+    listeners = parse_listeners(config["listeners"])
+    expected = "BROKER" if role == "broker" else "CONTROLLER"
+    assert set(listeners) == {expected}
+    assert listeners[expected][0] == services()[name]["hostname"]
+
+
+def test_quorum_voters_are_the_controller_services() -> None:
+    nodes = [node_config(s) for s in services().values() if s.get("command", [""])[0]
+             in ("broker", "controller")]
+    voter_sets = {config["controller.quorum.voters"] for _, config in nodes}
+    assert len(voter_sets) == 1
+    voters = parse_voters(voter_sets.pop())
+    controllers = {c["node.id"]: parse_listeners(c["listeners"])["CONTROLLER"]
+                   for role, c in nodes if role == "controller"}
+    assert voters == controllers
+    ids = [c["node.id"] for _, c in nodes]
+    assert len(ids) == len(set(ids)) == 6
+
+
+def test_client_bootstrap_names_every_broker() -> None:
+    bootstrap = services()["client"]["environment"]["RILLET_BOOTSTRAP"].split(",")
+    brokers = {f"{s['hostname']}:9092" for s in services().values()
+               if s.get("command", [""])[0] == "broker"}
+    assert set(bootstrap) == brokers
