@@ -1,11 +1,14 @@
-"""Metadata, DescribeCluster, CreateTopics and DeleteTopics.
+"""Metadata, DescribeCluster, CreateTopics, DeleteTopics, ElectLeaders and
+AlterPartitionReassignments.
 
 Metadata and DescribeCluster are read straight off the broker's metadata image (the
 controller's ``describe_topics`` / ``describe_cluster``), so a broker answers them from
 memory. CreateTopics and DeleteTopics are forwarded to the active controller; on success
 the handler then waits (up to the request's ``timeout_ms``) until this broker's own image
 shows the change, so a client that created a topic through a broker can use it there at
-once.
+once. ElectLeaders and AlterPartitionReassignments are forwarded the same way; the
+handler then waits (bounded by ``timeout_ms``) until this broker's image shows the new
+leaders or replica sets, so a describe through the same broker right after sees them.
 
 Auto-creation (``auto.create.topics.enable``, off by default): a Metadata request that
 allows it and names an unknown topic starts a CreateTopics with ``num.partitions`` and
@@ -33,6 +36,9 @@ Forward = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 LEADER_NOT_AVAILABLE = errors.code_of("LEADER_NOT_AVAILABLE")
 DEFAULT_TIMEOUT_MS = 30_000
+# The controller has committed the change when it answers; this only spares a client
+# a stale read from this broker, so do not hold the answer long for it.
+IMAGE_WAIT_MAX_MS = 5_000
 
 
 class MetadataHandlers:
@@ -130,6 +136,29 @@ class MetadataHandlers:
         )
         return Response(_response_fields(header))
 
+    async def elect_leaders(self, request: Request) -> Response:
+        fields = _request_fields(request)
+        # Epochs before the election: an elected partition's leader epoch grows.
+        before = _leader_epochs(self.image, fields.get("topics"))
+        header = await self.forward("ElectLeaders", fields)
+        elected = [(t, p) for t, p, code, *_ in header.get("results", ()) if code == errors.NONE]
+        await self._wait_image(
+            lambda im: all(_leader_epoch(im, t, p) > before.get((t, p), -1) for t, p in elected),
+            min(fields["timeout_ms"], IMAGE_WAIT_MAX_MS),
+        )
+        return Response(_response_fields(header))
+
+    async def alter_partition_reassignments(self, request: Request) -> Response:
+        fields = _request_fields(request)
+        header = await self.forward("AlterPartitionReassignments", fields)
+        ok = {(t, p) for t, p, code, *_ in header.get("results", ()) if code == errors.NONE}
+        targets = [(t, p, r) for t, p, r in fields["partitions"] if (t, p) in ok]
+        await self._wait_image(
+            lambda im: all(_shows_reassignment(im, t, p, r) for t, p, r in targets),
+            min(fields["timeout_ms"], IMAGE_WAIT_MAX_MS),
+        )
+        return Response(_response_fields(header))
+
     async def _wait_image(
         self, done: Callable[[MetadataImage], bool], timeout_ms: int
     ) -> None:
@@ -145,6 +174,34 @@ class MetadataHandlers:
 def _has_leaders(image: MetadataImage, name: str) -> bool:
     t = image.topic(name)
     return t is not None and all(p.leader >= 0 for p in t.partitions.values())
+
+
+def _leader_epochs(image: MetadataImage, names: list[str] | None) -> dict[tuple[str, int], int]:
+    wanted = sorted(image.topics_by_name) if names is None else names
+    out: dict[tuple[str, int], int] = {}
+    for name in wanted:
+        t = image.topic(name)
+        for i, p in (t.partitions.items() if t is not None else ()):
+            out[(name, i)] = p.leader_epoch
+    return out
+
+
+def _leader_epoch(image: MetadataImage, topic: str, partition: int) -> int:
+    p = image.partition(topic, partition)
+    return -1 if p is None else p.leader_epoch
+
+
+def _shows_reassignment(
+    image: MetadataImage, topic: str, partition: int, target: list[int] | None
+) -> bool:
+    """The image holds the target replicas (started or done), or no reassignment (cancel)."""
+    p = image.partition(topic, partition)
+    if p is None:
+        return True  # deleted meanwhile: nothing to wait for
+    if target is None:
+        return not p.is_reassigning
+    # KIP-455 layout: replicas = target + the ones being removed (just target once done).
+    return tuple(p.replicas[: len(target)]) == tuple(target)
 
 
 def _request_fields(request: Request) -> dict[str, Any]:

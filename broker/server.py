@@ -160,6 +160,8 @@ class BrokerServer:
             (schemas.DESCRIBE_CLUSTER, meta.describe_cluster),
             (schemas.CREATE_TOPICS, meta.create_topics),
             (schemas.DELETE_TOPICS, meta.delete_topics),
+            (schemas.ELECT_LEADERS, meta.elect_leaders),
+            (schemas.ALTER_PARTITION_REASSIGNMENTS, meta.alter_partition_reassignments),
         ]
         return {api.key: self._timed(api.name, h) for api, h in by_api}
 
