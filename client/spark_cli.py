@@ -15,6 +15,8 @@ from typing import Any
 
 from rillet.client.cli_common import CliError, add_bootstrap, print_json
 
+MB = 1024 * 1024
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("spark", help="Spark load test and verification jobs")
@@ -99,10 +101,10 @@ def _print_load(r: Any) -> None:
     for col in ("task", "records", "MB", "seconds", "records/s", "MB/s"):
         table.add_column(col, justify="right")
     for t in r.per_task:
-        table.add_row(str(t["task"]), f"{t['records']:,}", f"{t['bytes'] / 1e6:.1f}",
+        table.add_row(str(t["task"]), f"{t['records']:,}", f"{t['bytes'] / MB:.1f}",
                       f"{t['seconds']:.2f}", f"{t['records_per_s']:,.0f}",
                       f"{t['mb_per_s']:.2f}")  # fmt: skip
-    table.add_row("all", f"{r.records:,}", f"{r.records * r.record_size / 1e6:.1f}",
+    table.add_row("all", f"{r.records:,}", f"{r.records * r.record_size / MB:.1f}",
                   f"{r.produce_s:.2f}", f"{r.records_per_s:,.0f}", f"{r.mb_per_s:.2f}",
                   style="bold")  # fmt: skip
     console = Console()

@@ -51,6 +51,7 @@ except ImportError as e:  # pragma: no cover - spark_source raised already
 MAGIC = b"RLT1"
 HEADER_BYTES = 20
 MAX_EXAMPLES = 5
+MB = 1024 * 1024  # as `rillet perf` and Kafka's perf tools count it
 
 # --- the record format (pure Python: tests and the manual checks use it) -----------
 
@@ -186,7 +187,7 @@ class LoadResult:
 
     @property
     def mb_per_s(self) -> float:
-        return self.records * self.record_size / 1e6 / self.produce_s if self.produce_s else 0.0
+        return self.records * self.record_size / MB / self.produce_s if self.produce_s else 0.0
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -245,7 +246,7 @@ def _load_result(topic: str, records: int, tasks: int, record_size: int, acks: s
         per_task.append({
             "task": m["task"], "records": m["records"], "bytes": m["bytes"],
             "seconds": round(secs, 3), "records_per_s": round(m["records"] / secs, 1),
-            "mb_per_s": round(m["bytes"] / 1e6 / secs, 3),
+            "mb_per_s": round(m["bytes"] / MB / secs, 3),
         })  # fmt: skip
     ms = report["tasks"]
     span = (max(m["finished_at"] for m in ms) - min(m["started_at"] for m in ms)) if ms else 0.0

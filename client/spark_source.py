@@ -45,6 +45,7 @@ from rillet.client.errors import (
     is_retriable,
 )
 from rillet.client.metadata import NO_LEADER, MetadataClient
+from rillet.client.partitioner import partition_for_key
 from rillet.client.producer import Producer
 
 MISSING_SPARK = (
@@ -53,6 +54,7 @@ MISSING_SPARK = (
 )
 try:
     import pyarrow as pa
+    import pyarrow.compute as pc
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceArrowWriter,
@@ -562,7 +564,7 @@ class WriteReport(WriterCommitMessage):
     bytes: int
     started_at: float  # wall clock (time.time()), comparable across executors
     finished_at: float
-    partitions: dict[int, int] = field(default_factory=dict)  # known partition -> records
+    partitions: dict[int, int] = field(default_factory=dict)  # partition -> records, where known
 
 
 class RilletWriter(DataSourceArrowWriter):
@@ -612,35 +614,54 @@ async def produce_batches(
     """Produce every row, flush, and report; any failed send raises (fails the task)."""
     started = time.time()
     report = WriteReport(task, 0, 0, started, started)
-    async with Producer(o.bootstrap, acks=o.acks, client_id="rillet-spark-writer",
-                        **o.producer) as producer:  # fmt: skip
-        for batch in batches:
-            await _produce_batch(producer, o.topic, batch, report)
-        await producer.flush()  # raises DeliveryError unless every record was acked
+    meta = MetadataClient(o.bootstrap, client_id="rillet-spark-writer")
+    try:
+        num_partitions = len((await topic_partitions(meta, o.topic))[o.topic])
+        async with Producer(acks=o.acks, metadata=meta, **o.producer) as producer:
+            for batch in batches:
+                await _produce_batch(producer, o.topic, batch, num_partitions, report)
+            await producer.flush()  # raises DeliveryError unless every record was acked
+    finally:
+        await meta.close()
     report.finished_at = time.time()
     return report
 
 
+def _column_bytes(batch: pa.RecordBatch, name: str) -> list[bytes | None]:
+    col = batch.column(batch.schema.get_field_index(name))
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return col.to_pylist()  # bytes already: no per-record Python work
+    return [_as_bytes(v) for v in col.to_pylist()]
+
+
 async def _produce_batch(
-    producer: Producer, topic: str, batch: pa.RecordBatch, report: WriteReport
-) -> None:
+    producer: Producer, topic: str, batch: pa.RecordBatch, num_partitions: int,
+    report: WriteReport,
+) -> None:  # fmt: skip
     names = batch.schema.names
-    values = [_as_bytes(v) for v in batch.column(names.index("value")).to_pylist()]
-    keys = (
-        [_as_bytes(k) for k in batch.column(names.index("key")).to_pylist()]
-        if "key" in names
-        else None
-    )
+    values = _column_bytes(batch, "value")
+    keys = _column_bytes(batch, "key") if "key" in names else None
     parts = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
     headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
     report.records += len(values)
-    report.bytes += sum(len(v) for v in values if v is not None)
-    if keys is not None and all(k is None for k in keys):
+    report.bytes += pc.sum(pc.binary_length(batch.column(names.index("value")))).as_py() or 0
+    if keys is not None and batch.column(names.index("key")).null_count == len(keys):
         keys = None
-    if headers is None and parts is None and (keys is None or None not in keys):
-        await producer.send_many(topic, values, keys)  # the bulk path: whole batches
-        return
-    for i, value in enumerate(values):  # per record: mixed null keys, headers, partitions
+    if headers is None and parts is None:
+        if keys is None:
+            await producer.send_many(topic, values)  # the bulk path: whole batches
+            return
+        key_col = batch.column(names.index("key"))
+        if key_col.null_count == 0:
+            if len(pc.unique(key_col)) == 1:
+                # One key (a load task's records): its partition once, not per record.
+                p = partition_for_key(keys[0], num_partitions)
+                report.partitions[p] = report.partitions.get(p, 0) + len(values)
+                await producer.send_many(topic, values, keys, partition=p)
+            else:
+                await producer.send_many(topic, values, keys)
+            return
+    for i, value in enumerate(values):  # per record: null keys, headers, partitions
         h = headers[i] if headers is not None else None
         p = parts[i] if parts is not None else None
         if p is not None:
