@@ -156,10 +156,10 @@ def _run_foreground(cluster: LocalCluster) -> int:
     console = Console(stderr=True)
     console.print("[dim]Ctrl-C stops the cluster.[/dim]")
     try:
-        with Live(_table(cluster.status()), console=console, refresh_per_second=1) as live:
+        with Live(_live_view(cluster), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(1.0)
-                live.update(_table(cluster.status()))
+                live.update(_live_view(cluster))
     except KeyboardInterrupt:
         console.print("stopping the cluster (controlled shutdown) ...")
         cluster.stop()
@@ -167,10 +167,14 @@ def _run_foreground(cluster: LocalCluster) -> int:
     return 0
 
 
-def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
+def _live_view(cluster: LocalCluster):  # noqa: ANN202 - a rich Table
+    return _table(cluster.status(), caption=_health_line(cluster.partition_health(1.0)))
+
+
+def _table(rows: list[dict[str, Any]], caption: str | None = None):  # noqa: ANN202 - a rich Table
     from rich.table import Table
 
-    table = Table(title="rillet local cluster")
+    table = Table(title="rillet local cluster", caption=caption)
     for col in ("node", "roles", "address", "state", "pid"):
         table.add_column(col, no_wrap=True)
     for r in rows:
@@ -203,13 +207,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ClusterError as e:
         return _fail(str(e))
     rows = cluster.status()
+    health = cluster.partition_health(timeout_s=2.0)
     if args.json:
-        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": rows}))
+        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": rows,
+                          "controller_id": health["controller_id"] if health else -1,
+                          "partitions": _partition_counts(health)}))  # fmt: skip
         return 0
     from rich.console import Console
 
-    Console().print(_table(rows))
+    console = Console()
+    console.print(_table(rows))
+    console.print(_health_line(health))
     return 0
+
+
+def _partition_counts(health: dict[str, Any] | None) -> dict[str, int] | None:
+    if health is None:
+        return None  # no broker answered: unknown, not zero
+    return {k: health[k] for k in ("partitions", "under_replicated", "offline")}
+
+
+def _health_line(health: dict[str, Any] | None) -> str:
+    if health is None:
+        return "[red]no broker answered: partition state unknown[/red]"
+    controller = health["controller_id"] if health["controller_id"] >= 0 else "unknown"
+    under, offline = health["under_replicated"], health["offline"]
+    return (
+        f"active controller: {controller}   partitions: {health['partitions']}   "
+        f"under-replicated: [{'yellow' if under else 'green'}]{under}[/]   "
+        f"offline: [{'red' if offline else 'green'}]{offline}[/]"
+    )
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -265,6 +265,38 @@ class LocalCluster:
             self.save()
         return node
 
+    def add_broker(
+        self,
+        *,
+        rack: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        start: bool = True,
+        timeout_s: float = 60.0,
+    ) -> Node:
+        """Plan (and by default start) one more broker: the next free broker id, a port
+        like its peers' (ephemeral when theirs are), and per-node overrides copied from
+        the lowest-numbered broker unless given, so it runs with the same settings. The
+        caller waits for it to be unfenced (``wait_ready``) before assigning it replicas."""
+        peers = self.brokers()
+        if not peers:
+            raise ClusterError("no broker to model the new one on")
+        taken = set(self.nodes)
+        node_id = max(n.node_id for n in peers) + 1
+        while node_id in taken:
+            node_id += 1
+        model = min(peers, key=lambda n: n.node_id)
+        ephemeral = model.broker_port == 0
+        port = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * (node_id - 1)
+        node = Node(node_id, ["broker"], None, port, rack)
+        self._add(node)
+        chosen = overrides if overrides is not None else self.node_overrides.get(model.node_id)
+        if chosen:
+            self.node_overrides[node_id] = dict(chosen)
+        self.save()
+        if start:
+            self.start_node(node_id, timeout_s)
+        return node
+
     def _node(self, node_id: int) -> Node:
         try:
             return self.nodes[node_id]
@@ -379,21 +411,7 @@ class LocalCluster:
         return _run_sync(lambda: self.describe_async(timeout_s))
 
     async def describe_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
-        for node in self.brokers():
-            if not pid_alive(node.pid) or "BROKER" not in node.listeners:
-                continue
-            host, port = parse_address(node.listeners["BROKER"])
-            try:
-                async with await Connection.open(
-                    host, port, client_id="rillet-cluster", connect_timeout_ms=int(timeout_s * 1000)
-                ) as conn:
-                    header, _ = await conn.request(
-                        schemas.DESCRIBE_CLUSTER, {}, timeout_ms=int(timeout_s * 1000)
-                    )
-                    return header
-            except Exception:  # noqa: BLE001 - any broker may be down; try the next
-                continue
-        return None
+        return await self._ask_any_broker(schemas.DESCRIBE_CLUSTER, {}, timeout_s)
 
     def wait_ready(self, timeout_s: float = 90.0) -> dict[str, Any]:
         """Wait until every running broker is registered and unfenced."""
@@ -415,6 +433,36 @@ class LocalCluster:
             f"brokers {sorted(expected)} not all registered and unfenced after "
             f"{timeout_s:.0f}s; last DescribeCluster: {last}"
         )
+
+    def partition_health(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        """Partition counts from a live broker's metadata: total, under-replicated (ISR
+        smaller than the replicas) and offline (no leader), plus the active controller
+        as that broker knows it. None when no broker answers."""
+        return _run_sync(lambda: self.partition_health_async(timeout_s))
+
+    async def partition_health_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        header = await self._ask_any_broker(schemas.METADATA, {"topics": None}, timeout_s)
+        if header is None:
+            return None
+        return summarize_partitions(header)
+
+    async def _ask_any_broker(
+        self, api: schemas.Api, fields: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any] | None:
+        for node in self.brokers():
+            if not pid_alive(node.pid) or "BROKER" not in node.listeners:
+                continue
+            host, port = parse_address(node.listeners["BROKER"])
+            timeout_ms = int(timeout_s * 1000)
+            try:
+                async with await Connection.open(
+                    host, port, client_id="rillet-cluster", connect_timeout_ms=timeout_ms
+                ) as conn:
+                    header, _ = await conn.request(api, fields, timeout_ms=timeout_ms)
+                    return header
+            except Exception:  # noqa: BLE001 - any broker may be down; try the next
+                continue
+        return None
 
     def status(self) -> list[dict[str, Any]]:
         """Every node with its process state and, for brokers, its fencing state."""
@@ -460,6 +508,19 @@ class LocalCluster:
 
 
 _CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def summarize_partitions(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Counts over a Metadata response's partitions (struct order: error_code, partition,
+    leader_id, leader_epoch, replicas, isr, offline_replicas)."""
+    total = under = offline = 0
+    for _code, _name, _internal, partitions, *_ in metadata.get("topics", ()):
+        for _err, _p, leader, _epoch, replicas, isr, *_ in partitions:
+            total += 1
+            under += len(isr) < len(replicas)
+            offline += leader < 0
+    return {"controller_id": metadata.get("controller_id", -1), "partitions": total,
+            "under_replicated": under, "offline": offline}  # fmt: skip
 
 
 def _rack(racks: list, i: int) -> str | None:

@@ -1,21 +1,27 @@
-"""Cluster administration: topics and the cluster's description.
+"""Cluster administration: topics, the cluster's description, leaders and reassignments.
 
-Every call goes to any broker (brokers forward topic changes to the active controller)
-and is retried through retriable errors (NOT_CONTROLLER, a broken connection, an
-election) until ``timeout_ms``. Per-topic failures are raised as ``AdminError`` naming
-every topic that failed and why; its ``errors`` map holds the exception per topic.
+Every call goes to any broker (brokers forward topic changes, leader elections and
+reassignments to the active controller) and is retried through retriable errors
+(NOT_CONTROLLER, a broken connection, an election) until ``timeout_ms``. Per-topic
+failures are raised as ``AdminError`` naming every topic that failed and why; its
+``errors`` map holds the exception per topic (per ``topic-partition`` for reassignments).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rillet.client import schemas
-from rillet.client.errors import RilletError, UnknownTopicOrPartitionError, error_for
+from rillet.client.errors import (
+    ElectionNotNeededError,
+    RilletError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
 from rillet.client.metadata import (
     DEFAULT_BOOTSTRAP,
     BrokerInfo,
@@ -66,6 +72,7 @@ class TopicDescription:
                     "isr": list(p.isr),
                     "offline_replicas": list(p.offline_replicas),
                     "under_replicated": p.under_replicated,
+                    "offline": p.leader < 0,
                 }
                 for p in self.partitions
             ],
@@ -88,6 +95,81 @@ class ClusterDescription:
                  "fenced": b.node_id in self.fenced}
                 for b in self.brokers
             ],
+        }  # fmt: skip
+
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's answer to a leader election or a reassignment request."""
+
+    topic: str
+    partition: int  # -1 when the whole topic failed (e.g. unknown topic)
+    error: RilletError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def error_name(self) -> str:
+        return "NONE" if self.error is None else self.error.name
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "error": self.error_name,
+                "message": None if self.error is None else str(self.error)}  # fmt: skip
+
+
+# Reassignment states as seen from metadata (no ListPartitionReassignments API yet).
+REASSIGNMENT_COMPLETE = "complete"
+REASSIGNMENT_IN_PROGRESS = "in_progress"
+REASSIGNMENT_ABSENT = "absent"  # never submitted, cancelled, or replaced by another
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignmentStatus:
+    """Where a partition stands against a target replica list.
+
+    While a reassignment runs, the controller keeps ``replicas = target + removing``
+    (KIP-455), so the target is a prefix of the replicas; the adding replicas are the
+    target members not yet in the ISR.
+    """
+
+    topic: str
+    partition: int
+    target: tuple[int, ...]
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+
+    @property
+    def state(self) -> str:
+        if self.replicas == self.target:
+            return REASSIGNMENT_COMPLETE
+        if self.replicas[: len(self.target)] == self.target:
+            return REASSIGNMENT_IN_PROGRESS
+        return REASSIGNMENT_ABSENT
+
+    @property
+    def adding(self) -> tuple[int, ...]:
+        if self.state != REASSIGNMENT_IN_PROGRESS:
+            return ()
+        return tuple(b for b in self.target if b not in self.isr)
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        if self.state != REASSIGNMENT_IN_PROGRESS:
+            return ()
+        return self.replicas[len(self.target) :]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic, "partition": self.partition, "state": self.state,
+            "target": list(self.target), "replicas": list(self.replicas),
+            "isr": list(self.isr), "leader": self.leader,
+            "adding": list(self.adding), "removing": list(self.removing),
         }  # fmt: skip
 
 
@@ -212,6 +294,93 @@ class Admin:
         fenced = tuple(b[0] for b in header["brokers"] if len(b) > 4 and b[4])
         return ClusterDescription(header["cluster_id"], header["controller_id"], brokers, fenced)
 
+    # --- leaders and reassignments -------------------------------------------------
+
+    async def elect_leaders(
+        self,
+        topics: Iterable[str] | None = None,
+        partitions: Iterable[TopicPartitionKey] | None = None,
+    ) -> list[PartitionResult]:
+        """Preferred-leader election (Kafka's ElectLeaders, type PREFERRED).
+
+        ``topics`` None (and no ``partitions``) means every topic. ``partitions`` narrows
+        the answer to those partitions; the request itself names topics (the ElectLeaders
+        schema carries no partition list), so the controller also moves any other
+        partition of those topics that is off its preferred leader. A partition already
+        led by its preferred replica answers ELECTION_NOT_NEEDED; one whose preferred
+        replica is down or out of the ISR answers PREFERRED_LEADER_NOT_AVAILABLE. Per-
+        partition errors are returned, not raised: the caller decides what is a failure.
+        """
+        wanted = [(t, p) for t, p in partitions] if partitions is not None else None
+        names: list[str] | None
+        if wanted is not None:
+            names = sorted({t for t, _ in wanted} | set(topics or ()))
+        else:
+            names = sorted(set(topics)) if topics is not None else None
+        header = await self._request(schemas.ELECT_LEADERS, {
+            "election_type": 0, "topics": names, "timeout_ms": self.timeout_ms,
+        })  # fmt: skip
+        results = _partition_results(header["results"])
+        if wanted is None:
+            return results
+        by_key = {(r.topic, r.partition): r for r in results}
+        out = []
+        for topic, partition in wanted:
+            r = by_key.get((topic, partition)) or by_key.get((topic, -1))  # -1: whole topic
+            error = r.error if r is not None else UnknownTopicOrPartitionError(
+                f"{topic}-{partition} does not exist")  # fmt: skip
+            out.append(PartitionResult(topic, partition, error))
+        return out
+
+    async def alter_partition_reassignments(
+        self, moves: Mapping[TopicPartitionKey, Sequence[int] | None]
+    ) -> None:
+        """Start (target replica list) or cancel (None) reassignments (KIP-455).
+
+        The controller adds the new replicas at once; they catch up and join the ISR,
+        and then the old ones are dropped (``list_partition_reassignments`` follows it).
+        AdminError names every partition that was refused, e.g. INVALID_REPLICA_ASSIGNMENT
+        or NO_REASSIGNMENT_IN_PROGRESS (keys ``topic-partition``); the others went ahead.
+        """
+        items = [[t, p, None if r is None else [int(b) for b in r]]
+                 for (t, p), r in moves.items()]  # fmt: skip
+        if not items:
+            return
+        header = await self._request(schemas.ALTER_PARTITION_REASSIGNMENTS, {
+            "timeout_ms": self.timeout_ms, "partitions": items,
+        })  # fmt: skip
+        errors = {
+            f"{r.topic}-{r.partition}": r.error
+            for r in _partition_results(header["results"])
+            if r.error is not None
+        }
+        if errors:
+            raise AdminError("alter partition reassignments", errors)
+
+    async def list_partition_reassignments(
+        self, targets: Mapping[TopicPartitionKey, Sequence[int]]
+    ) -> list[ReassignmentStatus]:
+        """Each target partition's state against its target replicas, from metadata.
+
+        The wire has no ListPartitionReassignments yet, and Metadata does not carry the
+        adding/removing lists, so this works from the plan (as kafka-reassign-partitions
+        --verify does): complete when the replicas equal the target, in progress while
+        the target is a prefix of them (target + the replicas being removed).
+        """
+        names = sorted({t for t, _ in targets})
+        snap = await self._metadata(names)
+        out = []
+        for (topic, partition), target in targets.items():
+            parts = {p.partition: p for p in snap.topics.get(topic, ())}
+            p = parts.get(partition)
+            if p is None:
+                raise AdminError("list partition reassignments", {
+                    f"{topic}-{partition}": UnknownTopicOrPartitionError(
+                        f"{topic}-{partition} does not exist")})  # fmt: skip
+            out.append(ReassignmentStatus(topic, partition, tuple(target), p.replicas,
+                                          p.isr, p.leader))  # fmt: skip
+        return out
+
 
 def _new_topic_fields(t: NewTopic) -> list[Any]:
     assignments = [[p, list(ids)] for p, ids in sorted((t.assignments or {}).items())]
@@ -219,4 +388,26 @@ def _new_topic_fields(t: NewTopic) -> list[Any]:
     return [t.name, t.num_partitions, t.replication_factor, assignments, configs]
 
 
-__all__ = ["Admin", "AdminError", "ClusterDescription", "NewTopic", "TopicDescription"]
+def _partition_results(rows: Iterable[Sequence[Any]]) -> list[PartitionResult]:
+    out = []
+    for topic, partition, code, message, *_ in rows:
+        error = None if code == 0 else error_for(code, message or "")
+        out.append(PartitionResult(topic, partition, error))
+    return out
+
+
+def election_succeeded(result: PartitionResult) -> bool:
+    """Elected now, or already led by the preferred replica."""
+    return result.error is None or isinstance(result.error, ElectionNotNeededError)
+
+
+__all__ = [
+    "Admin",
+    "AdminError",
+    "ClusterDescription",
+    "NewTopic",
+    "PartitionResult",
+    "ReassignmentStatus",
+    "TopicDescription",
+    "election_succeeded",
+]

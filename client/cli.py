@@ -16,7 +16,10 @@ import sys
 from importlib.metadata import entry_points
 
 # Modules under rillet.client that expose register(); each adds its own sub-command.
-CLIENT_COMMANDS: list[str] = ["topic_cli", "produce_cli", "consume_cli", "perf_cli", "spark_cli"]
+CLIENT_COMMANDS: list[str] = [
+    "topic_cli", "produce_cli", "consume_cli", "perf_cli", "spark_cli", "leader_cli",
+    "partition_cli",
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

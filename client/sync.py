@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from rillet.client.admin import Admin, ClusterDescription, NewTopic, TopicDescription
+from rillet.client.admin import (
+    Admin,
+    ClusterDescription,
+    NewTopic,
+    PartitionResult,
+    ReassignmentStatus,
+    TopicDescription,
+)
 from rillet.client.consumer import Consumer, ConsumerRecord, TopicPartition
 from rillet.client.producer import Producer, RecordMetadata
 
@@ -185,6 +192,26 @@ class SyncAdmin(_SyncBase):
 
     def describe_cluster(self) -> ClusterDescription:
         return self._run(self._client.describe_cluster())
+
+    def elect_leaders(
+        self,
+        topics: Iterable[str] | None = None,
+        partitions: Iterable[tuple[str, int]] | None = None,
+    ) -> list[PartitionResult]:
+        return self._run(self._client.elect_leaders(
+            None if topics is None else list(topics),
+            None if partitions is None else list(partitions),
+        ))  # fmt: skip
+
+    def alter_partition_reassignments(
+        self, moves: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> None:
+        self._run(self._client.alter_partition_reassignments(dict(moves)))
+
+    def list_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int]]
+    ) -> list[ReassignmentStatus]:
+        return self._run(self._client.list_partition_reassignments(dict(targets)))
 
 
 __all__ = ["SyncAdmin", "SyncConsumer", "SyncProducer"]

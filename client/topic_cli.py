@@ -27,6 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     describe = sub.add_parser("describe", help="leader, replicas and ISR of each partition")
     describe.add_argument("name", nargs="?", help="(every topic)")
+    describe.add_argument(
+        "--under-replicated-partitions", action="store_true",
+        help="only partitions whose ISR is smaller than their replica set",
+    )  # fmt: skip
+    describe.add_argument(
+        "--unavailable-partitions", action="store_true",
+        help="only offline partitions (no leader)",
+    )  # fmt: skip
     add_bootstrap(describe)
     describe.set_defaults(func=cmd_describe)
 
@@ -83,34 +91,76 @@ def cmd_describe(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with Admin(args.bootstrap) as admin:
             topics = await admin.describe_topics([args.name] if args.name else None)
+        described = [t.as_dict() for t in topics]
+        counts = partition_counts(described)
+        shown = filter_partitions(described, args.under_replicated_partitions,
+                                  args.unavailable_partitions)  # fmt: skip
         if args.json:
-            print_json({"topics": [t.as_dict() for t in topics]})
+            print_json({"topics": shown, **counts})
         else:
-            _print_describe([t.as_dict() for t in topics])
+            # A filtered listing gets no per-topic counts: they would count the filter.
+            filtered = args.under_replicated_partitions or args.unavailable_partitions
+            _print_describe(shown, headers=not filtered)
         return 0
 
     return run(main)
 
 
-def _print_describe(topics: list[dict[str, Any]]) -> None:
+def partition_counts(topics: list[dict[str, Any]]) -> dict[str, int]:
+    """Cluster-wide health figures over described topics (before any filter)."""
+    parts = [p for t in topics for p in t["partitions"]]
+    return {
+        "partition_count": len(parts),
+        "under_replicated_partitions": sum(p["under_replicated"] for p in parts),
+        "offline_partitions": sum(p["offline"] for p in parts),
+    }
+
+
+def filter_partitions(
+    topics: list[dict[str, Any]], under_replicated: bool, unavailable: bool
+) -> list[dict[str, Any]]:
+    """kafka-topics' --under-replicated-partitions / --unavailable-partitions: keep the
+    partitions matching either flag, and only topics that keep some (no flag: all)."""
+    if not (under_replicated or unavailable):
+        return topics
+
+    def wanted(p: dict[str, Any]) -> bool:
+        return (under_replicated and p["under_replicated"]) or (unavailable and p["offline"])
+
+    out = []
+    for t in topics:
+        kept = [p for p in t["partitions"] if wanted(p)]
+        if kept:
+            out.append({**t, "partitions": kept})
+    return out
+
+
+def _topic_header(t: dict[str, Any]) -> str:
+    parts = t["partitions"]
+    rf = len(parts[0]["replicas"]) if parts else 0
+    under = sum(p["under_replicated"] for p in parts)
+    offline = sum(p["offline"] for p in parts)
+    return (f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
+            f"ReplicationFactor: {rf}\tUnderReplicated: {under}\tOffline: {offline}")  # fmt: skip
+
+
+def _print_describe(topics: list[dict[str, Any]], *, headers: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     for t in topics:
         parts = t["partitions"]
-        rf = len(parts[0]["replicas"]) if parts else 0
-        under = sum(p["under_replicated"] for p in parts)
-        console.print(
-            f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
-            f"ReplicationFactor: {rf}\tUnderReplicated: {under}"
-        )
+        console.print(_topic_header(t) if headers else f"[bold]Topic: {t['name']}[/bold]")
         table = Table(box=None, pad_edge=False)
         for col in ("Partition", "Leader", "Epoch", "Replicas", "Isr", ""):
             table.add_column(col)
         for p in parts:
             leader = str(p["leader"]) if p["leader"] >= 0 else "[red]none[/red]"
-            mark = "[yellow]under-replicated[/yellow]" if p["under_replicated"] else ""
+            marks = ["[red]offline[/red]"] if p["offline"] else []
+            if p["under_replicated"]:
+                marks.append("[yellow]under-replicated[/yellow]")
+            mark = " ".join(marks)
             table.add_row(
                 str(p["partition"]), leader, str(p["leader_epoch"]),
                 ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])), mark,
