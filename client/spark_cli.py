@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, help="create the topic if missing, with this many")
     p.add_argument("--replication-factor", type=int, default=-1, help="with --partitions")
     p.add_argument("--manifest", metavar="PATH", help="write what was acknowledged here (JSON)")
+    p.add_argument("--strict-order", action="store_true", help="one request in flight per "
+                   "partition, so producer retries cannot reorder records")  # fmt: skip
     _add_spark_options(p)
     p.set_defaults(func=cmd_load)
 
@@ -85,12 +88,17 @@ def _load(args: argparse.Namespace) -> int:
     jobs, spark = _session(args, "rillet-spark-load")
     acks = "all" if args.acks in ("all", "-1") else args.acks
     result = jobs.run_load(spark, args.bootstrap, args.topic, args.records, args.tasks,
-                           args.record_size, acks=acks, manifest=args.manifest)  # fmt: skip
+                           args.record_size, acks=acks, manifest=args.manifest,
+                           writer_options=_writer_options(args))  # fmt: skip
     if args.json:
         print_json(result.to_json())
     else:
         _print_load(result)
     return 0
+
+
+def _writer_options(args: argparse.Namespace) -> dict[str, str]:
+    return {"maxInFlightPerPartition": "1"} if args.strict_order else {}
 
 
 def _print_load(r: Any) -> None:
@@ -191,6 +199,13 @@ def _guard(body: Any) -> int:
         return 1
     except Exception as e:  # Spark's own errors (a failed job) are long: keep the gist
         if type(e).__module__.startswith(("pyspark", "py4j")):
-            print(f"error: the Spark job failed: {str(e).splitlines()[0]}", file=sys.stderr)
+            print(f"error: the Spark job failed: {spark_error_cause(str(e))}", file=sys.stderr)
             return 1
         raise
+
+
+def spark_error_cause(text: str) -> str:
+    """The root cause in a Spark error: the last ``SomeError: message`` line of the
+    Python traceback it carries (Spark wraps it in pages of JVM stack), else line one."""
+    causes = [m.group(0) for m in re.finditer(r"^[\w.]*(?:Error|Exception): .*$", text, re.M)]
+    return causes[-1].strip() if causes else text.strip().splitlines()[0]

@@ -207,6 +207,7 @@ def run_load(
     *,
     acks: str = "all",
     manifest: str | None = None,
+    writer_options: dict[str, str] | None = None,
 ) -> LoadResult:
     """Produce the generated records through the data source writer; raise if any task
     failed (after writing the manifest, which then says which tasks were acknowledged)."""
@@ -218,7 +219,7 @@ def run_load(
         try:
             (df.write.format("rillet").mode("append").option("bootstrap", bootstrap)
              .option("topic", topic).option("acks", acks).option("reportPath", report_path)
-             .save())  # fmt: skip
+             .options(**(writer_options or {})).save())  # fmt: skip
         except Exception as e:  # Spark wraps the task's error; report it after the manifest
             error = e
         elapsed = time.time() - started

@@ -255,6 +255,7 @@ PRODUCER_OPTIONS = {
     "batchsize": ("batch_size", int),
     "compression": ("compression", str),
     "maxinflight": ("max_in_flight", int),
+    "maxinflightperpartition": ("max_in_flight_per_partition", int),
     "deliverytimeoutms": ("delivery_timeout_ms", int),
 }
 

@@ -181,7 +181,7 @@ def test_spark_load_then_verify_pass(
     manifest = tmp_path / "manifest.json"
     assert rillet_main([
         "spark", "load", "--topic", "load", "--records", "5000", "--record-size", "64",
-        "--tasks", "3", "--partitions", "2", "--replication-factor", "3",
+        "--tasks", "3", "--partitions", "2", "--replication-factor", "3", "--strict-order",
         "--manifest", str(manifest), "--bootstrap", bootstrap, "--json",
     ]) == 0  # fmt: skip
     load = json.loads(capsys.readouterr().out)

@@ -12,7 +12,7 @@ pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rille
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
 
 from rillet.client.errors import OffsetOutOfRangeError  # noqa: E402
-from rillet.client.spark_cli import format_report  # noqa: E402
+from rillet.client.spark_cli import format_report, spark_error_cause  # noqa: E402
 from rillet.client.spark_jobs import (  # noqa: E402
     VerifyReport,
     make_value,
@@ -139,3 +139,16 @@ def test_report_names_each_violation_with_examples() -> None:
     assert "after seq 7 of the same task" in text
     assert text.endswith("FAIL: the log lost, duplicated, reordered or corrupted data")
     assert format_report(VerifyReport("t", 1, 1, 1)).endswith("PASS")
+
+
+def test_spark_errors_are_reduced_to_their_python_cause() -> None:
+    text = (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to plan: Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\n'
+        "rillet.client.errors.UnknownTopicOrPartitionError: topic 'x' does not exist\n"
+        "\tat org.apache.spark.Foo(Foo.scala:1)\n"
+    )
+    assert spark_error_cause(text) == (
+        "rillet.client.errors.UnknownTopicOrPartitionError: topic 'x' does not exist"
+    )
+    assert spark_error_cause("plain failure\nmore") == "plain failure"
