@@ -108,12 +108,38 @@ def spark_session(
         "spark.sql.shuffle.partitions": "8",  # the verifier's groupings are small
         "spark.task.maxFailures": "1",  # a retried write task would duplicate records
     }
+    if not os.environ.get("SPARK_CONF_DIR"):  # the user's own log4j2.properties wins
+        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2()}"
     for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
     return spark
+
+
+LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+"""
+
+
+def _log4j2() -> Path:
+    """Spark's JVM logging at WARN from its first line (setLogLevel acts only after the
+    JVM has printed its start-up banner), minus the native-library notice."""
+    path = Path(tempfile.gettempdir()) / f"rillet-spark-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(LOG4J2)
+        tmp.replace(path)  # atomic: a JVM starting beside us never reads half a file
+    return path
 
 
 def parse_conf(pairs: list[str] | None) -> dict[str, str]:
