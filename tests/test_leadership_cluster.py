@@ -3,7 +3,8 @@ timings): leadership returns to the preferred replica after a broker restarts, b
 `rillet leader elect --preferred` and by the controller's automatic rebalance; `topic
 describe` and `cluster status` count under-replicated partitions while a broker is down;
 `rillet partition reassign` moves a partition to a broker that joined later, whose log
-then holds every record while the dropped replica deletes its log."""
+then holds every record while the dropped replica deletes its log (and, while that broker
+is down, shows the move in progress and cancels it)."""
 
 from __future__ import annotations
 
@@ -165,11 +166,27 @@ def test_reassign_to_a_broker_that_joined_later(cluster_factory, tmp_path: Path)
     assert new.node_id == 4 and pid_alive(new.pid)
     cluster.wait_ready()
 
+    # With broker 4 down the move cannot finish: --status shows it running, --cancel
+    # puts the original replicas back.
+    cluster.stop_node(4)
+    args = ("--topic", "moves", "--partition", "0")
+    rillet(cluster, "partition", "reassign", *args, "--replicas", "4,2")
+    status = rillet_json(cluster, "partition", "reassign", "--status", *args, "--replicas", "4,2")
+    running = status["partitions"][0]
+    assert not status["complete"] and running["state"] == "in_progress"
+    assert (running["replicas"], running["adding"], running["removing"]) == ([4, 2, 1], [4], [1])
+    rillet(cluster, "partition", "reassign", "--cancel", *args)
+    # As in Kafka, cancelling drops the adding replicas from the list: the original set,
+    # in the order it had inside the reassignment.
+    wait_until(lambda: partitions(cluster, "moves")[0].replicas == (2, 1), message="cancelled")
+    cluster.start_node(4)
+    cluster.wait_ready()
+
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"version": 1, "partitions": [
         {"topic": "moves", "partition": 0, "replicas": [4, 2]}]}))  # fmt: skip
     started = rillet_json(cluster, "partition", "reassign", "--plan", str(plan), "--wait")
-    assert started["previous"]["partitions"][0]["replicas"] == [1, 2]
+    assert started["previous"]["partitions"][0]["replicas"] == [2, 1]
     assert started["partitions"][0]["state"] == "complete"
     status = rillet_json(cluster, "partition", "reassign", "--status", "--topic", "moves",
                          "--partition", "0", "--replicas", "4,2")  # fmt: skip
