@@ -257,6 +257,7 @@ PRODUCER_OPTIONS = {
     "maxinflight": ("max_in_flight", int),
     "maxinflightperpartition": ("max_in_flight_per_partition", int),
     "deliverytimeoutms": ("delivery_timeout_ms", int),
+    "requesttimeoutms": ("request_timeout_ms", int),
 }
 
 

@@ -134,6 +134,23 @@ def test_write_to_a_missing_topic_fails_the_job(spark: Any, bootstrap: str) -> N
          .option("topic", "nope").option("deliveryTimeoutMs", "3000").save())  # fmt: skip
 
 
+def test_write_that_cannot_be_acknowledged_fails_and_aborts(
+    spark: Any, cluster_factory: Any, tmp_path: Path
+) -> None:
+    cluster = cluster_factory(controllers=1, brokers=3)
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("strict", 2, 3, {"min.insync.replicas": "3"})])
+    cluster.stop_node(3, kill=True)  # now no acks=all write can complete
+    df = spark.createDataFrame([(b"v%d" % i,) for i in range(20)], "value binary")
+    report = tmp_path / "report.json"
+    with pytest.raises(Exception, match="DeliveryError"):
+        (df.write.format("rillet").mode("append").option("bootstrap", cluster.bootstrap)
+         .option("topic", "strict").option("requestTimeoutMs", "1000")
+         .option("deliveryTimeoutMs", "3000").option("reportPath", str(report)).save())  # fmt: skip
+    aborted = json.loads(report.read_text())
+    assert aborted["status"] == "aborted" and aborted["tasks"] == []
+
+
 def test_stream_picks_up_new_records_and_resumes_after_restart(
     spark: Any, bootstrap: str, tmp_path: Path
 ) -> None:
