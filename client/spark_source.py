@@ -408,18 +408,26 @@ def _cut(cols: tuple, lo: int, hi: int) -> tuple:
 
 
 def to_arrow(topic: str, partition: int, cols: tuple) -> pa.RecordBatch:
-    """Columns of decoded records -> one Arrow batch of the source's schema."""
+    """Columns of decoded records -> one Arrow batch of the source's schema.
+
+    Everything but headers converts at C level: pyarrow takes bytes (and str, as UTF-8)
+    for binary columns, and the ms -> us timestamp scaling is an Arrow cast.
+    """
     offsets, timestamps, keys, values, headers = cols
     n = len(offsets)
+    if any(h is not None for h in headers):
+        header_col = pa.array([_headers(h) for h in headers], pa.list_(HEADER_TYPE))
+    else:
+        header_col = pa.nulls(n, pa.list_(HEADER_TYPE))
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
             pa.array(offsets, pa.int64()),
-            pa.array([t * 1000 for t in timestamps], pa.timestamp("us", tz="UTC")),
-            pa.array([_as_bytes(k) for k in keys], pa.binary()),
-            pa.array([_as_bytes(v) for v in values], pa.binary()),
-            pa.array([_headers(h) for h in headers], pa.list_(HEADER_TYPE)),
+            pa.array(timestamps, pa.timestamp("ms", tz="UTC")).cast(ARROW_SCHEMA[3].type),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            header_col,
         ],
         schema=ARROW_SCHEMA,
     )
