@@ -1,0 +1,549 @@
+"""Partition replication in the deterministic simulator: three brokers driven by the real
+``PartitionState`` core (leader, follower, ISR, HW, acks=all) with in-memory logs, and
+one controller actor running the real ``QuorumController`` (registration, heartbeats,
+session fencing, election from the ISR, AlterPartition with partition epochs) over the
+real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
+duplication and reordering; brokers crash (their in-memory state is lost, their log and
+last HW checkpoint survive, as after kill -9) and restart.
+
+Invariants, checked after every event:
+- a broker's high watermark never moves back within one incarnation;
+- records below any leader's HW are committed: once committed, an offset's record
+  never changes on any replica, below that replica's own HW or anywhere once the
+  replica becomes leader (a new leader holds every committed record);
+- every acknowledged acks=all write is committed at the offset it was acknowledged at.
+
+The controller itself does not crash here (the Raft quorum under it has its own
+simulation, tests/sim/raft_cluster.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+from test_replication_fakes import FakeLog, batches_of
+
+from rillet.broker.partition_state import PartitionState, Role
+from rillet.broker.replication_types import (
+    AlterPartitionResponse,
+    AppendFetched,
+    AssignEpochStartOffset,
+    CompleteProduce,
+    Effect,
+    FailProduce,
+    FetchRequest,
+    FetchResponse,
+    ProposeAlterPartition,
+    ReplicationConfig,
+    Truncate,
+    TruncateFullyAndStartAt,
+)
+from rillet.client import errors
+from rillet.controller.metadata import EMPTY_IMAGE, MetadataDelta, MetadataImage
+from rillet.controller.quorum import ControllerConfig, QuorumController
+
+from .network import LinkFaults, SimNetwork
+from .scheduler import Scheduler, SimClock
+from .trace import Trace
+
+REPLAY_COMMAND = ("RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_replication_sim.py "
+                  "-k replay -s")
+CONTROLLER_ID = 100
+TOPIC = "t"
+MIN_ISR = 2
+FETCH_MAX_RECORDS = 4
+REQUEST_TIMEOUT_MS = 300
+
+
+class SimulationFailure(AssertionError):
+    """An invariant broke; the message carries the seed's replay command and a trace."""
+
+
+# ---------------------------------------------------------------------------
+# messages
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    incarnation: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    broker_epoch: int
+    metadata_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    image: MetadataImage
+
+
+@dataclass(frozen=True, slots=True)
+class AlterIsr:
+    incarnation: int
+    broker_epoch: int
+    proposal: ProposeAlterPartition
+
+
+@dataclass(frozen=True, slots=True)
+class AlterIsrAnswer:
+    incarnation: int
+    proposal_id: int
+    response: AlterPartitionResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    incarnation: int
+    fetch_id: int
+    request: FetchRequest
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    incarnation: int
+    fetch_id: int
+    response: FetchResponse
+    records: tuple[tuple[int, object], ...]
+
+
+# ---------------------------------------------------------------------------
+# the controller actor
+
+
+class ControllerActor:
+    """The real QuorumController deciding; the image changes only by replaying its records."""
+
+    def __init__(self, cluster: ReplicationCluster) -> None:
+        self.actor_id = CONTROLLER_ID
+        self.cluster = cluster
+        self.quorum = QuorumController(ControllerConfig(broker_session_timeout_ms=600,
+                                                        broker_heartbeat_interval_ms=100))
+        self.image: MetadataImage = EMPTY_IMAGE
+
+    def commit(self, records: list) -> None:
+        if not records:
+            return
+        delta = MetadataDelta(self.image)
+        delta.replay_all(records, self.image.offset + 1, 1)
+        self.image = delta.apply()
+        self.broadcast()
+
+    def broadcast(self) -> None:
+        for broker_id in self.cluster.brokers:
+            self.cluster.network.send(self.actor_id, broker_id, Metadata(self.image))
+
+    def tick(self) -> None:
+        now = self.cluster.clock.now_ms
+        self.commit(self.quorum.tick(self.image, now).records)
+        if self.cluster.rng.random() < 0.2:
+            self.broadcast()  # repairs lost metadata messages
+        self.cluster.scheduler.after(20, self.tick, "controller tick")
+
+    def deliver(self, src: int, payload: object) -> None:
+        now = self.cluster.clock.now_ms
+        net = self.cluster.network
+        match payload:
+            case Register(incarnation):
+                result = self.quorum.register_broker(
+                    self.image, src, f"inc-{incarnation}", [("BROKER", "sim", src)], None, now)
+                self.commit(result.records)
+                if result.response.error_code == errors.NONE:
+                    net.send(self.actor_id, src, Registered(incarnation,
+                                                            result.response.broker_epoch))
+            case Heartbeat(epoch, offset):
+                result = self.quorum.broker_heartbeat(self.image, src, epoch, offset,
+                                                      False, False, now)
+                self.commit(result.records)
+            case AlterIsr(incarnation, epoch, p):
+                result = self.quorum.alter_partition(self.image, src, epoch, TOPIC, 0,
+                                                     p.leader_epoch, p.partition_epoch, p.new_isr)
+                self.commit(result.records)
+                r = result.response
+                answer = AlterPartitionResponse(r.error_code, r.isr, r.leader_epoch,
+                                                r.partition_epoch)
+                net.send(self.actor_id, src, AlterIsrAnswer(incarnation, p.proposal_id, answer))
+
+
+# ---------------------------------------------------------------------------
+# a broker with one partition
+
+
+class BrokerActor:
+    """A short driver around one PartitionState, like ReplicaManager + fetcher."""
+
+    def __init__(self, cluster: ReplicationCluster, broker_id: int) -> None:
+        self.actor_id = broker_id
+        self.cluster = cluster
+        self.log = FakeLog()  # survives crashes: the page cache outlives kill -9
+        self.hw_checkpoint = 0  # survives crashes too: written now and then
+        self.state: PartitionState | None = None
+        self.incarnation = 0
+        self.broker_epoch = -1
+        self.image: MetadataImage = EMPTY_IMAGE
+        self.seen_hw = 0
+        self.fetch_out: int | None = None  # id of the fetch in flight
+        self.fetch_ids = 0
+        self.fetch_sent_ms = 0
+        self.alter_out: dict[int, int] = {}  # proposal id -> send time
+        self.checked_end = 0  # the log below this was compared with the committed records
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not None
+
+    def start(self) -> None:
+        self.incarnation += 1
+        hw = max(min(self.hw_checkpoint, self.log.log_end_offset), self.log.log_start_offset)
+        self.state = PartitionState(self.actor_id, self.log, ReplicationConfig(400),
+                                    high_watermark=hw,
+                                    is_isr_eligible=lambda b: self.image.is_unfenced(b))
+        self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
+        self.fetch_out, self.alter_out = None, {}
+        self.cluster.trace.add(self.cluster.clock.now_ms,
+                               f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
+                               f"LEO {self.log.log_end_offset}, HW {hw})")
+        self.send(CONTROLLER_ID, Register(self.incarnation))
+        incarnation = self.incarnation
+        self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
+
+    def status(self) -> str:
+        s = self.state
+        if s is None:
+            return f"broker {self.actor_id}: down"
+        reg = self.image.brokers.get(self.actor_id)
+        return (f"broker {self.actor_id}: {s.role.value} epoch {s.leader_epoch} isr {s.isr} "
+                f"pending {s.pending_isr_change} LEO {self.log.log_end_offset} HW "
+                f"{s.high_watermark} broker epoch {self.broker_epoch} registered {reg}, "
+                f"image offset {self.image.offset}, alter out {self.alter_out}")
+
+    def crash(self) -> None:
+        if self.state is None:
+            return
+        self.cluster.trace.add(self.cluster.clock.now_ms, f"broker {self.actor_id} crashes")
+        self.state = None
+
+    def send(self, dst: int, payload: object) -> None:
+        self.cluster.network.send(self.actor_id, dst, payload)
+
+    # -- time ------------------------------------------------------------------------
+
+    def tick(self, incarnation: int) -> None:
+        if self.state is None or incarnation != self.incarnation:
+            return
+        now = self.cluster.clock.now_ms
+        if self.broker_epoch < 0:
+            self.send(CONTROLLER_ID, Register(self.incarnation))
+        elif now % 100 < 10:
+            self.send(CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset))
+        for pid, sent_ms in list(self.alter_out.items()):
+            if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
+                timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
+                self.on_alter_answer(pid, timed_out)
+        if self.state is not None:
+            self.apply(self.state.tick(now))
+            self.maybe_fetch(now)
+        if self.cluster.rng.random() < 0.05:
+            self.hw_checkpoint = self.state.high_watermark if self.state else self.hw_checkpoint
+        self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
+
+    def maybe_fetch(self, now: int) -> None:
+        state = self.state
+        assert state is not None
+        if state.role is not Role.FOLLOWER or state.leader_id in (None, -1):
+            return
+        if self.fetch_out is not None and now - self.fetch_sent_ms < REQUEST_TIMEOUT_MS:
+            return
+        request = state.fetch_request()
+        if request is not None:
+            self.fetch_ids += 1
+            self.fetch_out, self.fetch_sent_ms = self.fetch_ids, now
+            self.send(state.leader_id, Fetch(self.incarnation, self.fetch_ids, request))
+
+    # -- messages --------------------------------------------------------------------
+
+    def deliver(self, src: int, payload: object) -> None:
+        if self.state is None:
+            return
+        match payload:
+            case Registered(incarnation, epoch) if incarnation == self.incarnation:
+                self.broker_epoch = epoch
+            case Metadata(image):
+                self.on_metadata(image)
+            case AlterIsrAnswer(incarnation, pid, response) if incarnation == self.incarnation:
+                if pid in self.alter_out:
+                    self.on_alter_answer(pid, response)
+            case Fetch(incarnation, fetch_id, request):
+                self.serve_fetch(src, incarnation, fetch_id, request)
+            case FetchAnswer(incarnation, fetch_id, response, records) if (
+                    incarnation == self.incarnation):
+                # A duplicated or late answer still reaches the core (it ignores answers
+                # that no longer fit the log) but only the awaited one starts the next
+                # fetch: else each duplicate would start a fetch chain of its own.
+                self.apply(self.state.on_fetch_response(response), records)
+                if fetch_id == self.fetch_out:
+                    self.fetch_out = None
+                    self.maybe_fetch(self.cluster.clock.now_ms)
+
+    def on_metadata(self, image: MetadataImage) -> None:
+        if image.offset <= self.image.offset:
+            return
+        self.image = image
+        p = image.partition(TOPIC, 0)
+        state = self.state
+        if p is None or state is None or self.actor_id not in p.replicas:
+            return
+        now = self.cluster.clock.now_ms
+        if p.leader == self.actor_id:
+            self.apply(state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas,
+                                           p.isr, now))
+            self.cluster.invariants.on_become_leader(self)
+        else:
+            self.apply(state.become_follower(p.leader, p.leader_epoch, p.partition_epoch,
+                                             p.replicas, p.isr))
+
+    def on_alter_answer(self, pid: int, response: AlterPartitionResponse) -> None:
+        del self.alter_out[pid]
+        if self.state is not None:
+            self.apply(self.state.on_alter_partition_response(pid, response))
+
+    def serve_fetch(self, src: int, incarnation: int, fetch_id: int,
+                    request: FetchRequest) -> None:
+        state = self.state
+        assert state is not None
+        decision = state.on_fetch_request(request, self.cluster.clock.now_ms)
+        self.apply(decision.effects)
+        records: list = []
+        if decision.error_code == errors.NONE and decision.diverging_epoch is None:
+            records = self.log.read(request.fetch_offset)[:FETCH_MAX_RECORDS]
+        response = FetchResponse(request.fetch_offset, request.current_leader_epoch,
+                                 decision.error_code, decision.high_watermark,
+                                 decision.log_start_offset, decision.diverging_epoch,
+                                 batches_of(request.fetch_offset, records))
+        self.send(src, FetchAnswer(incarnation, fetch_id, response, tuple(records)))
+
+    def produce(self, value: object) -> None:
+        """An acks=all produce from a client: refused, or appended and awaited."""
+        state = self.state
+        if state is None or state.check_produce(-1, MIN_ISR) is not None:
+            return
+        now = self.cluster.clock.now_ms
+        base = self.log.log_end_offset
+        self.log.append([(state.leader_epoch, value)])
+        self.apply(state.on_leader_append(self.log.log_end_offset, now))
+        self.cluster.pending[value] = (self.actor_id, base)
+        self.apply(state.await_produce(value, base + 1, MIN_ISR, now + 1000))
+
+    # -- effects ------------------------------------------------------------------------
+
+    def apply(self, effects: tuple[Effect, ...], fetched: tuple = ()) -> None:
+        for effect in effects:
+            match effect:
+                case AssignEpochStartOffset(epoch, start):
+                    self.log.assign_epoch_start_offset(epoch, start)
+                case ProposeAlterPartition(pid):
+                    self.alter_out[pid] = self.cluster.clock.now_ms
+                    self.send(CONTROLLER_ID, AlterIsr(self.incarnation, self.broker_epoch, effect))
+                case CompleteProduce(value, code) if code == errors.NONE:
+                    self.cluster.invariants.on_ack(value, *self.cluster.pending.pop(value))
+                case CompleteProduce(value) | FailProduce(value):
+                    self.cluster.pending.pop(value, None)
+                case Truncate(offset):
+                    self.log.truncate_to(offset)
+                    self.checked_end = min(self.checked_end, self.log.log_end_offset)
+                case TruncateFullyAndStartAt(offset):
+                    self.log.truncate_fully_and_start_at(offset)
+                    self.checked_end = offset
+                case AppendFetched(base, next_offset):
+                    self.log.append(list(fetched[: next_offset - base]))
+
+
+# ---------------------------------------------------------------------------
+# invariants
+
+
+class ReplicationInvariants:
+    def __init__(self, cluster: ReplicationCluster) -> None:
+        self.cluster = cluster
+        self.committed: list[tuple[int, object]] = []  # offset i -> (epoch, value)
+        self.acked: dict[object, int] = {}
+        self.unverified: dict[object, int] = {}  # acked above the committed end, so far
+
+    def check(self) -> None:
+        for broker in self.cluster.brokers.values():
+            state = broker.state
+            if state is None:
+                continue
+            hw = state.high_watermark
+            if hw < broker.seen_hw:
+                self.cluster.fail(f"broker {broker.actor_id}: HW went back "
+                                  f"{broker.seen_hw} -> {hw}")
+            broker.seen_hw = hw
+            if state.is_leader:
+                self.commit_up_to(broker, hw)
+            self.check_prefix(broker, min(hw, len(self.committed)), "below its HW")
+        for value, offset in list(self.unverified.items()):
+            if offset < len(self.committed):
+                if self.committed[offset][1] != value:
+                    self.cluster.fail(f"acknowledged {value!r} at {offset}, committed "
+                                      f"{self.committed[offset]} there")
+                del self.unverified[value]
+
+    def commit_up_to(self, leader: BrokerActor, hw: int) -> None:
+        """A leader's HW commits its records below it; committed ones must not change."""
+        self.check_prefix(leader, min(hw, len(self.committed)), "leader below its HW")
+        if hw > len(self.committed):
+            start = len(self.committed)
+            self.committed.extend(leader.log.read(start, hw))
+
+    def check_prefix(self, broker: BrokerActor, end: int, where: str) -> None:
+        """The broker's records below ``end`` are the committed ones. Incremental: records
+        only change by truncation, which lowers ``checked_end``."""
+        log = broker.log
+        start = max(log.log_start_offset, broker.checked_end)
+        if end <= start:
+            return
+        held = log.read(start, end)
+        if held != self.committed[start:end]:
+            self.cluster.fail(f"broker {broker.actor_id} ({where}) holds {held} at "
+                              f"[{start}, {end}), committed {self.committed[start:end]}")
+        broker.checked_end = end
+
+    def on_become_leader(self, broker: BrokerActor) -> None:
+        """A new leader holds every committed record (no committed record is lost)."""
+        if broker.log.log_end_offset < len(self.committed):
+            self.cluster.fail(f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
+                              f", below the committed {len(self.committed)}")
+        self.check_prefix(broker, len(self.committed), "as new leader")
+
+    def on_ack(self, value: object, leader_id: int, offset: int) -> None:
+        self.acked[value] = offset
+        self.unverified[value] = offset
+
+
+# ---------------------------------------------------------------------------
+# the cluster and its faults
+
+
+class ReplicationCluster:
+    def __init__(self, seed: int, chaos_ms: int = 8000, echo_trace: bool = False) -> None:
+        self.seed = seed
+        self.chaos_ms = chaos_ms
+        self.rng = random.Random(seed)
+        self.clock = SimClock()
+        self.scheduler = Scheduler(self.clock)
+        self.network = SimNetwork(self.scheduler, random.Random(self.rng.getrandbits(64)),
+                                  self.random_link_faults())
+        self.trace = Trace(echo=echo_trace)
+        self.controller = ControllerActor(self)
+        self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
+        self.network.register(self.controller)
+        for broker in self.brokers.values():
+            self.network.register(broker)
+        self.invariants = ReplicationInvariants(self)
+        self.pending: dict[object, tuple[int, int]] = {}
+        self.writes = 0
+        self.chaos = True
+
+    def fail(self, text: str) -> None:
+        raise SimulationFailure(f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
+                                f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
+                                f"--- trace tail ---\n{self.trace.tail()}")
+
+    def random_link_faults(self) -> LinkFaults:
+        return LinkFaults(loss_rate=self.rng.choice([0.0, 0.02, 0.1]),
+                          duplicate_rate=self.rng.choice([0.0, 0.05]),
+                          min_delay_ms=1, max_delay_ms=self.rng.choice([3, 20, 60]))
+
+    def run(self) -> None:
+        self.scheduler.after(0, self.controller.tick, "controller tick")
+        for broker in self.brokers.values():
+            broker.start()
+        self.scheduler.after(300, self.create_topic, "create topic")
+        self.scheduler.after(400, self.write, "write")
+        self.scheduler.after(self.rng.randint(500, 1500), self.inject_fault, "fault")
+        self.scheduler.run_until(self.chaos_ms, self.invariants.check)
+        self.heal()
+        self.check_liveness()
+
+    def create_topic(self) -> None:
+        result = self.controller.quorum.create_topics(self.controller.image, [(TOPIC, 1, 3, {})])
+        if result.response[0].error_code != errors.NONE:
+            self.scheduler.after(100, self.create_topic, "create topic")
+            return
+        self.controller.commit(result.records)
+
+    def write(self) -> None:
+        leaders = [b for b in self.brokers.values() if b.state is not None and b.state.is_leader]
+        if leaders:
+            self.writes += 1
+            self.rng.choice(leaders).produce(f"w{self.writes}")
+        self.scheduler.after(self.rng.randint(2, 30), self.write, "write")
+
+    def inject_fault(self) -> None:
+        if not self.chaos:
+            return
+        action = self.rng.choice(["crash", "crash_leader", "isolate", "link_faults", "heal"])
+        broker = self.brokers[self.rng.choice(list(self.brokers))]
+        if action == "crash_leader":
+            broker = next((b for b in self.brokers.values()
+                           if b.state is not None and b.state.is_leader), broker)
+        if action in ("crash", "crash_leader") and broker.alive:
+            broker.crash()
+            self.scheduler.after(self.rng.randint(50, 1500), lambda: self.restart(broker),
+                                 "restart")
+        elif action == "isolate":
+            self.network.isolate(broker.actor_id)
+            self.trace.add(self.clock.now_ms, f"isolate broker {broker.actor_id}")
+        elif action == "link_faults":
+            self.network.faults = self.random_link_faults()
+        elif action == "heal":
+            self.network.heal()
+        self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
+
+    def restart(self, broker: BrokerActor) -> None:
+        if not broker.alive:
+            broker.start()
+
+    def heal(self) -> None:
+        self.chaos = False
+        self.network.heal()
+        self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=5)
+        self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
+        for broker in self.brokers.values():
+            self.restart(broker)
+
+    def check_liveness(self, bound_ms: int = 10_000) -> None:
+        """After healing, the ISR refills and a new write is acknowledged."""
+        deadline = self.clock.now_ms + bound_ms
+        acked_before = len(self.invariants.acked)
+        while self.clock.now_ms < deadline:
+            self.scheduler.run_until(self.clock.now_ms + 50, self.invariants.check)
+            p = self.controller.image.partition(TOPIC, 0)
+            if (p is not None and len(p.isr) == 3
+                    and len(self.invariants.acked) > acked_before):
+                return
+        p = self.controller.image.partition(TOPIC, 0)
+        states = "\n".join(b.status() for b in self.brokers.values())
+        self.fail(f"liveness: after healing, partition {p} and "
+                  f"{len(self.invariants.acked) - acked_before} new acks in {bound_ms} ms;"
+                  f"\n{states}")
+
+
+def run_seed(seed: int, echo_trace: bool = False) -> ReplicationCluster:
+    cluster = ReplicationCluster(seed, echo_trace=echo_trace)
+    cluster.run()
+    return cluster
+
+
+def seeds_from_env(default_count: int) -> int:
+    return int(os.environ.get("RILLET_SIM_SEEDS", default_count))
