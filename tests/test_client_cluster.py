@@ -60,7 +60,7 @@ async def test_keyed_records_round_trip_and_leader_change(cluster) -> None:  # n
         assert desc.partitions[0].leader not in (old_leader, -1)
 
 
-def check_keyed_order(records: list, per_key: int) -> None:
+def check_keyed_order(records: list, per_key: int, topic: str = "keyed") -> None:
     """Each key's records are all in the murmur2 partition, in the order sent."""
     seqs: dict[bytes, list[int]] = {}
     parts: dict[bytes, set[int]] = {}
@@ -72,5 +72,27 @@ def check_keyed_order(records: list, per_key: int) -> None:
         assert seq == list(range(per_key)), key
         assert parts[key] == {partition_for_key(key, 6)}, key
     assert {TopicPartition(r.topic, r.partition) for r in records} == {
-        TopicPartition("keyed", p) for p in range(6)
+        TopicPartition(topic, p) for p in range(6)
     }
+
+
+async def read_all(bootstrap: str, topic: str, n: int) -> list:
+    async with Consumer(topic, bootstrap=bootstrap, from_beginning=True,
+                        retry_backoff_ms=50, fetch_max_wait_ms=100) as consumer:  # fmt: skip
+        return await consume_exactly(consumer, n)
+
+
+async def test_everything_readable_after_kill9_and_sigterm_restarts(cluster) -> None:  # noqa: ANN001
+    async with Admin(cluster.bootstrap) as admin:
+        await admin.create_topics([NewTopic("restarts", 6, 3, {"min.insync.replicas": "2"})])
+    async with Producer(cluster.bootstrap, acks="all", retry_backoff_ms=50) as producer:
+        for i in range(N_RECORDS):
+            await producer.produce("restarts", b"%d" % (i // N_KEYS), b"key-%d" % (i % N_KEYS))
+        await producer.flush()
+
+    for node_id, kill in ((1, True), (2, False)):  # a crash, then a controlled shutdown
+        cluster.stop_node(node_id, kill=kill)
+        cluster.start_node(node_id)
+        await cluster.wait_ready_async()
+        records = await read_all(cluster.bootstrap, "restarts", N_RECORDS)
+        check_keyed_order(records, N_RECORDS // N_KEYS, topic="restarts")
