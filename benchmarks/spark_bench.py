@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--master", default="local[4]")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rillet-spark-bench-") as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", controllers=1, brokers=3,
@@ -59,7 +61,9 @@ def run_all(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
     topics = ["perf", "spark2", "spark4"]
     with SyncAdmin(bootstrap) as admin:
         admin.create_topics([NewTopic(t, args.partitions, 3) for t in topics])
-    spark = spark_session(app_name="rillet-spark-bench")
+    # local[4]: all 4 tasks run at once even on a 2-core machine (local[*] would run
+    # only as many tasks at a time as there are cores, and "4 tasks" would mean 2).
+    spark = spark_session(args.master, app_name="rillet-spark-bench")
     # Warm up Spark (JVM JIT, Python workers) on a small load, so runs compare steady state.
     with SyncAdmin(bootstrap) as admin:
         admin.create_topics([NewTopic("warmup", args.partitions, 3)])
@@ -69,6 +73,7 @@ def run_all(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "records": args.records, "record_size": args.record_size,
         "partitions": args.partitions, "replication_factor": 3, "acks": "all",
+        "master": args.master, "cpus": os.cpu_count(),
         "perf_produce": {"records_per_s": perf["records_per_s"], "mb_per_s": perf["mb_per_s"]},
     }  # fmt: skip
     for tasks, topic in ((2, "spark2"), (4, "spark4")):

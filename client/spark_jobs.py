@@ -4,10 +4,12 @@ The load job generates N records in K Spark tasks. Producer task ``t`` writes se
 numbers ``0 .. n_t - 1`` (``n_t`` is N/K, the first N mod K tasks one more), all with
 key ``str(t)``, so one task's records land in one partition, in order. Each value is::
 
-    b"RLT1" | task uint32 | seq uint64 | crc32(payload) uint32 | payload     (big-endian)
+    b"RLT1" | task uint32 | seq uint64 | crc32(task, seq, payload) uint32 | payload
 
-where the payload is ``f"{task}:{seq};"`` repeated and cut to ``record_size - 20``
-bytes, so every byte of a value follows from ``(task, seq)``. Values are computed by
+(big-endian; zlib's CRC-32 over bytes 4-16 and the payload), where the payload is the
+25 ASCII bytes ``f"{task:08X}{seq:016X};"`` repeated and cut to ``record_size - 20``
+bytes, so every byte of a value follows from ``(task, seq)`` and no payload byte is
+zero (a zeroed page cannot pass for data). Values are computed by
 Spark SQL expressions in the JVM (``crc32`` there is java.util.zip.CRC32, the same
 function as ``zlib.crc32``), then handed to the data source writer as Arrow batches.
 
@@ -62,7 +64,7 @@ def task_records(records: int, tasks: int, task: int) -> int:
 
 
 def payload_for(task: int, seq: int, size: int) -> bytes:
-    pattern = f"{task}:{seq};".encode()
+    pattern = f"{task:08X}{seq:016X};".encode()
     n = size - HEADER_BYTES
     return (pattern * (n // len(pattern) + 1))[:n]
 
@@ -72,8 +74,8 @@ def make_value(task: int, seq: int, size: int) -> bytes:
     if size < HEADER_BYTES:
         raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
     payload = payload_for(task, seq, size)
-    head = MAGIC + task.to_bytes(4, "big") + seq.to_bytes(8, "big")
-    return head + zlib.crc32(payload).to_bytes(4, "big") + payload
+    ids = task.to_bytes(4, "big") + seq.to_bytes(8, "big")
+    return MAGIC + ids + zlib.crc32(ids + payload).to_bytes(4, "big") + payload
 
 
 def parse_value(value: bytes | None) -> tuple[int, int] | None:
@@ -83,7 +85,7 @@ def parse_value(value: bytes | None) -> tuple[int, int] | None:
     task = int.from_bytes(value[4:8], "big")
     seq = int.from_bytes(value[8:16], "big")
     payload = value[HEADER_BYTES:]
-    if int.from_bytes(value[16:20], "big") != zlib.crc32(payload):
+    if int.from_bytes(value[16:20], "big") != zlib.crc32(value[4:16] + payload):
         return None
     if payload != payload_for(task, seq, len(value)):
         return None
@@ -170,29 +172,26 @@ def load_frame(spark: SparkSession, records: int, tasks: int, record_size: int) 
         raise ValueError("need tasks >= 1 and records >= tasks")
     if record_size < HEADER_BYTES:
         raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
-    n = record_size - HEADER_BYTES
-    pattern = F.concat(F.col("task").cast("string"), F.lit(":"), F.col("seq").cast("string"),
-                       F.lit(";"))  # fmt: skip
-    repeats = (F.lit(n) / F.length(pattern)).cast("int") + 1
-    payload = F.encode(F.substring(F.repeat(pattern, repeats), 1, n), "UTF-8")
-    header = F.unhex(
-        F.concat(
-            F.lit(MAGIC.hex()),
-            F.lpad(F.hex(F.col("task")), 8, "0"),
-            F.lpad(F.hex(F.col("seq")), 16, "0"),
-            F.lpad(F.hex(F.crc32(F.col("payload"))), 8, "0"),
-        )
-    )
+    ids = F.concat(F.lpad(F.hex(F.col("task")), 8, "0"), F.lpad(F.hex(F.col("seq")), 16, "0"))
+    crc_of = F.crc32(F.concat(F.unhex(F.col("ids")), F.col("payload")))
+    crc = F.unhex(F.lpad(F.hex(crc_of), 8, "0"))
     seeds = spark.range(0, tasks, 1, tasks).withColumnRenamed("id", "task")
     seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
+    # Binary rpad repeats the pattern in one call: half the cost of string repeat/substr.
     return (
         seeds.select("task", F.explode(seqs).alias("seq"))
-        .withColumn("payload", payload)
+        .select("task", ids.alias("ids"))
+        .withColumn("payload", _payload(F.col("ids"), F.lit(record_size - HEADER_BYTES)))
         .select(
             F.encode(F.col("task").cast("string"), "UTF-8").alias("key"),
-            F.concat(header, F.col("payload")).alias("value"),
+            F.concat(F.lit(MAGIC), F.unhex(F.col("ids")), crc, F.col("payload")).alias("value"),
         )
     )
+
+
+def _payload(ids_hex: Column, size: Column) -> Column:
+    """``payload_for`` in Spark SQL, from the 24 hex digits of (task, seq)."""
+    return F.rpad(F.lit(b""), size, F.encode(F.concat(ids_hex, F.lit(";")), "UTF-8"))
 
 
 @dataclass
@@ -319,18 +318,13 @@ def parse_frame(df: DataFrame) -> DataFrame:
         "partition", "offset", "value",
         field_of(5, 4).alias("task"), field_of(9, 8).alias("seq"), field_of(17, 4).alias("crc"),
     )  # fmt: skip
-    n = F.length(v) - HEADER_BYTES
-    pattern = F.concat(F.col("task").cast("string"), F.lit(":"), F.col("seq").cast("string"),
-                       F.lit(";"))  # fmt: skip
-    expected = F.encode(
-        F.substring(F.repeat(pattern, (n / F.length(pattern)).cast("int") + 1), 1, n), "UTF-8"
-    )
+    expected = _payload(F.hex(F.substring(v, 5, 12)), F.length(v) - HEADER_BYTES)
     payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
     valid = (
         v.isNotNull()
         & (F.length(v) >= HEADER_BYTES)
         & (F.hex(F.substring(v, 1, 4)) == MAGIC.hex().upper())
-        & (F.crc32(payload) == F.col("crc"))
+        & (F.crc32(F.concat(F.substring(v, 5, 12), payload)) == F.col("crc"))
         & (payload == expected)
     )
     return parsed.withColumn("valid", F.coalesce(valid, F.lit(False)))
