@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.broker.local_cluster import LocalCluster
+from rillet.broker.local_cluster import ClusterError, LocalCluster
 from rillet.client import errors, records
 from rillet.client.connection import Connection, parse_address
 
@@ -64,7 +64,10 @@ class Client:
         self._conns: dict[str, Connection] = {}
 
     async def conn(self, node_id: int) -> Connection:
-        address = self.cluster.broker_address(node_id)
+        try:
+            address = self.cluster.broker_address(node_id)
+        except ClusterError as e:  # (re)starting: not listening yet
+            raise errors.NetworkError(str(e)) from e
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = await Connection.open(*parse_address(address), connect_timeout_ms=2000,
