@@ -55,6 +55,8 @@ def _add_spark_options(p: argparse.ArgumentParser) -> None:
 
 
 def _session(args: argparse.Namespace, app: str) -> Any:
+    """(spark_jobs module, SparkSession); a missing extra is one line saying what to
+    install, before anything else happens."""
     try:
         from rillet.client import spark_jobs
     except ImportError as e:
@@ -84,8 +86,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    _ensure_topic(args)
     jobs, spark = _session(args, "rillet-spark-load")
+    _ensure_topic(args)
     acks = "all" if args.acks in ("all", "-1") else args.acks
     result = jobs.run_load(spark, args.bootstrap, args.topic, args.records, args.tasks,
                            args.record_size, acks=acks, manifest=args.manifest,

@@ -6,6 +6,9 @@ since the planning lives next to the data source classes).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
@@ -152,3 +155,14 @@ def test_spark_errors_are_reduced_to_their_python_cause() -> None:
         "rillet.client.errors.UnknownTopicOrPartitionError: topic 'x' does not exist"
     )
     assert spark_error_cause("plain failure\nmore") == "plain failure"
+
+
+def test_without_pyspark_the_cli_says_what_to_install() -> None:
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"  # an import of pyspark now fails
+        "from rillet.client.cli import main\n"
+        "sys.exit(main(['spark', 'verify', '--topic', 't', '--records', '1']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "pip install 'rillet[spark]'" in out.stderr and "Traceback" not in out.stderr
