@@ -521,11 +521,40 @@ class RilletReader(DataSourceReader):
             yield from read_range(self.options.bootstrap, rng)
 
 
+class KeptClient:
+    """An event loop and a client kept across calls on the driver.
+
+    A stream reader answers ``latestOffset`` every trigger (every few ms when idle with
+    the default trigger); a fresh client per call would open a connection each time.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.meta = MetadataClient(bootstrap, client_id="rillet-spark-stream")
+
+    def run(self, fn: Callable[[MetadataClient], Awaitable[T]]) -> T:
+        return self.loop.run_until_complete(fn(self.meta))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.meta.close())
+        self.loop.close()
+
+
 class RilletStreamReader(DataSourceStreamReader):
     """Offsets are ``{"<partition>": next offset to read}``; see the module docstring."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self._client: KeptClient | None = None
+        self._reported: dict[int, int] = {}  # the highest offsets latestOffset returned
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}  # a loop and sockets do not pickle
+
+    def _run(self, fn: Callable[[MetadataClient], Awaitable[T]]) -> T:
+        if self._client is None:
+            self._client = KeptClient(self.options.bootstrap)
+        return self._client.run(fn)
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's method name
         o = self.options
@@ -537,18 +566,19 @@ class RilletStreamReader(DataSourceStreamReader):
             latest = await list_offsets(meta, o.topic, LATEST)
             return resolve(o.starting, "latest", earliest, latest)
 
-        return stream_offset(run_with_client(o.bootstrap, initial))
+        return stream_offset(self._run(initial))
 
     # Spark >= 4.2 passes (start, limit); 4.0 and 4.1 call it with no arguments. The
     # default read limit is "everything available", so ``limit`` needs no handling.
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:  # noqa: N802
         o = self.options
-        latest = run_with_client(o.bootstrap, lambda m: list_offsets(m, o.topic, LATEST))
-        if start:
-            # Never report an offset behind one already planned (a leader change can show
-            # a lower high watermark for a moment); Spark needs offsets to move forward.
-            for p, off in parse_stream_offset(start).items():
+        latest = self._run(lambda m: list_offsets(m, o.topic, LATEST))
+        # Never report an offset behind one already planned or reported (a new leader
+        # can show a lower high watermark for a moment); Spark needs offsets to advance.
+        for floor in (self._reported, parse_stream_offset(start or {})):
+            for p, off in floor.items():
                 latest[p] = max(latest.get(p, off), off)
+        self._reported = dict(latest)
         return stream_offset(latest)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -563,6 +593,11 @@ class RilletStreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the position lives in Spark's checkpoint, not in the cluster."""
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 @dataclass
