@@ -276,12 +276,7 @@ class ReplicaManager:
                                 partition_epoch)  # fmt: skip
                     self._spawn(self._send_alter_partition(replica, effect))
                 case Truncate(offset):
-                    replica.log.truncate_to(offset)
-                    # Kafka's truncateTo drops epochs starting at or past the log end even
-                    # when no record is cut: a broker elected leader that appended nothing
-                    # keeps an empty epoch, would fetch with it forever and never converge
-                    # (found by tests/test_replication_sim.py).
-                    replica.log.epochs.truncate_from_end(replica.log.log_end_offset)
+                    replica.log.truncate_to(offset)  # also drops empty epochs at the end
                 case TruncateFullyAndStartAt(offset):
                     replica.log.truncate_fully_and_start_at(offset)
                 case AppendFetched():

@@ -481,8 +481,14 @@ class Log:
 
     def truncate_to(self, offset: int) -> None:
         """Cut the log so it ends at or before ``offset`` (whole batches: a batch holding
-        ``offset`` goes too). For a follower whose tail diverged from the leader's."""
+        ``offset`` goes too). For a follower whose tail diverged from the leader's.
+
+        Epochs starting at or past the resulting log end are dropped even when no record
+        is cut (Kafka's truncateTo): a broker elected leader that appended nothing holds
+        an epoch with no records; kept, it would be this follower's last fetched epoch,
+        and the leader, which never had it, would answer the same divergence forever."""
         if offset >= self.log_end_offset:
+            self.epochs.truncate_from_end(self.log_end_offset)
             return
         if offset <= self._log_start:
             self.truncate_fully_and_start_at(offset)

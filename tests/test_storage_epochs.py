@@ -134,3 +134,32 @@ def test_truncate_at_a_segment_boundary(tmp_path):
     assert again.log_end_offset == boundary + 5
     assert again.epochs.entries() == [(1, 0), (2, boundary)]
     again.close()
+
+
+def test_truncate_at_or_past_the_end_drops_an_empty_epoch(tmp_path):
+    """A broker elected leader (epoch 5 assigned at its log end) that appended nothing,
+    then a follower again: truncating to the log end cuts no record but must drop the
+    empty epoch, or the follower fetches with last_fetched_epoch 5 forever."""
+    path = tmp_path / "t-0"
+    log = Log.open(path, CONFIG)
+    log.append(batch(5), 3)
+    log.epochs.assign(5, log.log_end_offset)
+    assert log.epochs.entries() == [(3, 0), (5, 5)]
+    log.truncate_to(log.log_end_offset)
+    assert log.log_end_offset == 5
+    assert log.epochs.entries() == [(3, 0)]
+    assert log.latest_epoch == 3 and log.end_offset_for_epoch(3) == (3, 5)
+    log.epochs.assign(6, 5)
+    log.truncate_to(9)  # past the end: the same rule
+    assert log.epochs.entries() == [(3, 0)]
+    log.close()
+    again = Log.open(path, CONFIG)  # and it stays dropped across a reopen
+    assert again.epochs.entries() == [(3, 0)]
+    assert again.log_end_offset == 5
+    again.close()
+
+
+def test_truncate_past_the_end_keeps_epochs_with_records(log):
+    log.truncate_to(log.log_end_offset + 10)
+    assert log.log_end_offset == 30
+    assert log.epochs.entries() == [(1, 0), (3, 10), (4, 25)]
