@@ -12,6 +12,11 @@
 - Errors: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, a broken connection...
   refresh metadata and carry on from the same position at the new leader;
   OFFSET_OUT_OF_RANGE resets by ``auto_offset_reset`` or raises when it is ``'none'``.
+- Fetch from follower (KIP-392): ``client_rack`` goes out as ``rack_id``; when the
+  leader's answer names a ``preferred_read_replica`` the partition is fetched from that
+  replica until it errors (any error, OFFSET_OUT_OF_RANGE included, sends the partition
+  back to the leader at the same position, with a metadata refresh) or the choice is
+  ``metadata_max_age_ms`` old (then the leader is asked again), as Kafka's consumer does.
 
 Consumer groups come later: ``group_id`` and the ``_assignor`` seam (a callable from the
 subscribed topics' metadata to this member's partitions) are where they plug in; today
@@ -125,6 +130,7 @@ class Consumer:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         metadata_wait_ms: int = 30_000,
+        metadata_max_age_ms: int = 300_000,
         client_id: str = "rillet-consumer",
         group_id: str | None = None,
         metadata: MetadataClient | None = None,
@@ -154,17 +160,22 @@ class Consumer:
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.metadata_wait_ms = metadata_wait_ms
+        # How long a preferred read replica is used before the leader is asked again
+        # (Kafka ties it to metadata.max.age.ms too).
+        self.preferred_max_age_s = metadata_max_age_ms / 1000
         self._meta = metadata or MetadataClient(
             bootstrap,
             client_id=client_id,
             request_timeout_ms=request_timeout_ms + fetch_max_wait_ms,
             retry_backoff_ms=retry_backoff_ms,
+            metadata_max_age_ms=metadata_max_age_ms,
         )
         self._own_meta = metadata is None
         self._positions: dict[TopicPartition, int] = {}  # what the application consumed
         self._fetch_positions: dict[TopicPartition, int] = {}  # where the next fetch starts
         self._generations: dict[TopicPartition, int] = {}  # bumped by seek: drops old data
-        self._preferred: dict[TopicPartition, int] = {}  # follower to fetch from (client.rack)
+        # (replica, until when) to fetch from instead of the leader (client_rack, KIP-392)
+        self._preferred: dict[TopicPartition, tuple[int, float]] = {}
         self._buffer: deque[_Fetched] = deque()
         self._buffered_bytes = 0
         self._buffered_chunks: dict[TopicPartition, int] = {}  # prefetch: at most 2 each
@@ -176,6 +187,7 @@ class Consumer:
         self._task: asyncio.Task | None = None
         self._closed = False
         self.stats = {"fetches": 0, "records": 0, "bytes": 0}
+        self.bytes_by_node: dict[int, int] = {}  # fetched record bytes per broker answering
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -411,8 +423,8 @@ class Consumer:
                 continue
             if self._buffered_chunks.get(tp, 0) > 1:
                 continue  # one chunk being consumed and one fetched ahead: enough
-            node = self._preferred.get(tp, NO_LEADER)
-            if node == NO_LEADER or node not in snap.brokers:
+            node = self._preferred_replica(tp, snap)
+            if node == NO_LEADER:
                 node = snap.leader_for(*tp)
             if node == NO_LEADER:
                 missing = True
@@ -421,6 +433,18 @@ class Consumer:
         if missing:
             self._refresh_later()
         return by_node
+
+    def _preferred_replica(self, tp: TopicPartition, snap: ClusterMetadata) -> int:
+        """The replica the leader sent this partition to, while still good: not expired
+        and still a live broker in metadata; else NO_LEADER (use the leader)."""
+        entry = self._preferred.get(tp)
+        if entry is None:
+            return NO_LEADER
+        node, until = entry
+        if time.monotonic() >= until or node not in snap.brokers:
+            del self._preferred[tp]
+            return NO_LEADER
+        return node
 
     def _refresh_later(self) -> None:
         self._meta.request_update()
@@ -482,6 +506,7 @@ class Consumer:
         conn = await self._meta.connection(node)
         header, payload = await conn.request(schemas.FETCH, fields)
         self.stats["fetches"] += 1
+        self.bytes_by_node[node] = self.bytes_by_node.get(node, 0) + len(payload)
         pos = 0
         for topic, parts in header["topics"]:
             for p, code, _hw, _lso, _start, _div, preferred, nbytes, *_ in parts:
@@ -491,10 +516,14 @@ class Consumer:
                 if generations.get(tp) != self._generations.get(tp, 0):
                     continue  # seeked while this fetch was out: its data is stale
                 if code:
-                    await self._partition_error(tp, code)
+                    await self._partition_error(tp, code, node)
                     continue
                 if preferred >= 0 and preferred != node:
-                    self._preferred[tp] = preferred
+                    until = time.monotonic() + self.preferred_max_age_s
+                    if self._preferred.get(tp, (NO_LEADER, 0.0))[0] != preferred:
+                        log.info("%s-%d: fetching from replica %d (rack %r), not leader %d",
+                                 topic, p, preferred, self.client_rack, node)  # fmt: skip
+                    self._preferred[tp] = (preferred, until)
                 self._accept(tp, data, generations[tp])
 
     def _accept(self, tp: TopicPartition, data: memoryview, generation: int) -> None:
@@ -514,7 +543,17 @@ class Consumer:
         self.stats["bytes"] += len(data)
         self._data.set()
 
-    async def _partition_error(self, tp: TopicPartition, code: int) -> None:
+    async def _partition_error(self, tp: TopicPartition, code: int, node: int) -> None:
+        if self._preferred.get(tp, (NO_LEADER, 0.0))[0] == node:
+            del self._preferred[tp]
+            # Any error from a preferred read replica (behind, not a replica any more, a
+            # stale epoch, even out of range: it may just lag the leader) sends the
+            # partition back to the leader at the same position; the leader may name a
+            # replica again. Kafka's consumer does the same.
+            log.info("%s-%d: preferred read replica %d answered %s; back to the leader",
+                     tp.topic, tp.partition, node, error_for(code).name)  # fmt: skip
+            self._refresh_later()
+            return
         if code == OffsetOutOfRangeError.code:
             if self.auto_offset_reset == "none":
                 self._fail(
@@ -532,7 +571,6 @@ class Consumer:
         if not error.retriable:
             self._fail(error)
             return
-        self._preferred.pop(tp, None)
         self._refresh_later()
 
     def _fail(self, error: BaseException) -> None:

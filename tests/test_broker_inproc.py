@@ -262,7 +262,11 @@ async def test_not_leader_when_another_broker_leads(broker, conn) -> None:
     code = errors.code_of("NOT_LEADER_OR_FOLLOWER")
     assert (await produce(conn, "theirs", 0, batch(b"x")))[1] == code  # we follow it
     assert (await produce(conn, "theirs", 1, batch(b"x")))[1] == code  # not a replica
+    # A follower serves consumers too (fetch from follower, KIP-392), below its HW;
+    # a broker that holds no replica does not.
     row, _ = await fetch(conn, "theirs", 0, 0)
+    assert row[1] == errors.NONE
+    row, _ = await fetch(conn, "theirs", 1, 0)
     assert row[1] == code
 
 
