@@ -1,9 +1,22 @@
-"""Produce and consume throughput against a fresh local cluster.
+"""Produce and consume throughput, replication cost, failover time and end-to-end
+latency against a fresh local cluster.
 
-Starts a real cluster (3 controllers + 3 brokers by default) in a temporary directory,
-creates a topic, runs ``rillet perf produce`` (acks=1 by default) and ``rillet perf
-consume`` as subprocesses, and prints one JSON object: each run's records/s, MB/s,
-latency percentiles and the client's peak RSS, plus each broker's peak RSS (VmHWM).
+Starts a real cluster (3 controllers + 3 brokers by default) in a temporary directory and
+prints one JSON object:
+
+- ``produce`` / ``consume``: ``rillet perf produce`` (``--acks``, RF ``--replication-factor``)
+  and ``rillet perf consume`` as subprocesses: records/s, MB/s, latency, client peak RSS;
+- ``replication``: perf produce with RF=1 acks=1 and RF=3 acks=all
+  (min.insync.replicas=2) in the same run, and their throughput ratio;
+- ``end_to_end``: a producer subprocess at a fixed rate (``--e2e-rate``, acks=all, RF=3)
+  puts its wall-clock send time in each value; the consumer (this process) records
+  receive time minus send time: p50/p99/max;
+- ``failover``: ``--failover-trials`` times, kill -9 the leader of a partition and time
+  until an acks=all send issued right after the kill succeeds on that partition, with
+  when the new leader showed in metadata (detection + election) and the client's share
+  after that; the configured ``broker.session.timeout.ms`` and heartbeat interval;
+- ``broker_peak_rss_mb``: each broker's VmHWM before the failover trials (a restarted
+  broker starts a new peak), with the follower fetch bounds configured.
 
     python benchmarks/cluster_bench.py --num-records 1000000 --partitions 6
 """
@@ -11,15 +24,27 @@ latency percentiles and the client's peak RSS, plus each broker's peak RSS (VmHW
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from rillet.broker.config import broker_config_table
 from rillet.broker.local_cluster import LocalCluster
+from rillet.client.admin import Admin
+from rillet.client.consumer import Consumer
+from rillet.client.errors import RilletError
+from rillet.client.producer import Producer
+from rillet.controller.config import controller_config_table
+
+STAMP = struct.Struct(">d")  # the send time (time.time()) at the head of each e2e value
 
 
 def peak_rss_mb(pid: int | None) -> float | None:
@@ -44,6 +69,9 @@ def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "e2e-producer":  # the paced producer child
+        asyncio.run(e2e_producer(sys.argv[2], sys.argv[3], *map(float, sys.argv[4:7])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-records", type=int, default=1_000_000)
     parser.add_argument("--record-size", type=int, default=100)
@@ -53,10 +81,24 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64 * 1024)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--controllers", type=int, default=3)
+    parser.add_argument("--e2e-rate", type=float, default=10_000, help="records/s")
+    parser.add_argument("--e2e-seconds", type=float, default=10)
+    parser.add_argument("--failover-trials", type=int, default=10)
+    parser.add_argument("--session-timeout-ms", type=int, default=None,
+                        help="broker.session.timeout.ms (default: the controller's)")
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["throughput", "replication", "e2e", "failover"])
     args = parser.parse_args()
+    node_overrides: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rillet-bench-") as tmp:
         cluster = LocalCluster(Path(tmp), controllers=args.controllers, brokers=args.brokers,
                                ephemeral_ports=True)  # fmt: skip
+        if args.session_timeout_ms is not None:
+            for node in cluster.controllers():
+                node_overrides[node.node_id] = {
+                    "broker.session.timeout.ms": args.session_timeout_ms
+                }
+            cluster.node_overrides.update(node_overrides)
         cluster.start()
         try:
             cluster.wait_ready()
@@ -67,16 +109,7 @@ def main() -> None:
 
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
-    boot = cluster.bootstrap
-    rillet(boot, "topic", "create", "bench", "--partitions", str(args.partitions),
-           "--replication-factor", str(args.replication_factor))  # fmt: skip
-    produce = rillet(boot, "perf", "produce", "--topic", "bench",
-                     "--num-records", str(args.num_records),
-                     "--record-size", str(args.record_size), "--acks", args.acks,
-                     "--batch-size", str(args.batch_size))  # fmt: skip
-    consume = rillet(boot, "perf", "consume", "--topic", "bench",
-                     "--num-records", str(args.num_records))  # fmt: skip
-    return {
+    result: dict[str, Any] = {
         "cluster": {
             "brokers": args.brokers,
             "controllers": args.controllers,
@@ -84,10 +117,221 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             "replication_factor": args.replication_factor,
             "cpus": os.cpu_count(),
         },  # fmt: skip
-        "produce": produce,
-        "consume": consume,
-        "broker_peak_rss_mb": {n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()},
     }
+    if "throughput" not in args.skip:
+        result.update(throughput(cluster, args))
+    if "replication" not in args.skip:
+        result["replication"] = replication_cost(cluster, args)
+    if "e2e" not in args.skip:
+        result["end_to_end"] = asyncio.run(end_to_end(cluster, args))
+    broker_defaults = defaults(broker_config_table())
+    result["broker_peak_rss_mb"] = {n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()}
+    result["follower_fetch_bounds"] = {
+        k: broker_defaults[k]
+        for k in ("replica.fetch.max.bytes", "replica.fetch.response.max.bytes")
+    }  # fmt: skip
+    if "failover" not in args.skip:
+        result["failover"] = asyncio.run(failover(cluster, args))
+        result["broker_peak_rss_mb_after_failover"] = {
+            n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()
+        }  # fmt: skip
+    return result
+
+
+def defaults(table: Any) -> dict[str, Any]:
+    return {k.name: k.default for k in table.keys.values()}
+
+
+def perf_produce(boot: str, topic: str, args: argparse.Namespace, acks: str) -> dict[str, Any]:
+    return rillet(boot, "perf", "produce", "--topic", topic,
+                  "--num-records", str(args.num_records),
+                  "--record-size", str(args.record_size), "--acks", acks,
+                  "--batch-size", str(args.batch_size))  # fmt: skip
+
+
+def create_topic(boot: str, topic: str, partitions: int, rf: int, *configs: str) -> None:
+    extra = [a for c in configs for a in ("--config", c)]
+    rillet(boot, "topic", "create", topic, "--partitions", str(partitions),
+           "--replication-factor", str(rf), *extra)  # fmt: skip
+
+
+def throughput(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    boot = cluster.bootstrap
+    create_topic(boot, "bench", args.partitions, args.replication_factor)
+    produce = perf_produce(boot, "bench", args, args.acks)
+    consume = rillet(boot, "perf", "consume", "--topic", "bench",
+                     "--num-records", str(args.num_records))  # fmt: skip
+    return {"produce": produce, "consume": consume}
+
+
+def replication_cost(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """RF=1 acks=1 against RF=3 acks=all (min.insync.replicas=2), same run, same sizes."""
+    boot = cluster.bootstrap
+    create_topic(boot, "rf1", args.partitions, 1)
+    create_topic(boot, "rf3", args.partitions, 3, "min.insync.replicas=2")
+    rf1 = perf_produce(boot, "rf1", args, "1")
+    rf3 = perf_produce(boot, "rf3", args, "all")
+    return {
+        "rf1_acks1": rf1,
+        "rf3_acks_all": rf3,
+        "throughput_ratio_rf3_all_to_rf1_1": round(
+            rf3["records_per_s"] / rf1["records_per_s"], 3
+        ),
+    }
+
+
+# --- end-to-end latency -------------------------------------------------------------------
+
+
+async def e2e_producer(boot: str, topic: str, rate: float, seconds: float, size: float) -> None:
+    """Child process: ``rate`` records/s for ``seconds``, acks=all, each value starting
+    with its send time. Paced in 1 ms steps, so a step sends ``rate / 1000`` records."""
+    pad = b"x" * max(0, int(size) - STAMP.size)
+    total = int(rate * seconds)
+    async with Producer(bootstrap=boot, acks="all") as producer:
+        start = time.monotonic()
+        sent = 0
+        while sent < total:
+            due = min(total, int((time.monotonic() - start) * rate) + 1)
+            for _ in range(due - sent):
+                await producer.produce(topic, STAMP.pack(time.time()) + pad)
+            sent = due
+            await asyncio.sleep(0.001)
+        await producer.flush()
+
+
+async def end_to_end(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    boot = cluster.bootstrap
+    topic = "e2e"
+    create_topic(boot, topic, args.partitions, 3, "min.insync.replicas=2")
+    total = int(args.e2e_rate * args.e2e_seconds)
+    latencies: list[float] = []
+    async with Consumer(topic, bootstrap=boot, from_beginning=True) as consumer:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "e2e-producer", boot, topic, str(args.e2e_rate),
+            str(args.e2e_seconds), str(args.record_size),
+        )  # fmt: skip
+        idle_deadline = time.monotonic() + 30
+        while len(latencies) < total and time.monotonic() < idle_deadline:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for recs in batch.values():
+                latencies.extend(now - STAMP.unpack_from(r.value)[0] for r in recs)
+                idle_deadline = time.monotonic() + 30
+        await child.wait()
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
+
+    return {
+        "rate_records_per_sec": args.e2e_rate,
+        "seconds": args.e2e_seconds,
+        "acks": "all",
+        "replication_factor": 3,
+        "producer_linger_ms": 5,
+        "records_received": len(latencies),
+        "records_sent": total,
+        "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
+    }
+
+
+# --- failover ----------------------------------------------------------------------------------
+
+
+async def leader_of(admin: Admin, topic: str, partition: int) -> tuple[int, list[int], list[int]]:
+    (desc,) = await admin.describe_topics([topic])
+    p = desc.partitions[partition]
+    return p.leader, list(p.replicas), list(p.isr)
+
+
+async def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = await predicate()
+        except RilletError:
+            value = None  # a broker restarting or gone: ask again
+        if value:
+            return value
+        await asyncio.sleep(interval_s)
+    raise SystemExit(f"benchmark: timed out waiting for {what}")
+
+
+async def failover_trial(cluster: LocalCluster, admin: Admin, topic: str) -> dict[str, float]:
+    """kill -9 the leader of partition 0; time until an acks=all send issued right after
+    the kill succeeds, and until metadata (as a broker serves it) shows a new leader."""
+    old, _, _ = await leader_of(admin, topic, 0)
+    async with Producer(bootstrap=cluster.bootstrap, acks="all", linger_ms=0) as producer:
+        await producer.send(topic, b"warm-up", partition=0)  # metadata and connection ready
+        t0 = time.monotonic()
+        cluster.stop_node(old, kill=True)  # SIGKILL, reaped at once
+        moved: dict[str, float] = {}
+
+        async def watch() -> None:
+            async def new_leader() -> bool:
+                leader, _, _ = await leader_of(admin, topic, 0)
+                return leader not in (old, -1)
+
+            await wait_for(new_leader, 120, "a new leader")
+            moved["t"] = time.monotonic()
+
+        watcher = asyncio.ensure_future(watch())
+        await producer.send(topic, b"after-kill", partition=0)
+        t_ok = time.monotonic()
+        await watcher
+    cluster.start_node(old)
+
+    async def isr_full() -> bool:
+        _, replicas, isr = await leader_of(admin, topic, 0)
+        return sorted(replicas) == sorted(isr)
+
+    await wait_for(isr_full, 120, "the restarted broker back in the ISR", 0.1)
+    return {
+        "to_acks_all_success_s": t_ok - t0,
+        "to_new_leader_in_metadata_s": moved["t"] - t0,
+        "client_after_new_leader_s": t_ok - moved["t"],
+    }
+
+
+async def failover(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    topic = "failover"
+    create_topic(cluster.bootstrap, topic, 1, 3, "min.insync.replicas=2")
+    controller = {**defaults(controller_config_table()), **_first_override(cluster)}
+    trials: list[dict[str, float]] = []
+    async with Admin(cluster.bootstrap) as admin:
+        await wait_for(lambda: _isr_full(admin, topic), 60, "the failover topic's ISR", 0.1)
+        for _ in range(args.failover_trials):
+            trials.append(await failover_trial(cluster, admin, topic))
+
+    def summary(key: str) -> dict[str, float]:
+        values = [t[key] for t in trials]
+        return {"median_s": round(statistics.median(values), 3), "max_s": round(max(values), 3),
+                "min_s": round(min(values), 3)}  # fmt: skip
+
+    return {
+        "trials": len(trials),
+        "broker.session.timeout.ms": controller["broker.session.timeout.ms"],
+        "broker.heartbeat.interval.ms": defaults(broker_config_table())[
+            "broker.heartbeat.interval.ms"
+        ],
+        "kill_to_acks_all_success": summary("to_acks_all_success_s"),
+        "kill_to_new_leader_in_metadata": summary("to_new_leader_in_metadata_s"),
+        "new_leader_to_client_success": summary("client_after_new_leader_s"),
+        "each_s": [round(t["to_acks_all_success_s"], 3) for t in trials],
+    }
+
+
+async def _isr_full(admin: Admin, topic: str) -> bool:
+    leader, replicas, isr = await leader_of(admin, topic, 0)
+    return leader >= 0 and sorted(replicas) == sorted(isr)
+
+
+def _first_override(cluster: LocalCluster) -> dict[str, Any]:
+    """The controllers' overrides (the benchmark sets the same on each)."""
+    for node in cluster.controllers():
+        return dict(cluster.node_overrides.get(node.node_id, {}))
+    return {}
 
 
 if __name__ == "__main__":
