@@ -9,10 +9,10 @@ enough: DESIGN section 2), and refreshes the snapshot:
 - when a caller saw a retriable error (``request_update()``, then the next refresh),
 - when the snapshot is older than ``metadata_max_age_ms``.
 
-Concurrent refreshes are coalesced into one request, and consecutive refreshes are
-spaced by ``retry_backoff_ms`` growing up to ``retry_backoff_max_ms`` while they keep
-failing or keep finding a partition without a leader, so a cluster in the middle of an
-election is not flooded.
+Concurrent refreshes are coalesced into one request. Refreshes that reach no broker are
+spaced by ``retry_backoff_ms`` growing up to ``retry_backoff_max_ms``; refreshes that find
+a partition without a leader (an election in progress) are spaced by the plain
+``retry_backoff_ms``, since the answer changes within a controller tick or two.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ class MetadataClient:
         self._connecting: dict[int | str, asyncio.Future[Connection]] = {}
         self._refreshing: asyncio.Future[ClusterMetadata] | None = None
         self._stale = True
-        self._failures = 0  # consecutive unhelpful refreshes, for backoff
+        self._failures = 0  # consecutive refreshes that reached no broker, for backoff
+        self._awaiting_leaders = False  # the last answer lacked a leader or a topic
         self._last_refresh = 0.0
         self._closed = False
         self.listeners: list[Any] = []  # callables(snapshot) run after each refresh
@@ -209,7 +210,7 @@ class MetadataClient:
 
     def _backoff_s(self) -> float:
         if self._failures == 0:
-            return 0.0
+            return self.retry_backoff_ms / 1000 if self._awaiting_leaders else 0.0
         ms = min(self.retry_backoff_ms * 2 ** (self._failures - 1), self.retry_backoff_max_ms)
         return ms * random.uniform(0.8, 1.2) / 1000
 
@@ -220,11 +221,12 @@ class MetadataClient:
         snapshot = ClusterMetadata.from_response(header, time.monotonic())
         self._apply(snapshot)
         wanted = snapshot.topics.keys() if topics is None else topics
-        if snapshot.missing_leaders(wanted) or snapshot.topic_errors:
-            self._failures += 1  # an election or a new topic: look again soon, gently
-            self._stale = True
-        else:
-            self._failures = 0
+        self._failures = 0
+        # An election or a new topic: the answer changes within a controller tick or two,
+        # so look again after the plain retry backoff. Escalating here (as for an
+        # unreachable cluster) only delays noticing the new leader after a failover.
+        self._awaiting_leaders = bool(snapshot.missing_leaders(wanted) or snapshot.topic_errors)
+        self._stale = self._stale or self._awaiting_leaders
         return snapshot
 
     def _apply(self, snapshot: ClusterMetadata) -> None:

@@ -1,0 +1,47 @@
+"""Metadata refresh pacing: an election is waited out at the plain retry backoff, while
+an unreachable cluster backs off exponentially."""
+
+from __future__ import annotations
+
+import pytest
+from test_client_fake_broker import FakeCluster
+
+from rillet.client.errors import NetworkError
+from rillet.client.metadata import MetadataClient
+
+
+@pytest.fixture
+async def fake():
+    cluster = await FakeCluster(3).start()
+    cluster.create("t", 1)
+    yield cluster
+    await cluster.stop()
+
+
+async def test_election_in_progress_does_not_escalate_the_refresh_backoff(fake) -> None:  # noqa: ANN001
+    client = MetadataClient(fake.bootstrap, retry_backoff_ms=20, retry_backoff_max_ms=1000)
+    client.add_topics(["t"])
+    try:
+        fake.topics["t"][0].leader = -1  # the controller is electing a new leader
+        for _ in range(6):
+            snap = await client.refresh(force=True)
+            assert snap.missing_leaders(["t"])
+            assert client._backoff_s() == pytest.approx(0.020)  # never grows toward 1 s
+        fake.move_leader("t", 0, 2)
+        snap = await client.refresh(force=True)
+        assert snap.topics["t"][0].leader == 2
+        assert client._backoff_s() == 0.0
+    finally:
+        await client.close()
+
+
+async def test_unreachable_cluster_backs_off_exponentially(fake) -> None:  # noqa: ANN001
+    client = MetadataClient(fake.bootstrap, retry_backoff_ms=20, retry_backoff_max_ms=1000)
+    await fake.stop()
+    try:
+        for _ in range(4):
+            with pytest.raises(NetworkError):
+                await client.refresh(force=True)
+        assert client._backoff_s() >= 0.8 * 20 * 2**3 / 1000
+    finally:
+        await client.close()
