@@ -97,8 +97,15 @@ class Client:
         assert header["topics"][0][1] == 0, header
 
     async def partitions(self, topic: str) -> dict[int, PartitionInfo]:
+        """The topic's partitions as the first live broker's image shows them. A broker
+        that has not loaded metadata yet (just restarted: it serves before its
+        registration) answers UNKNOWN_TOPIC_OR_PARTITION with no partitions; that is
+        raised, not returned as an empty dict, so that "every ISR is full" cannot hold
+        vacuously."""
         header = await self.any_request("Metadata", {"topics": [topic]})
         (t,) = header["topics"]
+        if t[0] != errors.NONE:
+            raise errors.error_for(t[0], f"Metadata for {topic!r}")
         return {p[1]: PartitionInfo(p[2], p[3], list(p[4]), list(p[5])) for p in t[3]}
 
     async def produce(self, leader: int, topic: str, partition: int, values: list[bytes],

@@ -31,15 +31,25 @@ PARTITIONS = 3
 
 
 def partitions(cluster: LocalCluster, topic: str = TOPIC) -> dict[int, PartitionInfo]:
-    async def body(client: Client) -> dict[int, PartitionInfo]:
-        return await client.partitions(topic)
+    """Metadata from the first live broker that knows the topic (a broker that just
+    restarted answers "unknown topic" until its metadata arrives: wait for it)."""
 
-    return run(cluster, body)
+    async def body(client: Client) -> dict[int, PartitionInfo] | None:
+        try:
+            return await client.partitions(topic)
+        except errors.UnknownTopicOrPartitionError:
+            return None
+
+    return wait_until(lambda: run(cluster, body), message=f"metadata for {topic}")
 
 
-def all_isrs_full(cluster: LocalCluster, topic: str = TOPIC) -> bool:
+def all_isrs_full(cluster: LocalCluster, topic: str = TOPIC, count: int = PARTITIONS) -> bool:
+    """Every one of the topic's ``count`` partitions has a leader and a full ISR (never
+    true of an answer that lists no partitions)."""
     info = partitions(cluster, topic)
-    return all(sorted(p.isr) == sorted(p.replicas) and p.leader >= 0 for p in info.values())
+    return set(info) == set(range(count)) and all(
+        sorted(p.isr) == sorted(p.replicas) and p.leader >= 0 for p in info.values()
+    )
 
 
 def create(cluster: LocalCluster, topic: str = TOPIC, count: int = PARTITIONS) -> None:
@@ -47,7 +57,7 @@ def create(cluster: LocalCluster, topic: str = TOPIC, count: int = PARTITIONS) -
         await client.create_topic(topic, count, 3, {"min.insync.replicas": "2"})
 
     run(cluster, body)
-    wait_until(lambda: all_isrs_full(cluster, topic), message="a full ISR after creation")
+    wait_until(lambda: all_isrs_full(cluster, topic, count), message="a full ISR after creation")
 
 
 def acks_grow(writer: Writer, by: int = 50) -> None:
@@ -127,7 +137,7 @@ def test_one_broker_left_refuses_acks_all_and_the_isr_refills(cluster_factory) -
         assert writer.acked_count() == acked_before  # nothing acknowledged meanwhile
         for b in gone:
             cluster.start_node(b)
-        wait_until(lambda: all_isrs_full(cluster, "scarce"), message="ISRs refilled")
+        wait_until(lambda: all_isrs_full(cluster, "scarce", 2), message="ISRs refilled")
         acks_grow(writer)
     finally:
         writer.stop()
