@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 NONE = errors.NONE
 ACKS_ALL = -1
 STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
+NOT_ENOUGH_REPLICAS = errors.code_of("NOT_ENOUGH_REPLICAS")
 
 # One partition's outcome: [partition, error_code, base_offset, log_append_time,
 # log_start_offset, error_message]; a pending acks=all result carries its future.
@@ -40,6 +41,7 @@ class ProduceHandler:
     def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics) -> None:
         self.replicas = replicas
         self.metrics = metrics
+        self._refusal_logged_ms: dict[str, int] = {}
 
     async def __call__(self, request: Request) -> Response | None:
         fields = request.fields
@@ -71,6 +73,8 @@ class ProduceHandler:
             return _error(partition, self.replicas.partition_error(topic, partition)), None
         code = replica.state.check_produce(acks, replica.min_insync_replicas)
         if code is not None:
+            if code == NOT_ENOUGH_REPLICAS:
+                self._log_not_enough_replicas(replica)
             return _error(partition, code, replica), None
         log = replica.log
         try:
@@ -86,6 +90,28 @@ class ProduceHandler:
         if acks != ACKS_ALL:
             return result, None
         return result, self.replicas.await_produce(replica, last + 1, deadline_ms)
+
+
+    def _log_not_enough_replicas(self, replica: Replica) -> None:
+        """Say which ISR refused (at most once a second per partition): the core's
+        committed ISR, which may differ from what metadata shows."""
+        now = self.replicas.now_ms()
+        last = self._refusal_logged_ms.get(replica.log.name)
+        if last is not None and now - last < 1000:
+            return
+        self._refusal_logged_ms[replica.log.name] = now
+        state = replica.state
+        logger.warning("%s: NOT_ENOUGH_REPLICAS: core isr %s (leader epoch %d, partition "
+                       "epoch %d) < min.insync.replicas %d; metadata isr %s",
+                       replica.log.name, list(state.isr), state.leader_epoch,
+                       state.partition_epoch, replica.min_insync_replicas,
+                       self._metadata_isr(replica))  # fmt: skip
+
+    def _metadata_isr(self, replica: Replica) -> str:
+        p = self.replicas.image.partition(replica.topic, replica.partition)
+        if p is None:
+            return "unknown"
+        return f"{list(p.isr)} (leader {p.leader}, epochs {p.leader_epoch}/{p.partition_epoch})"
 
 
 def _slice_payload(

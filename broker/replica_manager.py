@@ -173,18 +173,24 @@ class ReplicaManager:
             replica = None
         if replica is None:
             replica = self._open(tp, p.topic_id, image)
+        state = replica.state
         if p.leader == self.broker_id:
-            effects = replica.state.become_leader(
+            effects = state.become_leader(
                 p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now
             )
-            logger.info("%s-%d: leader at epoch %d, isr %s", tp.topic, tp.partition,
-                        p.leader_epoch, list(p.isr))  # fmt: skip
+            role = "leader"
         else:
-            effects = replica.state.become_follower(
+            effects = state.become_follower(
                 p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr
             )
-            logger.info("%s-%d: follower of %d at epoch %d", tp.topic, tp.partition,
-                        p.leader, p.leader_epoch)  # fmt: skip
+            role = f"follower of {p.leader}"
+        # Metadata's view and the core's, side by side: they differ when the core kept a
+        # newer state (an AlterPartition answer) or ignored this one as stale.
+        logger.info("%s-%d: %s; metadata leader epoch %d, partition epoch %d, isr %s; "
+                    "core leader epoch %d, partition epoch %d, isr %s, pending %s",
+                    tp.topic, tp.partition, role, p.leader_epoch, p.partition_epoch,
+                    list(p.isr), state.leader_epoch, state.partition_epoch, list(state.isr),
+                    _pending_str(state))  # fmt: skip
         self.apply_effects(replica, effects)
         replica.wake()  # waiting fetches re-check their role and epoch
 
@@ -301,9 +307,14 @@ class ReplicaManager:
                     replica.log.name, errors.error_name(response.error_code),
                     list(response.isr), response.partition_epoch)  # fmt: skip
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
+            state = replica.state
             self.apply_effects(
-                replica, replica.state.on_alter_partition_response(proposal.proposal_id, response)
+                replica, state.on_alter_partition_response(proposal.proposal_id, response)
             )
+            logger.info("%s: after AlterPartition %d: core leader epoch %d, partition epoch "
+                        "%d, isr %s, pending %s", replica.log.name, proposal.proposal_id,
+                        state.leader_epoch, state.partition_epoch, list(state.isr),
+                        _pending_str(state))  # fmt: skip
 
     def is_isr_eligible(self, broker_id: int) -> bool:
         """Registered and unfenced in this broker's image (the core asks before it
@@ -403,3 +414,10 @@ class ReplicaManager:
         except OSError:
             logger.exception("final high-watermark checkpoint failed")
         self.replicas.clear()
+
+
+def _pending_str(state: PartitionState) -> str:
+    pending = state.pending_isr_change
+    if pending is None:
+        return "none"
+    return f"{pending.kind} to {list(pending.proposal.new_isr)}"

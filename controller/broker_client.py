@@ -386,3 +386,8 @@ class MetadataFollower:
             except RilletError as e:
                 log.warning("metadata follower: %s", e)
                 await asyncio.sleep(0.1)
+            except Exception:
+                # Anything else (a listener bug) used to end this task silently, freezing
+                # the broker's metadata; say so loudly.
+                log.exception("metadata follower: applying a batch failed")
+                raise
