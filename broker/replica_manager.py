@@ -385,9 +385,18 @@ class ReplicaManager:
     async def checkpoint_high_watermarks(self) -> None:
         entries = self.hw_entries()
         async with self._checkpoint_lock:  # two writers must not race on the temp file
-            await asyncio.get_running_loop().run_in_executor(
+            write = asyncio.get_running_loop().run_in_executor(
                 None, hw_checkpoint.write, self.logs.data_dir, entries
             )
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # Cancelling the periodic task (shutdown) does not stop the thread: hold
+                # the lock until it is done, or the final checkpoint's writer truncates
+                # and renames the same temp file under it (seen as FileNotFoundError).
+                with contextlib.suppress(Exception):
+                    await write
+                raise
 
     async def run_hw_checkpoints(self) -> None:
         interval = self.config["replica.high.watermark.checkpoint.interval.ms"] / 1000
