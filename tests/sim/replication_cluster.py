@@ -80,6 +80,13 @@ class Registered:
 class Heartbeat:
     broker_epoch: int
     metadata_offset: int
+    want_shutdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    incarnation: int
+    should_shut_down: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +167,14 @@ class ControllerActor:
                 if result.response.error_code == errors.NONE:
                     net.send(self.actor_id, src, Registered(incarnation,
                                                             result.response.broker_epoch))
-            case Heartbeat(epoch, offset):
+            case Heartbeat(epoch, offset, want_shutdown):
                 result = self.quorum.broker_heartbeat(self.image, src, epoch, offset,
-                                                      False, False, now)
+                                                      False, want_shutdown, now)
                 self.commit(result.records)
+                r = result.response
+                if r.error_code == errors.NONE and r.should_shut_down:
+                    broker = self.cluster.brokers[src]
+                    net.send(self.actor_id, src, HeartbeatAnswer(broker.incarnation, True))
             case AlterIsr(incarnation, epoch, p):
                 result = self.quorum.alter_partition(self.image, src, epoch, TOPIC, 0,
                                                      p.leader_epoch, p.partition_epoch, p.new_isr)
@@ -196,6 +207,9 @@ class BrokerActor:
         self.fetch_sent_ms = 0
         self.alter_out: dict[int, int] = {}  # proposal id -> send time
         self.checked_end = 0  # the log below this was compared with the committed records
+        self.paused_until = 0  # SIGSTOP: nothing runs, messages queue up, the clock jumps
+        self.inbox: list[tuple[int, object]] = []
+        self.shutting_down = False  # controlled shutdown asked (SIGTERM)
 
     @property
     def alive(self) -> bool:
@@ -209,6 +223,7 @@ class BrokerActor:
                                     is_isr_eligible=lambda b: self.image.is_unfenced(b))
         self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
         self.fetch_out, self.alter_out = None, {}
+        self.paused_until, self.inbox, self.shutting_down = 0, [], False
         self.cluster.trace.add(self.cluster.clock.now_ms,
                                f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
                                f"LEO {self.log.log_end_offset}, HW {hw})")
@@ -241,10 +256,19 @@ class BrokerActor:
         if self.state is None or incarnation != self.incarnation:
             return
         now = self.cluster.clock.now_ms
+        if now < self.paused_until:
+            self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation),
+                                      "tick")
+            return
+        if self.inbox:
+            self.resume()
+            if self.state is None:
+                return
         if self.broker_epoch < 0:
             self.send(CONTROLLER_ID, Register(self.incarnation))
         elif now % 100 < 10:
-            self.send(CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset))
+            self.send(CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset,
+                                               self.shutting_down))
         for pid, sent_ms in list(self.alter_out.items()):
             if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
                 timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
@@ -271,12 +295,35 @@ class BrokerActor:
 
     # -- messages --------------------------------------------------------------------
 
+    def pause(self, duration_ms: int) -> None:
+        self.paused_until = self.cluster.clock.now_ms + duration_ms
+        self.cluster.trace.add(self.cluster.clock.now_ms,
+                               f"broker {self.actor_id} paused for {duration_ms} ms")
+
+    def resume(self) -> None:
+        """SIGCONT: what arrived meanwhile is handled in arrival order, late."""
+        inbox, self.inbox = self.inbox, []
+        for src, payload in inbox:
+            self.deliver(src, payload)
+
     def deliver(self, src: int, payload: object) -> None:
         if self.state is None:
+            return
+        if self.cluster.clock.now_ms < self.paused_until or self.inbox:
+            self.inbox.append((src, payload))
+            if self.cluster.clock.now_ms >= self.paused_until:
+                self.resume()
             return
         match payload:
             case Registered(incarnation, epoch) if incarnation == self.incarnation:
                 self.broker_epoch = epoch
+            case HeartbeatAnswer(incarnation, True) if incarnation == self.incarnation:
+                self.cluster.trace.add(self.cluster.clock.now_ms,
+                                       f"broker {self.actor_id}: controlled shutdown done")
+                self.crash()
+                broker = self
+                self.cluster.scheduler.after(self.cluster.rng.randint(50, 1000),
+                                             lambda: self.cluster.restart(broker), "restart")
             case Metadata(image):
                 self.on_metadata(image)
             case AlterIsrAnswer(incarnation, pid, response) if incarnation == self.incarnation:
@@ -418,8 +465,20 @@ class ReplicationInvariants:
                               f"[{start}, {end}), committed {self.committed[start:end]}")
         broker.checked_end = end
 
+    def recognized_leader(self, broker: BrokerActor) -> bool:
+        """The controller's current leader in its current epoch. A broker that was paused
+        (SIGSTOP) handles the metadata that queued up meanwhile, oldest first, so it may
+        apply an old image naming it leader in an old epoch: that is not an election, and
+        "a new leader holds every committed record" is about elections."""
+        p = self.cluster.controller.image.partition(TOPIC, 0)
+        state = broker.state
+        return (p is not None and state is not None and p.leader == broker.actor_id
+                and p.leader_epoch == state.leader_epoch)
+
     def on_become_leader(self, broker: BrokerActor) -> None:
         """A new leader holds every committed record (no committed record is lost)."""
+        if not self.recognized_leader(broker):
+            return
         if broker.log.log_end_offset < len(self.committed):
             self.cluster.fail(f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
                               f", below the committed {len(self.committed)}")
@@ -492,7 +551,8 @@ class ReplicationCluster:
     def inject_fault(self) -> None:
         if not self.chaos:
             return
-        action = self.rng.choice(["crash", "crash_leader", "isolate", "link_faults", "heal"])
+        action = self.rng.choice(["crash", "crash_leader", "isolate", "link_faults", "heal",
+                                  "pause", "shutdown"])
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
             broker = next((b for b in self.brokers.values()
@@ -506,6 +566,11 @@ class ReplicationCluster:
             self.trace.add(self.clock.now_ms, f"isolate broker {broker.actor_id}")
         elif action == "link_faults":
             self.network.faults = self.random_link_faults()
+        elif action == "pause" and broker.alive and not broker.inbox:
+            broker.pause(self.rng.randint(100, 1500))
+        elif action == "shutdown" and broker.alive:
+            broker.shutting_down = True
+            self.trace.add(self.clock.now_ms, f"broker {broker.actor_id}: controlled shutdown")
         elif action == "heal":
             self.network.heal()
         self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
