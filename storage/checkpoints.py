@@ -25,7 +25,12 @@ def write_entries(path: Path, entries: list[tuple[int, ...]], *, fsync: bool) ->
     """Replace ``path`` atomically with ``entries``; fsync file and dir when asked."""
     lines = [str(VERSION), str(len(entries))]
     lines.extend(" ".join(str(v) for v in e) for e in entries)
-    data = ("\n".join(lines) + "\n").encode()
+    replace_file(path, ("\n".join(lines) + "\n").encode(), fsync=fsync)
+
+
+def replace_file(path: Path, data: bytes, *, fsync: bool) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file, rename), so a crash leaves
+    the old file or the new one, never half of one; with ``fsync``, durably."""
     # A unique temp name: a roll's background flush and close() may write at once.
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -16,7 +16,6 @@ process-wide LRU, so a log of thousands of segments never holds every index in m
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import threading
@@ -25,6 +24,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
 
+from rillet.storage.checkpoints import replace_file
 from rillet.storage.invariants import invariant
 
 OFFSET_ENTRY = struct.Struct(">II")
@@ -173,15 +173,7 @@ class SparseIndex:
     @staticmethod
     def write_file(path: Path, data: bytes, *, fsync: bool) -> None:
         """Replace the index file atomically, so a crash never leaves half an index."""
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        replace_file(path, data, fsync=fsync)
 
     @classmethod
     def _decode(cls, data: bytes) -> tuple[array, array]:
