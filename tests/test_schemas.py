@@ -109,7 +109,12 @@ def test_unsupported_version() -> None:
 
 def test_newer_peers_extra_keys_and_trailing_items_are_accepted() -> None:
     header = produce_fields(future_key=1, topics=[["t", [[0, 10, "new"]], "extra"]])
-    schemas.validate_request(schemas.PRODUCE, 0, header)
+    schemas.validate_request(schemas.PRODUCE, 0, header)  # raises if refused
+    # Accepted as they are: validation neither strips nor rewrites what it does not know.
+    assert header["future_key"] == 1
+    assert header["topics"] == [["t", [[0, 10, "new"]], "extra"]]
+    with pytest.raises(InvalidRequestError):  # while a known field of the wrong type is refused
+        schemas.validate_request(schemas.PRODUCE, 0, produce_fields(topics=[["t", [[0, "x"]]]]))
 
 
 def test_fields_added_in_a_later_version() -> None:
