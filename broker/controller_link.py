@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from typing import Any
 
 from rillet.broker.config import BrokerConfig
@@ -26,10 +27,20 @@ from rillet.client import schemas
 from rillet.client.errors import RilletError
 from rillet.controller.broker_client import BrokerLifecycle, ControllerChannel, MetadataFollower
 from rillet.controller.metadata import MetadataDelta, MetadataImage
+from rillet.controller.tasks import on_death_fatal
 
 logger = logging.getLogger(__name__)
 
 REGISTER_RETRY_S = 0.5
+# Tests only: ``RILLET_TEST_FAULT=metadata_apply`` makes applying the first metadata batch
+# that holds a topic raise (after the replica manager applied it), to check that such a
+# fault terminates the process (docs/broker.md, "Faults"). Topics, not the first batch: a
+# test can then start the node normally and trigger the fault by creating a topic.
+TEST_FAULT_ENV = "RILLET_TEST_FAULT"
+
+
+class InjectedTestFault(RuntimeError):
+    """Raised where ``RILLET_TEST_FAULT`` asks for a fault (tests only)."""
 
 
 class QuorumLink:
@@ -53,15 +64,24 @@ class QuorumLink:
             cluster_id=cfg.cluster_id, rack=cfg.rack,
             heartbeat_interval_ms=cfg["broker.heartbeat.interval.ms"],
         )  # fmt: skip
-        self._task = asyncio.get_running_loop().create_task(self._register_and_follow())
+        # Policy fatal: a broker that never registers or follows metadata serves nothing
+        # useful while looking alive (registration failures themselves are retried).
+        task = asyncio.get_running_loop().create_task(
+            self._register_and_follow(), name="register-and-follow"
+        )
+        self._task = on_death_fatal(task, f"broker {cfg.node_id}: registration")
 
     def on_caught_up(self, strays: Any) -> None:
         """``strays(image)`` runs once the follower has caught up (stray-log cleanup)."""
         self._strays = strays
 
     def _listener(self, on_metadata: Any) -> Any:
+        inject_fault = os.environ.get(TEST_FAULT_ENV) == "metadata_apply"
+
         async def listener(delta: MetadataDelta, image: MetadataImage) -> None:
             await on_metadata(delta, image)
+            if inject_fault and image.topics_by_id:
+                raise InjectedTestFault(f"{TEST_FAULT_ENV}=metadata_apply at offset {image.offset}")
             follower = self.follower
             if (
                 not self._strays_checked
@@ -115,7 +135,8 @@ class QuorumLink:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # An exception that ended it already went to the fatal handler.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self.lifecycle is not None:
             await self.lifecycle.stop()

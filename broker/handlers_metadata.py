@@ -29,6 +29,7 @@ from rillet.client.rpc_server import Request, Response
 from rillet.controller.metadata import MetadataImage
 from rillet.controller.quorum import describe_cluster, describe_topics
 from rillet.controller.server import cluster_id_of
+from rillet.controller.tasks import on_death_log
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class MetadataHandlers:
         self.forward = forward
         self.controller_id = controller_id
         self._creating: set[str] = set()
+        self._auto_create_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def image(self) -> MetadataImage:
@@ -108,7 +110,11 @@ class MetadataHandlers:
             finally:
                 self._creating.discard(name)
 
-        asyncio.get_running_loop().create_task(create())
+        # Policy expected-to-end; keep a reference (the loop holds tasks weakly).
+        task = asyncio.get_running_loop().create_task(create(), name=f"auto-create-{name}")
+        self._auto_create_tasks.add(task)
+        task.add_done_callback(self._auto_create_tasks.discard)
+        on_death_log(task, f"auto-creating topic {name}")
 
     async def describe_cluster(self, request: Request) -> Response:
         brokers = [[b.broker_id, b.host, b.port, b.rack, b.fenced]

@@ -28,8 +28,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rillet.broker import hw_checkpoint
 from rillet.broker.config import BrokerConfig, topic_log_config
@@ -57,6 +58,7 @@ from rillet.controller.metadata import (
     Partition,
     TopicPartition,
 )
+from rillet.controller.tasks import on_death_fatal
 from rillet.storage import Log, LogManager
 
 logger = logging.getLogger(__name__)
@@ -321,10 +323,13 @@ class ReplicaManager:
         proposes an ISR expansion; the controller checks again)."""
         return self.image.is_unfenced(broker_id)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # Policy fatal: the task feeds the AlterPartition answer back into the core and
+        # applies its effects; if that raises, the core's state and the log disagree.
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        on_death_fatal(task, "applying an AlterPartition answer")
 
     # -- produce -----------------------------------------------------------------------------
 
@@ -357,13 +362,13 @@ class ReplicaManager:
                 self.apply_effects(replica, replica.state.tick(now))
 
     async def run_ticks(self) -> None:
+        """Tick forever. No catch here: a tick that raises has left some core waiting on
+        effects that were never applied (an AlterPartition never sent, a produce never
+        answered), so the server runs this task under the fatal policy."""
         interval = self.config["replica.tick.interval.ms"] / 1000
         while True:
             await asyncio.sleep(interval)
-            try:
-                self.tick()
-            except Exception:  # one partition's bug must not stop every partition's timers
-                logger.exception("replica tick failed")
+            self.tick()
 
     # -- high-watermark checkpoint -----------------------------------------------------------
 

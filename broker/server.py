@@ -49,6 +49,7 @@ from rillet.client import schemas
 from rillet.client.config import Config
 from rillet.client.rpc_server import Handler, Request, Response, RpcServer
 from rillet.controller.metadata import MetadataDelta, MetadataImage
+from rillet.controller.tasks import on_death_fatal, on_death_log, run_restarting
 from rillet.storage import LogManager
 
 logger = logging.getLogger(__name__)
@@ -137,17 +138,30 @@ class BrokerServer:
         await self.rpc.start(self.host, self.port)
         assert self.rpc.port is not None
         self.port = self.rpc.port
-        self._tasks = [
-            asyncio.create_task(self.replicas.run_ticks(), name="replica-ticks"),
-            asyncio.create_task(self._sample_metrics(), name="metrics"),
-            asyncio.create_task(self.replicas.run_hw_checkpoints(), name="hw-checkpoints"),
-        ]
+        self._tasks = self._start_background_tasks(self.replicas)
         on_caught_up = getattr(link, "on_caught_up", None)
         if on_caught_up is not None:
             on_caught_up(self.replicas.delete_strays)
         await link.start([(BROKER_LISTENER, self.host, self.port)], self.replicas.on_metadata)
         logger.info("broker %d serving on %s:%d with %d log(s)", self.node_id, self.host,
                     self.port, len(self.logs.logs))  # fmt: skip
+
+    def _start_background_tasks(self, replicas: ReplicaManager) -> list[asyncio.Task]:
+        """Each with its policy (docs/broker.md, "Faults"): ticks are fatal (a failed tick
+        leaves effects unapplied); metrics and checkpoints restart with backoff (the next
+        round redoes the whole job)."""
+        ticks = asyncio.create_task(replicas.run_ticks(), name="replica-ticks")
+        metrics = asyncio.create_task(
+            run_restarting(self._sample_metrics, "metrics sampling"), name="metrics"
+        )
+        checkpoints = asyncio.create_task(
+            run_restarting(replicas.run_hw_checkpoints, "high-watermark checkpoints"),
+            name="hw-checkpoints",
+        )
+        on_death_fatal(ticks, "replica tick task")
+        on_death_log(metrics, "metrics sampling")
+        on_death_log(checkpoints, "high-watermark checkpoints")
+        return [ticks, metrics, checkpoints]
 
     def _handlers(self, link: ControllerLink) -> dict[int, Handler]:
         assert self.replicas is not None and self.metrics is not None
@@ -207,7 +221,8 @@ class BrokerServer:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # An exception that ended a task was already handled by its policy.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.fetchers is not None:
             await self.fetchers.stop()

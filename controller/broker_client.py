@@ -45,6 +45,7 @@ from rillet.controller.metadata import (
     decode_snapshot,
     image_to_records,
 )
+from rillet.controller.tasks import FatalHandler, fatal_fault, on_death_fatal
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ BROKER_ID_NOT_REGISTERED = code_of("BROKER_ID_NOT_REGISTERED")
 BACKOFF_MIN_MS = 20
 BACKOFF_MAX_MS = 500
 DEFAULT_DEADLINE_MS = 30_000
+
+
+class MetadataApplyError(Exception):
+    """The listener failed on a batch the image already holds: the broker's state and its
+    image now disagree, which only a restart (replaying from disk and metadata) repairs."""
 
 
 class ControllerChannel:
@@ -227,13 +233,19 @@ class BrokerLifecycle:
     async def start(self) -> None:
         """Register, then heartbeat in the background."""
         await self.register()
-        self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        self._start_heartbeats()
+
+    def _start_heartbeats(self) -> None:
+        # Policy fatal: a broker whose heartbeats stopped is fenced while it keeps serving.
+        task = asyncio.get_running_loop().create_task(self._heartbeat_loop(), name="heartbeat")
+        self._task = on_death_fatal(task, f"broker {self.broker_id}: heartbeat loop")
 
     async def stop(self) -> None:
         """Stop heartbeating without telling the controller (it fences us on timeout)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # An exception that ended the loop already went to the fatal handler.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
 
@@ -280,7 +292,7 @@ class BrokerLifecycle:
         """Ask the controller to move leaderships away; True when it says we may go."""
         self._want_shutdown = True
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+            self._start_heartbeats()
         try:
             async with asyncio.timeout(deadline_ms / 1000):
                 await self.wait_for(lambda s: s.should_shut_down)
@@ -315,10 +327,14 @@ class MetadataFollower:
         max_wait_ms: int = 500,
         max_bytes: int = 1024 * 1024,
         broker_epoch: Callable[[], int] = lambda: -1,
+        on_fatal: FatalHandler | None = None,
     ) -> None:
+        """``on_fatal(what, error)``: called when applying a batch fails (the follower then
+        stops); default: the process's fatal fault handler (controller/tasks.py)."""
         self.channel = channel
         self.broker_id = broker_id
         self.listener = listener
+        self.on_fatal = on_fatal
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes
         self.broker_epoch = broker_epoch
@@ -329,7 +345,8 @@ class MetadataFollower:
         self._applied = asyncio.Event()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        task = asyncio.get_running_loop().create_task(self._run(), name="metadata-follower")
+        self._task = on_death_fatal(task, "metadata follower")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -374,20 +391,30 @@ class MetadataFollower:
     async def _publish(self, delta: MetadataDelta, image: MetadataImage) -> None:
         self.image = image
         if self.listener is not None:
-            result = self.listener(delta, image)
-            if asyncio.iscoroutine(result):
-                await result
+            try:
+                result = self.listener(delta, image)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as e:
+                # Even a RilletError: the image has moved past this batch, so retrying the
+                # fetch would never hand it to the listener again.
+                raise MetadataApplyError(
+                    f"applying metadata batch up to offset {image.offset} failed: {e!r}"
+                ) from e
         self._applied.set()
 
     async def _run(self) -> None:
         while True:
             try:
                 await self.fetch_once()
-            except RilletError as e:
+            except RilletError as e:  # the fetch itself failed: nothing applied, retry
                 log.warning("metadata follower: %s", e)
                 await asyncio.sleep(0.1)
-            except Exception:
-                # Anything else (a listener bug) used to end this task silently, freezing
-                # the broker's metadata; say so loudly.
-                log.exception("metadata follower: applying a batch failed")
-                raise
+            except Exception as e:
+                # A listener failure or a batch we cannot decode: the broker's state may
+                # be half-updated (Kafka: a metadata publishing fault is fatal).
+                self._fatal("metadata follower: applying a batch failed", e)
+                return
+
+    def _fatal(self, what: str, error: BaseException) -> None:
+        (self.on_fatal or fatal_fault)(what, error)

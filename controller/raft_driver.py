@@ -59,6 +59,16 @@ class RaftDriver:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._ticker()), loop.create_task(self._run())]
+        # Policy fatal (for the controller): a dead ticker means no elections and no
+        # heartbeats while the node looks alive; _run reports its own failures.
+        self._tasks[0].add_done_callback(self._on_ticker_done)
+
+    def _on_ticker_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        self.failure = error
+        log.critical("raft ticker stopped: %r", error, exc_info=error)
+        self.on_failure(error)
 
     async def stop(self) -> None:
         """Finish the Ready in hand (a persist in the executor is never abandoned), then stop."""

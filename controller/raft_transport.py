@@ -103,6 +103,10 @@ class _Peer:
             except (RilletError, OSError) as e:
                 log.debug("raft transport: voter %d at %s:%d: %s", self.node_id, self.host,
                           self.port, e)  # fmt: skip
+            except Exception:
+                # Policy restart: a bug here must not silently cut us off from one voter.
+                log.exception("raft transport: sending to voter %d failed; reconnecting",
+                              self.node_id)  # fmt: skip
             finally:
                 if self.conn is not None:
                     self.conn.close()

@@ -156,7 +156,9 @@ class ControllerServer:
         await self.rpc.start(*self.bind_address)
         self.transport.start()
         self.driver.start()
-        self._tick_task = loop.create_task(self._controller_ticker())
+        self._tick_task = loop.create_task(self._controller_ticker(), name="controller-ticker")
+        # Policy fatal (for the controller): without it sessions never expire.
+        self._tick_task.add_done_callback(self._on_ticker_done)
         log.info("controller %d: serving on %s with voters %s (snapshot at %d, %d entries)",
                  self.node_id, self.address, sorted(self.voters), self.node.log.snapshot_index,
                  len(state.entries))  # fmt: skip
@@ -193,6 +195,12 @@ class ControllerServer:
                     await self.wait_applied_change(0.05)
         except TimeoutError:
             log.warning("controller %d: leadership transfer did not finish", self.node_id)
+
+    def _on_ticker_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        log.critical("controller %d: ticker stopped: %r", self.node_id, error, exc_info=error)
+        self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is not None and not self.failure.done():
