@@ -21,6 +21,17 @@ with backoff, and look the leader's address up in the metadata image on every co
 ``FetcherManager.sync()`` runs after every metadata change: each partition this broker
 follows goes to the fetcher of its leader; a partition that this broker now leads, or
 whose leader is -1, goes nowhere; a fetcher left without partitions stops.
+
+Faults (Kafka: AbstractFetcherThread's failedPartitions). An unexpected exception while
+building one partition's request or processing its data (a storage invariant, a core
+bug) marks that partition **failed**: logged at ERROR with the traceback, removed from
+fetching, listed in ``FetcherManager.failed_partitions`` (metric
+``rillet_broker_failed_partitions``); the other partitions keep replicating, and the
+leader sees the failed one fall out of the ISR (under-replicated). It is fetched again
+only under a new leader epoch (or re-created), as Kafka re-adds a partition to a fetcher
+on a leadership change. Connection errors back off and reconnect; any other error in
+the fetch loop restarts the loop with backoff, so a fetcher never ends except by
+``stop``.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from rillet.client import errors, records, schemas
 from rillet.client.connection import Connection
 from rillet.client.errors import RilletError
 from rillet.controller.metadata import NO_LEADER, TopicPartition
+from rillet.controller.tasks import on_death_log
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +85,15 @@ class FetcherConfig:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class FailedPartition:
+    """A partition the fetcher gave up on, and which incarnation of it."""
+
+    replica: Replica
+    leader_epoch: int
+    error: str
+
+
 class FetcherManager:
     """Keeps one SourceFetcher per leader this broker follows partitions from."""
 
@@ -80,16 +101,45 @@ class FetcherManager:
         self.replicas = replicas
         self.config = config
         self.fetchers: dict[int, SourceFetcher] = {}
+        self.failed: dict[TopicPartition, FailedPartition] = {}
         self._stopped = False
+
+    @property
+    def failed_partitions(self) -> set[TopicPartition]:
+        return set(self.failed)
+
+    def failed_count(self) -> int:
+        return len(self.failed)
+
+    def mark_failed(self, tp: TopicPartition, replica: Replica, source: int,
+                    error: BaseException) -> None:  # fmt: skip
+        """Stop fetching ``tp`` until its leader epoch changes (Kafka:
+        markPartitionFailed). Logged with the traceback: an operator must see why."""
+        logger.error("%s: unexpected error processing data from leader %d; partition marked "
+                     "failed, no longer fetched until its leadership changes", replica.log.name,
+                     source, exc_info=error)  # fmt: skip
+        self.failed[tp] = FailedPartition(replica, replica.state.leader_epoch, repr(error))
+        for fetcher in self.fetchers.values():
+            fetcher.partitions.pop(tp, None)
+
+    def _forget_recovered_failures(self) -> None:
+        """A failed partition under a new leader epoch, re-created or gone is retried."""
+        for tp, failed in list(self.failed.items()):
+            replica = self.replicas.replicas.get(tp)
+            if replica is not failed.replica or replica.state.leader_epoch != failed.leader_epoch:
+                del self.failed[tp]
+                logger.info("%s-%d: no longer failed (leadership changed)", tp.topic,
+                            tp.partition)  # fmt: skip
 
     def sync(self) -> None:
         """Move partitions between fetchers to match the replicas' current roles."""
         if self._stopped:
             return
+        self._forget_recovered_failures()
         wanted: dict[int, set[TopicPartition]] = {}
         for tp, replica in self.replicas.replicas.items():
             leader = source_of(replica)
-            if leader is not None:
+            if leader is not None and tp not in self.failed:
                 wanted.setdefault(leader, set()).add(tp)
         for source in list(self.fetchers):
             if source not in wanted:
@@ -133,10 +183,13 @@ class SourceFetcher:
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self.restarts = 0  # loop restarts after unexpected errors (tests, diagnosis)
 
     def start(self) -> None:
         name = f"fetcher-{self.manager.config.broker_id}-from-{self.source_id}"
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
+        task = asyncio.get_running_loop().create_task(self._run(), name=name)
+        # _run restarts itself and ends only when cancelled; log anything else at once.
+        self._task = on_death_log(task, name)
 
     def set_partitions(self, tps: set[TopicPartition]) -> None:
         added = tps - self.partitions.keys()
@@ -167,6 +220,21 @@ class SourceFetcher:
     # -- the loop ---------------------------------------------------------------------
 
     async def _run(self) -> None:
+        """The fetch loop, restarted with backoff after an unexpected error (a malformed
+        response, a bug): never silently ended."""
+        backoff_s = RECONNECT_BACKOFF_MIN_S
+        while True:
+            try:
+                await self._fetch_loop()
+            except Exception:
+                self.restarts += 1
+                logger.exception("fetcher from %d: unexpected error; restarting in %.2fs",
+                                 self.source_id, backoff_s)  # fmt: skip
+            self._close()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
+
+    async def _fetch_loop(self) -> None:
         backoff_s = RECONNECT_BACKOFF_MIN_S
         while True:
             fields, sent = self._build_request()
@@ -212,11 +280,15 @@ class SourceFetcher:
         now = asyncio.get_running_loop().time()
         sent: Sent = {}
         by_topic: dict[str, list[list[int]]] = {}
-        for tp, not_before in self.partitions.items():
+        for tp, not_before in list(self.partitions.items()):
             replica = self.manager.replicas.replicas.get(tp)
             if not_before > now or replica is None or source_of(replica) != self.source_id:
                 continue
-            req = replica.state.fetch_request()
+            try:
+                req = replica.state.fetch_request()
+            except Exception as e:  # this partition's state is broken, not the others'
+                self.manager.mark_failed(tp, replica, self.source_id, e)
+                continue
             if req is None:
                 continue
             sent[tp] = (replica, req)
@@ -255,8 +327,19 @@ class SourceFetcher:
         data: memoryview,
     ) -> None:  # fmt: skip
         replica, req = entry
-        if self.manager.replicas.replicas.get(tp) is not replica:
-            return  # removed or re-created while the fetch was out
+        if self.manager.replicas.replicas.get(tp) is not replica or tp not in self.partitions:
+            return  # removed, re-created or marked failed while the fetch was out
+        try:
+            self._process_partition(tp, replica, req, row, data)
+        except Exception as e:
+            # Unexpected (a storage invariant, a core bug): this partition's log or state
+            # may be half-updated, so stop fetching it; the others carry on.
+            self.manager.mark_failed(tp, replica, self.source_id, e)
+
+    def _process_partition(
+        self, tp: TopicPartition, replica: Replica, req: FetchRequest, row: list[Any],
+        data: memoryview,
+    ) -> None:  # fmt: skip
         code, hw, log_start, diverging = row[1], row[2], row[4], row[5]
         try:
             batches = _checked_batches(data) if code == errors.NONE else ()
@@ -278,8 +361,9 @@ class SourceFetcher:
             effects = replica.state.on_fetch_response(response)
             self.manager.replicas.apply_effects(replica, effects, fetched=data)
         except (ReplicationInvariantError, RilletError, OSError) as e:
-            # Kafka marks the partition failed; we back off and let a fresh fetch (or new
-            # metadata) decide again from what the log now holds.
+            # Known failure kinds: back off and let a fresh fetch (or new metadata) decide
+            # again from what the log now holds. Anything else marks the partition failed
+            # (_handle_partition).
             logger.error("%s: applying fetch from %d failed: %r", replica.log.name,
                          self.source_id, e)  # fmt: skip
             self._back_off(tp)

@@ -12,7 +12,9 @@ What is counted, all per batch or per request, never per record:
   window. One event loop runs every handler, so the process's CPU share is how busy the
   handlers are (executor threads doing fsyncs count as busy too, which errs safe);
 - under-replicated partitions: led partitions whose ISR is smaller than their replica
-  set, read from the replica manager when sampled.
+  set, read from the replica manager when sampled;
+- failed partitions: followed partitions the fetcher stopped fetching after an
+  unexpected error (docs/broker.md, "Faults"), read from the fetcher manager.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 
 
 class BrokerMetrics:
-    def __init__(self, under_replicated: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        under_replicated: Callable[[], int] = lambda: 0,
+        failed_partitions: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.bytes_in = Counter("rillet_broker_bytes_in", "Produced bytes appended", registry=r)
@@ -41,6 +47,10 @@ class BrokerMetrics:
         self.under_replicated = Gauge("rillet_broker_under_replicated_partitions",
                                       "Led partitions with ISR < replicas", registry=r)  # fmt: skip
         self.under_replicated.set_function(lambda: float(under_replicated()))
+        self.failed_partitions = Gauge("rillet_broker_failed_partitions",
+                                       "Followed partitions not fetched after an error",
+                                       registry=r)  # fmt: skip
+        self.failed_partitions.set_function(lambda: float(failed_partitions()))
         self.idle = Gauge("rillet_broker_request_handler_idle_percent",
                           "100 * (1 - CPU share of the process)", registry=r)  # fmt: skip
         self._samples: deque[tuple[float, float, float, float, float]] = deque()
@@ -100,5 +110,6 @@ class BrokerMetrics:
             "under_replicated_partitions": int(
                 get("rillet_broker_under_replicated_partitions") or 0
             ),
+            "failed_partitions": int(get("rillet_broker_failed_partitions") or 0),
             "request_latency": latency,
         }

@@ -128,7 +128,8 @@ class BrokerServer:
         self.replicas.load_hw_checkpoint()
         self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
         self.replicas.on_roles_changed = self.fetchers.sync
-        self.metrics = BrokerMetrics(self.replicas.under_replicated_count)
+        self.metrics = BrokerMetrics(self.replicas.under_replicated_count,
+                                     self.fetchers.failed_count)  # fmt: skip
         self.rpc = RpcServer(
             self._handlers(link),
             max_request_bytes=cfg["socket.request.max.bytes"],

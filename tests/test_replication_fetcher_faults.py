@@ -1,0 +1,213 @@
+"""The follower fetcher under unexpected errors (broker/fetcher.py, docs/broker.md
+"Faults"): two in-process brokers with hand-made metadata, broker 1 leading two
+partitions that broker 2 follows through its real fetcher over a real socket.
+
+- An unexpected error applying one partition's data (a storage invariant) marks that
+  partition failed: logged at ERROR with the traceback, no longer fetched, counted; the
+  other partition keeps replicating.
+- An unexpected error in the fetch loop itself restarts the loop; replication resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import wait_until_async
+from test_broker_inproc import batch, broker_config, produce
+
+from rillet.broker.replication_types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.server import BrokerServer, MetadataListener
+from rillet.client import errors
+from rillet.client.connection import Connection
+from rillet.controller.metadata import (
+    Endpoint,
+    MetadataDelta,
+    MetadataImage,
+    MetadataRecord,
+    Partition,
+    RegisterBroker,
+    Topic,
+    TopicPartition,
+    UnfenceBroker,
+)
+from rillet.storage import InvariantError
+
+TOPIC = "events"
+
+
+class SharedMetadata:
+    """Plays the controller for several in-process brokers: every commit goes to all."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage()
+        self.offset = 0
+        self.listeners: list[MetadataListener] = []
+
+    async def commit(self, recs: list[MetadataRecord]) -> None:
+        delta = MetadataDelta(self.image)
+        for rec in recs:
+            self.offset += 1
+            delta.replay(rec, self.offset, 1)
+        self.image = delta.apply()
+        for listener in self.listeners:
+            await listener(delta, self.image)
+
+
+@dataclass
+class Link:
+    shared: SharedMetadata
+    node_id: int
+
+    async def start(self, endpoints: list[tuple[str, str, int]], on_metadata: MetadataListener):
+        self.shared.listeners.append(on_metadata)
+        eps = tuple(Endpoint(*e) for e in endpoints)
+        await self.shared.commit([RegisterBroker(self.node_id, uuid.uuid4().hex, 1, eps, None),
+                                  UnfenceBroker(self.node_id, 1)])  # fmt: skip
+
+    def controller_id(self) -> int:
+        return 100
+
+    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError(api)
+
+    async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
+        return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        return True
+
+    async def stop(self) -> None:
+        pass
+
+
+@dataclass
+class Pair:
+    leader: BrokerServer
+    follower: BrokerServer
+    conn: Connection  # to the leader
+
+    def follower_leo(self, partition: int) -> int:
+        assert self.follower.replicas is not None
+        replica = self.follower.replicas.replicas.get(TopicPartition(TOPIC, partition))
+        return replica.log.log_end_offset if replica is not None else -1
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    shared = SharedMetadata()
+    servers = []
+    for node_id in (1, 2):
+        config = broker_config(
+            tmp_path / f"logs-{node_id}", f"node.id={node_id}",
+            "replica.fetch.backoff.ms=50", "replica.fetch.wait.max.ms=50",
+        )  # fmt: skip
+        server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
+        await server.start()
+        servers.append(server)
+    topic_id = uuid.uuid4().hex
+    await shared.commit([Topic(TOPIC, topic_id)] + [
+        Partition(topic_id, p, (1, 2), (1, 2), 1, 0, 0) for p in (0, 1)
+    ])  # fmt: skip
+    conn = await Connection.open("127.0.0.1", servers[0].port)
+    try:
+        yield Pair(servers[0], servers[1], conn)
+    finally:
+        await conn.aclose()
+        for server in reversed(servers):
+            await server.stop(controlled=False)
+
+
+async def test_unexpected_partition_error_marks_it_failed_and_others_keep_replicating(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert pair.follower.replicas is not None and pair.follower.fetchers is not None
+    broken = pair.follower.replicas.replicas[TopicPartition(TOPIC, 0)]
+
+    def append_as_follower(data: Any) -> tuple[int, int]:
+        raise InvariantError("segment index out of order")  # not a RilletError/OSError
+
+    monkeypatch.setattr(broken.log, "append_as_follower", append_as_follower)
+    for partition in (0, 1):
+        assert (await produce(pair.conn, TOPIC, partition, batch(b"a", b"b")))[1] == 0
+    fetchers = pair.follower.fetchers
+    await wait_until_async(lambda: pair.follower_leo(1) == 2)
+    await wait_until_async(lambda: fetchers.failed_partitions == {TopicPartition(TOPIC, 0)})
+
+    # Partition 1 keeps replicating after partition 0 failed; partition 0 is not fetched.
+    assert (await produce(pair.conn, TOPIC, 1, batch(b"c")))[1] == 0
+    await wait_until_async(lambda: pair.follower_leo(1) == 3)
+    assert pair.follower_leo(0) == 0
+    assert TopicPartition(TOPIC, 0) not in fetchers.partitions_of(1)
+    assert TopicPartition(TOPIC, 1) in fetchers.partitions_of(1)
+    assert pair.follower.metrics is not None
+    assert pair.follower.metrics.snapshot()["failed_partitions"] == 1
+
+    errors_logged = [
+        r for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == "rillet.broker.fetcher"
+    ]  # fmt: skip
+    assert len(errors_logged) == 1
+    assert "marked failed" in errors_logged[0].getMessage()
+    assert errors_logged[0].exc_info is not None
+    assert isinstance(errors_logged[0].exc_info[1], InvariantError)
+    assert all(fetcher.restarts == 0 for fetcher in fetchers.fetchers.values())
+
+
+async def test_a_new_leader_epoch_fetches_a_failed_partition_again(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert pair.follower.replicas is not None and pair.follower.fetchers is not None
+    tp = TopicPartition(TOPIC, 0)
+    broken = pair.follower.replicas.replicas[tp]
+    real_append = broken.log.append_as_follower
+    calls: list[int] = []
+
+    def append_once_broken(data: Any) -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise InvariantError("transient invariant")
+        return real_append(data)
+
+    monkeypatch.setattr(broken.log, "append_as_follower", append_once_broken)
+    assert (await produce(pair.conn, TOPIC, 0, batch(b"a")))[1] == 0
+    fetchers = pair.follower.fetchers
+    await wait_until_async(lambda: tp in fetchers.failed_partitions)
+    # Kafka re-adds a partition to a fetcher on a leadership change: so do we.
+    link = pair.follower.link
+    assert isinstance(link, Link)
+    topic = link.shared.image.topic(TOPIC)
+    assert topic is not None
+    await link.shared.commit([Partition(topic.topic_id, 0, (1, 2), (1, 2), 1, 1, 1)])
+    await wait_until_async(lambda: pair.follower_leo(0) == 1)
+    assert fetchers.failed_partitions == set()
+
+
+async def test_an_unexpected_loop_error_restarts_the_fetcher(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert pair.follower.fetchers is not None
+    fetcher = pair.follower.fetchers.fetchers[1]
+    real_handle = fetcher._handle_response
+    calls: list[int] = []
+
+    def handle_once_broken(*args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("malformed response")
+        real_handle(*args)
+
+    monkeypatch.setattr(fetcher, "_handle_response", handle_once_broken)
+    for partition in (0, 1):
+        assert (await produce(pair.conn, TOPIC, partition, batch(b"a")))[1] == 0
+    await wait_until_async(lambda: pair.follower_leo(0) == 1 and pair.follower_leo(1) == 1)
+    assert fetcher.restarts == 1
+    assert pair.follower.fetchers.fetchers[1] is fetcher  # the same fetcher, restarted
+    assert pair.follower.fetchers.failed_partitions == set()
+    restarts = [r for r in caplog.records if "restarting" in r.getMessage()]
+    assert restarts and restarts[0].exc_info is not None
