@@ -128,6 +128,7 @@ class ControllerChannel:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_ms / 1000
         backoff_ms = BACKOFF_MIN_MS
+        redirects = 0  # immediate NOT_CONTROLLER redirects followed since the last backoff
         while True:
             target: int | None = None
             try:
@@ -141,8 +142,15 @@ class ControllerChannel:
                     leader = header.get("leader_id", -1)
                     if leader in self.voters and leader != target:
                         self.leader_id = leader
-                        continue  # a known leader elsewhere: go there at once
-                    if leader == target:
+                        redirects += 1
+                        # A known leader elsewhere: go there at once, unless the deadline
+                        # has passed or the voters keep naming each other (stale views
+                        # during an election): then back off like any retriable error.
+                        if loop.time() >= deadline:
+                            raise error
+                        if redirects <= len(self.voters):
+                            continue
+                    elif leader == target:
                         self.leader_id = target  # leading but not active yet: wait for it
                     else:
                         self._next_voter(target)  # no leader known: ask the next voter
@@ -160,6 +168,7 @@ class ControllerChannel:
                 self._next_voter(target if target is not None else self._rotation[0])
             if loop.time() + backoff_ms / 1000 >= deadline:
                 raise error
+            redirects = 0
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
 
