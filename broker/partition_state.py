@@ -13,7 +13,7 @@ The ordering rules are written in docs/replication.md ("Effects").
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from rillet.broker.follower_state import FollowerState
@@ -45,6 +45,7 @@ UNKNOWN_LEADER_EPOCH = errors.code_of("UNKNOWN_LEADER_EPOCH")
 NOT_ENOUGH_REPLICAS = errors.code_of("NOT_ENOUGH_REPLICAS")
 INVALID_REQUIRED_ACKS = errors.code_of("INVALID_REQUIRED_ACKS")
 OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
+INELIGIBLE_REPLICA = errors.code_of("INELIGIBLE_REPLICA")
 
 # AlterPartition errors after which the controller certainly did not apply the change:
 # the leader goes back to its committed ISR (Kafka: handleAlterPartitionError).
@@ -156,6 +157,11 @@ class PartitionState:
         self._purgatory = ProducePurgatory()
         self._follower: FollowerState | None = None
         self._is_isr_eligible = is_isr_eligible
+        # Followers the controller refused as INELIGIBLE_REPLICA (e.g. in controlled
+        # shutdown, which the metadata image does not show): not proposed again until
+        # metadata about that broker changes (on_brokers_changed) or a new leader epoch,
+        # or every fetch of theirs would cost a refused AlterPartition.
+        self._refused_ineligible: set[int] = set()
 
     # ---- read-only views -----------------------------------------------------------
 
@@ -229,6 +235,7 @@ class PartitionState:
         self.replicas, self.isr = tuple(replicas), tuple(isr)
         self._pending, self._resend = None, False
         if not was_leader or leader_epoch > self.leader_epoch:
+            self._refused_ineligible.clear()
             effects.extend(self._start_leader_epoch(leader_epoch, was_leader, now_ms))
         self._sync_followers(now_ms)
         self.role, self.leader_id = Role.LEADER, self.broker_id
@@ -262,6 +269,7 @@ class PartitionState:
             return tuple(effects)
         self.role, self.leader_id = Role.FOLLOWER, leader_id
         self._followers.clear()
+        self._refused_ineligible.clear()
         self._pending, self._resend = None, False
         self._leader_log_end_offset = UNDEFINED_OFFSET
         self.leader_epoch_start_offset = UNDEFINED_OFFSET
@@ -275,6 +283,11 @@ class PartitionState:
         self._followers.clear()
         self._pending, self._resend = None, False
         return effects
+
+    def on_brokers_changed(self, broker_ids: Collection[int]) -> None:
+        """Metadata about these brokers changed (registered, fenced, unfenced...): an
+        expansion the controller refused as INELIGIBLE_REPLICA may now succeed."""
+        self._refused_ineligible.difference_update(broker_ids)
 
     def _is_stale(self, leader_epoch: int, partition_epoch: int) -> bool:
         if leader_epoch != self.leader_epoch:
@@ -392,7 +405,7 @@ class PartitionState:
         follower reached both the HW and the start of this leader epoch."""
         if self._pending is not None or self._awaiting_proposal_id is not None:
             return []
-        if replica_id in self.isr:
+        if replica_id in self.isr or replica_id in self._refused_ineligible:
             return []
         if self._is_isr_eligible is not None and not self._is_isr_eligible(replica_id):
             return []  # fenced: the controller would answer INELIGIBLE_REPLICA
@@ -445,7 +458,7 @@ class PartitionState:
         ):
             return ()  # metadata moved on while it was in flight; the answer is stale
         if response.error_code != errors.NONE:
-            return self._on_alter_partition_error(response.error_code)
+            return self._on_alter_partition_error(response.error_code, pending)
         if (
             response.leader_epoch != self.leader_epoch
             or response.partition_epoch < self.partition_epoch
@@ -458,7 +471,11 @@ class PartitionState:
         self._pending = None
         return tuple(self._maybe_advance_high_watermark())
 
-    def _on_alter_partition_error(self, error_code: int) -> tuple[Effect, ...]:
+    def _on_alter_partition_error(
+        self, error_code: int, pending: PendingIsrChange
+    ) -> tuple[Effect, ...]:
+        if error_code == INELIGIBLE_REPLICA and pending.kind == "expand":
+            self._refused_ineligible.update(set(pending.proposal.new_isr) - set(self.isr))
         if error_code in _ALTER_NOT_APPLIED:
             self._pending = None  # the controller says it did not apply it
             return tuple(self._maybe_advance_high_watermark())

@@ -131,6 +131,10 @@ class ReplicaManager:
         for tp in sorted(changes.deletes):
             await self.remove(tp, delete_log=True)
         self.image = image
+        if delta.changed_brokers:
+            changed = delta.changed_brokers.keys()
+            for replica in self.replicas.values():
+                replica.state.on_brokers_changed(changed)
         now = self.now_ms()
         for tp, p in sorted(changes.leaders.items()):
             self._become(tp, p, image, now)

@@ -545,3 +545,39 @@ def test_follower_falls_back_to_its_hw_when_leader_knows_no_such_epoch() -> None
     b.log.append([(1, "x"), (1, "y")])
     response = FetchResponse(2, 1, NONE, 0, 0, EpochEndOffset(-1, -1))
     assert b.state.on_fetch_response(response) == (Truncate(0),)
+
+
+def test_ineligible_follower_is_not_proposed_again_until_its_broker_changes() -> None:
+    # A follower in controlled shutdown looks eligible in the image (metadata does not
+    # carry that state), so the controller refuses INELIGIBLE_REPLICA. Without a memory
+    # of that, every fetch of the follower would cost another refused AlterPartition.
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    assert expand.new_isr == (1, 2, 3)
+    fail(a, expand, E("INELIGIBLE_REPLICA"))
+    for _ in range(3):
+        c.fetch_from(a)
+    assert a.proposals == [expand]  # no re-proposal on c's later fetches
+    a.state.on_brokers_changed([2])  # news about another broker changes nothing
+    c.fetch_from(a)
+    assert a.proposals == [expand]
+    a.state.on_brokers_changed([3])  # e.g. c re-registered after its restart
+    c.fetch_from(a)
+    assert [p.new_isr for p in a.proposals] == [(1, 2, 3), (1, 2, 3)]
+
+
+def test_a_new_leader_epoch_forgets_ineligible_refusals() -> None:
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0"])
+    for r in (b, b, c, c):
+        r.fetch_from(a)
+    (expand,) = a.proposals
+    fail(a, expand, E("INELIGIBLE_REPLICA"))
+    a.apply(a.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=10))
+    c.apply(c.state.become_follower(1, 2, 2, (1, 2, 3), (1, 2)))
+    c.fetch_from(a)
+    c.fetch_from(a)
+    assert [p.new_isr for p in a.proposals] == [(1, 2, 3), (1, 2, 3)]

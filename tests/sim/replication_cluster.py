@@ -344,9 +344,14 @@ class BrokerActor:
     def on_metadata(self, image: MetadataImage) -> None:
         if image.offset <= self.image.offset:
             return
-        self.image = image
+        old, self.image = self.image, image
         p = image.partition(TOPIC, 0)
         state = self.state
+        if state is not None:  # as ReplicaManager does with delta.changed_brokers
+            changed = [b for b in set(old.brokers) | set(image.brokers)
+                       if old.brokers.get(b) != image.brokers.get(b)]  # fmt: skip
+            if changed:
+                state.on_brokers_changed(changed)
         if p is None or state is None or self.actor_id not in p.replicas:
             return
         now = self.cluster.clock.now_ms
