@@ -46,7 +46,7 @@ def test_two_quick_failovers_leave_no_divergent_replica(cluster_factory) -> None
         await client.create_topic(TOPIC, 1, 3, {})
 
     run(cluster, create)
-    wait_until(lambda: all_isrs_full(cluster, TOPIC), message="a full ISR")
+    wait_until(lambda: all_isrs_full(cluster, TOPIC, 1), message="a full ISR")
     writer = Writer(cluster, TOPIC, 1, required_acks=1).start()
     try:
         acks_grow(writer)
@@ -60,7 +60,7 @@ def test_two_quick_failovers_leave_no_divergent_replica(cluster_factory) -> None
         acks_grow(writer, 20)
         cluster.start_node(first)
         cluster.start_node(second)
-        wait_until(lambda: all_isrs_full(cluster, TOPIC), message="the ISR refilled")
+        wait_until(lambda: all_isrs_full(cluster, TOPIC, 1), message="the ISR refilled")
         acks_grow(writer)
     finally:
         writer.stop()
@@ -72,7 +72,7 @@ def test_two_quick_failovers_leave_no_divergent_replica(cluster_factory) -> None
         return await client.produce(leader, TOPIC, 0, [b"sentinel"], acks=-1)
 
     code, sentinel_offset = run(cluster, sentinel)
-    assert code == 0 and all_isrs_full(cluster, TOPIC)
+    assert code == 0 and all_isrs_full(cluster, TOPIC, 1)
     cluster.stop(timeout_s=30)
     end = sentinel_offset + 1
     logs = {b: Log.open(cluster.node_dir(b) / "logs" / f"{TOPIC}-0") for b in BROKERS}
