@@ -62,6 +62,16 @@ logger = logging.getLogger(__name__)
 BROKER_LISTENER = "BROKER"
 RECONNECT_BACKOFF_MIN_S = 0.05
 RECONNECT_BACKOFF_MAX_S = 1.0
+# Brokers follow the metadata log independently, so after a leader change a follower
+# often learns of the new leader before the new leader has applied the same record and
+# answers UNKNOWN_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER. That resolves within a metadata
+# fetch; the full replica.fetch.backoff.ms (1 s) there held the high watermark, and so
+# every acks=all produce, for a second after each failover.
+LEADER_CATCH_UP_BACKOFF_S = 0.05
+LEADER_CATCHING_UP = frozenset({
+    errors.code_of("UNKNOWN_LEADER_EPOCH"),
+    errors.code_of("NOT_LEADER_OR_FOLLOWER"),
+})  # fmt: skip
 REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
 Sent = dict[TopicPartition, tuple[Replica, FetchRequest]]  # what one Fetch asked, by partition
 
@@ -371,11 +381,12 @@ class SourceFetcher:
         if code != errors.NONE and not effects:
             logger.info("%s: fetch from %d answered %s; backing off", replica.log.name,
                         self.source_id, errors.error_name(code))  # fmt: skip
-            self._back_off(tp)
+            self._back_off(tp, LEADER_CATCH_UP_BACKOFF_S if code in LEADER_CATCHING_UP else None)
 
-    def _back_off(self, tp: TopicPartition) -> None:
+    def _back_off(self, tp: TopicPartition, delay_s: float | None = None) -> None:
         if tp in self.partitions:
-            delay_s = self.manager.config.backoff_ms / 1000
+            if delay_s is None:
+                delay_s = self.manager.config.backoff_ms / 1000
             self.partitions[tp] = asyncio.get_running_loop().time() + delay_s
 
     def retry_now(self) -> None:

@@ -211,3 +211,51 @@ async def test_an_unexpected_loop_error_restarts_the_fetcher(
     assert pair.follower.fetchers.failed_partitions == set()
     restarts = [r for r in caplog.records if "restarting" in r.getMessage()]
     assert restarts and restarts[0].exc_info is not None
+
+
+async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Brokers follow the metadata log independently: after a leader change the follower
+    may fetch with the new epoch before the leader has applied it (UNKNOWN_LEADER_EPOCH).
+    That must not cost the full replica.fetch.backoff.ms, which held the HW (and every
+    acks=all produce) for a second after each failover. The backoff here is 10 minutes,
+    so only the short catch-up retry lets the follower replicate within the wait."""
+    caplog.set_level(logging.INFO, logger="rillet.broker.fetcher")
+    shared = SharedMetadata()
+    servers = []
+    for node_id in (1, 2):
+        config = broker_config(
+            tmp_path / f"logs-{node_id}", f"node.id={node_id}",
+            "replica.fetch.backoff.ms=600000", "replica.fetch.wait.max.ms=50",
+        )  # fmt: skip
+        server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
+        await server.start()
+        servers.append(server)
+    leader, follower = servers
+    topic_id = uuid.uuid4().hex
+    await shared.commit([Topic(TOPIC, topic_id), Partition(topic_id, 0, (1, 2), (1, 2), 1, 0, 0)])
+    conn = await Connection.open("127.0.0.1", leader.port)
+    pair = Pair(leader, follower, conn)
+    try:
+        assert (await produce(conn, TOPIC, 0, batch(b"a")))[1] == 0
+        await wait_until_async(lambda: pair.follower_leo(0) == 1)
+
+        # The new epoch reaches the follower first; the leader lags one record behind.
+        delta = MetadataDelta(shared.image)
+        shared.offset += 1
+        delta.replay(Partition(topic_id, 0, (1, 2), (1, 2), 1, 1, 1), shared.offset, 1)
+        shared.image = delta.apply()
+        to_leader, to_follower = shared.listeners
+        await to_follower(delta, shared.image)
+        await wait_until_async(lambda: any(
+            "UNKNOWN_LEADER_EPOCH" in r.getMessage() for r in caplog.records
+        ))  # fmt: skip
+        await to_leader(delta, shared.image)
+
+        assert (await produce(conn, TOPIC, 0, batch(b"b")))[1] == 0
+        await wait_until_async(lambda: pair.follower_leo(0) == 2)
+    finally:
+        await conn.aclose()
+        for server in reversed(servers):
+            await server.stop(controlled=False)
