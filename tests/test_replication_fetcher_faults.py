@@ -10,6 +10,7 @@ partitions that broker 2 follows through its real fetcher over a real socket.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -98,29 +99,36 @@ class Pair:
         return replica.log.log_end_offset if replica is not None else -1
 
 
-@pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
-    shared = SharedMetadata()
+@contextlib.asynccontextmanager
+async def start_pair(
+    tmp_path: Path, shared: SharedMetadata, *, partitions: int, backoff_ms: int
+) -> AsyncIterator[Pair]:
+    """Broker 1 leads ``partitions`` partitions of TOPIC that broker 2 follows."""
     servers = []
-    for node_id in (1, 2):
-        config = broker_config(
-            tmp_path / f"logs-{node_id}", f"node.id={node_id}",
-            "replica.fetch.backoff.ms=50", "replica.fetch.wait.max.ms=50",
-        )  # fmt: skip
-        server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
-        await server.start()
-        servers.append(server)
-    topic_id = uuid.uuid4().hex
-    await shared.commit([Topic(TOPIC, topic_id)] + [
-        Partition(topic_id, p, (1, 2), (1, 2), 1, 0, 0) for p in (0, 1)
-    ])  # fmt: skip
-    conn = await Connection.open("127.0.0.1", servers[0].port)
     try:
-        yield Pair(servers[0], servers[1], conn)
+        for node_id in (1, 2):
+            config = broker_config(
+                tmp_path / f"logs-{node_id}", f"node.id={node_id}",
+                f"replica.fetch.backoff.ms={backoff_ms}", "replica.fetch.wait.max.ms=50",
+            )  # fmt: skip
+            server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
+            await server.start()
+            servers.append(server)
+        topic_id = uuid.uuid4().hex
+        await shared.commit([Topic(TOPIC, topic_id)] + [
+            Partition(topic_id, p, (1, 2), (1, 2), 1, 0, 0) for p in range(partitions)
+        ])  # fmt: skip
+        async with await Connection.open("127.0.0.1", servers[0].port) as conn:
+            yield Pair(servers[0], servers[1], conn)
     finally:
-        await conn.aclose()
         for server in reversed(servers):
             await server.stop(controlled=False)
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    async with start_pair(tmp_path, SharedMetadata(), partitions=2, backoff_ms=50) as p:
+        yield p
 
 
 async def test_unexpected_partition_error_marks_it_failed_and_others_keep_replicating(
@@ -223,28 +231,17 @@ async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
     so only the short catch-up retry lets the follower replicate within the wait."""
     caplog.set_level(logging.INFO, logger="rillet.broker.fetcher")
     shared = SharedMetadata()
-    servers = []
-    for node_id in (1, 2):
-        config = broker_config(
-            tmp_path / f"logs-{node_id}", f"node.id={node_id}",
-            "replica.fetch.backoff.ms=600000", "replica.fetch.wait.max.ms=50",
-        )  # fmt: skip
-        server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
-        await server.start()
-        servers.append(server)
-    leader, follower = servers
-    topic_id = uuid.uuid4().hex
-    await shared.commit([Topic(TOPIC, topic_id), Partition(topic_id, 0, (1, 2), (1, 2), 1, 0, 0)])
-    conn = await Connection.open("127.0.0.1", leader.port)
-    pair = Pair(leader, follower, conn)
-    try:
+    async with start_pair(tmp_path, shared, partitions=1, backoff_ms=600_000) as pair:
+        conn = pair.conn
+        topic = shared.image.topic(TOPIC)
+        assert topic is not None
         assert (await produce(conn, TOPIC, 0, batch(b"a")))[1] == 0
         await wait_until_async(lambda: pair.follower_leo(0) == 1)
 
         # The new epoch reaches the follower first; the leader lags one record behind.
         delta = MetadataDelta(shared.image)
         shared.offset += 1
-        delta.replay(Partition(topic_id, 0, (1, 2), (1, 2), 1, 1, 1), shared.offset, 1)
+        delta.replay(Partition(topic.topic_id, 0, (1, 2), (1, 2), 1, 1, 1), shared.offset, 1)
         shared.image = delta.apply()
         to_leader, to_follower = shared.listeners
         await to_follower(delta, shared.image)
@@ -255,7 +252,3 @@ async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
 
         assert (await produce(conn, TOPIC, 0, batch(b"b")))[1] == 0
         await wait_until_async(lambda: pair.follower_leo(0) == 2)
-    finally:
-        await conn.aclose()
-        for server in reversed(servers):
-            await server.stop(controlled=False)
