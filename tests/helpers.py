@@ -150,3 +150,24 @@ def start_server_process(
 def python_command(script: str, *args: str) -> list[str]:
     """The command line to run a Python script with this interpreter (the venv's)."""
     return [sys.executable, script, *args]
+
+
+async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
+    """Every record a consumer may read (below the HW) from ``partition``, from offset 0,
+    through raw Fetch requests on ``conn`` (a rillet.client.connection.Connection)."""
+    from rillet.client import records
+
+    out: list[Any] = []
+    offset = 0
+    while True:
+        header, payload = await conn.request("Fetch", {
+            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 22,
+            "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
+        })  # fmt: skip
+        row = header["topics"][0][1][0]
+        assert row[1] == 0, row
+        recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
+        if not recs:
+            return out
+        out.extend(recs)
+        offset = recs[-1].offset + 1

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from helpers import fetch_records
+
 from rillet.broker.local_cluster import ClusterError, LocalCluster
 from rillet.client import errors, records
 from rillet.client.connection import Connection, parse_address
@@ -121,21 +123,7 @@ class Client:
 
     async def read_all(self, node_id: int, topic: str, partition: int) -> list[records.Record]:
         """Every record below the leader's HW, from offset 0, as a consumer."""
-        out: list[records.Record] = []
-        offset = 0
-        conn = await self.conn(node_id)
-        while True:
-            header, payload = await conn.request("Fetch", {
-                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 22,
-                "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
-            })  # fmt: skip
-            row = header["topics"][0][1][0]
-            assert row[1] == 0, row
-            recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
-            if not recs:
-                return out
-            out.extend(recs)
-            offset = recs[-1].offset + 1
+        return await fetch_records(await self.conn(node_id), topic, partition)
 
     async def close(self) -> None:
         for conn in self._conns.values():

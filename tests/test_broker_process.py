@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from helpers import wait_until
+from helpers import fetch_records, wait_until
 
 from rillet.broker.local_cluster import LocalCluster
 from rillet.client import errors, records
@@ -52,20 +52,7 @@ async def produce(conn: Connection, topic: str, data: bytes, acks: int = 1,
 
 
 async def fetch_all(conn: Connection, topic: str, partition: int = 0) -> list[bytes]:
-    out: list[bytes] = []
-    offset = 0
-    while True:
-        header, payload = await conn.request("Fetch", {
-            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 22,
-            "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
-        })  # fmt: skip
-        row = header["topics"][0][1][0]
-        assert row[1] == 0, row
-        recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
-        if not recs:
-            return out
-        out.extend(r.value for r in recs)
-        offset = recs[-1].offset + 1
+    return [r.value for r in await fetch_records(conn, topic, partition)]
 
 
 def single_broker(cluster_factory: Callable[..., LocalCluster], **kw: Any) -> LocalCluster:
