@@ -9,7 +9,6 @@ so anything the driver did not persist from a Ready is lost, as after kill -9.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 from dataclasses import dataclass, field
 
@@ -528,5 +527,3 @@ def run_seed(seed: int, echo_trace: bool = False) -> RaftCluster:
     return cluster
 
 
-def seeds_from_env(default_count: int) -> int:
-    return int(os.environ.get("RILLET_SIM_SEEDS", default_count))

@@ -19,7 +19,6 @@ simulation, tests/sim/raft_cluster.py).
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -615,5 +614,3 @@ def run_seed(seed: int, echo_trace: bool = False) -> ReplicationCluster:
     return cluster
 
 
-def seeds_from_env(default_count: int) -> int:
-    return int(os.environ.get("RILLET_SIM_SEEDS", default_count))
