@@ -171,3 +171,19 @@ async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
             return out
         out.extend(recs)
         offset = recs[-1].offset + 1
+
+
+def log_records(log: Any) -> list[Any]:
+    """Every record of a rillet.storage Log from its start, read through ``read_bytes``
+    (batches may start below the offset asked for, as after compaction: skip those)."""
+    from rillet.client import records
+
+    out: list[Any] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        data = log.read_bytes(offset, 1 << 20)
+        if not data:
+            break
+        out.extend(r for r in records.decode_all(data) if r.offset >= offset)
+        offset = [h for _, h in records.iter_batches(data)][-1].next_offset
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import log_records
 
 from rillet.client import records
 from rillet.client.errors import (
@@ -34,22 +35,6 @@ def batch(n: int = 5, *, start: int = 0, ts: int = 1000, key: bytes | None = Non
         [key if key is not None else b"k%06d" % (start + i) for i in range(n)],
         timestamps=[ts + i for i in range(n)],
     )
-
-
-def all_records(log: Log) -> list[records.Record]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        data = log.read_bytes(offset, 1 << 20)
-        if not data:
-            break
-        recs = [r for r in records.decode_all(data) if r.offset >= offset]
-        out.extend(recs)
-        offset = records.read_header(data, _last_batch_pos(data)).next_offset
-    return out
-
-
-def _last_batch_pos(data: bytes) -> int:
-    return [p for p, _ in records.iter_batches(data)][-1]
 
 
 def test_append_assigns_offsets_and_reads_back(tmp_path):
@@ -99,7 +84,7 @@ def test_reads_match_linear_scan_across_many_segments(tmp_path):
         log.append(batch(n, start=len(expected), ts=10_000 + i * 3), 2)
         expected.extend(range(len(expected), len(expected) + n))
     assert len(log.segments) > 10
-    truth = {r.offset: r for r in all_records(log)}
+    truth = {r.offset: r for r in log_records(log)}
     assert sorted(truth) == expected
     for offset in range(0, len(expected), 3):
         first = records.decode_all(log.read_bytes(offset, 1))

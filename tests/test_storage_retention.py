@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from helpers import log_records
+
 from rillet.client import records
 from rillet.storage import Log, LogConfig, LogManager, cleaner, retention
 
@@ -22,19 +24,6 @@ def keyed(keys: list[bytes], values: list[bytes | None], ts: int) -> bytes:
     return records.encode_batch(values, keys, timestamps=[ts] * len(keys))
 
 
-def read_all(log: Log) -> list[records.Record]:
-    out, offset = [], log.log_start_offset
-    while offset < log.log_end_offset:
-        data = log.read_bytes(offset, 1 << 20)
-        if not data:
-            break
-        recs = [r for r in records.decode_all(data) if r.offset >= offset]
-        out.extend(recs)
-        last = [h for _, h in records.iter_batches(data)][-1]
-        offset = last.next_offset
-    return out
-
-
 async def test_time_retention_deletes_old_closed_segments(tmp_path):
     clock = FakeClock(10 * DAY)
     cfg = LogConfig(segment_bytes=1024, retention_ms=DAY, file_delete_delay_ms=0)
@@ -50,7 +39,7 @@ async def test_time_retention_deletes_old_closed_segments(tmp_path):
     assert all(not s.log_path.exists() for s in old_segments)  # renamed to .deleted
     assert await retention.purge_retired(log) == removed
     assert not list((tmp_path / "t-0").glob("*.deleted"))
-    assert read_all(log)[0].offset == log.log_start_offset
+    assert log_records(log)[0].offset == log.log_start_offset
     await log.close_async()
     again = Log.open(tmp_path / "t-0", cfg, clock=clock)
     assert again.log_start_offset == log.log_start_offset  # the checkpoint persisted
@@ -86,11 +75,11 @@ async def test_compaction_keeps_latest_per_key_and_offsets(tmp_path):
         for k, v in zip(keys, values, strict=True):
             latest[k] = (offset, v)
             offset += 1
-    before = {r.offset: r for r in read_all(log)}
+    before = {r.offset: r for r in log_records(log)}
     active_base = log.active_segment.base_offset
     stats = await cleaner.compact(log)
     assert stats.rewritten > 0
-    after = read_all(log)
+    after = log_records(log)
     offsets = [r.offset for r in after]
     assert offsets == sorted(offsets) and len(offsets) < len(before)
     for r in after:
@@ -108,7 +97,7 @@ async def test_compaction_keeps_latest_per_key_and_offsets(tmp_path):
     assert {h.partition_leader_epoch for h in _headers(log)} == {0}
     await log.close_async()
     again = Log.open(tmp_path / "t-0", cfg, clock=clock)
-    assert [r.offset for r in read_all(again)] == offsets
+    assert [r.offset for r in log_records(again)] == offsets
     again.close()
 
 
@@ -121,7 +110,7 @@ async def test_reading_across_a_compacted_segment(tmp_path):
     await cleaner.compact(log)
     # Every closed segment lost all but (at most) one record: reading from each old
     # offset lands on the next surviving record, never on an error.
-    survivors = [r.offset for r in read_all(log)]
+    survivors = [r.offset for r in log_records(log)]
     for offset in range(log.log_start_offset, log.log_end_offset, 7):
         data = log.read_bytes(offset, 1)
         first = [r for r in records.decode_all(data) if r.offset >= offset]
@@ -187,7 +176,7 @@ async def test_tombstones_dropped_only_after_delete_retention(tmp_path):
         while len(log.segments) < 2:
             log.append(keyed([b"other"] * 5, [b"x" * 30] * 5, clock.now - age), 0)
         await cleaner.compact(log)
-        kept = [r for r in read_all(log) if r.key == b"gone"]
+        kept = [r for r in log_records(log) if r.key == b"gone"]
         assert [r.value for r in kept] == ([None] if survives else [])
         await log.close_async()
 
