@@ -11,7 +11,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# The C sources too: an editable install builds the extension in place, once.
+NATIVE_SRC := $(wildcard storage/*.c storage/*.h)
+
+$(STAMP): $(BIN)/python pyproject.toml $(NATIVE_SRC)
 	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
@@ -35,4 +38,4 @@ bench: install
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache storage/*.so

@@ -29,6 +29,9 @@ class LeaderEpochCache:
         self.path = path
         self._epochs: list[int] = []
         self._starts: list[int] = []
+        # A plain attribute, not a property: the append path reads it once per batch.
+        # Every method that changes _epochs refreshes it.
+        self.latest_epoch = UNDEFINED_EPOCH
         self.dirty = False
         for epoch, start in entries or []:
             self.assign(epoch, start)
@@ -44,9 +47,9 @@ class LeaderEpochCache:
     def entries(self) -> list[tuple[int, int]]:
         return list(zip(self._epochs, self._starts, strict=True))
 
-    @property
-    def latest_epoch(self) -> int:
-        return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
+    def _changed(self) -> None:
+        self.latest_epoch = self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
+        self.dirty = True
 
     def assign(self, epoch: int, start_offset: int) -> None:
         """Record that ``epoch`` starts at ``start_offset``, as Kafka's assign() does.
@@ -63,7 +66,7 @@ class LeaderEpochCache:
             self._starts.pop()
         self._epochs.append(epoch)
         self._starts.append(start_offset)
-        self.dirty = True
+        self._changed()
         self._check()
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -84,7 +87,7 @@ class LeaderEpochCache:
         keep = bisect.bisect_left(self._starts, end_offset)
         if keep < len(self._starts):
             del self._epochs[keep:], self._starts[keep:]
-            self.dirty = True
+            self._changed()
 
     def truncate_from_start(self, start_offset: int) -> None:
         """Drop epochs wholly below ``start_offset``; the one spanning it now starts there."""
@@ -94,14 +97,14 @@ class LeaderEpochCache:
         if floor > 0 or self._starts[0] != start_offset:
             del self._epochs[:floor], self._starts[:floor]
             self._starts[0] = start_offset
-            self.dirty = True
+            self._changed()
         self._check()
 
     def clear(self) -> None:
         if self._epochs:
             self._epochs.clear()
             self._starts.clear()
-            self.dirty = True
+            self._changed()
 
     def snapshot(self) -> list[tuple[int, int]]:
         """Entries to persist; taken on the loop thread, written from an executor."""

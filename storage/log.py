@@ -39,13 +39,13 @@ from rillet.client.errors import (
     OffsetOutOfRangeError,
     StorageError,
 )
-from rillet.client.records import LOG_OVERHEAD, BatchHeader, check_batch
+from rillet.client.records import LOG_OVERHEAD, BatchHeader
 from rillet.storage import checkpoints
 from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
 from rillet.storage.fileslice import FileSlice
 from rillet.storage.invariants import invariant
-from rillet.storage.segment import MAX_RELATIVE_OFFSET, LogSegment
+from rillet.storage.segment import LogSegment
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,11 @@ class Log:
         self.directory = directory
         self.config = config  # the setter below caches what the append path reads
         self.clock = clock
+        # The append path checks segment.ms once per batch: with the wall clock that is
+        # one builtin call in ns instead of a Python call and an integer division.
+        self._now_ns: Callable[[], int] = (
+            time.time_ns if clock is wall_clock_ms else lambda: clock() * 1_000_000
+        )
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
         self._log_start = 0
@@ -129,7 +134,7 @@ class Log:
         self._config = config
         self._flush_policy = config.flush_messages is not None or config.flush_ms is not None
         self._segment_bytes = config.segment_bytes
-        self._segment_ms = config.segment_ms
+        self._segment_ns = config.segment_ms * 1_000_000
         self._max_message_bytes = config.max_message_bytes
 
     @property
@@ -182,24 +187,27 @@ class Log:
         """
         if self.failure is not None or self.closed:
             self._refuse_write()
-        # The common case inline: one batch that needs no roll. Everything else (several
-        # batches, a roll, a fenced epoch, no records) takes the general path, which
-        # validates again: cheap next to what that path does anyway.
-        size, last_delta, max_ts, count = check_batch(batches, 0, self._max_message_bytes)
-        if size == len(batches) and count > 0:
-            seg = self._segments[-1]
+        # The common case inline: one valid batch that needs no roll, checked, stamped and
+        # written by batchwrite.write_batch. Everything else (several batches, a roll, a
+        # fenced epoch, a bad batch) takes the general path, which validates again and
+        # raises the precise error: cheap next to what that path does anyway.
+        seg = self._segments[-1]
+        epoch = self.epochs.latest_epoch
+        if (
+            leader_epoch >= epoch
+            and seg.size + len(batches) <= self._segment_bytes  # else: roll (or oversized)
+            and self._now_ns() - seg.created_ns < self._segment_ns
+        ):
             base = seg.next_offset
-            last = base + last_delta
-            epoch = self.epochs.latest_epoch
-            if (
-                leader_epoch >= epoch
-                and seg.size + size <= self._segment_bytes  # else: roll (or oversized)
-                and last - seg.base_offset <= MAX_RELATIVE_OFFSET
-                and self.clock() - seg.created_ms < self._segment_ms
-            ):
-                seg.append_one(batches, base, last, max_ts, size, leader_epoch)
-                self._unflushed_messages += count
-                if self._flush_policy:
+            try:
+                done = seg.append_one(batches, leader_epoch, self._max_message_bytes)
+            except OSError as exc:
+                self._write_failed(seg, exc)
+                raise
+            if done is not None:
+                last, count = done
+                if self._flush_policy:  # counted only when flush.messages / flush.ms ask
+                    self._unflushed_messages += count
                     self._maybe_flush_by_policy()
                 if leader_epoch != epoch:
                     self.epochs.assign(leader_epoch, base)
@@ -286,10 +294,27 @@ class Log:
         else:
             self._maybe_roll(entries[-1][1])
             seg = self._segments[-1]
-        seg.append(data, entries)
+        try:
+            seg.append(data, entries)
+        except OSError as exc:
+            self._write_failed(seg, exc)
+            raise
         self._unflushed_messages += count
         if self._flush_policy:
             self._maybe_flush_by_policy()
+
+    def _write_failed(self, seg: LogSegment, exc: OSError) -> None:
+        """A write raised: cut whatever part of it reached the file, so the next append
+        lands where the segment's size says. If even that fails, the file no longer
+        matches the log, and the log turns read-only (Kafka takes the log dir offline)."""
+        try:
+            os.ftruncate(seg.fd, seg.size)
+        except OSError as cut_exc:
+            self.failure = cut_exc
+            logger.error(
+                "%s: a write failed (%r) and its partial bytes could not be cut (%r); "
+                "the log is now read-only", self.name, exc, cut_exc,
+            )
 
     def _refuse_write(self) -> None:
         if self.failure is not None:

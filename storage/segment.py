@@ -10,19 +10,17 @@ replaces them; their descriptors open lazily on the first read.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rillet.client.records import LOG_OVERHEAD, BatchHeader, stamp
+from rillet.storage.batchwrite import write_batch
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
 
 NO_TIMESTAMP = -1
 MAX_RELATIVE_OFFSET = 0xFFFFFFFF
-# base_offset, batch_length, partition_leader_epoch: the 16 bytes a leader stamps.
-_STAMPED_PREFIX = struct.Struct(">qii")
 
 
 def segment_name(base_offset: int) -> str:
@@ -30,6 +28,13 @@ def segment_name(base_offset: int) -> str:
 
 
 class LogSegment:
+    # Slots: the append hot path reads and writes several of these once per batch.
+    __slots__ = (
+        "directory", "base_offset", "size", "index_interval", "log_path", "index", "time_index",
+        "_fd", "_max_timestamp", "next_offset", "last_batch_base", "_created_ms", "created_ns",
+        "_since_index", "_last_indexed_ts",
+    )
+
     def __init__(
         self, directory: Path, base_offset: int, *, size: int, active: bool, index_interval: int,
         suffix: str = "",
@@ -76,6 +81,16 @@ class LogSegment:
         self.created_ms = now_ms  # segment.ms counts from (re)opening, not the first batch
 
     @property
+    def created_ms(self) -> int:
+        """When segment.ms starts counting for this segment (wall clock, ms)."""
+        return self._created_ms
+
+    @created_ms.setter
+    def created_ms(self, now_ms: int) -> None:
+        self._created_ms = now_ms
+        self.created_ns = now_ms * 1_000_000  # what the append path compares, in ns
+
+    @property
     def fd(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
@@ -93,10 +108,11 @@ class LogSegment:
         """Write whole batches (validated, stamped) and index them. ``entries`` holds
         (base offset, last offset, max timestamp, size) per batch, in ``data`` order."""
         position = self.size
-        for base, last, max_ts, size in entries:
-            if base < self.next_offset:
-                invariant(False, f"{self.log_path}: offset {base} < {self.next_offset}")
-            self._note_batch(base, last, max_ts, size, position)
+        expected = self.next_offset
+        for base, last, _, size in entries:
+            if base < expected:
+                invariant(False, f"{self.log_path}: offset {base} < {expected}")
+            expected = last + 1
             position += size
         if position != self.size + len(data):
             invariant(False, f"{self.log_path}: batch sizes do not add up to the payload")
@@ -104,29 +120,37 @@ class LogSegment:
         written = os.write(fd, data)
         if written != len(data):
             _write_all(fd, memoryview(data)[written:])
+        # Book-keeping after the write, so a failed write leaves the segment as it was.
+        position = self.size
+        for base, last, max_ts, size in entries:
+            self._note_batch(base, last, max_ts, size, position)
+            position += size
         self.size = position
 
     def append_one(
-        self, data: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, size: int,
-        leader_epoch: int,
-    ) -> None:
-        """Stamp ``base`` and ``leader_epoch`` on one validated batch, write and index it:
-        the produce hot path, without ``append``'s lists."""
-        if base < self.next_offset or size != len(data):
-            invariant(False, f"{self.log_path}: batch {base} out of order or mis-sized")
-        fd = self._fd if self._fd is not None else self.fd
-        kind = type(data)
-        if kind is bytearray or (kind is memoryview and not data.readonly):  # type: ignore[union-attr]
-            stamp(data, 0, base, leader_epoch)  # type: ignore[arg-type]
-            written = os.write(fd, data)
-        else:
-            # Read-only: stamp a 16-byte copy of the prefix, not a copy of the whole batch.
-            prefix = _STAMPED_PREFIX.pack(base, size - LOG_OVERHEAD, leader_epoch)
-            written = os.writev(fd, (prefix, memoryview(data)[_STAMPED_PREFIX.size :]))
+        self, data: bytes | bytearray | memoryview, leader_epoch: int, max_size: int
+    ) -> tuple[int, int] | None:
+        """Check, stamp, write and index one batch at the segment's next offset: the
+        produce hot path (one call per produced batch, so the work here stays on locals).
+
+        Returns (last offset, record count), or None having written nothing when ``data``
+        is not exactly one valid batch that fits this segment's relative offsets (the
+        caller's general path then raises the precise error or rolls first).
+        """
+        base = self.next_offset
+        fd = self._fd
+        if fd is None:
+            fd = self.fd
+        relative = base - self.base_offset
+        done = write_batch(fd, data, base, leader_epoch, max_size, MAX_RELATIVE_OFFSET - relative)
+        if done is None:
+            return None
+        written, last_delta, max_ts, count = done
+        size = len(data)
         if written != size:
             self._write_rest(data, written, base, leader_epoch)
-        # Book-keeping after the write, so a failed write leaves the segment as it was.
-        # _note_batch, inlined and on locals: this runs once per produced batch.
+        # Book-keeping after the write, so a failed write leaves the segment as it was:
+        # _note_batch, inlined.
         position = self.size
         self.size = position + size
         max_seen = self._max_timestamp
@@ -134,7 +158,6 @@ class LogSegment:
             self._max_timestamp = max_seen = max_ts
         since = self._since_index
         if since >= self.index_interval and position:
-            relative = base - self.base_offset
             self.index.append(relative, position)
             if max_seen > self._last_indexed_ts:
                 self.time_index.append(max_seen, relative)
@@ -142,8 +165,10 @@ class LogSegment:
             self._since_index = size
         else:
             self._since_index = since + size
+        last = base + last_delta
         self.next_offset = last + 1
         self.last_batch_base = base
+        return last, count
 
     def _write_rest(
         self, data: bytes | bytearray | memoryview, written: int, base: int, leader_epoch: int

@@ -1,13 +1,20 @@
 """The distribution installs from a clean venv, both as a wheel and editable.
 
 This guards pyproject's package-dir mapping (four top-level folders installed under
-one import name), which is easy to break and invisible in a developer's own venv.
+one import name), which is easy to break and invisible in a developer's own venv, and
+the optional C extension: where a compiler exists, both installs must build it.
+
+Each install runs from a copy of the sources: an editable install builds the extension
+in place, and rewriting the .so that this test run (and its broker processes) have
+mapped could crash them.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -16,8 +23,27 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 IMPORTS = (
     "import rillet.client, rillet.client.records, rillet.storage, rillet.controller, "
-    "rillet.broker; print(rillet.client.__file__)"
+    "rillet.broker; from rillet.storage import batchwrite; "
+    "print(rillet.client.__file__); print(batchwrite.NATIVE)"
 )
+SOURCES = (
+    "client", "storage", "controller", "broker", "pyproject.toml", "setup.py", "README.md",
+)
+
+
+def _copy_sources(dest: Path) -> Path:
+    dest.mkdir()
+    for name in SOURCES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _have_compiler() -> bool:
+    return shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None
 
 
 def _install(tmp_path: Path, *pip_args: str) -> Path:
@@ -32,24 +58,28 @@ def _install(tmp_path: Path, *pip_args: str) -> Path:
     return python
 
 
-def _import_from_elsewhere(python: Path, cwd: Path) -> str:
+def _import_from_elsewhere(python: Path, cwd: Path) -> tuple[str, str]:
     # Run outside the source tree so the imports come from the installed distribution.
     out = subprocess.run(
         [str(python), "-c", IMPORTS], check=True, cwd=cwd, capture_output=True, text=True
     )
-    return out.stdout.strip()
+    location, native = out.stdout.split()
+    return location, native
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
 def test_clean_venv_install_imports_every_component(tmp_path: Path, editable: bool) -> None:
-    args = ["-e", str(ROOT)] if editable else [str(ROOT)]
+    src = _copy_sources(tmp_path / "src")
+    args = ["-e", str(src)] if editable else [str(src)]
     python = _install(tmp_path, *args)
-    location = Path(_import_from_elsewhere(python, tmp_path))
+    location, native = _import_from_elsewhere(python, tmp_path)
     if editable:
-        assert location == ROOT / "client" / "__init__.py"
+        assert Path(location) == src / "client" / "__init__.py"
     else:
-        assert "site-packages" in location.parts
+        assert "site-packages" in Path(location).parts
+    if _have_compiler():
+        assert native == "True", "the C extension was not built"
     rillet = python.parent / "rillet"
     help_out = subprocess.run(
         [str(rillet), "--help"], check=True, cwd=tmp_path, capture_output=True, text=True

@@ -1,0 +1,64 @@
+"""The leader's append hot path for one batch: check it, stamp it, write it.
+
+``write_batch(fd, data, base_offset, leader_epoch, max_size, max_delta)`` writes ``data``
+stamped with ``base_offset`` and ``leader_epoch`` and returns ``(written,
+last_offset_delta, max_timestamp, record_count)``, but only when ``data`` is exactly one
+complete batch with the right magic, a matching CRC-32C, at least one record, at most
+``max_size`` bytes and a ``last_offset_delta`` of at most ``max_delta``. Anything else
+returns None having written nothing, and the caller takes the general path, which
+validates again and raises the precise error (the happy case is all this must know).
+
+A writable buffer is stamped in place and written with one ``write``; a read-only one
+is written with ``writev`` and a stamped copy of its first 16 bytes. ``written`` below
+``len(data)`` is a short write for the caller to finish.
+
+Two implementations keep that contract: the C extension ``_batchwrite`` (built by ``pip
+install`` where a C compiler exists) and the pure-Python twin below, used when the
+extension is missing. At 16 KiB batches the native one saves about a microsecond per
+batch, a sixth of the write syscall; tests/test_batchwrite.py checks the two agree.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+
+from rillet.client.errors import CorruptRecordError, MessageTooLargeError
+from rillet.client.records import check_batch
+
+# base_offset, batch_length, partition_leader_epoch: the 16 bytes a leader stamps.
+STAMPED_PREFIX = struct.Struct(">qii")
+
+WriteBatch = Callable[
+    [int, bytes | bytearray | memoryview, int, int, int, int], tuple[int, int, int, int] | None
+]
+
+
+def write_batch_py(
+    fd: int, data: bytes | bytearray | memoryview, base_offset: int, leader_epoch: int,
+    max_size: int, max_delta: int,
+) -> tuple[int, int, int, int] | None:
+    """The pure-Python ``write_batch`` (see the module docstring)."""
+    try:
+        size, last_delta, max_ts, count = check_batch(data, 0, max_size)
+    except (CorruptRecordError, MessageTooLargeError):
+        return None
+    if size != len(data) or count < 1 or last_delta > max_delta:
+        return None
+    prefix = STAMPED_PREFIX.pack(base_offset, size - 12, leader_epoch)
+    if type(data) is bytearray or (type(data) is memoryview and not data.readonly):  # type: ignore[union-attr]
+        data[: STAMPED_PREFIX.size] = prefix  # type: ignore[index]
+        written = os.write(fd, data)
+    else:
+        written = os.writev(fd, (prefix, memoryview(data)[STAMPED_PREFIX.size :]))
+    return written, last_delta, max_ts, count
+
+
+try:
+    from rillet.storage._batchwrite import write_batch as _native
+except ImportError:  # no C compiler at install time: the twin does the same, slower
+    _native = None
+
+NATIVE = _native is not None
+write_batch: WriteBatch = _native if _native is not None else write_batch_py
