@@ -17,7 +17,8 @@
   empty log, each in its own subprocess.
 
 Usage: ``.venv/bin/python benchmarks/storage_bench.py [--trials 7] [--roll-trials 3]
-[--dir PATH]``
+[--dir PATH]``; with ``RILLET_NO_NATIVE=1`` the log appends through the pure-Python
+``write_batch`` instead of the C extension.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rillet.client import records
-from rillet.storage import Log, LogConfig
+from rillet.storage import Log, LogConfig, batchwrite
 
 RECORD_BYTES = 100
 BATCH_BYTES = 16 * 1024
@@ -128,7 +129,7 @@ def bench_recovery(path: Path) -> tuple[float, int]:
 
 RSS_CHILD = """
 import sys, resource
-from rillet.storage import Log, LogConfig
+from rillet.storage import Log, LogConfig, batchwrite
 log = Log.open(sys.argv[1], LogConfig(segment_bytes=1024 * 1024))
 n = len(log.segments)
 rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]
@@ -209,6 +210,16 @@ async def trial_pairs(
     return raw_times, append_times, log
 
 
+def append_path() -> str:
+    """Which write_batch ran: the C extension (with its CRC method) or the Python twin
+    (RILLET_NO_NATIVE=1 picks the twin, to compare)."""
+    if not batchwrite.NATIVE:
+        return "python"
+    from rillet.storage import _batchwrite
+
+    return "native, CRC by " + ("AVX-512 folding" if _batchwrite.CRC_LEVEL else "crc32c")
+
+
 def ratios(raw_times: list[float], append_times: list[float]) -> dict:
     """Each side's best trial (the machine is shared: the minimum is the least disturbed
     run), and each pair's own ratio to show the spread."""
@@ -251,6 +262,7 @@ def run(root: Path, trials: int = 7, roll_trials: int = 3) -> dict:
     n_empty, rss_empty = rss_of_open(root / "empty-0")
     mb = 1024 * 1024
     return {
+        "append_path": append_path(),
         "bytes_appended": total,
         "batch_bytes": len(batches[0]),
         "records_per_batch": records.read_header(batches[0]).record_count,

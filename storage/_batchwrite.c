@@ -17,6 +17,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -65,7 +66,7 @@ static inline void put_u64(unsigned char *p, uint64_t v) {
 /* 1: the CRC matches, 0: it does not, -1: a Python error is set. */
 static int crc_matches(const unsigned char *p, Py_ssize_t n) {
     if (crc_level)
-        return crc32c_hw(p + CRC_START, (size_t)(n - CRC_START), crc_level) ==
+        return crc32c_hw(p + CRC_START, (size_t)(n - CRC_START)) ==
                get_u32(p + CRC_POS);
     PyObject *view = PyMemoryView_FromMemory((char *)p + CRC_START, n - CRC_START, PyBUF_READ);
     if (view == NULL)
@@ -104,9 +105,30 @@ static Py_ssize_t write_once(int fd, struct iovec *iov, int iovcnt) {
     }
 }
 
-static int as_long_long(PyObject *obj, long long *out) {
-    *out = PyLong_AsLongLong(obj);
-    return !(*out == -1 && PyErr_Occurred());
+/* An int argument as a long long; `*overflow` is -1 or 1 past either end (then `*out` is
+ * LLONG_MIN or LLONG_MAX: the limits saturate, the stamped values are refused later). */
+static int as_long_long(PyObject *obj, long long *out, int *overflow) {
+    *out = PyLong_AsLongLongAndOverflow(obj, overflow);
+    if (*out == -1 && PyErr_Occurred())
+        return 0;
+    if (*overflow)
+        *out = *overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    return 1;
+}
+
+/* The data as bytes, writable when its exporter allows: read-only bytes (the common
+ * case) never pay for a refused PyBUF_WRITABLE request. */
+static int get_bytes(PyObject *obj, Py_buffer *view) {
+    int readonly = PyBytes_Check(obj) ||
+                   (PyMemoryView_Check(obj) && PyMemoryView_GET_BUFFER(obj)->readonly);
+    if (!readonly) {
+        if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) == 0)
+            return 0;
+        if (!PyErr_ExceptionMatches(PyExc_BufferError))
+            return -1;
+        PyErr_Clear();
+    }
+    return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
 }
 
 PyDoc_STRVAR(write_batch_doc,
@@ -117,7 +139,9 @@ PyDoc_STRVAR(write_batch_doc,
 "written nothing, unless data is exactly one complete batch with the right magic, a\n"
 "matching CRC, at least one record, at most max_size bytes and a last_offset_delta of\n"
 "at most max_delta. A writable buffer is stamped in place; a read-only one is written\n"
-"with a stamped copy of its first 16 bytes. written < len(data) is a short write.");
+"with a stamped copy of its first 16 bytes. written < len(data) is a short write.\n"
+"A valid batch with base_offset or leader_epoch out of range (int64, int32) raises\n"
+"OverflowError; a negative fd raises OSError, as os.write does.");
 
 static PyObject *write_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -126,16 +150,14 @@ static PyObject *write_batch(PyObject *module, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     long long fd, base, epoch, max_size, max_delta;
-    if (!as_long_long(args[0], &fd) || !as_long_long(args[2], &base) ||
-        !as_long_long(args[3], &epoch) || !as_long_long(args[4], &max_size) ||
-        !as_long_long(args[5], &max_delta))
+    int fd_over, base_over, epoch_over, ignored;
+    if (!as_long_long(args[0], &fd, &fd_over) || !as_long_long(args[2], &base, &base_over) ||
+        !as_long_long(args[3], &epoch, &epoch_over) ||
+        !as_long_long(args[4], &max_size, &ignored) ||
+        !as_long_long(args[5], &max_delta, &ignored))
         return NULL;
-    if (fd < 0 || fd > INT32_MAX || epoch < INT32_MIN || epoch > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "write_batch: fd or leader_epoch out of range");
-        return NULL;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
+    if (get_bytes(args[1], &view) < 0)
         return NULL;
     unsigned char *p = view.buf;
     Py_ssize_t n = view.len;
@@ -151,17 +173,28 @@ static PyObject *write_batch(PyObject *module, PyObject *const *args, Py_ssize_t
     if (size != n || size > max_size || record_count < 1 || last_offset_delta < 0 ||
         last_offset_delta > max_delta)
         goto general;
+    int ok = crc_matches(p, n);
+    if (ok < 0)
+        goto done;
+    if (!ok)
+        goto general;
+    /* A valid batch: now the arguments that go into the file must fit. */
+    if (base_over || epoch_over || epoch < INT32_MIN || epoch > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "write_batch: base_offset must fit int64 and leader_epoch int32");
+        goto done;
+    }
+    if (fd < 0 || fd > INT32_MAX) {
+        errno = EBADF;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
     unsigned char prefix[STAMPED_PREFIX];
     put_u64(prefix + BASE_OFFSET_POS, (uint64_t)base);
     put_u32(prefix + LENGTH_POS, (uint32_t)batch_length);
     put_u32(prefix + EPOCH_POS, (uint32_t)epoch);
     struct iovec iov[2];
     int iovcnt = 1;
-    int ok = crc_matches(p, n);
-    if (ok < 0)
-        goto done;
-    if (!ok)
-        goto general;
     if (view.readonly) {
         iov[0].iov_base = prefix;
         iov[0].iov_len = STAMPED_PREFIX;
@@ -188,7 +221,7 @@ done:
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, level=None) -> int\n--\n\n"
 "CRC-32C of data as write_batch computes it; for tests against the crc32c package.\n"
-"level picks a method at most CRC_LEVEL (1: SSE4.2, 2: AVX-512); 0 is the package.");
+"level picks the method, at most CRC_LEVEL: 1 is AVX-512 folding, 0 the package.");
 
 static PyObject *crc32c_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -212,7 +245,7 @@ static PyObject *crc32c_of(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    uint32_t crc = crc32c_hw(view.buf, (size_t)view.len, (int)level);
+    uint32_t crc = crc32c_hw(view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);
 }
@@ -234,15 +267,14 @@ PyMODINIT_FUNC PyInit__batchwrite(void) {
     PyObject *crc32c = PyImport_ImportModule("crc32c");
     if (crc32c == NULL)
         return NULL;
-    crc32c_func = PyObject_GetAttrString(crc32c, "crc32c");
+    Py_XSETREF(crc32c_func, PyObject_GetAttrString(crc32c, "crc32c"));
     Py_DECREF(crc32c);
     if (crc32c_func == NULL)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL)
-        return NULL;
-    if (PyModule_AddIntConstant(module, "CRC_LEVEL", crc_level) < 0) {
-        Py_DECREF(module);
+    if (module == NULL || PyModule_AddIntConstant(module, "CRC_LEVEL", crc_level) < 0) {
+        Py_XDECREF(module);
+        Py_CLEAR(crc32c_func);
         return NULL;
     }
     return module;

@@ -8,18 +8,24 @@ complete batch with the right magic, a matching CRC-32C, at least one record, at
 returns None having written nothing, and the caller takes the general path, which
 validates again and raises the precise error (the happy case is all this must know).
 
-A writable buffer is stamped in place and written with one ``write``; a read-only one
-is written with ``writev`` and a stamped copy of its first 16 bytes. ``written`` below
-``len(data)`` is a short write for the caller to finish.
+A writable buffer (as its buffer protocol says: bytearray, a writable memoryview, an
+array, an mmap) is stamped in place and written with one ``write``; a read-only one is
+written with ``writev`` and a stamped copy of its first 16 bytes. ``written`` below the
+size is a short write for the caller to finish. A valid batch with ``base_offset`` or
+``leader_epoch`` out of range (int64, int32) raises OverflowError; a negative ``fd``
+raises OSError, as ``os.write`` does.
 
 Two implementations keep that contract: the C extension ``_batchwrite`` (built by ``pip
 install`` where a C compiler exists) and the pure-Python twin below, used when the
 extension is missing. At 16 KiB batches the native one saves about a microsecond per
-batch, a sixth of the write syscall; tests/test_batchwrite.py checks the two agree.
+batch (with AVX-512 it also computes the CRC three times faster than the crc32c
+package); tests/test_batchwrite.py checks the two agree.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import struct
 from collections.abc import Callable
@@ -40,25 +46,34 @@ def write_batch_py(
     max_size: int, max_delta: int,
 ) -> tuple[int, int, int, int] | None:
     """The pure-Python ``write_batch`` (see the module docstring)."""
+    view = memoryview(data)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
     try:
-        size, last_delta, max_ts, count = check_batch(data, 0, max_size)
+        size, last_delta, max_ts, count = check_batch(view, 0, max_size)
     except (CorruptRecordError, MessageTooLargeError):
         return None
-    if size != len(data) or count < 1 or last_delta > max_delta:
+    if size != len(view) or count < 1 or last_delta > max_delta:
         return None
+    # A valid batch: now what goes into the file must fit (the C twin checks the same).
+    if not (-(2**63) <= base_offset < 2**63 and -(2**31) <= leader_epoch < 2**31):
+        raise OverflowError("write_batch: base_offset must fit int64 and leader_epoch int32")
+    if fd < 0:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
     prefix = STAMPED_PREFIX.pack(base_offset, size - 12, leader_epoch)
-    if type(data) is bytearray or (type(data) is memoryview and not data.readonly):  # type: ignore[union-attr]
-        data[: STAMPED_PREFIX.size] = prefix  # type: ignore[index]
-        written = os.write(fd, data)
+    if view.readonly:
+        written = os.writev(fd, (prefix, view[STAMPED_PREFIX.size :]))
     else:
-        written = os.writev(fd, (prefix, memoryview(data)[STAMPED_PREFIX.size :]))
+        view[: STAMPED_PREFIX.size] = prefix
+        written = os.write(fd, view)
     return written, last_delta, max_ts, count
 
 
-try:
-    from rillet.storage._batchwrite import write_batch as _native
-except ImportError:  # no C compiler at install time: the twin does the same, slower
-    _native = None
+_native: WriteBatch | None = None
+if not os.environ.get("RILLET_NO_NATIVE"):  # set, it runs the twin (to compare, to debug)
+    # Missing where there was no C compiler at install time: the twin does the same.
+    with contextlib.suppress(ImportError):
+        from rillet.storage._batchwrite import write_batch as _native
 
 NATIVE = _native is not None
 write_batch: WriteBatch = _native if _native is not None else write_batch_py

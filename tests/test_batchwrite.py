@@ -8,6 +8,8 @@ Each test runs against both; the native one is skipped only where it was not bui
 
 from __future__ import annotations
 
+import array
+import errno
 import fcntl
 import os
 import resource
@@ -67,30 +69,41 @@ def test_native_extension_is_built_where_a_compiler_exists() -> None:
     assert batchwrite.NATIVE, "pip install ran with a C compiler but built no _batchwrite"
 
 
-# -- the CRC the native path computes itself (SSE4.2) --------------------------------
+# -- the CRC the native path computes itself (AVX-512 folding) ------------------------
 
 
-@pytest.mark.parametrize(
-    "n", [0, 1, 7, 8, 9, 255, 767, 768, 769, 12287, 12288, 12289, 16214, 36864 + 768 + 5]
-)
-def test_native_crc_matches_crc32c_at_block_edges(n: int) -> None:
+def crc_levels() -> list[int]:
     if not batchwrite.NATIVE:
-        pytest.skip("the C extension was not built here")
+        return []
     from rillet.storage import _batchwrite
 
-    data = os.urandom(n + 3)
-    assert _batchwrite.crc32c(data[3:]) == crc32c.crc32c(data[3:])
-    assert _batchwrite.crc32c(memoryview(data)[1 : n + 1]) == crc32c.crc32c(data[1 : n + 1])
+    return list(range(_batchwrite.CRC_LEVEL + 1))  # 0: the crc32c package, 1: folding
+
+
+# Folding works in 256-byte turns, then 64-byte ones, then 16; below 256 bytes it is the
+# crc32 instruction alone: every edge of those, and a 16 KiB batch's CRC span.
+EDGES = [0, 1, 7, 8, 9, 15, 16, 17, 255, 256, 257, 271, 272, 319, 320, 321, 511, 512, 513,
+         767, 768, 1023, 1024, 1025, 4096 + 48 + 15, 16214, 16384]
+
+
+@pytest.mark.parametrize("n", EDGES)
+def test_native_crc_matches_crc32c_at_block_edges(n: int) -> None:
+    from rillet.storage import _batchwrite
+
+    for level in crc_levels():
+        for fill in (os.urandom(n + 3), b"\xff" * (n + 3), b"\x00" * (n + 3)):
+            for start in (0, 1, 3):
+                data = memoryview(fill)[start : start + n]
+                assert _batchwrite.crc32c(data, level) == crc32c.crc32c(data), (level, start)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=40_000))
 def test_native_crc_matches_crc32c(data: bytes) -> None:
-    if not batchwrite.NATIVE:
-        return
     from rillet.storage import _batchwrite
 
-    assert _batchwrite.crc32c(data) == crc32c.crc32c(data)
+    for level in crc_levels():
+        assert _batchwrite.crc32c(data, level) == crc32c.crc32c(data)
 
 
 # -- the happy path -------------------------------------------------------------------
@@ -190,6 +203,36 @@ def test_size_and_offset_delta_limits(tmp_path, name) -> None:
     ]:
         result, on_disk = write_to_file(tmp_path, name, GOOD, 0, 0, max_size, max_delta)
         assert (result is not None, len(on_disk)) == (ok, len(GOOD) if ok else 0)
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_out_of_range_arguments_are_refused_alike(tmp_path, name) -> None:
+    bad = REFUSED["flipped crc"]
+    for fd, base, epoch in [(-1, 0, 0), (3, 2**63, 0), (3, 0, 2**31), (3, -(2**63) - 1, 0)]:
+        # An invalid batch is None whatever the arguments...
+        assert impl(name)(fd, bad, base, epoch, 2**70, -(2**70)) is None
+    data = bytearray(GOOD)
+    for base, epoch in [(2**63, 0), (0, 2**31), (0, -(2**31) - 1)]:
+        with pytest.raises(OverflowError):  # ...a valid one must fit the file's fields
+            write_to_file(tmp_path, name, data, base, epoch, 1 << 20, 1 << 30)
+    with pytest.raises(OSError) as refused:
+        impl(name)(-1, data, 0, 0, 1 << 20, 1 << 30)
+    assert refused.value.errno == errno.EBADF
+    assert bytes(data) == GOOD  # nothing stamped before the refusal
+    # Limits beyond int64 saturate rather than fail.
+    result, on_disk = write_to_file(tmp_path, name, GOOD, 1, 1, 2**70, 2**70)
+    assert result is not None and on_disk == stamped(GOOD, 1, 1)
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_any_writable_exporter_is_stamped_in_place(tmp_path, name) -> None:
+    arr = array.array("B", GOOD)
+    result, on_disk = write_to_file(tmp_path, name, arr, 4, 2, 1 << 20, 1 << 30)
+    assert result is not None and on_disk == bytes(arr) == stamped(GOOD, 4, 2)
+    assert len(GOOD) % 4 == 0
+    words = memoryview(bytearray(GOOD)).cast("I")  # sized in bytes, not in items
+    result, on_disk = write_to_file(tmp_path, name, words, 4, 2, 1 << 20, 1 << 30)
+    assert result is not None and result[0] == len(GOOD) and on_disk == stamped(GOOD, 4, 2)
 
 
 # -- short and failed writes ----------------------------------------------------------
