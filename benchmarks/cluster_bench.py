@@ -130,7 +130,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         k: broker_defaults[k]
         for k in ("replica.fetch.max.bytes", "replica.fetch.response.max.bytes")
     }  # fmt: skip
-    if "failover" not in args.skip:
+    if "failover" not in args.skip and args.failover_trials > 0:
         result["failover"] = asyncio.run(failover(cluster, args))
         result["broker_peak_rss_mb_after_failover"] = {
             n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()
