@@ -51,7 +51,9 @@ LOG_OVERHEAD = 12  # base_offset + batch_length: what batch_length does not coun
 _Q = struct.Struct(">q")
 _I = struct.Struct(">i")
 _U = struct.Struct(">I")
-_LEN_EPOCH = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
+# base_offset, batch_length, partition_leader_epoch: the 16 bytes a leader stamps (the
+# CRC starts after them), written as a prefix of its own when the batch is read-only.
+STAMPED_PREFIX = struct.Struct(">qii")
 _PREFIX = struct.Struct(">qiibI")  # up to and including crc
 # From batch_length on, only what an append needs: batch_length, magic, crc,
 # last_offset_delta, max_timestamp, record_count (pad bytes skip the rest). Six ints

@@ -27,14 +27,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import struct
 from collections.abc import Callable
 
 from rillet.client.errors import CorruptRecordError, MessageTooLargeError
-from rillet.client.records import check_batch
-
-# base_offset, batch_length, partition_leader_epoch: the 16 bytes a leader stamps.
-STAMPED_PREFIX = struct.Struct(">qii")
+from rillet.client.records import LOG_OVERHEAD, STAMPED_PREFIX, check_batch, stamp
 
 WriteBatch = Callable[
     [int, bytes | bytearray | memoryview, int, int, int, int], tuple[int, int, int, int] | None
@@ -60,11 +56,11 @@ def write_batch_py(
         raise OverflowError("write_batch: base_offset must fit int64 and leader_epoch int32")
     if fd < 0:
         raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-    prefix = STAMPED_PREFIX.pack(base_offset, size - 12, leader_epoch)
     if view.readonly:
+        prefix = STAMPED_PREFIX.pack(base_offset, size - LOG_OVERHEAD, leader_epoch)
         written = os.writev(fd, (prefix, view[STAMPED_PREFIX.size :]))
     else:
-        view[: STAMPED_PREFIX.size] = prefix
+        stamp(view, 0, base_offset, leader_epoch)
         written = os.write(fd, view)
     return written, last_delta, max_ts, count
 
