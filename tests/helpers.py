@@ -187,3 +187,12 @@ def log_records(log: Any) -> list[Any]:
         out.extend(r for r in records.decode_all(data) if r.offset >= offset)
         offset = [h for _, h in records.iter_batches(data)][-1].next_offset
     return out
+
+
+def stamped(batch: bytes, base: int, epoch: int) -> bytes:
+    """A batch as a leader writes it: base offset and epoch stamped, the rest as it was."""
+    from rillet.client import records
+
+    out = bytearray(batch)
+    records.stamp(out, 0, base, epoch)
+    return bytes(out)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from helpers import stamped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,12 +45,6 @@ def make_batch(n: int = 5, size: int = 10, ts: int = 1000) -> bytes:
     return records.encode_batch(
         [bytes([i % 251]) * size for i in range(n)], timestamps=[ts + i for i in range(n)]
     )
-
-
-def stamped(data: bytes, base: int, epoch: int) -> bytes:
-    out = bytearray(data)
-    records.stamp(out, 0, base, epoch)
-    return bytes(out)
 
 
 def write_to_file(tmp_path: Path, name: str, data, *args) -> tuple[object, bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import log_records
+from helpers import log_records, stamped
 
 from rillet.client import records
 from rillet.client.errors import (
@@ -224,12 +224,6 @@ def test_config_rejects_unknown_and_bad_values():
     assert LogConfig().to_dict()["segment.bytes"] == 64 * 1024 * 1024
 
 
-def _stamped(data: bytes, base: int, epoch: int) -> bytes:
-    out = bytearray(data)
-    records.stamp(out, 0, base, epoch)
-    return bytes(out)
-
-
 def test_append_stamps_every_buffer_kind_the_same_on_disk(tmp_path):
     log = Log.open(tmp_path / "t-0", SMALL)
     b = batch(3)
@@ -244,9 +238,9 @@ def test_append_stamps_every_buffer_kind_the_same_on_disk(tmp_path):
     expected = b""
     for i, data in enumerate(inputs):
         assert log.append(data, 7) == (3 * i, 3 * i + 2)
-        expected += _stamped(b, 3 * i, 7)
+        expected += stamped(b, 3 * i, 7)
     assert b == batch(3) and bytes(inputs[1]) == b  # read-only input left as it was
-    assert bytes(inputs[3]) == _stamped(b, 9, 7)  # writable input stamped in place
+    assert bytes(inputs[3]) == stamped(b, 9, 7)  # writable input stamped in place
     assert padded[:2] == b"xx" and padded[-2:] == b"yy"
     assert log.read_bytes(0, 1 << 20) == expected
     assert [h.base_offset for _, h in records.iter_batches(expected)] == [0, 3, 6, 9, 12]
@@ -271,7 +265,7 @@ def test_short_write_of_a_stamped_batch_is_completed(tmp_path, monkeypatch, shor
     monkeypatch.setattr(os, "writev", real_writev)
     log.append(batch(2), 2)
     assert calls == [1]
-    assert log.read_bytes(0, 1 << 20) == _stamped(batch(3), 0, 2) + _stamped(batch(2), 3, 2)
+    assert log.read_bytes(0, 1 << 20) == stamped(batch(3), 0, 2) + stamped(batch(2), 3, 2)
     assert log.active_segment.size == len(batch(3)) + len(batch(2))
     log.close()
 
