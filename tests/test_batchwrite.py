@@ -22,11 +22,12 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from helpers import stamped
+from helpers import log_records, stamped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rillet.client import records
+from rillet.client.errors import StorageError
 from rillet.storage import Log, LogConfig, batchwrite, segment
 from rillet.storage.dump import scan_file, segment_files
 
@@ -301,3 +302,28 @@ def test_a_failed_append_leaves_no_bytes_behind(tmp_path, monkeypatch, name, bat
     log.close()
     reports = [scan_file(p) for p in segment_files(tmp_path / "t-0")]  # as `log verify`
     assert [r.problem for r in reports] == [None] and reports[0].batches == 2
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_a_partial_write_that_cannot_be_cut_makes_the_log_read_only(tmp_path, monkeypatch, name):
+    """The file now holds bytes the log does not account for: refuse further appends
+    (as Kafka takes a failed log dir offline) rather than write after them."""
+    monkeypatch.setattr(segment, "write_batch", impl(name))
+    log = Log.open(tmp_path / "t-0", LogConfig())
+    log.append(make_batch(3), 1)
+    size = log.active_segment.size
+
+    def no_truncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    with file_size_limit(size + 5), pytest.raises(OSError):
+        log.append(make_batch(4, 20), 1)
+    monkeypatch.undo()
+    assert log.failure is not None
+    with pytest.raises(StorageError, match="failed earlier"):
+        log.append(make_batch(2), 1)
+    assert os.path.getsize(log.active_segment.log_path) == size + 5  # nothing after them
+    assert [r.value for r in log_records(log)] == [r.value for r in records.decode_all(
+        make_batch(3))]  # what was acknowledged still reads
+    log.close()
