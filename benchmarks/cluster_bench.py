@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from rillet.broker.config import broker_config_table
-from rillet.broker.local_cluster import LocalCluster
 from rillet.client.admin import Admin
 from rillet.client.consumer import Consumer
-from rillet.client.errors import RilletError
 from rillet.client.producer import Producer
+from rillet.client.wire.errors import RilletError
 from rillet.controller.config import controller_config_table
+from rillet.tools.local_cluster import LocalCluster
 
 STAMP = struct.Struct(">d")  # the send time (time.time()) at the head of each e2e value
 

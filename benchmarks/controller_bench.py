@@ -28,10 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from rillet.client import schemas
-from rillet.client.connection import Connection
-from rillet.client.errors import RilletError
-from rillet.controller.broker_client import BrokerLifecycle, ControllerChannel, MetadataFollower
+from rillet.broker.link.controller_client import (
+    BrokerLifecycle,
+    ControllerChannel,
+    MetadataFollower,
+)
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection
+from rillet.client.wire.errors import RilletError
 
 
 def free_ports(n: int) -> list[int]:

@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rillet.broker.local_cluster import LocalCluster
 from rillet.client.admin import NewTopic
-from rillet.client.spark_jobs import run_load, spark_session
+from rillet.client.spark.jobs import run_load, spark_session
 from rillet.client.sync import SyncAdmin
+from rillet.tools.local_cluster import LocalCluster
 
 RILLET = str(Path(sys.executable).with_name("rillet"))
 

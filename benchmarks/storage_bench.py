@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rillet.client import records
+from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, batchwrite
 
 RECORD_BYTES = 100

@@ -21,8 +21,8 @@ import sys
 from typing import Any
 
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
-from rillet.client.config import Config
-from rillet.client.errors import InvalidConfigError
+from rillet.client.runtime.config import Config
+from rillet.client.wire.errors import InvalidConfigError
 
 log = logging.getLogger("rillet.broker")
 

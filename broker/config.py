@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rillet.client.config import (
+from rillet.client.runtime.config import (
     Config,
     ConfigTable,
     Key,
@@ -21,7 +21,7 @@ from rillet.client.config import (
     parse_listeners,
     parse_voters,
 )
-from rillet.client.errors import InvalidConfigError
+from rillet.client.wire.errors import InvalidConfigError
 from rillet.storage.config import DAY_MS, KAFKA_NAMES, LogConfig
 
 MIB = 1024 * 1024
@@ -45,7 +45,7 @@ LOG_DEFAULT_KEYS: dict[str, str] = {
 
 # Keys only a broker reads. Keys every node has (node.id, process.roles, listeners,
 # controller.quorum.voters, log.level, socket.request.max.bytes, max.connections,
-# broker.heartbeat.interval.ms...) come from client/config.py's ``node_keys``.
+# broker.heartbeat.interval.ms...) come from client/runtime/config.py's ``node_keys``.
 BROKER_KEYS = ConfigTable(
     [
         Key("log.dirs", str, "/tmp/rillet-logs",

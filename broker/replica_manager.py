@@ -1,7 +1,7 @@
 """``ReplicaManager``: this broker's partitions, each a local log plus its replication core
 (``PartitionState``), driven from metadata deltas, produce/fetch handlers and a tick.
 
-This is the thin asyncio driver around broker/partition_state.py (DESIGN section 10): it
+This is the thin asyncio driver around broker/replication/partition_state.py (DESIGN section 10): it
 feeds the core events (metadata, appends, follower fetches, AlterPartition answers, time)
 and applies the effects each call returns, in order:
 
@@ -14,10 +14,10 @@ and applies the effects each call returns, in order:
 | Truncate / TruncateFullyAndStartAt | cut the follower's log |
 | AppendFetched | append the fetched bytes as follower (the fetcher passes them in) |
 
-Followers fetch through broker/fetcher.py (one fetcher per source broker); after every
+Followers fetch through broker/replication/fetcher.py (one fetcher per source broker); after every
 metadata change ``on_roles_changed`` (the FetcherManager's ``sync``) moves partitions
 between fetchers. High watermarks are checkpointed to ``replication-offset-checkpoint``
-in the log dir (broker/hw_checkpoint.py) every
+in the log dir (broker/replication/hw_checkpoint.py) every
 ``replica.high.watermark.checkpoint.interval.ms`` and on shutdown, and read back when a
 partition is opened, so a restarted leader does not start at HW 0.
 """
@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.broker import hw_checkpoint
 from rillet.broker.config import BrokerConfig, topic_log_config
-from rillet.broker.partition_state import PartitionState
-from rillet.broker.replication_types import (
+from rillet.broker.replication import hw_checkpoint
+from rillet.broker.replication.partition_state import PartitionState
+from rillet.broker.replication.types import (
     AlterPartitionResponse,
     AppendFetched,
     AssignEpochStartOffset,
@@ -48,8 +48,9 @@ from rillet.broker.replication_types import (
     TruncateFullyAndStartAt,
     UpdateHighWatermark,
 )
-from rillet.client import errors
-from rillet.controller.metadata import (
+from rillet.client.runtime.tasks import on_death_fatal
+from rillet.client.wire import errors
+from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     NO_LEADER,
     RESOURCE_TOPIC,
@@ -58,7 +59,6 @@ from rillet.controller.metadata import (
     Partition,
     TopicPartition,
 )
-from rillet.controller.tasks import on_death_fatal
 from rillet.storage import Log, LogManager
 
 logger = logging.getLogger(__name__)

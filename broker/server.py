@@ -10,7 +10,7 @@ Start-up order (``start``):
    follow the metadata log; each committed ``(delta, image)`` goes to the
    ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs
    (with the high watermarks of ``replication-offset-checkpoint``), and the
-   ``FetcherManager`` (broker/fetcher.py) starts one fetcher per leader this broker
+   ``FetcherManager`` (broker/replication/fetcher.py) starts one fetcher per leader this broker
    follows partitions from.
 
 Until step 3 delivers metadata the broker knows no partitions and answers
@@ -23,7 +23,7 @@ produces, stop the fetchers, write the high-watermark checkpoint, flush and clos
 log with its clean-shutdown marker (the next start skips recovery).
 ``stop(controlled=False)`` skips the controller step.
 
-The controller side is behind ``ControllerLink`` (broker/controller_link.py wraps the
+The controller side is behind ``ControllerLink`` (broker/link/controller_link.py wraps the
 controller's ControllerChannel, BrokerLifecycle and MetadataFollower), so tests can run a
 broker against hand-made metadata.
 """
@@ -38,18 +38,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
-from rillet.broker.fetcher import FetcherConfig, FetcherManager
-from rillet.broker.handlers_fetch import FetchHandler, ListOffsetsHandler
-from rillet.broker.handlers_metadata import MetadataHandlers
-from rillet.broker.handlers_produce import ProduceHandler
+from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
+from rillet.broker.handlers.metadata import MetadataHandlers
+from rillet.broker.handlers.produce import ProduceHandler
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_manager import ReplicaManager
-from rillet.broker.replication_types import AlterPartitionResponse, ProposeAlterPartition
-from rillet.client import schemas
-from rillet.client.config import Config
-from rillet.client.rpc_server import Handler, Request, Response, RpcServer
-from rillet.controller.metadata import MetadataDelta, MetadataImage
-from rillet.controller.tasks import on_death_fatal, on_death_log, run_restarting
+from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
+from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.client.runtime.config import Config
+from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
+from rillet.client.runtime.tasks import on_death_fatal, on_death_log, run_restarting
+from rillet.client.wire import schemas
+from rillet.controller.metadata.image import MetadataDelta, MetadataImage
 from rillet.storage import LogManager
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class BrokerServer:
     @property
     def link(self) -> ControllerLink:
         if self._link is None:
-            from rillet.broker.controller_link import QuorumLink
+            from rillet.broker.link.controller_link import QuorumLink
 
             self._link = QuorumLink(self.config)
         return self._link

@@ -15,19 +15,19 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rillet.client import schemas
-from rillet.client.errors import (
-    ElectionNotNeededError,
-    RilletError,
-    UnknownTopicOrPartitionError,
-    error_for,
-)
 from rillet.client.metadata import (
     DEFAULT_BOOTSTRAP,
     BrokerInfo,
     ClusterMetadata,
     MetadataClient,
     PartitionInfo,
+)
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import (
+    ElectionNotNeededError,
+    RilletError,
+    UnknownTopicOrPartitionError,
+    error_for,
 )
 
 T = TypeVar("T")

@@ -34,14 +34,14 @@ from functools import partial
 from itertools import repeat
 from typing import NamedTuple
 
-from rillet.client import records, schemas
-from rillet.client.errors import (
+from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
+from rillet.client.wire import records, schemas
+from rillet.client.wire.errors import (
     CorruptRecordError,
     OffsetOutOfRangeError,
     RilletError,
     error_for,
 )
-from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.client import schemas
-from rillet.client.connection import Connection, parse_address
-from rillet.client.errors import (
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection, parse_address
+from rillet.client.wire.errors import (
     NetworkError,
     RilletError,
     UnknownTopicOrPartitionError,

@@ -37,15 +37,15 @@ from collections.abc import Awaitable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rillet.client import records, schemas
-from rillet.client.errors import (
+from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, MetadataClient
+from rillet.client.partitioner import StickyPartitioner, partition_for_key
+from rillet.client.wire import records, schemas
+from rillet.client.wire.errors import (
     NetworkError,
     RilletError,
     error_for,
     error_name,
 )
-from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, MetadataClient
-from rillet.client.partitioner import StickyPartitioner, partition_for_key
 
 log = logging.getLogger(__name__)
 

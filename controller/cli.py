@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rillet.client.errors import InvalidConfigError
+from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
 
 log = logging.getLogger("rillet.controller")

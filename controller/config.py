@@ -16,7 +16,7 @@ combined node uses ``node_keys("broker,controller") + CONTROLLER_KEYS + BROKER_K
 
 from __future__ import annotations
 
-from rillet.client.config import (  # noqa: F401  (re-exported for controller modules)
+from rillet.client.runtime.config import (  # noqa: F401  (re-exported for controller modules)
     ConfigTable,
     Key,
     format_voters,

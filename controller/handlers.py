@@ -17,17 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from rillet.client import schemas
-from rillet.client.errors import NotControllerError, code_of
-from rillet.client.rpc_server import Request, Response
-from rillet.controller.metadata import MetadataImage, MetadataRecord, replay_records
-from rillet.controller.quorum import (
+from rillet.client.runtime.rpc_server import Request, Response
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import NotControllerError, code_of
+from rillet.controller.metadata.describe import describe_cluster, describe_topics
+from rillet.controller.metadata.image import MetadataImage, MetadataRecord, replay_records
+from rillet.controller.metadata.quorum import (
     CreatableTopic,
     QuorumController,
-    describe_cluster,
-    describe_topics,
 )
-from rillet.controller.raft_driver import monotonic_ms
+from rillet.controller.raft.driver import monotonic_ms
 
 if TYPE_CHECKING:
     from rillet.controller.server import ControllerServer

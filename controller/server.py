@@ -31,16 +31,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rillet.client import schemas
-from rillet.client.errors import (
+from rillet.client.runtime.rpc_server import Request, Response, RpcServer
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import (
     InvalidConfigError,
     NotControllerError,
     RilletError,
     code_of,
 )
-from rillet.client.rpc_server import Request, Response, RpcServer
 from rillet.controller.config import parse_listeners, parse_voters, require_node_id
-from rillet.controller.metadata import (
+from rillet.controller.metadata.describe import CLUSTER_ID_KEY, cluster_id_of
+from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     RESOURCE_BROKER,
     Config,
@@ -51,8 +52,8 @@ from rillet.controller.metadata import (
     encode_records,
     encode_snapshot,
 )
-from rillet.controller.quorum import ControllerConfig, PendingImages, QuorumController
-from rillet.controller.raft import (
+from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
+from rillet.controller.raft.core import (
     EntryKind,
     NotLeader,
     RaftConfig,
@@ -61,19 +62,14 @@ from rillet.controller.raft import (
     Role,
     TooManyUncommitted,
 )
-from rillet.controller.raft_driver import RaftDriver, monotonic_ms
-from rillet.controller.raft_store import RaftStore
-from rillet.controller.raft_transport import RaftTransport
+from rillet.controller.raft.driver import RaftDriver, monotonic_ms
+from rillet.controller.raft.store import RaftStore
+from rillet.controller.raft.transport import RaftTransport
 
 log = logging.getLogger(__name__)
 
-CLUSTER_ID_KEY = ("", "cluster.id")  # (resource name, key) under RESOURCE_BROKER
 META_PROPERTIES = "meta.properties"
 NOT_CONTROLLER = code_of("NOT_CONTROLLER")
-
-
-def cluster_id_of(image: MetadataImage) -> str | None:
-    return image.configs.get((RESOURCE_BROKER, CLUSTER_ID_KEY[0]), {}).get(CLUSTER_ID_KEY[1])
 
 
 def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
@@ -438,4 +434,4 @@ def request_handler_guard(server: ControllerServer, request: Request) -> Respons
     return None
 
 
-__all__ = ["ControllerServer", "cluster_id_of", "schemas"]
+__all__ = ["ControllerServer", "schemas"]

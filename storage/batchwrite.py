@@ -29,8 +29,8 @@ import errno
 import os
 from collections.abc import Callable
 
-from rillet.client.errors import CorruptRecordError, MessageTooLargeError
-from rillet.client.records import LOG_OVERHEAD, STAMPED_PREFIX, check_batch, stamp
+from rillet.client.wire.errors import CorruptRecordError, MessageTooLargeError
+from rillet.client.wire.records import LOG_OVERHEAD, STAMPED_PREFIX, check_batch, stamp
 
 WriteBatch = Callable[
     [int, bytes | bytearray | memoryview, int, int, int, int], tuple[int, int, int, int] | None

@@ -25,8 +25,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from rillet.client import records
-from rillet.client.records import BatchHeader
+from rillet.client.wire import records
+from rillet.client.wire.records import BatchHeader
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner
 from rillet.storage.segment import LogSegment

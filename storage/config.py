@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rillet.client.errors import InvalidConfigError
+from rillet.client.wire.errors import InvalidConfigError
 
 DAY_MS = 24 * 3600 * 1000
 

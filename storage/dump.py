@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rillet.client import records
-from rillet.client.errors import CorruptRecordError
-from rillet.client.records import COMPRESSION_NAMES, HEADER_SIZE, LOG_OVERHEAD
+from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError
+from rillet.client.wire.records import COMPRESSION_NAMES, HEADER_SIZE, LOG_OVERHEAD
 from rillet.storage.scan import BatchScanner
 
 

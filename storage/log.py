@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from rillet.client import records
-from rillet.client.errors import (
+from rillet.client.wire import records
+from rillet.client.wire.errors import (
     CorruptRecordError,
     FencedLeaderEpochError,
     OffsetOutOfRangeError,
     StorageError,
 )
-from rillet.client.records import LOG_OVERHEAD, BatchHeader
+from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader
 from rillet.storage import checkpoints
 from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rillet.client.errors import InvalidTopicError
+from rillet.client.wire.errors import InvalidTopicError
 from rillet.storage import cleaner, retention
 from rillet.storage.config import LogConfig
 from rillet.storage.log import Clock, Log, wall_clock_ms

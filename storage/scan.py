@@ -12,9 +12,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from rillet.client import records
-from rillet.client.errors import CorruptRecordError
-from rillet.client.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
+from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError
+from rillet.client.wire.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
 
 CHUNK_BYTES = 1 << 20
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rillet.client.records import LOG_OVERHEAD, BatchHeader, stamp
+from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader, stamp
 from rillet.storage.batchwrite import write_batch
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant

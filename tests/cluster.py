@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rillet.broker.local_cluster import LocalCluster
+from rillet.tools.local_cluster import LocalCluster
 
 ClusterFactory = Callable[..., LocalCluster]
 

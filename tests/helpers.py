@@ -154,8 +154,8 @@ def python_command(script: str, *args: str) -> list[str]:
 
 async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
     """Every record a consumer may read (below the HW) from ``partition``, from offset 0,
-    through raw Fetch requests on ``conn`` (a rillet.client.connection.Connection)."""
-    from rillet.client import records
+    through raw Fetch requests on ``conn`` (a rillet.client.wire.connection.Connection)."""
+    from rillet.client.wire import records
 
     out: list[Any] = []
     offset = 0
@@ -176,7 +176,7 @@ async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
 def log_records(log: Any) -> list[Any]:
     """Every record of a rillet.storage Log from its start, read through ``read_bytes``
     (batches may start below the offset asked for, as after compaction: skip those)."""
-    from rillet.client import records
+    from rillet.client.wire import records
 
     out: list[Any] = []
     offset = log.log_start_offset
@@ -191,7 +191,7 @@ def log_records(log: Any) -> list[Any]:
 
 def stamped(batch: bytes, base: int, epoch: int) -> bytes:
     """A batch as a leader writes it: base offset and epoch stamped, the rest as it was."""
-    from rillet.client import records
+    from rillet.client.wire import records
 
     out = bytearray(batch)
     records.stamp(out, 0, base, epoch)

@@ -21,9 +21,9 @@ from typing import Any
 
 from helpers import fetch_records
 
-from rillet.broker.local_cluster import ClusterError, LocalCluster
-from rillet.client import errors, records
-from rillet.client.connection import Connection, parse_address
+from rillet.client.wire import errors, records
+from rillet.client.wire.connection import Connection, parse_address
+from rillet.tools.local_cluster import ClusterError, LocalCluster
 
 BROKERS = (1, 2, 3)
 CONTROLLERS = (101, 102, 103)
@@ -78,7 +78,7 @@ class Client:
         return conn
 
     def live_brokers(self) -> list[int]:
-        from rillet.broker.local_cluster import pid_alive
+        from rillet.tools.local_cluster import pid_alive
 
         return [n.node_id for n in self.cluster.brokers() if pid_alive(n.pid)]
 

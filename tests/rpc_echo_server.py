@@ -24,9 +24,9 @@ from typing import Any
 
 import uvloop
 
-from rillet.client import schemas
-from rillet.client.errors import UnknownTopicOrPartitionError
-from rillet.client.rpc_server import FileRange, Handler, Request, Response, RpcServer
+from rillet.client.runtime.rpc_server import FileRange, Handler, Request, Response, RpcServer
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import UnknownTopicOrPartitionError
 
 
 async def produce(request: Request) -> Response | None:

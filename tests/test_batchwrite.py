@@ -26,8 +26,8 @@ from helpers import log_records, stamped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rillet.client import records
-from rillet.client.errors import StorageError
+from rillet.client.wire import records
+from rillet.client.wire.errors import StorageError
 from rillet.storage import Log, LogConfig, batchwrite, segment
 from rillet.storage.dump import scan_file, segment_files
 

@@ -9,7 +9,7 @@ import pytest
 
 from rillet.broker.cli import load_config
 from rillet.broker.config import BrokerConfig, broker_config_table, render_doc_table
-from rillet.client.errors import InvalidConfigError
+from rillet.client.wire.errors import InvalidConfigError
 
 DOC = Path(__file__).parent.parent / "docs" / "broker.md"
 

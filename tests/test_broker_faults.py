@@ -1,5 +1,5 @@
 """Faults that must not leave a broker silently half-working (docs/broker.md, "Faults"):
-the fatal fault handler and the background-task policies of controller/tasks.py, the
+the fatal fault handler and the background-task policies of client/runtime/tasks.py, the
 metadata follower and heartbeat loop routing unexpected errors to it, the broker's own
 tasks, and a real broker process exiting non-zero when applying metadata fails.
 """
@@ -19,12 +19,16 @@ import pytest
 from helpers import wait_until, wait_until_async
 from test_broker_inproc import FakeLink, broker_config
 
-from rillet.broker.local_cluster import _CHILDREN
+from rillet.broker.link.controller_client import (
+    BrokerLifecycle,
+    MetadataApplyError,
+    MetadataFollower,
+)
 from rillet.broker.server import BrokerServer
-from rillet.client import errors
-from rillet.client.connection import Connection, parse_address
-from rillet.controller import tasks
-from rillet.controller.broker_client import BrokerLifecycle, MetadataApplyError, MetadataFollower
+from rillet.client.runtime import tasks
+from rillet.client.wire import errors
+from rillet.client.wire.connection import Connection, parse_address
+from rillet.tools.local_cluster import _CHILDREN
 
 
 class Recorder:
@@ -107,7 +111,7 @@ def test_default_fatal_handler_logs_the_traceback_and_exits_non_zero() -> None:
     code = (
         "import logging, sys\n"
         "logging.basicConfig(stream=sys.stderr)\n"
-        "from rillet.controller.tasks import fatal_fault\n"
+        "from rillet.client.runtime.tasks import fatal_fault\n"
         "def apply():\n"
         "    raise RuntimeError('half-applied metadata')\n"
         "try:\n"
@@ -225,7 +229,7 @@ async def test_a_failing_metrics_sample_restarts_instead_of_ending(
     tmp_path: Path, fatal: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("rillet.broker.server.METRICS_SAMPLE_INTERVAL_S", 0.001)
-    monkeypatch.setattr("rillet.controller.tasks.RESTART_BACKOFF_MIN_S", 0.001)
+    monkeypatch.setattr("rillet.client.runtime.tasks.RESTART_BACKOFF_MIN_S", 0.001)
     server = BrokerServer(broker_config(tmp_path / "logs"), link=FakeLink(1))
     await server.start()
     try:

@@ -19,11 +19,11 @@ import pytest
 from helpers import wait_until_async
 
 from rillet.broker.config import BrokerConfig, broker_config_table
-from rillet.broker.replication_types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.broker.server import BrokerServer, MetadataListener
-from rillet.client import errors, records
-from rillet.client.connection import Connection
-from rillet.controller.metadata import (
+from rillet.client.wire import errors, records
+from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import (
     Config,
     Endpoint,
     MetadataDelta,

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import pytest
 from helpers import fetch_records, wait_until
 
-from rillet.broker.local_cluster import LocalCluster
-from rillet.client import errors, records
-from rillet.client.connection import Connection, parse_address
+from rillet.client.wire import errors, records
+from rillet.client.wire.connection import Connection, parse_address
+from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 T = TypeVar("T")

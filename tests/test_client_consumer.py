@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from test_client_fake_broker import FakeCluster
 
-from rillet.client import records
 from rillet.client.admin import Admin, AdminError, NewTopic
 from rillet.client.consumer import Consumer, ConsumerRecord, TopicPartition, decode_records
-from rillet.client.errors import CorruptRecordError, OffsetOutOfRangeError
 from rillet.client.producer import Producer
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
+from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError, OffsetOutOfRangeError
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.client import records, schemas
-from rillet.client.errors import (
+from rillet.client.runtime.rpc_server import Request, Response, RpcServer
+from rillet.client.wire import records, schemas
+from rillet.client.wire.errors import (
     InvalidPartitionsError,
     NotLeaderOrFollowerError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from rillet.client.rpc_server import Request, Response, RpcServer
 
 CLUSTER_ID = "fake-cluster"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_client_fake_broker import FakeCluster
 
-from rillet.client.errors import NetworkError
 from rillet.client.metadata import MetadataClient
+from rillet.client.wire.errors import NetworkError
 
 
 @pytest.fixture

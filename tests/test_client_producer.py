@@ -8,14 +8,14 @@ import asyncio
 import pytest
 from test_client_fake_broker import FakeCluster
 
-from rillet.client import records
-from rillet.client.errors import (
+from rillet.client.partitioner import partition_for_key
+from rillet.client.producer import DeliveryError, Producer, ProducerClosedError, RecordHandle
+from rillet.client.wire import records
+from rillet.client.wire.errors import (
     InvalidRecordError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from rillet.client.partitioner import partition_for_key
-from rillet.client.producer import DeliveryError, Producer, ProducerClosedError, RecordHandle
 
 
 @pytest.fixture

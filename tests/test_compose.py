@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rillet.broker.config import broker_config_table
-from rillet.client.config import parse_listeners, parse_voters
+from rillet.client.runtime.config import parse_listeners, parse_voters
 from rillet.controller.config import controller_config_table
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rillet.client.config import (
+from rillet.client.runtime.config import (
     ConfigTable,
     Key,
     merge_tables,
@@ -14,7 +14,7 @@ from rillet.client.config import (
     parse_listeners,
     parse_voters,
 )
-from rillet.client.errors import InvalidConfigError
+from rillet.client.wire.errors import InvalidConfigError
 
 TABLE = ConfigTable(
     [

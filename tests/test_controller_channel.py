@@ -1,4 +1,4 @@
-"""ControllerChannel (controller/broker_client.py) against fake voters on real sockets:
+"""ControllerChannel (broker/link/controller_client.py) against fake voters on real sockets:
 NOT_CONTROLLER redirects respect the request's deadline."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from rillet.client import schemas
-from rillet.client.errors import NotControllerError
-from rillet.client.rpc_server import Request, Response, RpcServer
-from rillet.controller.broker_client import ControllerChannel
+from rillet.broker.link.controller_client import ControllerChannel
+from rillet.client.runtime.rpc_server import Request, Response, RpcServer
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import NotControllerError
 
 GUARD_S = 60  # only against a hang (the bug this file pins); never reached when it works
 

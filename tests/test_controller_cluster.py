@@ -21,10 +21,14 @@ from pathlib import Path
 import pytest
 from helpers import ServerProcess, start_server_process, wait_until_async
 
-from rillet.client import schemas
-from rillet.client.connection import Connection
-from rillet.client.errors import RilletError
-from rillet.controller.broker_client import BrokerLifecycle, ControllerChannel, MetadataFollower
+from rillet.broker.link.controller_client import (
+    BrokerLifecycle,
+    ControllerChannel,
+    MetadataFollower,
+)
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection
+from rillet.client.wire.errors import RilletError
 
 pytestmark = pytest.mark.cluster
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rillet.client.config import ConfigTable, Key
-from rillet.client.errors import InvalidConfigError
+from rillet.client.runtime.config import ConfigTable, Key
+from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import (
     CONFIG_TABLE_BEGIN,
     CONFIG_TABLE_END,

@@ -8,7 +8,7 @@ import random
 
 from test_raft import T_MS, Harness
 
-from rillet.controller.raft import RaftConfig, RaftNode
+from rillet.controller.raft.core import RaftConfig, RaftNode
 
 
 def wipe(h: Harness, node_id: int) -> None:

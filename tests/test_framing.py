@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rillet.client.errors import InvalidRequestError
-from rillet.client.framing import (
+from rillet.client.wire.errors import InvalidRequestError
+from rillet.client.wire.framing import (
     PREFIX,
     FrameDecoder,
     FrameError,

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from rillet.broker.local_cluster import summarize_partitions
-from rillet.client import schemas
 from rillet.client.admin import (
     REASSIGNMENT_ABSENT,
     REASSIGNMENT_COMPLETE,
@@ -22,18 +20,20 @@ from rillet.client.admin import (
     ReassignmentStatus,
     election_succeeded,
 )
-from rillet.client.cli_common import CliError
-from rillet.client.errors import (
+from rillet.client.cli.common import CliError
+from rillet.client.cli.leader import summarize_election
+from rillet.client.cli.partition import parse_plan, parse_replicas, plan_from_args, plan_json
+from rillet.client.cli.topic import filter_partitions, partition_counts
+from rillet.client.runtime.rpc_server import Request, Response, RpcServer
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import (
     ElectionNotNeededError,
     InvalidReplicaAssignmentError,
     PreferredLeaderNotAvailableError,
     UnknownTopicOrPartitionError,
     code_of,
 )
-from rillet.client.leader_cli import summarize_election
-from rillet.client.partition_cli import parse_plan, parse_replicas, plan_from_args, plan_json
-from rillet.client.rpc_server import Request, Response, RpcServer
-from rillet.client.topic_cli import filter_partitions, partition_counts
+from rillet.tools.local_cluster import summarize_partitions
 
 NOT_NEEDED = code_of("ELECTION_NOT_NEEDED")
 UNKNOWN = code_of("UNKNOWN_TOPIC_OR_PARTITION")

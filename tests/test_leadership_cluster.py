@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from rillet.broker.local_cluster import LocalCluster, pid_alive
 from rillet.client.admin import NewTopic
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
+from rillet.tools.local_cluster import LocalCluster, pid_alive
 
 pytestmark = pytest.mark.cluster
 

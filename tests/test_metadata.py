@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rillet.controller.metadata import (
+from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     NO_LEADER,
     RESOURCE_TOPIC,
@@ -44,7 +44,7 @@ from rillet.controller.metadata import (
     records_to_image,
     replay_records,
 )
-from rillet.controller.quorum import ControllerConfig, QuorumController
+from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
 
 EP = (Endpoint("PLAINTEXT", "localhost", 9092),)
 ALL_RECORDS = [

@@ -21,13 +21,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every module of every sub-package imports from the installed copy: a sub-package missing
+# from pyproject's list would be absent from the wheel and fail here.
 IMPORTS = (
-    "import rillet.client, rillet.client.records, rillet.storage, rillet.controller, "
-    "rillet.broker; from rillet.storage import batchwrite; "
+    "import importlib, pkgutil, rillet.client; from rillet.storage import batchwrite; "
+    "[importlib.import_module(m.name) for c in ('client', 'storage', 'controller', 'broker', "
+    "'tools') for m in pkgutil.walk_packages(importlib.import_module('rillet.' + c).__path__, "
+    "'rillet.' + c + '.') if not m.name.startswith('rillet.client.spark')"
+    " and not m.name.endswith('__main__')]; "
     "print(rillet.client.__file__); print(batchwrite.NATIVE)"
 )
 SOURCES = (
-    "client", "storage", "controller", "broker", "pyproject.toml", "setup.py", "README.md",
+    "client", "storage", "controller", "broker", "tools", "pyproject.toml", "setup.py",
+    "README.md",
 )
 
 

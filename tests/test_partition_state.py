@@ -1,4 +1,4 @@
-"""Scenario tests for the partition replication core (broker/partition_state.py).
+"""Scenario tests for the partition replication core (broker/replication/partition_state.py).
 
 Each test drives PartitionState objects over in-memory FakeLogs with explicit times,
 the way a broker driver would, and names the Kafka behaviour it pins down.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from test_replication_fakes import FakeLog, Replica, batches_of
 
-from rillet.broker.partition_state import PartitionState, Role
-from rillet.broker.replication_types import (
+from rillet.broker.replication.partition_state import PartitionState, Role
+from rillet.broker.replication.types import (
     AlterPartitionResponse,
     EpochEndOffset,
     FetchResponse,
@@ -19,7 +19,7 @@ from rillet.broker.replication_types import (
     Truncate,
     TruncateFullyAndStartAt,
 )
-from rillet.client import errors
+from rillet.client.wire import errors
 
 NONE = errors.NONE
 E = errors.code_of

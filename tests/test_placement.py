@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rillet.controller.placement import (
+from rillet.controller.metadata.placement import (
     BrokerSlot,
     PlacementError,
     leader_imbalance,

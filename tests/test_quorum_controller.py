@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from rillet.client.errors import code_of
-from rillet.controller.metadata import (
+from rillet.client.wire.errors import code_of
+from rillet.controller.metadata.describe import describe_cluster, describe_topics
+from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     NO_LEADER,
     FenceBroker,
@@ -21,7 +22,7 @@ from rillet.controller.metadata import (
     UnfenceBroker,
     replay_records,
 )
-from rillet.controller.quorum import (
+from rillet.controller.metadata.quorum import (
     LIFECYCLE,
     BrokerState,
     ControllerConfig,
@@ -29,8 +30,6 @@ from rillet.controller.quorum import (
     HeartbeatEvent,
     PendingImages,
     QuorumController,
-    describe_cluster,
-    describe_topics,
     topic_name_error,
 )
 

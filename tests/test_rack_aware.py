@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 import pytest
 from helpers import wait_until, wait_until_async
 
-from rillet.broker.local_cluster import LocalCluster
-from rillet.client import errors, records, schemas
 from rillet.client.admin import Admin, NewTopic
-from rillet.client.connection import Connection, parse_address
 from rillet.client.consumer import Consumer, ConsumerRecord
 from rillet.client.producer import Producer
+from rillet.client.wire import errors, records, schemas
+from rillet.client.wire.connection import Connection, parse_address
+from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import msgpack
 import pytest
 
-from rillet.controller.raft import (
+from rillet.controller.raft.core import (
     AppendRequest,
     AppendResponse,
     Entry,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rillet.controller.raft import Entry, EntryKind, HardState, RaftConfig, RaftNode, Snapshot
-from rillet.controller.raft_store import (
+from rillet.controller.raft.core import Entry, EntryKind, HardState, RaftConfig, RaftNode, Snapshot
+from rillet.controller.raft.store import (
     HARD_STATE_FILE,
     LOG_FILE,
     SNAPSHOT_FILE,

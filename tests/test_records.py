@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rillet.client import records
-from rillet.client.errors import CorruptRecordError, MessageTooLargeError
+from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError, MessageTooLargeError
 
 COMPRESSIONS = [records.COMPRESSION_NONE, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD]
 

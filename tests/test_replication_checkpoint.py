@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rillet.broker import hw_checkpoint
 from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.replica_manager import ReplicaManager
-from rillet.controller.metadata import TopicPartition
+from rillet.broker.replication import hw_checkpoint
+from rillet.controller.metadata.image import TopicPartition
 from rillet.storage import LogManager
 
 

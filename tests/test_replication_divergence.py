@@ -15,9 +15,9 @@ from helpers import wait_until
 from replication_cluster import BROKERS, Client, Writer, replication_cluster, run
 from test_replication_faults import acks_grow, all_isrs_full, partitions
 
-from rillet.broker import hw_checkpoint
-from rillet.client import records
-from rillet.controller.metadata import TopicPartition
+from rillet.broker.replication import hw_checkpoint
+from rillet.client.wire import records
+from rillet.controller.metadata.image import TopicPartition
 from rillet.storage import Log
 
 pytestmark = pytest.mark.cluster

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from test_replication_fakes import FakeLog, Replica
 
-from rillet.broker.partition_state import PartitionState
-from rillet.broker.replication_types import ReplicationConfig
+from rillet.broker.replication.partition_state import PartitionState
+from rillet.broker.replication.types import ReplicationConfig
 
 
 def test_fenced_follower_is_not_proposed_until_eligible() -> None:

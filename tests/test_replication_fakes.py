@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rillet.broker.partition_state import PartitionState
-from rillet.broker.replication_types import (
+from rillet.broker.replication.partition_state import PartitionState
+from rillet.broker.replication.types import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     AppendFetched,
@@ -31,7 +31,7 @@ from rillet.broker.replication_types import (
     TruncateFullyAndStartAt,
     UpdateHighWatermark,
 )
-from rillet.client import errors
+from rillet.client.wire import errors
 
 Record = tuple[int, object]  # (leader epoch, value)
 

@@ -21,8 +21,8 @@ from replication_cluster import (
     run,
 )
 
-from rillet.broker.local_cluster import LocalCluster
-from rillet.client import errors
+from rillet.client.wire import errors
+from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""The follower fetcher under unexpected errors (broker/fetcher.py, docs/broker.md
+"""The follower fetcher under unexpected errors (broker/replication/fetcher.py, docs/broker.md
 "Faults"): two in-process brokers with hand-made metadata, broker 1 leading two
 partitions that broker 2 follows through its real fetcher over a real socket.
 
@@ -22,11 +22,11 @@ import pytest
 from helpers import wait_until_async
 from test_broker_inproc import batch, broker_config, produce
 
-from rillet.broker.replication_types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.broker.server import BrokerServer, MetadataListener
-from rillet.client import errors
-from rillet.client.connection import Connection
-from rillet.controller.metadata import (
+from rillet.client.wire import errors
+from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import (
     Endpoint,
     MetadataDelta,
     MetadataImage,
@@ -158,7 +158,7 @@ async def test_unexpected_partition_error_marks_it_failed_and_others_keep_replic
 
     errors_logged = [
         r for r in caplog.records
-        if r.levelno == logging.ERROR and r.name == "rillet.broker.fetcher"
+        if r.levelno == logging.ERROR and r.name == "rillet.broker.replication.fetcher"
     ]  # fmt: skip
     assert len(errors_logged) == 1
     assert "marked failed" in errors_logged[0].getMessage()
@@ -229,7 +229,7 @@ async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
     That must not cost the full replica.fetch.backoff.ms, which held the HW (and every
     acks=all produce) for a second after each failover. The backoff here is 10 minutes,
     so only the short catch-up retry lets the follower replicate within the wait."""
-    caplog.set_level(logging.INFO, logger="rillet.broker.fetcher")
+    caplog.set_level(logging.INFO, logger="rillet.broker.replication.fetcher")
     shared = SharedMetadata()
     async with start_pair(tmp_path, shared, partitions=1, backoff_ms=600_000) as pair:
         conn = pair.conn

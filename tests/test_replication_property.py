@@ -28,13 +28,13 @@ from hypothesis.stateful import (
 )
 from test_replication_fakes import Record, Replica
 
-from rillet.broker.replication_types import (
+from rillet.broker.replication.types import (
     AlterPartitionResponse,
     FetchRequest,
     FetchResponse,
     ProposeAlterPartition,
 )
-from rillet.client import errors
+from rillet.client.wire import errors
 
 BROKERS = (1, 2, 3)
 LAG_MS = 50

@@ -12,9 +12,10 @@ import pytest
 from helpers import python_command, start_server_process, wait_until_async
 from rpc_echo_server import make_handlers
 
-from rillet.client import schemas
-from rillet.client.connection import Connection, connect_any, parse_address
-from rillet.client.errors import (
+from rillet.client.runtime.rpc_server import FileRange, Request, Response, RpcServer
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection, connect_any, parse_address
+from rillet.client.wire.errors import (
     InvalidRequestError,
     NetworkError,
     RequestTimedOutError,
@@ -22,8 +23,7 @@ from rillet.client.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
-from rillet.client.framing import encode_frame_bytes
-from rillet.client.rpc_server import FileRange, Request, Response, RpcServer
+from rillet.client.wire.framing import encode_frame_bytes
 
 ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
 DATA = bytes(range(256)) * 1024  # 256 KiB

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import python_command, start_server_process
 
-from rillet.client.connection import Connection
+from rillet.client.wire.connection import Connection
 
 ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
 FILE_BYTES = 64 << 20

@@ -20,8 +20,8 @@ from helpers import ServerProcess, python_command, start_server_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rillet.client import schemas
-from rillet.client.framing import FrameDecoder, encode_frame_bytes
+from rillet.client.wire import schemas
+from rillet.client.wire.framing import FrameDecoder, encode_frame_bytes
 
 ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
 MAX_REQUEST_BYTES = 1 << 20  # the echo server's --max-request-bytes default

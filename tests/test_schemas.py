@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rillet.client import schemas
-from rillet.client.errors import InvalidRequestError, UnsupportedVersionError
-from rillet.client.schemas import INT, STR, Api, Array, F, Struct
+from rillet.client.wire import schemas
+from rillet.client.wire.errors import InvalidRequestError, UnsupportedVersionError
+from rillet.client.wire.schemas import INT, STR, Api, Array, F, Struct
 
 DOC = Path(__file__).parents[1] / "docs" / "protocol.md"
 BEGIN, END = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
@@ -149,5 +149,5 @@ def test_protocol_doc_api_table_is_up_to_date() -> None:
     text = DOC.read_text()
     table = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     assert table.strip() == schemas.render_markdown().strip(), (
-        "docs/protocol.md is stale: run `python -m rillet.client.schemas` to regenerate it"
+        "docs/protocol.md is stale: run `python -m rillet.client.wire.schemas` to regenerate it"
     )

@@ -20,7 +20,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rille
 
 from rillet.client.admin import NewTopic  # noqa: E402
 from rillet.client.cli import main as rillet_main  # noqa: E402
-from rillet.client.spark_jobs import make_value, spark_session  # noqa: E402
+from rillet.client.spark.jobs import make_value, spark_session  # noqa: E402
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
 
 pytestmark = [

@@ -14,16 +14,15 @@ import pytest
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
 
-from rillet.client.errors import OffsetOutOfRangeError  # noqa: E402
-from rillet.client.spark_cli import format_report, spark_error_cause  # noqa: E402
-from rillet.client.spark_jobs import (  # noqa: E402
+from rillet.client.cli.spark import format_report, spark_error_cause  # noqa: E402
+from rillet.client.spark.jobs import (  # noqa: E402
     VerifyReport,
     make_value,
     parse_conf,
     parse_value,
     task_records,
 )
-from rillet.client.spark_source import (  # noqa: E402
+from rillet.client.spark.source import (  # noqa: E402
     OffsetRange,
     SourceOptions,
     parse_offsets,
@@ -33,6 +32,7 @@ from rillet.client.spark_source import (  # noqa: E402
     stream_offset,
     to_arrow,
 )
+from rillet.client.wire.errors import OffsetOutOfRangeError  # noqa: E402
 
 EARLIEST = {0: 0, 1: 5, 2: 0}
 LATEST = {0: 10, 1: 20, 2: 0}
@@ -148,11 +148,11 @@ def test_spark_errors_are_reduced_to_their_python_cause() -> None:
     text = (
         "[PYTHON_DATA_SOURCE_ERROR] Failed to plan: Traceback (most recent call last):\n"
         '  File "x.py", line 1, in f\n'
-        "rillet.client.errors.UnknownTopicOrPartitionError: topic 'x' does not exist\n"
+        "rillet.client.wire.errors.UnknownTopicOrPartitionError: topic 'x' does not exist\n"
         "\tat org.apache.spark.Foo(Foo.scala:1)\n"
     )
     assert spark_error_cause(text) == (
-        "rillet.client.errors.UnknownTopicOrPartitionError: topic 'x' does not exist"
+        "rillet.client.wire.errors.UnknownTopicOrPartitionError: topic 'x' does not exist"
     )
     assert spark_error_cause("plain failure\nmore") == "plain failure"
 

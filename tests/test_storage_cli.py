@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 
-from rillet.client import records
+from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, cleaner
 from rillet.storage.cli import cmd_dump
 from rillet.storage.dump import scan_file

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rillet.client import records
+from rillet.client.wire import records
 from rillet.storage import Log, LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
 

@@ -7,8 +7,8 @@ import os
 import pytest
 from helpers import log_records, stamped
 
-from rillet.client import records
-from rillet.client.errors import (
+from rillet.client.wire import records
+from rillet.client.wire.errors import (
     CorruptRecordError,
     FencedLeaderEpochError,
     InvalidConfigError,

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rillet.client import records
+from rillet.client.wire import records
 from rillet.storage import Log, LogConfig
 from rillet.storage import scan as scan_module
 

@@ -6,7 +6,7 @@ import os
 
 from helpers import log_records
 
-from rillet.client import records
+from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, LogManager, cleaner, retention
 
 DAY = 24 * 3600 * 1000

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from rillet.controller.raft import (
+from rillet.controller.raft.core import (
     AppendRequest,
     AppendResponse,
     Entry,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from test_replication_fakes import FakeLog, batches_of
 
-from rillet.broker.partition_state import PartitionState, Role
-from rillet.broker.replication_types import (
+from rillet.broker.replication.partition_state import PartitionState, Role
+from rillet.broker.replication.types import (
     AlterPartitionResponse,
     AppendFetched,
     AssignEpochStartOffset,
@@ -39,9 +39,9 @@ from rillet.broker.replication_types import (
     Truncate,
     TruncateFullyAndStartAt,
 )
-from rillet.client import errors
-from rillet.controller.metadata import EMPTY_IMAGE, MetadataDelta, MetadataImage
-from rillet.controller.quorum import ControllerConfig, QuorumController
+from rillet.client.wire import errors
+from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
+from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
 
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock

@@ -1,0 +1,1 @@
+"""Request handlers: decode, call the ReplicaManager or the image, encode."""

@@ -1,0 +1,1 @@
+"""The broker's side of the controller link: channel, lifecycle, metadata follower."""

@@ -1,0 +1,429 @@
+"""The broker side of the controller protocol: channel, lifecycle, metadata follower.
+
+- `ControllerChannel(voters)`: a connection to the active controller. Follows
+  NOT_CONTROLLER redirects (the response names the leader), tries the other voters when
+  one is unreachable, and retries retriable errors with backoff until a deadline.
+- `BrokerLifecycle`: registers with a fresh incarnation id, heartbeats every
+  ``broker.heartbeat.interval.ms`` with the broker's metadata offset, exposes
+  fenced / caught-up / should-shut-down, and runs a controlled shutdown.
+- `MetadataFollower`: long-polls FetchMetadata, applies records (or a snapshot) to a
+  `MetadataImage` through `MetadataDelta`, and calls ``listener(delta, image)`` per batch.
+- `ControllerChannel.forward(api, fields)`: what a broker uses to forward CreateTopics,
+  DeleteTopics, AlterPartition... to the active controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from rillet.client.runtime.tasks import FatalHandler, fatal_fault, on_death_fatal
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection
+from rillet.client.wire.errors import (
+    NetworkError,
+    NotControllerError,
+    RequestTimedOutError,
+    RilletError,
+    code_of,
+    error_for,
+    is_retriable,
+)
+from rillet.controller.config import parse_voters
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    MetadataDelta,
+    MetadataImage,
+    decode_records,
+    decode_snapshot,
+    image_to_records,
+)
+
+log = logging.getLogger(__name__)
+
+NOT_CONTROLLER = NotControllerError.code
+STALE_BROKER_EPOCH = code_of("STALE_BROKER_EPOCH")
+BROKER_ID_NOT_REGISTERED = code_of("BROKER_ID_NOT_REGISTERED")
+BACKOFF_MIN_MS = 20
+BACKOFF_MAX_MS = 500
+DEFAULT_DEADLINE_MS = 30_000
+
+
+class MetadataApplyError(Exception):
+    """The listener failed on a batch the image already holds: the broker's state and its
+    image now disagree, which only a restart (replaying from disk and metadata) repairs."""
+
+
+class ControllerChannel:
+    """Requests to whichever voter is the active controller right now."""
+
+    def __init__(
+        self,
+        voters: str | Mapping[int, tuple[str, int]],
+        *,
+        client_id: str = "broker",
+        request_timeout_ms: int = 5000,
+    ) -> None:
+        self.voters = parse_voters(voters) if isinstance(voters, str) else dict(voters)
+        self.client_id = client_id
+        self.request_timeout_ms = request_timeout_ms
+        self.leader_id: int | None = None  # the voter we believe active
+        self._conn: Connection | None = None
+        self._conn_id: int | None = None
+        self._rotation = list(self.voters)
+        random.shuffle(self._rotation)  # spread brokers' first guesses over the voters
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _connection(self) -> Connection:
+        """The connection to the believed leader (or the next voter to try)."""
+        target = self.leader_id if self.leader_id is not None else self._rotation[0]
+        if self._conn is not None and not self._conn.closed and self._conn_id == target:
+            return self._conn
+        async with self._lock:
+            if self._conn is not None and not self._conn.closed and self._conn_id == target:
+                return self._conn
+            if self._conn is not None:
+                self._conn.close()
+            host, port = self.voters[target]
+            self._conn = None
+            self._conn = await Connection.open(
+                host, port, client_id=self.client_id, connect_timeout_ms=self.request_timeout_ms,
+                request_timeout_ms=self.request_timeout_ms,
+            )  # fmt: skip
+            self._conn_id = target
+            return self._conn
+
+    def _next_voter(self, failed: int | None) -> None:
+        """Forget the leader and rotate to the next voter."""
+        self.leader_id = None
+        if failed is not None and self._rotation[0] == failed:
+            self._rotation.append(self._rotation.pop(0))
+
+    async def request(
+        self,
+        api: schemas.Api | int | str,
+        fields: dict[str, Any],
+        *,
+        deadline_ms: int = DEFAULT_DEADLINE_MS,
+        timeout_ms: int | None = None,
+    ) -> tuple[dict[str, Any], memoryview]:
+        """Send to the active controller; redirect and retry until ``deadline_ms``.
+
+        Returns the response (header, payload). A top-level non-retriable error is raised
+        as its exception; a retriable one is retried until the deadline, then raised.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_ms / 1000
+        backoff_ms = BACKOFF_MIN_MS
+        redirects = 0  # immediate NOT_CONTROLLER redirects followed since the last backoff
+        while True:
+            target: int | None = None
+            try:
+                conn = await self._connection()
+                target = self._conn_id
+                header, payload = await conn.request(api, dict(fields), raise_errors=False,
+                                                     timeout_ms=timeout_ms)  # fmt: skip
+                code = header.get("error_code", 0)
+                if code == NOT_CONTROLLER:
+                    error: RilletError = error_for(code, header.get("error_message") or "")
+                    leader = header.get("leader_id", -1)
+                    if leader in self.voters and leader != target:
+                        self.leader_id = leader
+                        redirects += 1
+                        # A known leader elsewhere: go there at once, unless the deadline
+                        # has passed or the voters keep naming each other (stale views
+                        # during an election): then back off like any retriable error.
+                        if loop.time() >= deadline:
+                            raise error
+                        if redirects <= len(self.voters):
+                            continue
+                    elif leader == target:
+                        self.leader_id = target  # leading but not active yet: wait for it
+                    else:
+                        self._next_voter(target)  # no leader known: ask the next voter
+                elif code and is_retriable(code):
+                    error = error_for(code, header.get("error_message") or "")
+                elif code:
+                    raise error_for(code, header.get("error_message") or "")
+                else:
+                    self.leader_id = target
+                    return header, payload
+            except (NetworkError, RequestTimedOutError) as e:
+                error = e
+                if self._conn is not None:
+                    self._conn.close()
+                self._next_voter(target if target is not None else self._rotation[0])
+            if loop.time() + backoff_ms / 1000 >= deadline:
+                raise error
+            redirects = 0
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
+
+    async def forward(self, api: schemas.Api | int | str, fields: dict[str, Any],
+                      *, deadline_ms: int = DEFAULT_DEADLINE_MS) -> dict[str, Any]:  # fmt: skip
+        """Forward a broker's CreateTopics / DeleteTopics / AlterPartition / ElectLeaders...
+        to the active controller; returns the response header (per-item errors inside)."""
+        header, _ = await self.request(api, fields, deadline_ms=deadline_ms)
+        return header
+
+
+# -- broker lifecycle ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LifecycleState:
+    broker_epoch: int = -1
+    registered: bool = False
+    fenced: bool = True
+    caught_up: bool = False
+    should_shut_down: bool = False
+
+
+class BrokerLifecycle:
+    """Registration and heartbeats of one broker.
+
+    ``metadata_offset()`` returns the offset of the newest metadata record the broker has
+    applied (``MetadataFollower.image.offset``); the controller unfences the broker once
+    it reaches its registration. ``on_change(state)`` is called when fenced/shut-down flags
+    change.
+    """
+
+    def __init__(
+        self,
+        channel: ControllerChannel,
+        broker_id: int,
+        listeners: Sequence[tuple[str, str, int]],
+        metadata_offset: Callable[[], int],
+        *,
+        cluster_id: str = "",
+        rack: str | None = None,
+        heartbeat_interval_ms: int = 500,
+        on_change: Callable[[LifecycleState], None] | None = None,
+    ) -> None:
+        self.channel = channel
+        self.broker_id = broker_id
+        self.listeners = [list(listener) for listener in listeners]
+        self.metadata_offset = metadata_offset
+        self.cluster_id = cluster_id
+        self.rack = rack
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.on_change = on_change
+        self.incarnation_id = uuid.uuid4().hex
+        self.state = LifecycleState()
+        self._task: asyncio.Task[None] | None = None
+        self._want_shutdown = False
+        self._changed = asyncio.Event()
+
+    async def register(self) -> int:
+        """Register (fenced) and return the broker epoch; retries until it succeeds."""
+        header, _ = await self.channel.request(schemas.BROKER_REGISTRATION, {
+            "broker_id": self.broker_id, "cluster_id": self.cluster_id,
+            "incarnation_id": self.incarnation_id, "listeners": self.listeners,
+            "rack": self.rack,
+        })  # fmt: skip
+        self.state.broker_epoch = header["broker_epoch"]
+        self.state.registered = True
+        log.info("broker %d: registered with epoch %d", self.broker_id, self.state.broker_epoch)
+        return self.state.broker_epoch
+
+    async def start(self) -> None:
+        """Register, then heartbeat in the background."""
+        await self.register()
+        self._start_heartbeats()
+
+    def _start_heartbeats(self) -> None:
+        # Policy fatal: a broker whose heartbeats stopped is fenced while it keeps serving.
+        task = asyncio.get_running_loop().create_task(self._heartbeat_loop(), name="heartbeat")
+        self._task = on_death_fatal(task, f"broker {self.broker_id}: heartbeat loop")
+
+    async def stop(self) -> None:
+        """Stop heartbeating without telling the controller (it fences us on timeout)."""
+        if self._task is not None:
+            self._task.cancel()
+            # An exception that ended the loop already went to the fatal handler.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def heartbeat(self) -> LifecycleState:
+        header, _ = await self.channel.request(schemas.BROKER_HEARTBEAT, {
+            "broker_id": self.broker_id, "broker_epoch": self.state.broker_epoch,
+            "current_metadata_offset": self.metadata_offset(), "want_fence": False,
+            "want_shut_down": self._want_shutdown,
+        }, deadline_ms=max(self.heartbeat_interval_ms * 4, 2000))  # fmt: skip
+        s = self.state
+        before = (s.fenced, s.should_shut_down)
+        s.fenced, s.caught_up = header["is_fenced"], header["is_caught_up"]
+        s.should_shut_down = header["should_shut_down"]
+        if (s.fenced, s.should_shut_down) != before:
+            log.info("broker %d: fenced=%s should_shut_down=%s", self.broker_id, s.fenced,
+                     s.should_shut_down)  # fmt: skip
+            if self.on_change is not None:
+                self.on_change(s)
+        self._changed.set()
+        return s
+
+    async def _heartbeat_loop(self) -> None:
+        while not self.state.should_shut_down:
+            try:
+                await self.heartbeat()
+            except RilletError as e:
+                log.warning("broker %d: heartbeat failed: %s", self.broker_id, e)
+                if e.code in (STALE_BROKER_EPOCH, BROKER_ID_NOT_REGISTERED):
+                    await self._reregister()
+            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
+
+    async def _reregister(self) -> None:
+        """Our registration is gone or replaced (e.g. fenced and expired): start afresh."""
+        self.incarnation_id = uuid.uuid4().hex
+        with contextlib.suppress(RilletError):
+            await self.register()
+
+    async def wait_for(self, predicate: Callable[[LifecycleState], bool]) -> None:
+        while not predicate(self.state):
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def controlled_shutdown(self, deadline_ms: int = 30_000) -> bool:
+        """Ask the controller to move leaderships away; True when it says we may go."""
+        self._want_shutdown = True
+        if self._task is None:
+            self._start_heartbeats()
+        try:
+            async with asyncio.timeout(deadline_ms / 1000):
+                await self.wait_for(lambda s: s.should_shut_down)
+            return True
+        except TimeoutError:
+            log.warning("broker %d: controlled shutdown not confirmed within %d ms",
+                        self.broker_id, deadline_ms)  # fmt: skip
+            return False
+        finally:
+            await self.stop()
+
+
+# -- metadata follower --------------------------------------------------------------------
+
+Listener = Callable[[MetadataDelta, MetadataImage], Awaitable[None] | None]
+
+
+class MetadataFollower:
+    """Follows the committed metadata log from the active controller.
+
+    ``listener(delta, image)`` is called for each applied batch, in log order. After a
+    snapshot load the delta is over the EMPTY image (everything appears created;
+    ``delta.image.offset == -1``): a broker reconciles its local state with the image.
+    """
+
+    def __init__(
+        self,
+        channel: ControllerChannel,
+        broker_id: int = -1,
+        *,
+        listener: Listener | None = None,
+        max_wait_ms: int = 500,
+        max_bytes: int = 1024 * 1024,
+        broker_epoch: Callable[[], int] = lambda: -1,
+        on_fatal: FatalHandler | None = None,
+    ) -> None:
+        """``on_fatal(what, error)``: called when applying a batch fails (the follower then
+        stops); default: the process's fatal fault handler (client/runtime/tasks.py)."""
+        self.channel = channel
+        self.broker_id = broker_id
+        self.listener = listener
+        self.on_fatal = on_fatal
+        self.max_wait_ms = max_wait_ms
+        self.max_bytes = max_bytes
+        self.broker_epoch = broker_epoch
+        self.image: MetadataImage = EMPTY_IMAGE
+        self.high_watermark = -1
+        self.snapshots_loaded = 0
+        self._task: asyncio.Task[None] | None = None
+        self._applied = asyncio.Event()
+
+    def start(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(), name="metadata-follower")
+        self._task = on_death_fatal(task, "metadata follower")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def wait_for_offset(self, offset: int) -> None:
+        while self.image.offset < offset:
+            self._applied.clear()
+            await self._applied.wait()
+
+    async def fetch_once(self) -> int:
+        """One FetchMetadata round trip; returns how many entries (or 1 snapshot) applied."""
+        header, payload = await self.channel.request(schemas.FETCH_METADATA, {
+            "broker_id": self.broker_id, "broker_epoch": self.broker_epoch(),
+            "fetch_offset": self.image.offset + 1, "last_fetched_epoch": self.image.epoch,
+            "max_wait_ms": self.max_wait_ms, "max_bytes": self.max_bytes,
+        }, timeout_ms=self.max_wait_ms + 5000)  # fmt: skip
+        self.high_watermark = header["high_watermark"]
+        if header.get("snapshot_id") is not None:
+            image = decode_snapshot(bytes(payload))
+            delta = MetadataDelta(EMPTY_IMAGE)
+            delta.replay_all(image_to_records(image), -1, -1)
+            delta.offset, delta.epoch = image.offset, image.epoch
+            self.snapshots_loaded += 1
+            await self._publish(delta, delta.apply())
+            return 1
+        if not payload:
+            return 0
+        entries = msgpack.unpackb(payload, raw=False)
+        delta = MetadataDelta(self.image)
+        for offset, epoch, data in entries:
+            if offset <= self.image.offset:
+                continue  # a duplicate after a retry
+            delta.replay_all(decode_records(data) if data else [], offset, epoch)
+            delta.offset, delta.epoch = offset, epoch
+        await self._publish(delta, delta.apply())
+        return len(entries)
+
+    async def _publish(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        self.image = image
+        if self.listener is not None:
+            try:
+                result = self.listener(delta, image)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as e:
+                # Even a RilletError: the image has moved past this batch, so retrying the
+                # fetch would never hand it to the listener again.
+                raise MetadataApplyError(
+                    f"applying metadata batch up to offset {image.offset} failed: {e!r}"
+                ) from e
+        self._applied.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.fetch_once()
+            except RilletError as e:  # the fetch itself failed: nothing applied, retry
+                log.warning("metadata follower: %s", e)
+                await asyncio.sleep(0.1)
+            except Exception as e:
+                # A listener failure or a batch we cannot decode: the broker's state may
+                # be half-updated (Kafka: a metadata publishing fault is fatal).
+                self._fatal("metadata follower: applying a batch failed", e)
+                return
+
+    def _fatal(self, what: str, error: BaseException) -> None:
+        (self.on_fatal or fatal_fault)(what, error)

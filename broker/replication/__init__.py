@@ -1,0 +1,1 @@
+"""Partition replication: the sans-I/O core, follower fetchers, HW checkpoints."""

@@ -1,0 +1,406 @@
+"""Follower fetchers (Kafka: ReplicaFetcherManager / ReplicaFetcherThread).
+
+One ``SourceFetcher`` per source (leader) broker: one task, one connection, and each
+Fetch covers every partition this broker follows from that leader. The fetcher is a
+thin driver; every decision lives in the partition's sans-I/O core:
+
+    req = replica.state.fetch_request()                 # fetch_offset, last_fetched_epoch,
+                                                        # current_leader_epoch
+    ... one Fetch for all partitions, long poll (replica.fetch.wait.max.ms, min_bytes 1) ...
+    effects = replica.state.on_fetch_response(resp)     # Truncate / AppendFetched / HW
+    replica_manager.apply_effects(replica, effects, fetched=bytes)
+
+What the driver does itself: CRC-check every fetched batch before the core sees it (a
+corrupt batch never reaches the log, and the core never advances the HW over it),
+back off a partition whose answer was an error (NOT_LEADER_OR_FOLLOWER,
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the metadata will move it, or the leader will
+catch up with it; OFFSET_OUT_OF_RANGE the core answers with a truncation), reconnect
+with backoff, and look the leader's address up in the metadata image on every connect
+(a restarted broker may listen on a new port).
+
+``FetcherManager.sync()`` runs after every metadata change: each partition this broker
+follows goes to the fetcher of its leader; a partition that this broker now leads, or
+whose leader is -1, goes nowhere; a fetcher left without partitions stops.
+
+Faults (Kafka: AbstractFetcherThread's failedPartitions). An unexpected exception while
+building one partition's request or processing its data (a storage invariant, a core
+bug) marks that partition **failed**: logged at ERROR with the traceback, removed from
+fetching, listed in ``FetcherManager.failed_partitions`` (metric
+``rillet_broker_failed_partitions``); the other partitions keep replicating, and the
+leader sees the failed one fall out of the ISR (under-replicated). It is fetched again
+only under a new leader epoch (or re-created), as Kafka re-adds a partition to a fetcher
+on a leadership change. Connection errors back off and reconnect; any other error in
+the fetch loop restarts the loop with backoff, so a fetcher never ends except by
+``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from rillet.broker.replica_manager import Replica, ReplicaManager
+from rillet.broker.replication.partition_state import Role
+from rillet.broker.replication.types import (
+    BatchInfo,
+    EpochEndOffset,
+    FetchRequest,
+    FetchResponse,
+    ReplicationInvariantError,
+)
+from rillet.client.runtime.tasks import on_death_log
+from rillet.client.wire import errors, records, schemas
+from rillet.client.wire.connection import Connection
+from rillet.client.wire.errors import RilletError
+from rillet.controller.metadata.image import NO_LEADER, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+BROKER_LISTENER = "BROKER"
+RECONNECT_BACKOFF_MIN_S = 0.05
+RECONNECT_BACKOFF_MAX_S = 1.0
+# Brokers follow the metadata log independently, so after a leader change a follower
+# often learns of the new leader before the new leader has applied the same record and
+# answers UNKNOWN_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER. That resolves within a metadata
+# fetch; the full replica.fetch.backoff.ms (1 s) there held the high watermark, and so
+# every acks=all produce, for a second after each failover.
+LEADER_CATCH_UP_BACKOFF_S = 0.05
+LEADER_CATCHING_UP = frozenset({
+    errors.code_of("UNKNOWN_LEADER_EPOCH"),
+    errors.code_of("NOT_LEADER_OR_FOLLOWER"),
+})  # fmt: skip
+REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
+Sent = dict[TopicPartition, tuple[Replica, FetchRequest]]  # what one Fetch asked, by partition
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherConfig:
+    broker_id: int
+    max_wait_ms: int = 500  # replica.fetch.wait.max.ms
+    partition_max_bytes: int = 1 << 20  # replica.fetch.max.bytes
+    response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes
+    backoff_ms: int = 1000  # replica.fetch.backoff.ms
+
+    @classmethod
+    def from_broker(cls, config: Any) -> FetcherConfig:
+        return cls(
+            broker_id=config.node_id,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+            partition_max_bytes=config["replica.fetch.max.bytes"],
+            response_max_bytes=config["replica.fetch.response.max.bytes"],
+            backoff_ms=config["replica.fetch.backoff.ms"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailedPartition:
+    """A partition the fetcher gave up on, and which incarnation of it."""
+
+    replica: Replica
+    leader_epoch: int
+    error: str
+
+
+class FetcherManager:
+    """Keeps one SourceFetcher per leader this broker follows partitions from."""
+
+    def __init__(self, replicas: ReplicaManager, config: FetcherConfig) -> None:
+        self.replicas = replicas
+        self.config = config
+        self.fetchers: dict[int, SourceFetcher] = {}
+        self.failed: dict[TopicPartition, FailedPartition] = {}
+        self._stopped = False
+
+    @property
+    def failed_partitions(self) -> set[TopicPartition]:
+        return set(self.failed)
+
+    def failed_count(self) -> int:
+        return len(self.failed)
+
+    def mark_failed(self, tp: TopicPartition, replica: Replica, source: int,
+                    error: BaseException) -> None:  # fmt: skip
+        """Stop fetching ``tp`` until its leader epoch changes (Kafka:
+        markPartitionFailed). Logged with the traceback: an operator must see why."""
+        logger.error("%s: unexpected error processing data from leader %d; partition marked "
+                     "failed, no longer fetched until its leadership changes", replica.log.name,
+                     source, exc_info=error)  # fmt: skip
+        self.failed[tp] = FailedPartition(replica, replica.state.leader_epoch, repr(error))
+        for fetcher in self.fetchers.values():
+            fetcher.partitions.pop(tp, None)
+
+    def _forget_recovered_failures(self) -> None:
+        """A failed partition under a new leader epoch, re-created or gone is retried."""
+        for tp, failed in list(self.failed.items()):
+            replica = self.replicas.replicas.get(tp)
+            if replica is not failed.replica or replica.state.leader_epoch != failed.leader_epoch:
+                del self.failed[tp]
+                logger.info("%s-%d: no longer failed (leadership changed)", tp.topic,
+                            tp.partition)  # fmt: skip
+
+    def sync(self) -> None:
+        """Move partitions between fetchers to match the replicas' current roles."""
+        if self._stopped:
+            return
+        self._forget_recovered_failures()
+        wanted: dict[int, set[TopicPartition]] = {}
+        for tp, replica in self.replicas.replicas.items():
+            leader = source_of(replica)
+            if leader is not None and tp not in self.failed:
+                wanted.setdefault(leader, set()).add(tp)
+        for source in list(self.fetchers):
+            if source not in wanted:
+                self.fetchers.pop(source).stop()
+        for source, tps in wanted.items():
+            fetcher = self.fetchers.get(source)
+            if fetcher is None:
+                fetcher = self.fetchers[source] = SourceFetcher(self, source)
+                fetcher.start()
+            fetcher.set_partitions(tps)
+            fetcher.retry_now()
+
+    def partitions_of(self, source: int) -> set[TopicPartition]:
+        fetcher = self.fetchers.get(source)
+        return set(fetcher.partitions) if fetcher is not None else set()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        fetchers, self.fetchers = list(self.fetchers.values()), {}
+        for fetcher in fetchers:
+            fetcher.stop()
+        for fetcher in fetchers:
+            await fetcher.wait_stopped()
+
+
+def source_of(replica: Replica) -> int | None:
+    """The broker this replica fetches from, or None (leader, no leader, stopped)."""
+    state = replica.state
+    if state.role is not Role.FOLLOWER or state.leader_id in (None, NO_LEADER):
+        return None
+    return state.leader_id
+
+
+class SourceFetcher:
+    """Fetches every partition this broker follows from one leader, on one connection."""
+
+    def __init__(self, manager: FetcherManager, source_id: int) -> None:
+        self.manager = manager
+        self.source_id = source_id
+        self.partitions: dict[TopicPartition, float] = {}  # tp -> loop time it may fetch again
+        self._changed = asyncio.Event()
+        self._conn: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.restarts = 0  # loop restarts after unexpected errors (tests, diagnosis)
+
+    def start(self) -> None:
+        name = f"fetcher-{self.manager.config.broker_id}-from-{self.source_id}"
+        task = asyncio.get_running_loop().create_task(self._run(), name=name)
+        # _run restarts itself and ends only when cancelled; log anything else at once.
+        self._task = on_death_log(task, name)
+
+    def set_partitions(self, tps: set[TopicPartition]) -> None:
+        added = tps - self.partitions.keys()
+        for tp in self.partitions.keys() - tps:
+            del self.partitions[tp]
+        for tp in added:
+            self.partitions[tp] = 0.0
+        if added:
+            logger.info("fetcher from %d: now %d partition(s), added %s", self.source_id,
+                        len(self.partitions), sorted(added))  # fmt: skip
+            self._changed.set()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._close()
+
+    async def wait_stopped(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """The fetch loop, restarted with backoff after an unexpected error (a malformed
+        response, a bug): never silently ended."""
+        backoff_s = RECONNECT_BACKOFF_MIN_S
+        while True:
+            try:
+                await self._fetch_loop()
+            except Exception:
+                self.restarts += 1
+                logger.exception("fetcher from %d: unexpected error; restarting in %.2fs",
+                                 self.source_id, backoff_s)  # fmt: skip
+            self._close()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
+
+    async def _fetch_loop(self) -> None:
+        backoff_s = RECONNECT_BACKOFF_MIN_S
+        while True:
+            fields, sent = self._build_request()
+            if not sent:
+                await self._wait_for_work()
+                continue
+            try:
+                conn = await self._connect()
+                timeout_ms = self.manager.config.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
+                header, payload = await conn.request(schemas.FETCH, fields, timeout_ms=timeout_ms)
+            except (RilletError, OSError) as e:
+                logger.info("fetcher from %d: %s; retrying in %.2fs", self.source_id, e, backoff_s)
+                self._close()
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
+                continue
+            backoff_s = RECONNECT_BACKOFF_MIN_S
+            self._handle_response(header, payload, sent)
+
+    async def _wait_for_work(self) -> None:
+        """Until partitions are added, or the first backed-off partition may fetch."""
+        self._changed.clear()
+        loop = asyncio.get_running_loop()
+        timeout = None
+        if self.partitions:
+            timeout = max(0.0, min(self.partitions.values()) - loop.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def _connect(self) -> Connection:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        self._close()
+        address = self.manager.replicas.broker_endpoint(self.source_id, BROKER_LISTENER)
+        if address is None:
+            raise errors.NetworkError(f"no {BROKER_LISTENER} endpoint known for {self.source_id}")
+        config = self.manager.config
+        self._conn = await Connection.open(*address, client_id=f"replica-{config.broker_id}")
+        return self._conn
+
+    def _build_request(self) -> tuple[dict[str, Any], Sent]:
+        config = self.manager.config
+        now = asyncio.get_running_loop().time()
+        sent: Sent = {}
+        by_topic: dict[str, list[list[int]]] = {}
+        for tp, not_before in list(self.partitions.items()):
+            replica = self.manager.replicas.replicas.get(tp)
+            if not_before > now or replica is None or source_of(replica) != self.source_id:
+                continue
+            try:
+                req = replica.state.fetch_request()
+            except Exception as e:  # this partition's state is broken, not the others'
+                self.manager.mark_failed(tp, replica, self.source_id, e)
+                continue
+            if req is None:
+                continue
+            sent[tp] = (replica, req)
+            by_topic.setdefault(tp.topic, []).append([
+                tp.partition, req.fetch_offset, req.last_fetched_epoch,
+                req.current_leader_epoch, replica.log.log_start_offset,
+                config.partition_max_bytes,
+            ])  # fmt: skip
+        fields = {
+            "replica_id": config.broker_id,
+            "max_wait_ms": config.max_wait_ms,
+            "min_bytes": 1,
+            "max_bytes": config.response_max_bytes,
+            "topics": [[topic, parts] for topic, parts in by_topic.items()],
+        }
+        return fields, sent
+
+    def _handle_response(
+        self, header: dict[str, Any], payload: memoryview,
+        sent: Sent,
+    ) -> None:  # fmt: skip
+        """Feed every partition's answer to its core and apply the effects, with no
+        await in between (the log cannot change under a decision)."""
+        position = 0
+        for topic, rows in header["topics"]:
+            for row in rows:
+                nbytes = row[7]
+                data = payload[position : position + nbytes]
+                position += nbytes
+                entry = sent.get(TopicPartition(topic, row[0]))
+                if entry is not None:
+                    self._handle_partition(TopicPartition(topic, row[0]), entry, row, data)
+
+    def _handle_partition(
+        self, tp: TopicPartition, entry: tuple[Replica, FetchRequest], row: list[Any],
+        data: memoryview,
+    ) -> None:  # fmt: skip
+        replica, req = entry
+        if self.manager.replicas.replicas.get(tp) is not replica or tp not in self.partitions:
+            return  # removed, re-created or marked failed while the fetch was out
+        try:
+            self._process_partition(tp, replica, req, row, data)
+        except Exception as e:
+            # Unexpected (a storage invariant, a core bug): this partition's log or state
+            # may be half-updated, so stop fetching it; the others carry on.
+            self.manager.mark_failed(tp, replica, self.source_id, e)
+
+    def _process_partition(
+        self, tp: TopicPartition, replica: Replica, req: FetchRequest, row: list[Any],
+        data: memoryview,
+    ) -> None:  # fmt: skip
+        code, hw, log_start, diverging = row[1], row[2], row[4], row[5]
+        try:
+            batches = _checked_batches(data) if code == errors.NONE else ()
+        except RilletError as e:
+            logger.warning("%s: corrupt fetched data from %d, retrying later: %s",
+                           replica.log.name, self.source_id, e)  # fmt: skip
+            self._back_off(tp)
+            return
+        response = FetchResponse(
+            fetch_offset=req.fetch_offset,
+            leader_epoch=req.current_leader_epoch,
+            error_code=code,
+            high_watermark=hw,
+            log_start_offset=log_start,
+            diverging_epoch=EpochEndOffset(*diverging) if diverging else None,
+            batches=batches,
+        )
+        try:
+            effects = replica.state.on_fetch_response(response)
+            self.manager.replicas.apply_effects(replica, effects, fetched=data)
+        except (ReplicationInvariantError, RilletError, OSError) as e:
+            # Known failure kinds: back off and let a fresh fetch (or new metadata) decide
+            # again from what the log now holds. Anything else marks the partition failed
+            # (_handle_partition).
+            logger.error("%s: applying fetch from %d failed: %r", replica.log.name,
+                         self.source_id, e)  # fmt: skip
+            self._back_off(tp)
+            return
+        if code != errors.NONE and not effects:
+            logger.info("%s: fetch from %d answered %s; backing off", replica.log.name,
+                        self.source_id, errors.error_name(code))  # fmt: skip
+            self._back_off(tp, LEADER_CATCH_UP_BACKOFF_S if code in LEADER_CATCHING_UP else None)
+
+    def _back_off(self, tp: TopicPartition, delay_s: float | None = None) -> None:
+        if tp in self.partitions:
+            if delay_s is None:
+                delay_s = self.manager.config.backoff_ms / 1000
+            self.partitions[tp] = asyncio.get_running_loop().time() + delay_s
+
+    def retry_now(self) -> None:
+        """New metadata arrived: backed-off partitions may fetch again at once (a fenced
+        epoch or a moved leader is what they were waiting for)."""
+        for tp, not_before in self.partitions.items():
+            if not_before:
+                self.partitions[tp] = 0.0
+                self._changed.set()
+
+
+def _checked_batches(data: memoryview) -> tuple[BatchInfo, ...]:
+    """Each fetched batch's offsets and epoch, after checking length and CRC-32C."""
+    return tuple(
+        BatchInfo(h.base_offset, h.last_offset, h.partition_leader_epoch)
+        for _, h in records.iter_batches(data, validate=True)
+    )

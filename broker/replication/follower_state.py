@@ -1,0 +1,119 @@
+"""The follower's half of replication (Kafka: AbstractFetcherThread / ReplicaFetcherThread
+decisions for one partition), with no I/O.
+
+The follower fetches from its log end offset, carrying the epoch of its last record
+(last_fetched_epoch). The leader checks that pair against its own epoch history; where
+they diverge it answers with a diverging epoch (epoch, end_offset) instead of records,
+and the follower truncates (KIP-101, KIP-279, KIP-320/KIP-595 fetch-based truncation).
+Truncation may take several rounds when the follower holds epochs the leader never saw;
+each round uses the follower's newest remaining epoch, so it converges.
+"""
+
+from __future__ import annotations
+
+from rillet.broker.replication.types import (
+    UNDEFINED_EPOCH,
+    UNDEFINED_OFFSET,
+    AppendFetched,
+    BatchInfo,
+    Effect,
+    EpochEndOffset,
+    EpochLogView,
+    FetchRequest,
+    FetchResponse,
+    Truncate,
+    TruncateFullyAndStartAt,
+    invariant,
+)
+from rillet.client.wire import errors
+
+_OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
+
+
+class FollowerState:
+    """One partition followed from `leader_id` in `leader_epoch`. The high watermark
+    itself lives in PartitionState; calls take the current one and return the new one."""
+
+    __slots__ = ("broker_id", "leader_id", "leader_epoch", "_log")
+
+    def __init__(self, broker_id: int, leader_id: int, leader_epoch: int, log: EpochLogView):
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self._log = log
+
+    def fetch_request(self) -> FetchRequest:
+        return FetchRequest(
+            replica_id=self.broker_id,
+            fetch_offset=self._log.log_end_offset,
+            last_fetched_epoch=self._log.latest_epoch,
+            current_leader_epoch=self.leader_epoch,
+        )
+
+    def on_fetch_response(
+        self, response: FetchResponse, high_watermark: int
+    ) -> tuple[list[Effect], int]:
+        """Effects to apply in order, and the follower's new high watermark candidate."""
+        log_end_offset = self._log.log_end_offset
+        if response.leader_epoch != self.leader_epoch or response.fetch_offset != log_end_offset:
+            return [], high_watermark  # answers an older request; the log has moved on
+        if response.error_code == _OFFSET_OUT_OF_RANGE:
+            return self._on_out_of_range(response, high_watermark)
+        if response.error_code != errors.NONE:
+            return [], high_watermark  # fenced / not leader: wait for new metadata, retry
+        if response.diverging_epoch is not None:
+            offset = self.truncation_offset(response.diverging_epoch, high_watermark)
+            return [Truncate(offset)], min(high_watermark, offset)
+        effects: list[Effect] = []
+        next_offset = log_end_offset
+        if response.batches:
+            next_offset = self._check_batches(response.batches, log_end_offset)
+            effects.append(AppendFetched(log_end_offset, next_offset))
+        # Kafka: follower HW = min(leader HW, own LEO). Never move it back here: every
+        # record below the old HW was committed and the new leader holds it too.
+        new_hw = max(high_watermark, min(response.high_watermark, next_offset))
+        return effects, new_hw
+
+    def truncation_offset(self, diverging: EpochEndOffset, high_watermark: int) -> int:
+        """Where to truncate for the leader's diverging epoch (Kafka:
+        getOffsetTruncationState). May be an intermediate point: the next fetch, carrying
+        the follower's new latest epoch, lets the leader answer again."""
+        log_end_offset = self._log.log_end_offset
+        if diverging.epoch == UNDEFINED_EPOCH or diverging.end_offset == UNDEFINED_OFFSET:
+            # The leader knows no epoch at or below ours: fall back to the high watermark.
+            return min(high_watermark, log_end_offset)
+        epoch, end_offset = self._log.end_offset_for_epoch(diverging.epoch)
+        if epoch == UNDEFINED_EPOCH:
+            return min(diverging.end_offset, log_end_offset)
+        if epoch != diverging.epoch:
+            # We never had the leader's epoch: cut to the end of our largest epoch below it.
+            return min(end_offset, log_end_offset)
+        return min(end_offset, diverging.end_offset, log_end_offset)
+
+    def _on_out_of_range(
+        self, response: FetchResponse, high_watermark: int
+    ) -> tuple[list[Effect], int]:
+        if response.fetch_offset < response.log_start_offset:
+            start = response.log_start_offset
+            return [TruncateFullyAndStartAt(start)], max(high_watermark, start)
+        # Above the leader's end: only an unclean election gets here, and the epoch
+        # check catches it first whenever we have an epoch. Wait for metadata.
+        return [], high_watermark
+
+    def _check_batches(self, batches: tuple[BatchInfo, ...], log_end_offset: int) -> int:
+        """The batches must continue our log, in order, in epochs we may accept."""
+        expected = log_end_offset
+        epoch = self._log.latest_epoch
+        for batch in batches:
+            invariant(
+                batch.base_offset == expected,
+                f"fetched batch starts at {batch.base_offset}, expected {expected}",
+            )
+            invariant(batch.last_offset >= batch.base_offset, f"empty batch range {batch}")
+            invariant(
+                epoch <= batch.leader_epoch <= self.leader_epoch,
+                f"fetched batch epoch {batch.leader_epoch} outside [{epoch}, {self.leader_epoch}]",
+            )
+            expected = batch.last_offset + 1
+            epoch = batch.leader_epoch
+        return expected

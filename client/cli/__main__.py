@@ -1,0 +1,7 @@
+"""``python -m rillet.client.cli``."""
+
+import sys
+
+from rillet.client.cli import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""`rillet spark load|verify`: a Spark producer load test and its Jepsen-style checker.
+
+The record format and the checks are described in client/spark/jobs.py and
+docs/spark.md. pyspark is imported only when a command runs, so ``rillet`` works
+without the ``spark`` extra and says what to install when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from rillet.client.cli.common import CliError, add_bootstrap, print_json
+
+MB = 1024 * 1024
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("spark", help="Spark load test and verification jobs")
+    sub = parser.add_subparsers(dest="spark_command", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("load", help="produce generated records from Spark tasks")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--records", type=int, required=True, help="records in total")
+    p.add_argument("--record-size", type=int, default=100, help="bytes per value (>= 20)")
+    p.add_argument("--tasks", type=int, default=4, help="Spark tasks producing in parallel")
+    p.add_argument("--acks", default="all", choices=["0", "1", "-1", "all"])
+    p.add_argument("--partitions", type=int, help="create the topic if missing, with this many")
+    p.add_argument("--replication-factor", type=int, default=-1, help="with --partitions")
+    p.add_argument("--manifest", metavar="PATH", help="write what was acknowledged here (JSON)")
+    p.add_argument("--strict-order", action="store_true", help="one request in flight per "
+                   "partition, so producer retries cannot reorder records")  # fmt: skip
+    _add_spark_options(p)
+    p.set_defaults(func=cmd_load)
+
+    v = sub.add_parser("verify", help="read a loaded topic back and check every record")
+    v.add_argument("--topic", required=True)
+    v.add_argument("--records", type=int, help="records the load job sent")
+    v.add_argument("--tasks", type=int, help="producer tasks of the load job (default 4)")
+    v.add_argument("--manifest", metavar="PATH", help="the load job's manifest: records, "
+                   "tasks and which tasks were acknowledged")  # fmt: skip
+    _add_spark_options(v)
+    v.set_defaults(func=cmd_verify)
+
+
+def _add_spark_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="a Spark setting")
+    add_bootstrap(p)
+
+
+def _session(args: argparse.Namespace, app: str) -> Any:
+    """(spark_jobs module, SparkSession); a missing extra is one line saying what to
+    install, before anything else happens."""
+    try:
+        from rillet.client.spark import jobs as spark_jobs
+    except ImportError as e:
+        raise CliError(str(e)) from e
+    return spark_jobs, spark_jobs.spark_session(
+        args.master, spark_jobs.parse_conf(args.conf), app_name=app
+    )
+
+
+def _ensure_topic(args: argparse.Namespace) -> None:
+    if args.partitions is None:
+        return
+    from rillet.client.admin import AdminError, NewTopic
+    from rillet.client.sync import SyncAdmin
+    from rillet.client.wire.errors import TopicAlreadyExistsError
+
+    with SyncAdmin(args.bootstrap) as admin:
+        try:
+            admin.create_topics([NewTopic(args.topic, args.partitions, args.replication_factor)])
+        except AdminError as e:
+            if not all(isinstance(err, TopicAlreadyExistsError) for err in e.errors.values()):
+                raise
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    return _guard(lambda: _load(args))
+
+
+def _load(args: argparse.Namespace) -> int:
+    jobs, spark = _session(args, "rillet-spark-load")
+    _ensure_topic(args)
+    acks = "all" if args.acks in ("all", "-1") else args.acks
+    result = jobs.run_load(spark, args.bootstrap, args.topic, args.records, args.tasks,
+                           args.record_size, acks=acks, manifest=args.manifest,
+                           writer_options=_writer_options(args))  # fmt: skip
+    if args.json:
+        print_json(result.to_json())
+    else:
+        _print_load(result)
+    return 0
+
+
+def _writer_options(args: argparse.Namespace) -> dict[str, str]:
+    return {"maxInFlightPerPartition": "1"} if args.strict_order else {}
+
+
+def _print_load(r: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"spark load -> {r.topic} ({r.tasks} tasks, acks={r.acks})")
+    for col in ("task", "records", "MB", "seconds", "records/s", "MB/s"):
+        table.add_column(col, justify="right")
+    for t in r.per_task:
+        table.add_row(str(t["task"]), f"{t['records']:,}", f"{t['bytes'] / MB:.1f}",
+                      f"{t['seconds']:.2f}", f"{t['records_per_s']:,.0f}",
+                      f"{t['mb_per_s']:.2f}")  # fmt: skip
+    table.add_row("all", f"{r.records:,}", f"{r.records * r.record_size / MB:.1f}",
+                  f"{r.produce_s:.2f}", f"{r.records_per_s:,.0f}", f"{r.mb_per_s:.2f}",
+                  style="bold")  # fmt: skip
+    console = Console()
+    console.print(table)
+    console.print(f"Spark job {r.elapsed_s:.1f} s in all (scheduling and worker start "
+                  f"included); every record acknowledged: {r.status == 'committed'}")  # fmt: skip
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    return _guard(lambda: _verify(args))
+
+
+def _verify(args: argparse.Namespace) -> int:
+    records, tasks, acked = args.records, args.tasks, None
+    if args.manifest:
+        manifest = json.loads(Path(args.manifest).read_text())
+        records = records or manifest["records"]
+        tasks = tasks or manifest["tasks"]
+    if records is None:
+        raise CliError("verify needs --records (or the load job's --manifest)")
+    jobs, spark = _session(args, "rillet-spark-verify")
+    if args.manifest:
+        acked = jobs.acked_from_manifest(manifest)
+    report = jobs.run_verify(spark, args.bootstrap, args.topic, records, tasks or 4,
+                             acked_tasks=acked)  # fmt: skip
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(format_report(report))
+    return 0 if report.ok else 2
+
+
+VIOLATIONS = [
+    ("lost", "lost", "acknowledged records missing"),
+    ("duplicates", "duplicate", "extra copies of a record"),
+    ("reordered", "reordered", "records before a lower sequence of their task"),
+    ("corrupt", "corrupt", "values failing magic, length, checksum or payload"),
+    ("phantom", "phantom", "well-formed records that were never sent"),
+]
+
+
+def format_report(r: Any) -> str:
+    """The verifier's report for people: counts, then examples of each violation."""
+    lines = [
+        f"verify {r.topic}: read {r.read:,} records; expected {r.expected:,}, "
+        f"{r.acknowledged:,} acknowledged",
+    ]
+    for attr, kind, meaning in VIOLATIONS:
+        count = getattr(r, attr)
+        mark = "ok  " if count == 0 else "FAIL"
+        lines.append(f"  {mark} {attr:<10} {count:>8,}  {meaning}")
+        for ex in r.examples.get(kind, []):
+            lines.append(f"         e.g. {_example(ex)}")
+    if r.unacknowledged_missing:
+        lines.append(f"  note: {r.unacknowledged_missing:,} never-acknowledged records are "
+                     "missing (allowed: their task failed)")  # fmt: skip
+    lines.extend(f"  note: {n}" for n in r.notes)
+    lines.append("PASS" if r.ok else "FAIL: the log lost, duplicated, reordered or corrupted data")
+    return "\n".join(lines)
+
+
+def _example(ex: dict[str, Any]) -> str:
+    parts = []
+    if "task" in ex:
+        parts.append(f"task {ex['task']} seq {ex['seq']}")
+    if "partition" in ex:
+        parts.append(f"at partition {ex['partition']} offset {ex['offset']}")
+    if "after_seq" in ex:
+        parts.append(f"after seq {ex['after_seq']} of the same task")
+    if "at" in ex:
+        parts.append(f"{ex['copies']} copies at {', '.join(ex['at'])}")
+    return ", ".join(parts)
+
+
+def _guard(body: Any) -> int:
+    """Expected failures (no pyspark, no broker, a failed Spark job) as one line."""
+    from rillet.client.admin import AdminError
+    from rillet.client.wire.errors import RilletError
+
+    try:
+        return int(body())
+    except (CliError, AdminError, RilletError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # Spark's own errors (a failed job) are long: keep the gist
+        if type(e).__module__.startswith(("pyspark", "py4j")):
+            print(f"error: the Spark job failed: {spark_error_cause(str(e))}", file=sys.stderr)
+            return 1
+        raise
+
+
+def spark_error_cause(text: str) -> str:
+    """The root cause in a Spark error: the last ``SomeError: message`` line of the
+    Python traceback it carries (Spark wraps it in pages of JVM stack), else line one."""
+    causes = [m.group(0) for m in re.finditer(r"^[\w.]*(?:Error|Exception): .*$", text, re.M)]
+    return causes[-1].strip() if causes else text.strip().splitlines()[0]

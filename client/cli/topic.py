@@ -1,0 +1,183 @@
+"""`rillet topic create|list|describe|delete`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rillet.client.cli.common import add_bootstrap, parse_configs, print_json, run
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("topic", help="create, list, describe and delete topics")
+    sub = parser.add_subparsers(dest="topic_command", metavar="ACTION")
+    sub.required = True
+
+    create = sub.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=-1, help="(broker default)")
+    create.add_argument("--replication-factor", type=int, default=-1, help="(broker default)")
+    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    add_bootstrap(create)
+    create.set_defaults(func=cmd_create)
+
+    lst = sub.add_parser("list", help="list topics")
+    add_bootstrap(lst)
+    lst.set_defaults(func=cmd_list)
+
+    describe = sub.add_parser("describe", help="leader, replicas and ISR of each partition")
+    describe.add_argument("name", nargs="?", help="(every topic)")
+    describe.add_argument(
+        "--under-replicated-partitions", action="store_true",
+        help="only partitions whose ISR is smaller than their replica set",
+    )  # fmt: skip
+    describe.add_argument(
+        "--unavailable-partitions", action="store_true",
+        help="only offline partitions (no leader)",
+    )  # fmt: skip
+    add_bootstrap(describe)
+    describe.set_defaults(func=cmd_describe)
+
+    delete = sub.add_parser("delete", help="delete a topic")
+    delete.add_argument("name")
+    add_bootstrap(delete)
+    delete.set_defaults(func=cmd_delete)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin, NewTopic
+
+    configs = parse_configs(args.config)
+
+    async def main() -> int:
+        async with Admin(args.bootstrap) as admin:
+            topic = NewTopic(args.name, args.partitions, args.replication_factor, configs)
+            await admin.create_topics([topic])
+        if args.json:
+            print_json(
+                {
+                    "created": args.name,
+                    "partitions": args.partitions,
+                    "replication_factor": args.replication_factor,
+                    "configs": configs,
+                }
+            )
+        else:
+            print(f"Created topic {args.name}.")
+        return 0
+
+    return run(main)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin
+
+    async def main() -> int:
+        async with Admin(args.bootstrap) as admin:
+            names = await admin.list_topics()
+        if args.json:
+            print_json({"topics": names})
+        else:
+            for name in names:
+                print(name)
+        return 0
+
+    return run(main)
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin
+
+    async def main() -> int:
+        async with Admin(args.bootstrap) as admin:
+            topics = await admin.describe_topics([args.name] if args.name else None)
+        described = [t.as_dict() for t in topics]
+        counts = partition_counts(described)
+        shown = filter_partitions(described, args.under_replicated_partitions,
+                                  args.unavailable_partitions)  # fmt: skip
+        if args.json:
+            print_json({"topics": shown, **counts})
+        else:
+            # A filtered listing gets no per-topic counts: they would count the filter.
+            filtered = args.under_replicated_partitions or args.unavailable_partitions
+            _print_describe(shown, headers=not filtered)
+        return 0
+
+    return run(main)
+
+
+def partition_counts(topics: list[dict[str, Any]]) -> dict[str, int]:
+    """Cluster-wide health figures over described topics (before any filter)."""
+    parts = [p for t in topics for p in t["partitions"]]
+    return {
+        "partition_count": len(parts),
+        "under_replicated_partitions": sum(p["under_replicated"] for p in parts),
+        "offline_partitions": sum(p["offline"] for p in parts),
+    }
+
+
+def filter_partitions(
+    topics: list[dict[str, Any]], under_replicated: bool, unavailable: bool
+) -> list[dict[str, Any]]:
+    """kafka-topics' --under-replicated-partitions / --unavailable-partitions: keep the
+    partitions matching either flag, and only topics that keep some (no flag: all)."""
+    if not (under_replicated or unavailable):
+        return topics
+
+    def wanted(p: dict[str, Any]) -> bool:
+        return (under_replicated and p["under_replicated"]) or (unavailable and p["offline"])
+
+    out = []
+    for t in topics:
+        kept = [p for p in t["partitions"] if wanted(p)]
+        if kept:
+            out.append({**t, "partitions": kept})
+    return out
+
+
+def _topic_header(t: dict[str, Any]) -> str:
+    parts = t["partitions"]
+    rf = len(parts[0]["replicas"]) if parts else 0
+    under = sum(p["under_replicated"] for p in parts)
+    offline = sum(p["offline"] for p in parts)
+    return (f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
+            f"ReplicationFactor: {rf}\tUnderReplicated: {under}\tOffline: {offline}")  # fmt: skip
+
+
+def _print_describe(topics: list[dict[str, Any]], *, headers: bool = True) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for t in topics:
+        parts = t["partitions"]
+        console.print(_topic_header(t) if headers else f"[bold]Topic: {t['name']}[/bold]")
+        table = Table(box=None, pad_edge=False)
+        for col in ("Partition", "Leader", "Epoch", "Replicas", "Isr", ""):
+            table.add_column(col)
+        for p in parts:
+            leader = str(p["leader"]) if p["leader"] >= 0 else "[red]none[/red]"
+            marks = ["[red]offline[/red]"] if p["offline"] else []
+            if p["under_replicated"]:
+                marks.append("[yellow]under-replicated[/yellow]")
+            mark = " ".join(marks)
+            table.add_row(
+                str(p["partition"]), leader, str(p["leader_epoch"]),
+                ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])), mark,
+            )  # fmt: skip
+        console.print(table)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin
+
+    async def main() -> int:
+        async with Admin(args.bootstrap) as admin:
+            await admin.delete_topics([args.name])
+        if args.json:
+            print_json({"deleted": args.name})
+        else:
+            print(f"Deleted topic {args.name}.")
+        return 0
+
+    return run(main)

@@ -1,0 +1,1 @@
+"""What every rillet node process shares: the RPC server, node config, task policies."""

@@ -1,0 +1,445 @@
+"""Spark jobs on the rillet data source: a producer load test and its verifier.
+
+The load job generates N records in K Spark tasks. Producer task ``t`` writes sequence
+numbers ``0 .. n_t - 1`` (``n_t`` is N/K, the first N mod K tasks one more), all with
+key ``str(t)``, so one task's records land in one partition, in order. Each value is::
+
+    b"RLT1" | task uint32 | seq uint64 | crc32(task, seq, payload) uint32 | payload
+
+(big-endian; zlib's CRC-32 over bytes 4-16 and the payload), where the payload is the
+25 ASCII bytes ``f"{task:08X}{seq:016X};"`` repeated and cut to ``record_size - 20``
+bytes, so every byte of a value follows from ``(task, seq)`` and no payload byte is
+zero (a zeroed page cannot pass for data). Values are computed by
+Spark SQL expressions in the JVM (``crc32`` there is java.util.zip.CRC32, the same
+function as ``zlib.crc32``), then handed to the data source writer as Arrow batches.
+
+The verifier reads the topic back through the data source and, like Jepsen's Kafka
+checker, reports: lost writes (an acknowledged record absent), duplicates (one
+``(task, seq)`` at two offsets), reorderings (within a partition, a task's first
+occurrences must have increasing ``seq`` by offset), corrupt values (bad magic, length,
+checksum or payload) and phantoms (a well-formed record that was never sent).
+
+What counts as acknowledged: the writer returns a task's commit message only after the
+producer's ``flush()`` saw every send of that task acknowledged, and the load job writes
+those messages to a manifest (``--manifest``). If the job committed, all N records were
+acknowledged. If it aborted, only the tasks with a commit message were; records of the
+other tasks may or may not be present, and their absence is reported but is not a
+violation. Without a manifest the verifier assumes the load job succeeded. Spark
+retries of a failed write task re-send its records and show up as duplicates, which is
+the truth about such a run (the load job sets ``spark.task.maxFailures=1`` so this only
+happens where a cluster's own settings override it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rillet.client.spark.source import register
+
+try:
+    from pyspark.sql import Column, DataFrame, SparkSession, Window
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+except ImportError as e:  # pragma: no cover - spark_source raised already
+    raise ImportError("pip install 'rillet[spark]'") from e
+
+MAGIC = b"RLT1"
+HEADER_BYTES = 20
+MAX_EXAMPLES = 5
+MB = 1024 * 1024  # as `rillet perf` and Kafka's perf tools count it
+
+# --- the record format (pure Python: tests and the manual checks use it) -----------
+
+
+def task_records(records: int, tasks: int, task: int) -> int:
+    """How many records producer task ``task`` writes."""
+    return records // tasks + (1 if task < records % tasks else 0)
+
+
+def payload_for(task: int, seq: int, size: int) -> bytes:
+    pattern = f"{task:08X}{seq:016X};".encode()
+    n = size - HEADER_BYTES
+    return (pattern * (n // len(pattern) + 1))[:n]
+
+
+def make_value(task: int, seq: int, size: int) -> bytes:
+    """The value load task ``task`` sends as record ``seq`` (``size`` bytes >= 20)."""
+    if size < HEADER_BYTES:
+        raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    payload = payload_for(task, seq, size)
+    ids = task.to_bytes(4, "big") + seq.to_bytes(8, "big")
+    return MAGIC + ids + zlib.crc32(ids + payload).to_bytes(4, "big") + payload
+
+
+def parse_value(value: bytes | None) -> tuple[int, int] | None:
+    """``(task, seq)`` of a well-formed load value, None for anything corrupt."""
+    if value is None or len(value) < HEADER_BYTES or value[:4] != MAGIC:
+        return None
+    task = int.from_bytes(value[4:8], "big")
+    seq = int.from_bytes(value[8:16], "big")
+    payload = value[HEADER_BYTES:]
+    if int.from_bytes(value[16:20], "big") != zlib.crc32(value[4:16] + payload):
+        return None
+    if payload != payload_for(task, seq, len(value)):
+        return None
+    return task, seq
+
+
+# --- the Spark session ---------------------------------------------------------------
+
+
+def spark_session(
+    master: str = "local[*]", conf: dict[str, str] | None = None, app_name: str = "rillet"
+) -> SparkSession:
+    """A SparkSession with the rillet source registered and Spark's logs at WARN.
+
+    Workers run this interpreter in local mode, so they import the same rillet; on a
+    real cluster rillet must be installed on the executors (docs/spark.md).
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    defaults = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "8",  # the verifier's groupings are small
+        "spark.task.maxFailures": "1",  # a retried write task would duplicate records
+    }
+    if not os.environ.get("SPARK_CONF_DIR"):  # the user's own log4j2.properties wins
+        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2()}"
+    for key, value in {**defaults, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
+
+
+LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+"""
+
+
+def _log4j2() -> Path:
+    """Spark's JVM logging at WARN from its first line (setLogLevel acts only after the
+    JVM has printed its start-up banner), minus the native-library notice."""
+    path = Path(tempfile.gettempdir()) / f"rillet-spark-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(LOG4J2)
+        tmp.replace(path)  # atomic: a JVM starting beside us never reads half a file
+    return path
+
+
+def parse_conf(pairs: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--conf`` into a dict (ValueError names a bad one)."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf takes key=value, not {pair!r}")
+        out[key.strip()] = value
+    return out
+
+
+# --- load ----------------------------------------------------------------------------
+
+
+def _task_count(records: int, tasks: int) -> Column:
+    return F.lit(records // tasks) + F.when(F.col("task") < records % tasks, 1).otherwise(0)
+
+
+def load_frame(spark: SparkSession, records: int, tasks: int, record_size: int) -> DataFrame:
+    """N generated records as (key, value), task ``t``'s all in Spark partition ``t``.
+
+    One seed row per task, each in its own Spark partition, exploded into the task's
+    sequence: a task's records stay in one Spark task, in order.
+    """
+    if tasks <= 0 or records < tasks:
+        raise ValueError("need tasks >= 1 and records >= tasks")
+    if record_size < HEADER_BYTES:
+        raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    ids = F.concat(F.lpad(F.hex(F.col("task")), 8, "0"), F.lpad(F.hex(F.col("seq")), 16, "0"))
+    crc_of = F.crc32(F.concat(F.unhex(F.col("ids")), F.col("payload")))
+    crc = F.unhex(F.lpad(F.hex(crc_of), 8, "0"))
+    seeds = spark.range(0, tasks, 1, tasks).withColumnRenamed("id", "task")
+    seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
+    # Binary rpad repeats the pattern in one call: half the cost of string repeat/substr.
+    return (
+        seeds.select("task", F.explode(seqs).alias("seq"))
+        .select("task", ids.alias("ids"))
+        .withColumn("payload", _payload(F.col("ids"), F.lit(record_size - HEADER_BYTES)))
+        .select(
+            F.encode(F.col("task").cast("string"), "UTF-8").alias("key"),
+            F.concat(F.lit(MAGIC), F.unhex(F.col("ids")), crc, F.col("payload")).alias("value"),
+        )
+    )
+
+
+def _payload(ids_hex: Column, size: Column) -> Column:
+    """``payload_for`` in Spark SQL, from the 24 hex digits of (task, seq)."""
+    return F.rpad(F.lit(b""), size, F.encode(F.concat(ids_hex, F.lit(";")), "UTF-8"))
+
+
+@dataclass
+class LoadResult:
+    topic: str
+    records: int
+    tasks: int
+    record_size: int
+    acks: str
+    status: str
+    elapsed_s: float  # the whole Spark job, scheduling included
+    produce_s: float  # first task start to last task's final ack
+    per_task: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.produce_s if self.produce_s > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.records * self.record_size / MB / self.produce_s if self.produce_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["records_per_s"] = round(self.records_per_s, 1)
+        out["mb_per_s"] = round(self.mb_per_s, 3)
+        out["job_records_per_s"] = round(self.records / self.elapsed_s, 1)
+        return out
+
+
+def run_load(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    records: int,
+    tasks: int,
+    record_size: int,
+    *,
+    acks: str = "all",
+    manifest: str | None = None,
+    writer_options: dict[str, str] | None = None,
+) -> LoadResult:
+    """Produce the generated records through the data source writer; raise if any task
+    failed (after writing the manifest, which then says which tasks were acknowledged)."""
+    df = load_frame(spark, records, tasks, record_size)
+    with tempfile.TemporaryDirectory(prefix="rillet-load-") as tmp:
+        report_path = str(Path(tmp) / "report.json")
+        started = time.time()
+        error: Exception | None = None
+        try:
+            (df.write.format("rillet").mode("append").option("bootstrap", bootstrap)
+             .option("topic", topic).option("acks", acks).option("reportPath", report_path)
+             .options(**(writer_options or {})).save())  # fmt: skip
+        except Exception as e:  # Spark wraps the task's error; report it after the manifest
+            error = e
+        elapsed = time.time() - started
+        report = _read_report(report_path)
+    result = _load_result(topic, records, tasks, record_size, acks, elapsed, report)
+    if manifest:
+        Path(manifest).write_text(json.dumps(result.to_json(), indent=2))
+    if error is not None:
+        raise error
+    return result
+
+
+def _read_report(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"status": "failed", "tasks": []}
+
+
+def _load_result(topic: str, records: int, tasks: int, record_size: int, acks: str,
+                 elapsed: float, report: dict[str, Any]) -> LoadResult:  # fmt: skip
+    per_task = []
+    for m in sorted(report["tasks"], key=lambda m: m["task"]):
+        secs = max(m["finished_at"] - m["started_at"], 1e-9)
+        per_task.append({
+            "task": m["task"], "records": m["records"], "bytes": m["bytes"],
+            "seconds": round(secs, 3), "records_per_s": round(m["records"] / secs, 1),
+            "mb_per_s": round(m["bytes"] / MB / secs, 3),
+        })  # fmt: skip
+    ms = report["tasks"]
+    span = (max(m["finished_at"] for m in ms) - min(m["started_at"] for m in ms)) if ms else 0.0
+    return LoadResult(topic, records, tasks, record_size, acks, report["status"], elapsed,
+                      span or elapsed, per_task)  # fmt: skip
+
+
+# --- verify --------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    topic: str
+    expected: int  # records the load job sent (acknowledged or not)
+    acknowledged: int
+    read: int  # records read back from the topic
+    lost: int = 0
+    unacknowledged_missing: int = 0  # not a violation: never acknowledged
+    duplicates: int = 0  # extra copies
+    reordered: int = 0
+    corrupt: int = 0
+    phantom: int = 0
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicates or self.reordered or self.corrupt
+                    or self.phantom)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def parse_frame(df: DataFrame) -> DataFrame:
+    """(partition, offset, task, seq, valid): ``valid`` when magic, length, checksum and
+    payload are all right (task and seq mean nothing otherwise)."""
+    v = F.col("value")
+
+    def field_of(pos: int, size: int) -> Column:
+        return F.expr(f"try_cast(conv(hex(substring(value, {pos}, {size})), 16, 10) as bigint)")
+
+    parsed = df.select(
+        "partition", "offset", "value",
+        field_of(5, 4).alias("task"), field_of(9, 8).alias("seq"), field_of(17, 4).alias("crc"),
+    )  # fmt: skip
+    expected = _payload(F.hex(F.substring(v, 5, 12)), F.length(v) - HEADER_BYTES)
+    payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
+    valid = (
+        v.isNotNull()
+        & (F.length(v) >= HEADER_BYTES)
+        & (F.hex(F.substring(v, 1, 4)) == MAGIC.hex().upper())
+        & (F.crc32(F.concat(F.substring(v, 5, 12), payload)) == F.col("crc"))
+        & (payload == expected)
+    )
+    # Only small columns leave here: the verifier caches this frame, and values are
+    # most of a topic's bytes.
+    return parsed.select(
+        "partition", "offset", "task", "seq", F.coalesce(valid, F.lit(False)).alias("valid")
+    )
+
+
+def check_records(
+    spark: SparkSession,
+    df: DataFrame,
+    *,
+    topic: str,
+    records: int,
+    tasks: int,
+    acked_tasks: set[int] | None = None,
+) -> VerifyReport:
+    """The Jepsen-style checks over a read-back frame (partition, offset, value)."""
+    parsed = parse_frame(df).persist()
+    try:
+        acked = set(range(tasks)) if acked_tasks is None else acked_tasks
+        n_acked = sum(task_records(records, tasks, t) for t in acked)
+        report = VerifyReport(topic, records, n_acked, parsed.count())
+        bad = parsed.filter(~F.col("valid"))
+        report.corrupt = _count_into(report, "corrupt", bad.select("partition", "offset"))
+        good = parsed.filter("valid")
+        in_range = (F.col("task") < tasks) & (F.col("seq") < _task_count(records, tasks))
+        phantom = good.filter(~in_range).select("partition", "offset", "task", "seq")
+        report.phantom = _count_into(report, "phantom", phantom)
+        sent = good.filter(in_range)
+        _check_duplicates(report, sent)
+        _check_lost(spark, report, sent, records, tasks, acked)
+        _check_order(report, sent)
+        return report
+    finally:
+        parsed.unpersist()
+
+
+def _count_into(report: VerifyReport, kind: str, df: DataFrame) -> int:
+    rows = df.orderBy(*df.columns[:2]).limit(MAX_EXAMPLES).collect()
+    if rows:
+        report.examples[kind] = [r.asDict() for r in rows]
+        return df.count()
+    return 0
+
+
+def _check_duplicates(report: VerifyReport, sent: DataFrame) -> None:
+    copies = (
+        sent.groupBy("task", "seq")
+        .agg(
+            F.count("*").alias("copies"),
+            F.sort_array(F.collect_list(F.struct("partition", "offset"))).alias("at"),
+        )
+        .filter("copies > 1")
+    )
+    rows = copies.orderBy("task", "seq").limit(MAX_EXAMPLES).collect()
+    if rows:
+        report.duplicates = int(copies.agg(F.sum(F.col("copies") - 1)).first()[0])
+        report.examples["duplicate"] = [
+            {"task": r.task, "seq": r.seq, "copies": r.copies,
+             "at": [f"{a.partition}@{a.offset}" for a in r.at]}
+            for r in rows
+        ]  # fmt: skip
+
+
+def _check_lost(spark: SparkSession, report: VerifyReport, sent: DataFrame,
+                records: int, tasks: int, acked: set[int]) -> None:  # fmt: skip
+    seeds = spark.range(0, tasks, 1, min(tasks, 64)).withColumnRenamed("id", "task")
+    seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
+    expected = seeds.select("task", F.explode(seqs).alias("seq"))
+    missing = expected.join(sent.select("task", "seq").distinct(), ["task", "seq"], "left_anti")
+    acked_list = sorted(acked) or [-1]
+    lost = missing.filter(F.col("task").isin(acked_list))
+    rows = lost.orderBy("task", "seq").limit(MAX_EXAMPLES).collect()
+    if rows:
+        report.lost = lost.count()
+        report.examples["lost"] = [r.asDict() for r in rows]
+    if len(acked) < tasks:
+        report.unacknowledged_missing = missing.filter(~F.col("task").isin(acked_list)).count()
+
+
+def _check_order(report: VerifyReport, sent: DataFrame) -> None:
+    """Within each partition, a task's first copies must have rising seq by offset."""
+    first = sent.groupBy("partition", "task", "seq").agg(F.min("offset").alias("offset"))
+    w = Window.partitionBy("partition", "task").orderBy("offset")
+    with_prev = first.select(
+        "partition", "task", "seq", "offset",
+        F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("after_seq"),
+    )  # fmt: skip
+    wrong = with_prev.filter(F.col("after_seq") > F.col("seq"))
+    rows = wrong.orderBy("partition", "offset").limit(MAX_EXAMPLES).collect()
+    if rows:
+        report.reordered = wrong.count()
+        report.examples["reordered"] = [r.asDict() for r in rows]
+
+
+def run_verify(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    records: int,
+    tasks: int,
+    *,
+    acked_tasks: set[int] | None = None,
+) -> VerifyReport:
+    df = (spark.read.format("rillet").option("bootstrap", bootstrap).option("topic", topic)
+          .load())  # fmt: skip
+    return check_records(spark, df, topic=topic, records=records, tasks=tasks,
+                         acked_tasks=acked_tasks)  # fmt: skip
+
+
+def acked_from_manifest(manifest: dict[str, Any]) -> set[int] | None:
+    """Tasks whose every record was acknowledged; None means all of them."""
+    if manifest.get("status") == "committed":
+        return None
+    return {t["task"] for t in manifest.get("per_task", [])}

@@ -1,0 +1,1038 @@
+"""Every API of the wire protocol, declared once, as data.
+
+An API has a key, a name, a version range, the fields of its request and of its
+response, and whether either carries a raw payload. Field types are small objects:
+
+- scalars ``INT``, ``STR``, ``BOOL``, ``BYTES``, ``FLOAT``;
+- ``Array(T)`` a msgpack array of T; ``Map(K, V)`` a msgpack map;
+- ``Opt(T)`` T or nil;
+- ``Struct(F(...), ...)`` a msgpack array whose positions are named fields, so
+  ``[[topic, [[partition, nbytes], ...]], ...]`` is
+  ``Array(Struct(F("topic", STR), F("partitions", Array(Struct(...)))))``.
+  Positional structs keep headers small and quick to pack, as Kafka's arrays do.
+
+Versions: a field lives from ``since`` onwards, so adding a field is one line
+(``F("rack_id", STR, since=1, default="")``) and adding a version is bumping the API's
+``max_version``. A struct item may carry extra trailing positions (a newer peer's
+fields) and a header may carry unknown keys: both are ignored, so old readers accept
+newer writers. A missing field with a default gets the default written into the header,
+so handlers can index every declared field.
+
+Validation compiles each (API, version, direction) once into nested closures and
+raises ``InvalidRequestError`` naming the path of the first bad value, e.g.
+``Produce v0 request: topics[1][1][0].nbytes: expected int, got str``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+from rillet.client.wire.errors import InvalidRequestError, UnsupportedVersionError
+
+# Header keys the framing layer owns; no API may declare a field with these names.
+REQUEST_HEADER_KEYS = ("api", "version", "correlation_id", "client_id")
+RESPONSE_HEADER_KEYS = ("correlation_id",)
+
+Checker = Callable[[Any], None]
+_chain = chain.from_iterable
+_LIST_TYPE = {list}
+
+
+class _Mismatch(Exception):
+    """A value did not fit; ``path`` is built while the exception unwinds."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path: list[str] = []
+
+
+def _type_name(value: Any) -> str:
+    return "nil" if value is None else type(value).__name__
+
+
+class Type:
+    """Base of field types. ``checker(version)`` returns a fast validation closure."""
+
+    __slots__ = ()
+
+    def checker(self, version: int) -> Checker:
+        raise NotImplementedError
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar(Type):
+    name: str
+    python_types: tuple[type, ...]
+
+    def checker(self, version: int) -> Checker:
+        # `type(v) in ...` rather than isinstance: bool is an int subclass and must not pass.
+        allowed, name = self.python_types, self.name
+
+        def check(value: Any) -> None:
+            if type(value) not in allowed:
+                raise _Mismatch(f"expected {name}, got {_type_name(value)}")
+
+        return check
+
+    def render(self) -> str:
+        return self.name
+
+
+INT = Scalar("int", (int,))
+STR = Scalar("str", (str,))
+BOOL = Scalar("bool", (bool,))
+BYTES = Scalar("bytes", (bytes,))
+FLOAT = Scalar("float", (float, int))
+
+
+@dataclass(frozen=True, slots=True)
+class Opt(Type):
+    of: Type
+
+    def checker(self, version: int) -> Checker:
+        inner = self.of.checker(version)
+
+        def check(value: Any) -> None:
+            if value is not None:
+                inner(value)
+
+        return check
+
+    def render(self) -> str:
+        return f"{self.of.render()}?"
+
+
+@dataclass(frozen=True, slots=True)
+class Array(Type):
+    of: Type
+
+    def checker(self, version: int) -> Checker:
+        if isinstance(self.of, Scalar):
+            return self._scalar_checker()
+        inner = self.of.checker(version)
+
+        def check(value: Any) -> None:
+            if type(value) is not list:
+                raise _Mismatch(f"expected array, got {_type_name(value)}")
+            for i, item in enumerate(value):
+                try:
+                    inner(item)
+                except _Mismatch as e:
+                    e.path.append(f"[{i}]")
+                    raise
+
+        flat = self._flat_struct_types(version)
+        return check if flat is None else self._flat_struct_checker(flat, check)
+
+    def _flat_struct_types(self, version: int) -> tuple[type, ...] | None:
+        """The field types of a struct of plain scalars (e.g. Fetch partitions), else None."""
+        if not isinstance(self.of, Struct):
+            return None
+        live = [f.type for f in self.of.fields if f.since <= version]
+        if not all(isinstance(t, Scalar) and len(t.python_types) == 1 for t in live):
+            return None
+        return tuple(t.python_types[0] for t in live)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _flat_struct_checker(types: tuple[type, ...], slow: Checker) -> Checker:
+        # Arrays of [int, int, ...] structs are the bulk of Produce and Fetch headers. Check
+        # them in C: every item a list of the right length, then the types of all values
+        # flattened in one tuple compare. Anything unusual (extra trailing fields from a
+        # newer peer, or an error to report with its path) takes the per-item path. Measured:
+        # a 1000-partition Fetch request header validates in ~130us this way, ~500us item by
+        # item; msgpack-unpacking that header takes ~90us.
+        count = len(types)
+
+        def check(value: Any) -> None:
+            if (
+                type(value) is list
+                and set(map(type, value)) <= _LIST_TYPE
+                and set(map(len, value)) <= {count}
+                and tuple(map(type, _chain(value))) == types * len(value)
+            ):
+                return
+            slow(value)
+
+        return check
+
+    def _scalar_checker(self) -> Checker:
+        # Arrays of ints (replica lists, ISRs) are common: one C-level pass over the types.
+        assert isinstance(self.of, Scalar)
+        allowed, name = frozenset(self.of.python_types), self.of.name
+
+        def check(value: Any) -> None:
+            if type(value) is not list:
+                raise _Mismatch(f"expected array, got {_type_name(value)}")
+            if not allowed.issuperset(map(type, value)):
+                i = next(i for i, v in enumerate(value) if type(v) not in allowed)
+                e = _Mismatch(f"expected {name}, got {_type_name(value[i])}")
+                e.path.append(f"[{i}]")
+                raise e
+
+        return check
+
+    def render(self) -> str:
+        return f"[{self.of.render()}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Map(Type):
+    key: Type
+    value: Type
+
+    def checker(self, version: int) -> Checker:
+        check_key, check_value = self.key.checker(version), self.value.checker(version)
+
+        def check(value: Any) -> None:
+            if type(value) is not dict:
+                raise _Mismatch(f"expected map, got {_type_name(value)}")
+            for k, v in value.items():
+                try:
+                    check_key(k)
+                    check_value(v)
+                except _Mismatch as e:
+                    e.path.append(f"[{k!r}]")
+                    raise
+
+        return check
+
+    def render(self) -> str:
+        return f"{{{self.key.render()}: {self.value.render()}}}"
+
+
+_REQUIRED: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class F:
+    """A field: a name, a type, the first version holding it, and maybe a default."""
+
+    name: str
+    type: Type
+    since: int = 0
+    default: Any = _REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+class Struct(Type):
+    """A msgpack array with named positions (fields may only be appended over versions)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, *fields: F) -> None:
+        self.fields = fields
+
+    def checker(self, version: int) -> Checker:
+        live = [f for f in self.fields if f.since <= version]
+        names = [f.name for f in live]
+        checks = [f.type.checker(version) for f in live]
+        count = len(live)
+
+        def check(value: Any) -> None:
+            if type(value) is not list:
+                raise _Mismatch(f"expected array [{', '.join(names)}], got {_type_name(value)}")
+            if len(value) < count:
+                raise _Mismatch(f"expected {count} items [{', '.join(names)}], got {len(value)}")
+            for i in range(count):
+                try:
+                    checks[i](value[i])
+                except _Mismatch as e:
+                    e.path.append(f".{names[i]}")
+                    raise
+
+        return check
+
+    def render(self) -> str:
+        return "[" + ", ".join(f"{f.name}: {f.type.render()}" for f in self.fields) + "]"
+
+    def __repr__(self) -> str:
+        return f"Struct{self.render()}"
+
+
+# --- APIs ------------------------------------------------------------------------------
+
+SCOPE_CLIENT = "client"
+SCOPE_CLUSTER = "inter-broker / controller"
+SCOPE_RAFT = "raft"
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    request: tuple[F, ...]
+    response: tuple[F, ...]
+    request_payload: bool = False
+    response_payload: bool = False
+    scope: str = SCOPE_CLIENT
+    doc: str = ""
+    _compiled: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+    def request_fields(self, version: int) -> tuple[F, ...]:
+        return tuple(f for f in self.request if f.since <= version)
+
+    def response_fields(self, version: int) -> tuple[F, ...]:
+        return tuple(f for f in self.response if f.since <= version)
+
+
+APIS: dict[int, Api] = {}
+APIS_BY_NAME: dict[str, Api] = {}
+
+
+def declare(
+    key: int,
+    name: str,
+    versions: tuple[int, int],
+    request: list[F],
+    response: list[F],
+    *,
+    payload: str = "",
+    scope: str = SCOPE_CLIENT,
+    doc: str = "",
+) -> Api:
+    """Register an API. ``payload`` is "", "request", "response" or "both"."""
+    if key in APIS or name in APIS_BY_NAME:
+        raise ValueError(f"API {key} {name} declared twice")
+    for f in request:
+        if f.name in REQUEST_HEADER_KEYS:
+            raise ValueError(f"{name}: request field {f.name!r} clashes with a header key")
+    for f in response:
+        if f.name in RESPONSE_HEADER_KEYS:
+            raise ValueError(f"{name}: response field {f.name!r} clashes with a header key")
+    api = Api(
+        key, name, versions[0], versions[1], tuple(request), tuple(response),
+        request_payload=payload in ("request", "both"),
+        response_payload=payload in ("response", "both"),
+        scope=scope, doc=doc,
+    )  # fmt: skip
+    APIS[key] = api
+    APIS_BY_NAME[name] = api
+    return api
+
+
+def resolve(api: Api | int | str) -> Api:
+    """An Api from itself, its key or its name (KeyError if unknown)."""
+    if isinstance(api, Api):
+        return api
+    if isinstance(api, int):
+        return APIS[api]
+    return APIS_BY_NAME[api]
+
+
+def _field_validator(fields: tuple[F, ...], version: int) -> Callable[[dict], None]:
+    live = [(f.name, f.type.checker(version), f.default) for f in fields if f.since <= version]
+
+    def validate(header: dict) -> None:
+        for name, check, default in live:
+            try:
+                value = header[name]
+            except KeyError:
+                if default is _REQUIRED:
+                    e = _Mismatch("missing required field")
+                    e.path.append(name)
+                    raise e from None
+                header[name] = default
+                continue
+            try:
+                check(value)
+            except _Mismatch as e:
+                e.path.append(name)
+                raise
+
+    return validate
+
+
+def _validator(api: Api, version: int, direction: str) -> Callable[[dict], None]:
+    try:
+        return api._compiled[version, direction]
+    except KeyError:
+        fields = api.request if direction == "request" else api.response
+        fn = api._compiled[version, direction] = _field_validator(fields, version)
+        return fn
+
+
+def check_version(api: Api, version: int) -> None:
+    if not api.supports(version):
+        raise UnsupportedVersionError(
+            f"{api.name} v{version} is not supported (v{api.min_version}-v{api.max_version})"
+        )
+
+
+def validate_request(api: Api, version: int, header: dict) -> None:
+    """Check a decoded request header against the schema; fill in defaults.
+
+    Raises UnsupportedVersionError or InvalidRequestError (naming the bad value's path).
+    """
+    check_version(api, version)
+    _validate(api, version, "request", header)
+
+
+def validate_response(api: Api, version: int, header: dict) -> None:
+    """Check a response header (tests and debug mode; the hot path does not need it).
+
+    A request-level error response (non-zero ``error_code`` and nothing else) passes.
+    """
+    if header.get("error_code", 0) != 0 and not any(
+        f.name in header for f in api.response if f.name not in ("error_code", "error_message")
+    ):
+        return
+    _validate(api, version, "response", header)
+
+
+def _validate(api: Api, version: int, direction: str, header: dict) -> None:
+    try:
+        _validator(api, version, direction)(header)
+    except _Mismatch as e:
+        path = "".join(reversed(e.path))
+        raise InvalidRequestError(
+            f"{api.name} v{version} {direction}: {path}: {e.message}"
+        ) from None
+
+
+# --- Declarations ----------------------------------------------------------------------
+# Kafka's names and numbers where Kafka has the API. -1 means "none" for ids and epochs.
+# Defaults must be immutable (they are shared between requests).
+
+ERROR_CODE = F("error_code", INT, default=0)
+ERROR_MESSAGE = F("error_message", Opt(STR), default=None)
+THROTTLE = F("throttle_time_ms", INT, default=0)
+INT_LIST = Array(INT)
+STR_MAP = Map(STR, STR)
+EPOCH_END = Struct(F("epoch", INT), F("end_offset", INT))
+
+PRODUCE_PARTITION = Struct(F("partition", INT), F("nbytes", INT))
+PRODUCE_RESULT = Struct(
+    F("partition", INT),
+    F("error_code", INT),
+    F("base_offset", INT),
+    F("log_append_time", INT),
+    F("log_start_offset", INT),
+    F("error_message", Opt(STR)),
+)
+PRODUCE = declare(
+    0, "Produce", (0, 0),
+    request=[
+        F("acks", INT, doc="0: no response, 1: leader append, -1: all in-sync replicas"),
+        F("timeout_ms", INT),
+        F("transactional_id", Opt(STR), default=None),
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(PRODUCE_PARTITION))))),
+    ],
+    response=[
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(PRODUCE_RESULT))))),
+        THROTTLE,
+        ERROR_CODE,
+    ],
+    payload="request",
+    doc="Append batches; the payload is each partition's batches back to back, in order.",
+)  # fmt: skip
+
+FETCH_PARTITION = Struct(
+    F("partition", INT),
+    F("fetch_offset", INT),
+    F("last_fetched_epoch", INT),
+    F("current_leader_epoch", INT),
+    F("log_start_offset", INT),
+    F("partition_max_bytes", INT),
+)
+FETCH_RESULT = Struct(
+    F("partition", INT),
+    F("error_code", INT),
+    F("high_watermark", INT),
+    F("last_stable_offset", INT),
+    F("log_start_offset", INT),
+    F("diverging_epoch", Opt(EPOCH_END)),
+    F("preferred_read_replica", INT),
+    F("nbytes", INT),
+)
+FETCH = declare(
+    1, "Fetch", (0, 0),
+    request=[
+        F("replica_id", INT, doc="-1 for consumers, the broker id for followers"),
+        F("replica_epoch", INT, default=-1, doc="the follower's broker epoch"),
+        F("max_wait_ms", INT),
+        F("min_bytes", INT),
+        F("max_bytes", INT),
+        F("isolation_level", INT, default=0),
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(FETCH_PARTITION))))),
+        F("rack_id", STR, default=""),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(FETCH_RESULT))))),
+    ],
+    payload="response",
+    doc="Read batches; the payload is each partition's `nbytes` of batches, in order.",
+)  # fmt: skip
+
+LIST_OFFSETS = declare(
+    2, "ListOffsets", (0, 0),
+    request=[
+        F("replica_id", INT, default=-1),
+        F("isolation_level", INT, default=0),
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("current_leader_epoch", INT),
+            F("timestamp", INT, doc="-1 latest, -2 earliest, else a timestamp in ms"),
+        )))))),
+    ],
+    response=[
+        THROTTLE,
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("error_code", INT),
+            F("timestamp", INT),
+            F("offset", INT),
+            F("leader_epoch", INT),
+        )))))),
+    ],
+)  # fmt: skip
+
+METADATA_BROKER = Struct(F("node_id", INT), F("host", STR), F("port", INT), F("rack", Opt(STR)))
+METADATA_PARTITION = Struct(
+    F("error_code", INT),
+    F("partition", INT),
+    F("leader_id", INT),
+    F("leader_epoch", INT),
+    F("replicas", INT_LIST),
+    F("isr", INT_LIST),
+    F("offline_replicas", INT_LIST),
+)
+METADATA = declare(
+    3, "Metadata", (0, 0),
+    request=[
+        F("topics", Opt(Array(STR)), doc="nil for all topics"),
+        F("allow_auto_topic_creation", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F("cluster_id", Opt(STR)),
+        F("controller_id", INT),
+        F("brokers", Array(METADATA_BROKER)),
+        F("topics", Array(Struct(
+            F("error_code", INT),
+            F("name", STR),
+            F("is_internal", BOOL),
+            F("partitions", Array(METADATA_PARTITION)),
+        ))),
+    ],
+)  # fmt: skip
+
+CONTROLLED_SHUTDOWN = declare(
+    7, "ControlledShutdown", (0, 0),
+    request=[F("broker_id", INT), F("broker_epoch", INT)],
+    response=[
+        ERROR_CODE,
+        F("remaining_partitions", Array(Struct(F("topic", STR), F("partition", INT)))),
+    ],
+    scope=SCOPE_CLUSTER,
+)  # fmt: skip
+
+OFFSET_COMMIT = declare(
+    8, "OffsetCommit", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("generation_id", INT, default=-1),
+        F("member_id", STR, default=""),
+        F("group_instance_id", Opt(STR), default=None),
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("committed_offset", INT),
+            F("committed_leader_epoch", INT),
+            F("committed_metadata", Opt(STR)),
+        )))))),
+    ],
+    response=[
+        THROTTLE,
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("error_code", INT),
+        )))))),
+    ],
+)  # fmt: skip
+
+OFFSET_FETCH = declare(
+    9, "OffsetFetch", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("topics", Opt(Array(Struct(F("topic", STR), F("partitions", INT_LIST)))),
+          doc="nil for every partition the group has committed"),
+        F("require_stable", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("committed_offset", INT),
+            F("committed_leader_epoch", INT),
+            F("metadata", Opt(STR)),
+            F("error_code", INT),
+        )))))),
+    ],
+)  # fmt: skip
+
+FIND_COORDINATOR = declare(
+    10, "FindCoordinator", (0, 0),
+    request=[F("key", STR), F("key_type", INT, default=0, doc="0 group")],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        ERROR_MESSAGE,
+        F("node_id", INT),
+        F("host", STR),
+        F("port", INT),
+    ],
+)  # fmt: skip
+
+JOIN_GROUP = declare(
+    11, "JoinGroup", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("session_timeout_ms", INT),
+        F("rebalance_timeout_ms", INT),
+        F("member_id", STR),
+        F("group_instance_id", Opt(STR), default=None),
+        F("protocol_type", STR),
+        F("protocols", Array(Struct(F("name", STR), F("metadata", BYTES)))),
+        F("reason", Opt(STR), default=None),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("generation_id", INT),
+        F("protocol_type", Opt(STR)),
+        F("protocol_name", Opt(STR)),
+        F("leader", STR),
+        F("skip_assignment", BOOL, default=False),
+        F("member_id", STR),
+        F("members", Array(Struct(
+            F("member_id", STR),
+            F("group_instance_id", Opt(STR)),
+            F("metadata", BYTES),
+        ))),
+    ],
+)  # fmt: skip
+
+HEARTBEAT = declare(
+    12, "Heartbeat", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("generation_id", INT),
+        F("member_id", STR),
+        F("group_instance_id", Opt(STR), default=None),
+    ],
+    response=[THROTTLE, ERROR_CODE],
+)  # fmt: skip
+
+LEAVE_GROUP = declare(
+    13, "LeaveGroup", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("members", Array(Struct(
+            F("member_id", STR),
+            F("group_instance_id", Opt(STR)),
+            F("reason", Opt(STR)),
+        ))),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("members", Array(Struct(
+            F("member_id", STR),
+            F("group_instance_id", Opt(STR)),
+            F("error_code", INT),
+        ))),
+    ],
+)  # fmt: skip
+
+SYNC_GROUP = declare(
+    14, "SyncGroup", (0, 0),
+    request=[
+        F("group_id", STR),
+        F("generation_id", INT),
+        F("member_id", STR),
+        F("group_instance_id", Opt(STR), default=None),
+        F("protocol_type", Opt(STR), default=None),
+        F("protocol_name", Opt(STR), default=None),
+        F("assignments", Array(Struct(F("member_id", STR), F("assignment", BYTES)))),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("protocol_type", Opt(STR)),
+        F("protocol_name", Opt(STR)),
+        F("assignment", BYTES),
+    ],
+)  # fmt: skip
+
+API_VERSIONS = declare(
+    18, "ApiVersions", (0, 0),
+    request=[
+        F("client_software_name", STR, default=""),
+        F("client_software_version", STR, default=""),
+    ],
+    response=[
+        ERROR_CODE,
+        F("api_keys", Array(Struct(
+            F("api_key", INT),
+            F("min_version", INT),
+            F("max_version", INT),
+        ))),
+        THROTTLE,
+    ],
+    doc="Built into every RpcServer: the APIs and versions this node serves.",
+)  # fmt: skip
+
+CREATE_TOPICS = declare(
+    19, "CreateTopics", (0, 0),
+    request=[
+        F("topics", Array(Struct(
+            F("name", STR),
+            F("num_partitions", INT, doc="-1: the broker default"),
+            F("replication_factor", INT, doc="-1: the broker default"),
+            F("assignments", Array(Struct(F("partition", INT), F("broker_ids", INT_LIST)))),
+            F("configs", STR_MAP),
+        ))),
+        F("timeout_ms", INT),
+        F("validate_only", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F("topics", Array(Struct(
+            F("name", STR),
+            F("error_code", INT),
+            F("error_message", Opt(STR)),
+            F("num_partitions", INT),
+            F("replication_factor", INT),
+        ))),
+    ],
+)  # fmt: skip
+
+DELETE_TOPICS = declare(
+    20, "DeleteTopics", (0, 0),
+    request=[F("topic_names", Array(STR)), F("timeout_ms", INT)],
+    response=[
+        THROTTLE,
+        F("responses", Array(Struct(
+            F("name", STR),
+            F("error_code", INT),
+            F("error_message", Opt(STR)),
+        ))),
+    ],
+)  # fmt: skip
+
+VOTE = declare(
+    52, "Vote", (0, 0),
+    request=[
+        F("cluster_id", Opt(STR), default=None),
+        F("candidate_id", INT),
+        F("candidate_epoch", INT, doc="the candidate's term (for a pre-vote: term + 1)"),
+        F("last_offset_epoch", INT, doc="term of the candidate's last log entry"),
+        F("last_offset", INT, doc="index of the candidate's last log entry"),
+        F("pre_vote", BOOL, default=False),
+    ],
+    response=[
+        ERROR_CODE,
+        F("leader_id", INT),
+        F("leader_epoch", INT),
+        F("vote_granted", BOOL),
+    ],
+    scope=SCOPE_RAFT,
+)  # fmt: skip
+
+ALTER_PARTITION = declare(
+    56, "AlterPartition", (0, 0),
+    request=[
+        F("broker_id", INT),
+        F("broker_epoch", INT),
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("leader_epoch", INT),
+            F("new_isr", INT_LIST),
+            F("partition_epoch", INT),
+        )))))),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
+            F("partition", INT),
+            F("error_code", INT),
+            F("leader_id", INT),
+            F("leader_epoch", INT),
+            F("isr", INT_LIST),
+            F("partition_epoch", INT),
+        )))))),
+    ],
+    scope=SCOPE_CLUSTER,
+)  # fmt: skip
+
+DESCRIBE_CLUSTER = declare(
+    60, "DescribeCluster", (0, 0),
+    request=[],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        ERROR_MESSAGE,
+        F("cluster_id", STR),
+        F("controller_id", INT),
+        F("brokers", Array(Struct(
+            F("broker_id", INT),
+            F("host", STR),
+            F("port", INT),
+            F("rack", Opt(STR)),
+            F("is_fenced", BOOL),
+        ))),
+    ],
+)  # fmt: skip
+
+BROKER_REGISTRATION = declare(
+    62, "BrokerRegistration", (0, 0),
+    request=[
+        F("broker_id", INT),
+        F("cluster_id", STR),
+        F("incarnation_id", STR, doc="a fresh uuid per process start"),
+        F("listeners", Array(Struct(F("name", STR), F("host", STR), F("port", INT)))),
+        F("rack", Opt(STR), default=None),
+        F("previous_broker_epoch", INT, default=-1, doc="-1, or the epoch before a clean stop"),
+    ],
+    response=[THROTTLE, ERROR_CODE, F("broker_epoch", INT)],
+    scope=SCOPE_CLUSTER,
+)  # fmt: skip
+
+BROKER_HEARTBEAT = declare(
+    63, "BrokerHeartbeat", (0, 0),
+    request=[
+        F("broker_id", INT),
+        F("broker_epoch", INT),
+        F("current_metadata_offset", INT),
+        F("want_fence", BOOL, default=False),
+        F("want_shut_down", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F("is_caught_up", BOOL),
+        F("is_fenced", BOOL),
+        F("should_shut_down", BOOL),
+    ],
+    scope=SCOPE_CLUSTER,
+)  # fmt: skip
+
+RAFT_APPEND = declare(
+    1000, "RaftAppend", (0, 0),
+    request=[
+        F("cluster_id", Opt(STR), default=None),
+        F("leader_id", INT),
+        F("leader_epoch", INT, doc="the leader's term"),
+        F("prev_log_offset", INT),
+        F("prev_log_epoch", INT),
+        F("leader_commit", INT),
+        F("entries", Array(Struct(F("epoch", INT), F("data", BYTES)))),
+    ],
+    response=[
+        ERROR_CODE,
+        F("leader_epoch", INT, doc="the responder's current term"),
+        F("success", BOOL),
+        F("match_offset", INT, doc="last offset known to match the leader's log"),
+        F("conflict_epoch", INT, default=-1),
+        F("conflict_offset", INT, default=-1),
+    ],
+    scope=SCOPE_RAFT,
+    doc="Raft AppendEntries (also the heartbeat, with no entries).",
+)  # fmt: skip
+
+FETCH_METADATA = declare(
+    1001, "FetchMetadata", (0, 0),
+    request=[
+        F("broker_id", INT),
+        F("broker_epoch", INT),
+        F("fetch_offset", INT, doc="the next metadata log offset the broker needs"),
+        F("last_fetched_epoch", INT),
+        F("max_wait_ms", INT),
+        F("max_bytes", INT),
+    ],
+    response=[
+        ERROR_CODE,
+        F("leader_id", INT),
+        F("leader_epoch", INT),
+        F("high_watermark", INT, doc="the committed metadata offset"),
+        F("log_start_offset", INT),
+        F("diverging_epoch", Opt(EPOCH_END)),
+        F("snapshot_id", Opt(Struct(F("end_offset", INT), F("epoch", INT))),
+          doc="set when the broker must load this snapshot first"),
+        F("nbytes", INT),
+    ],
+    payload="response",
+    scope=SCOPE_CLUSTER,
+    doc="Brokers follow the committed metadata log (long poll); records in the payload.",
+)  # fmt: skip
+
+RAFT_INSTALL_SNAPSHOT = declare(
+    1002, "RaftInstallSnapshot", (0, 0),
+    request=[
+        F("leader_id", INT),
+        F("leader_epoch", INT),
+        F("snapshot_end_offset", INT, doc="last offset the snapshot includes"),
+        F("snapshot_epoch", INT, doc="term of that entry"),
+        F("position", INT, doc="byte position of this chunk in the snapshot"),
+        F("done", BOOL),
+    ],
+    response=[ERROR_CODE, F("leader_epoch", INT)],
+    payload="request",
+    scope=SCOPE_RAFT,
+    doc="One chunk of a snapshot, in the payload.",
+)  # fmt: skip
+
+RAFT_TIMEOUT_NOW = declare(
+    1003, "RaftTimeoutNow", (0, 0),
+    request=[F("leader_id", INT), F("leader_epoch", INT)],
+    response=[ERROR_CODE, F("leader_epoch", INT)],
+    scope=SCOPE_RAFT,
+    doc="Leadership transfer: the receiver starts an election at once.",
+)  # fmt: skip
+
+
+RAFT_MESSAGE = declare(
+    1004, "RaftMessage", (0, 0),
+    request=[
+        F("cluster_id", Opt(STR), default=None, doc="nil until the cluster id is known"),
+        F("src", INT, doc="sending voter"),
+        F("dst", INT, doc="receiving voter"),
+    ],
+    response=[ERROR_CODE],
+    payload="request",
+    scope=SCOPE_RAFT,
+    doc="One-way (never answered): one message of the Raft core, msgpack of "
+        "`Message.to_dict()` in the payload. Replies travel as RaftMessages the other way.",
+)  # fmt: skip
+
+PARTITION_ERROR = Struct(
+    F("topic", STR), F("partition", INT), F("error_code", INT), F("error_message", Opt(STR))
+)
+
+ELECT_LEADERS = declare(
+    43, "ElectLeaders", (0, 0),
+    request=[
+        F("election_type", INT, default=0, doc="0: preferred leader (the only type)"),
+        F("topics", Opt(Array(STR)), default=None, doc="nil for every topic"),
+        F("timeout_ms", INT, default=30_000),
+    ],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    scope=SCOPE_CLUSTER,
+    doc="Served by the active controller: move leadership to each partition's first replica.",
+)  # fmt: skip
+
+ALTER_PARTITION_REASSIGNMENTS = declare(
+    45, "AlterPartitionReassignments", (0, 0),
+    request=[
+        F("timeout_ms", INT, default=30_000),
+        F("partitions", Array(Struct(
+            F("topic", STR),
+            F("partition", INT),
+            F("replicas", Opt(INT_LIST), doc="target replicas; nil cancels"),
+        ))),
+    ],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    scope=SCOPE_CLUSTER,
+    doc="Served by the active controller (KIP-455).",
+)  # fmt: skip
+
+
+DESCRIBE_QUORUM = declare(
+    55, "DescribeQuorum", (0, 0),
+    request=[],
+    response=[
+        ERROR_CODE,
+        F("node_id", INT),
+        F("role", STR, doc="follower, pre-candidate, candidate or leader"),
+        F("term", INT),
+        F("leader_id", INT, doc="-1 when unknown"),
+        F("active", BOOL, doc="this node is the active controller"),
+        F("cluster_id", Opt(STR)),
+        F("commit_index", INT),
+        F("applied_offset", INT, doc="offset of the newest record in this node's image"),
+        F("snapshot_index", INT, doc="last index of the local snapshot, 0 if none"),
+        F("last_index", INT),
+    ],
+    scope=SCOPE_RAFT,
+    doc="Any controller answers with its own view of the quorum (rillet's shape, not "
+        "Kafka's): for tooling, tests and status pages.",
+)  # fmt: skip
+
+
+def render_markdown() -> str:
+    """The API table for docs/protocol.md (a test keeps the doc in step with this)."""
+    lines: list[str] = []
+    for scope in (SCOPE_CLIENT, SCOPE_CLUSTER, SCOPE_RAFT):
+        lines += [f"### {scope.capitalize()} APIs", ""]
+        for api in sorted(APIS.values(), key=lambda a: a.key):
+            if api.scope == scope:
+                lines += _render_api(api)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _render_api(api: Api) -> list[str]:
+    versions = f"v{api.min_version}" + (
+        f"-v{api.max_version}" if api.max_version != api.min_version else ""
+    )
+    out = [f"#### {api.name} (key {api.key}, {versions})", ""]
+    if api.doc:
+        out += [api.doc, ""]
+    for title, fields, has_payload in (
+        ("Request", api.request, api.request_payload),
+        ("Response", api.response, api.response_payload),
+    ):
+        out.append(f"{title}{' (+ payload)' if has_payload else ''}:")
+        out.append("")
+        for f in fields or ():
+            out.append(_render_field(f))
+        if not fields:
+            out.append("- (no fields)")
+        out.append("")
+    return out
+
+
+def _render_field(f: F) -> str:
+    text = f"- `{f.name}`: `{f.type.render()}`"
+    if f.since:
+        text += f" (since v{f.since})"
+    if not f.required:
+        text += f", default `{f.default!r}`"
+    if f.doc:
+        text += f" - {f.doc}"
+    return text
+
+
+def _update_doc(path: str) -> None:
+    """Rewrite the generated API table between its markers in ``path``."""
+    begin, end = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{begin}\n\n{render_markdown()}\n{end}{tail}")
+
+
+if __name__ == "__main__":  # python -m rillet.client.wire.schemas [docs/protocol.md]
+    import sys
+
+    _update_doc(sys.argv[1] if len(sys.argv) > 1 else "docs/protocol.md")

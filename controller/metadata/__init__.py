@@ -1,0 +1,1 @@
+"""Cluster metadata: records, the immutable image, and the QuorumController over it."""

@@ -1,0 +1,855 @@
+"""The sans-I/O controller logic (Kafka's QuorumController): requests -> records + response.
+
+Every operation takes the current ``MetadataImage``, the request's arguments and, where
+time matters, ``now_ms``, and returns ``Result(records, response)``. It never changes
+the image: state changes only when the driver replays the records. What the controller
+keeps in memory is soft state the log does not need (as in Kafka): the last heartbeat
+time of each broker, which brokers are in controlled shutdown, the next leader-rebalance
+check. A new active controller starts with none of it and rebuilds it from heartbeats.
+
+How a driver uses it (the seam; the driver owns asyncio, Raft and RPC)::
+
+    ctl = QuorumController(ControllerConfig(...), rng=random.Random(seed))
+    images = PendingImages(committed_image)        # committed + proposed-but-uncommitted
+
+    # a request arrives (only on the active controller):
+    records, response = ctl.create_topics(images.pending, topics, validate_only)
+    if records:
+        offset = raft.propose(encode_records(records))      # one Raft entry per operation
+        images.propose(records, offset, raft.epoch)
+        ...wait until raft commits `offset`...
+    send(response)                                          # never before the commit
+
+    # every ~100 ms (and at least once per heartbeat interval):
+    records, _ = ctl.tick(images.pending, now_ms)          # session expiry, rebalance
+    # as Raft commits entries:
+    delta, image = images.commit([(offset, epoch, decode_records(data))])  # -> listeners
+    # on losing leadership: images.reset(); ctl = QuorumController(...) afresh.
+
+Operations must see every record proposed before them, so pass ``images.pending``
+(or run one operation at a time against the committed image). Responses describe the
+state after the records; they are true once the records commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+from rillet.client.wire.errors import code_of
+from rillet.controller.metadata.election import (
+    Eligible,
+    change_of,
+    complete_reassignment,
+    elect_offline,
+    elect_preferred,
+    remove_brokers,
+)
+from rillet.controller.metadata.image import (
+    NO_LEADER,
+    RESOURCE_TOPIC,
+    Config,
+    Endpoint,
+    FenceBroker,
+    MetadataDelta,
+    MetadataImage,
+    MetadataRecord,
+    Partition,
+    RegisterBroker,
+    RemoteSegment,
+    RemoveTopic,
+    Topic,
+    UnfenceBroker,
+    UnregisterBroker,
+    apply_partition_change,
+    check,
+)
+from rillet.controller.metadata.placement import (
+    BrokerSlot,
+    PlacementError,
+    leader_imbalance,
+    place_replicas,
+    reassignment_plan,
+    validate_assignment,
+)
+from rillet.controller.metadata.topic_config import (
+    TOPIC_CONFIGS,
+    unclean_election_enabled,
+    validate_topic_config,
+)
+
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = code_of("UNKNOWN_TOPIC_OR_PARTITION")
+NOT_LEADER_OR_FOLLOWER = code_of("NOT_LEADER_OR_FOLLOWER")
+INVALID_TOPIC = code_of("INVALID_TOPIC_EXCEPTION")
+TOPIC_ALREADY_EXISTS = code_of("TOPIC_ALREADY_EXISTS")
+INVALID_PARTITIONS = code_of("INVALID_PARTITIONS")
+INVALID_REPLICATION_FACTOR = code_of("INVALID_REPLICATION_FACTOR")
+INVALID_REPLICA_ASSIGNMENT = code_of("INVALID_REPLICA_ASSIGNMENT")
+INVALID_CONFIG = code_of("INVALID_CONFIG")
+INVALID_REQUEST = code_of("INVALID_REQUEST")
+FENCED_LEADER_EPOCH = code_of("FENCED_LEADER_EPOCH")
+UNKNOWN_LEADER_EPOCH = code_of("UNKNOWN_LEADER_EPOCH")
+STALE_BROKER_EPOCH = code_of("STALE_BROKER_EPOCH")
+PREFERRED_LEADER_NOT_AVAILABLE = code_of("PREFERRED_LEADER_NOT_AVAILABLE")
+ELECTION_NOT_NEEDED = code_of("ELECTION_NOT_NEEDED")
+NO_REASSIGNMENT_IN_PROGRESS = code_of("NO_REASSIGNMENT_IN_PROGRESS")
+INVALID_UPDATE_VERSION = code_of("INVALID_UPDATE_VERSION")
+BROKER_ID_NOT_REGISTERED = code_of("BROKER_ID_NOT_REGISTERED")
+INELIGIBLE_REPLICA = code_of("INELIGIBLE_REPLICA")
+DUPLICATE_BROKER_REGISTRATION = code_of("DUPLICATE_BROKER_REGISTRATION")
+
+TOPIC_NAME_MAX = 249
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Controller settings (Kafka's names with dots as underscores).
+
+    broker_session_timeout_ms defaults to 3000 (Kafka: 9000) with 500 ms heartbeats
+    (Kafka: 2000): a crashed leader's partitions stay unavailable until its session
+    expires, so this timeout dominates failover time; six missed heartbeats still ride
+    out a GC pause or a slow fsync without fencing a healthy broker.
+    """
+
+    broker_session_timeout_ms: int = 3000
+    broker_heartbeat_interval_ms: int = 500
+    default_num_partitions: int = 1  # num.partitions
+    default_replication_factor: int = 1  # default.replication.factor
+    max_partitions_per_topic: int = 100_000
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_per_broker_percentage: int = 10
+    leader_imbalance_check_interval_ms: int = 300_000
+
+
+class Result(NamedTuple):
+    records: list[MetadataRecord]
+    response: Any
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBrokerResponse:
+    error_code: int
+    broker_epoch: int = -1
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeatResponse:
+    error_code: int
+    is_caught_up: bool = False
+    is_fenced: bool = True
+    should_shut_down: bool = False
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResult:
+    name: str
+    error_code: int
+    error_message: str = ""
+    topic_id: str = ""
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    """Per-topic outcome of delete_topics."""
+
+    name: str
+    error_code: int
+    error_message: str = ""
+    topic_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionResponse:
+    error_code: int
+    error_message: str = ""
+    topic: str = ""
+    partition: int = -1
+    leader: int = NO_LEADER
+    leader_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    partition_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """Per-partition outcome of elect_preferred_leaders and reassign_partitions."""
+
+    topic: str
+    partition: int
+    error_code: int
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CreatableTopic:
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, Any] = field(default_factory=dict)
+    assignments: Mapping[int, Sequence[int]] | None = None
+
+
+class BrokerState(Enum):
+    FENCED = "fenced"
+    ACTIVE = "active"
+    SHUTTING_DOWN = "shutting_down"
+
+
+class HeartbeatEvent(Enum):
+    BEHIND = "behind"  # metadata offset below the registration record's
+    CAUGHT_UP = "caught_up"
+    WANT_FENCE = "want_fence"
+    WANT_SHUTDOWN = "want_shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class _Beat:
+    """One heartbeat's inputs, handed to a lifecycle transition."""
+
+    image: MetadataImage
+    reg: RegisterBroker
+    current_metadata_offset: int
+    now_ms: int
+
+    @property
+    def caught_up(self) -> bool:
+        return self.current_metadata_offset >= self.reg.broker_epoch
+
+
+class QuorumController:
+    """The active controller's decisions. Pure: no clock, no I/O, seeded randomness."""
+
+    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None):
+        self.config = config or ControllerConfig()
+        self.rng = rng or random.Random(0)
+        self._last_heartbeat_ms: dict[int, int] = {}
+        self._shutting_down: set[int] = set()
+        self._shutdown_ready_offset: dict[int, int] = {}
+        self._next_rebalance_ms: int | None = None
+
+    # -- soft state ------------------------------------------------------------------
+
+    def session_alive(self, broker_id: int, now_ms: int) -> bool:
+        last = self._last_heartbeat_ms.get(broker_id)
+        return last is not None and now_ms - last <= self.config.broker_session_timeout_ms
+
+    def broker_state(self, image: MetadataImage, broker_id: int) -> BrokerState | None:
+        reg = image.brokers.get(broker_id)
+        if reg is None:
+            return None
+        if reg.fenced:
+            return BrokerState.FENCED
+        if broker_id in self._shutting_down:
+            return BrokerState.SHUTTING_DOWN
+        return BrokerState.ACTIVE
+
+    def eligible(
+        self, image: MetadataImage, include: Iterable[int] = (), exclude: Iterable[int] = ()
+    ) -> Eligible:
+        """Who may lead or be in an ISR: unfenced and not shutting down (+/- overrides)."""
+        ok = {b for b, reg in image.brokers.items() if not reg.fenced}
+        ok -= self._shutting_down
+        ok |= set(include)
+        ok -= set(exclude)
+        return ok.__contains__
+
+    def _forget(self, broker_id: int) -> None:
+        self._shutting_down.discard(broker_id)
+        self._shutdown_ready_offset.pop(broker_id, None)
+
+    # -- broker registration -----------------------------------------------------------
+
+    def register_broker(
+        self,
+        image: MetadataImage,
+        broker_id: int,
+        incarnation_id: str,
+        endpoints: Sequence[Endpoint | tuple[str, str, int]],
+        rack: str | None,
+        now_ms: int,
+    ) -> Result:
+        """Register (fenced) and hand out a broker epoch: above every offset seen so far."""
+        eps = tuple(Endpoint(*e) for e in endpoints)
+        cur = image.brokers.get(broker_id)
+        if cur is not None and cur.incarnation_id == incarnation_id:
+            if cur.endpoints == eps and cur.rack == rack:  # a retry: same answer
+                self._last_heartbeat_ms[broker_id] = now_ms
+                return Result([], RegisterBrokerResponse(NONE, cur.broker_epoch))
+        elif cur is not None and self.session_alive(broker_id, now_ms):
+            msg = f"broker {broker_id} is registered by a live incarnation {cur.incarnation_id}"
+            return Result([], RegisterBrokerResponse(DUPLICATE_BROKER_REGISTRATION, -1, msg))
+        epoch = max(image.offset + 1, cur.broker_epoch + 1 if cur is not None else 0)
+        records: list[MetadataRecord] = []
+        if cur is not None and not cur.fenced:
+            records += self._moves_off(image, {broker_id})
+        records.append(RegisterBroker(broker_id, incarnation_id, epoch, eps, rack, fenced=True))
+        self._forget(broker_id)
+        self._last_heartbeat_ms[broker_id] = now_ms
+        return Result(records, RegisterBrokerResponse(NONE, epoch))
+
+    def unregister_broker(self, image: MetadataImage, broker_id: int) -> Result:
+        """Remove a (decommissioned) broker: its leaderships move away first."""
+        cur = image.brokers.get(broker_id)
+        if cur is None:
+            return Result([], BROKER_ID_NOT_REGISTERED)
+        records = self._moves_off(image, {broker_id})
+        records.append(UnregisterBroker(broker_id, cur.broker_epoch))
+        self._forget(broker_id)
+        self._last_heartbeat_ms.pop(broker_id, None)
+        return Result(records, NONE)
+
+    # -- heartbeats and the broker lifecycle ---------------------------------------------
+
+    def broker_heartbeat(
+        self,
+        image: MetadataImage,
+        broker_id: int,
+        broker_epoch: int,
+        current_metadata_offset: int,
+        want_fence: bool,
+        want_shutdown: bool,
+        now_ms: int,
+    ) -> Result:
+        reg = image.brokers.get(broker_id)
+        if reg is None:
+            return Result([], BrokerHeartbeatResponse(BROKER_ID_NOT_REGISTERED))
+        if reg.broker_epoch != broker_epoch:
+            msg = f"broker epoch {broker_epoch} is not the current {reg.broker_epoch}"
+            return Result([], BrokerHeartbeatResponse(STALE_BROKER_EPOCH, error_message=msg))
+        self._last_heartbeat_ms[broker_id] = now_ms
+        beat = _Beat(image, reg, current_metadata_offset, now_ms)
+        if want_shutdown:
+            event = HeartbeatEvent.WANT_SHUTDOWN
+        elif want_fence:
+            event = HeartbeatEvent.WANT_FENCE
+        else:
+            event = HeartbeatEvent.CAUGHT_UP if beat.caught_up else HeartbeatEvent.BEHIND
+        state = self.broker_state(image, broker_id)
+        check(state is not None, f"registered broker {broker_id} without a state")
+        transition = LIFECYCLE.get((state, event))  # type: ignore[arg-type]
+        check(transition is not None, f"no lifecycle transition for {state} on {event}")
+        return transition(self, beat)  # type: ignore[misc]
+
+    def _reply(self, beat: _Beat, fenced: bool, shut_down: bool = False) -> BrokerHeartbeatResponse:
+        return BrokerHeartbeatResponse(NONE, beat.caught_up, fenced, shut_down)
+
+    def _stay(self, beat: _Beat) -> Result:
+        return Result([], self._reply(beat, fenced=beat.reg.fenced))
+
+    def _unfence(self, beat: _Beat) -> Result:
+        b = beat.reg.broker_id
+        records: list[MetadataRecord] = [UnfenceBroker(b, beat.reg.broker_epoch)]
+        records += self._elect_offline(beat.image, self.eligible(beat.image, include={b}))
+        return Result(records, self._reply(beat, fenced=False))
+
+    def _fence(self, beat: _Beat) -> Result:
+        records = self._fence_records(beat.image, [beat.reg.broker_id])
+        return Result(records, self._reply(beat, fenced=True))
+
+    def _shut_down_now(self, beat: _Beat) -> Result:
+        """Fenced already: nothing to move, so it may go at once."""
+        self._last_heartbeat_ms.pop(beat.reg.broker_id, None)
+        self._forget(beat.reg.broker_id)
+        return Result([], self._reply(beat, fenced=True, shut_down=True))
+
+    def _begin_shutdown(self, beat: _Beat) -> Result:
+        self._shutting_down.add(beat.reg.broker_id)
+        return self._continue_shutdown(beat)
+
+    def _continue_shutdown(self, beat: _Beat) -> Result:
+        """Move leaderships and ISR seats away; once none are left and the broker has seen
+        that, fence it and tell it to shut down (Kafka's controlled shutdown)."""
+        b, image = beat.reg.broker_id, beat.image
+        moves = self._moves_off(image, {b})
+        if moves:
+            self._shutdown_ready_offset.pop(b, None)
+            return Result(moves, self._reply(beat, fenced=False))
+        ready_at = self._shutdown_ready_offset.setdefault(b, image.offset)
+        if beat.current_metadata_offset < ready_at:
+            return Result([], self._reply(beat, fenced=False))
+        self._last_heartbeat_ms.pop(b, None)
+        self._forget(b)
+        fence = FenceBroker(b, beat.reg.broker_epoch)
+        return Result([fence], self._reply(beat, fenced=True, shut_down=True))
+
+    # -- fencing, session expiry, elections -----------------------------------------------
+
+    def _moves_off(self, image: MetadataImage, gone: set[int]) -> list[MetadataRecord]:
+        """PartitionChanges taking leadership and ISR seats off ``gone`` brokers."""
+        eligible = self.eligible(image, exclude=gone)
+        out: list[MetadataRecord] = []
+        for t, p in image.iter_partitions():
+            if p.leader in gone or any(b in gone for b in p.isr):
+                unclean = unclean_election_enabled(image.topic_config(t.name))
+                change = remove_brokers(p, gone, eligible, unclean)
+                if change is not None:
+                    out.append(change)
+        return out
+
+    def _fence_records(
+        self, image: MetadataImage, broker_ids: Sequence[int]
+    ) -> list[MetadataRecord]:
+        records = self._moves_off(image, set(broker_ids))
+        for b in broker_ids:
+            records.append(FenceBroker(b, image.brokers[b].broker_epoch))
+            self._forget(b)
+        return records
+
+    def _elect_offline(self, image: MetadataImage, eligible: Eligible) -> list[MetadataRecord]:
+        out: list[MetadataRecord] = []
+        for t, p in image.iter_partitions():
+            if p.leader == NO_LEADER:
+                unclean = unclean_election_enabled(image.topic_config(t.name))
+                change = elect_offline(p, eligible, unclean)
+                if change is not None:
+                    out.append(change)
+        return out
+
+    def maybe_fence_stale_brokers(self, image: MetadataImage, now_ms: int) -> list[MetadataRecord]:
+        """Fence unfenced brokers silent for longer than the session timeout.
+
+        A broker with no heartbeat on record (this controller just became active) gets a
+        full session starting now, as in Kafka.
+        """
+        stale = []
+        for b in image.unfenced_broker_ids():
+            last = self._last_heartbeat_ms.setdefault(b, now_ms)
+            if now_ms - last > self.config.broker_session_timeout_ms:
+                stale.append(b)
+        return self._fence_records(image, stale) if stale else []
+
+    def tick(self, image: MetadataImage, now_ms: int) -> Result:
+        """Time passes: session expiry first; a leader rebalance only on a quiet tick."""
+        records = self.maybe_fence_stale_brokers(image, now_ms)
+        if not records:
+            records = self.maybe_rebalance_leaders(image, now_ms)
+        return Result(records, None)
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def create_topics(
+        self,
+        image: MetadataImage,
+        topics: Sequence[CreatableTopic | tuple[Any, ...]],
+        validate_only: bool = False,
+    ) -> Result:
+        """Topic + Config + Partition records per valid topic; a result per topic.
+
+        ``topics`` holds CreatableTopic or tuples (name, num_partitions,
+        replication_factor, configs, assignments); -1 means the controller's default.
+        """
+        requests = [t if isinstance(t, CreatableTopic) else CreatableTopic(*t) for t in topics]
+        counts: dict[str, int] = {}
+        for t in requests:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        records: list[MetadataRecord] = []
+        results: list[CreateTopicResult] = []
+        taken_ids: set[str] = set()
+        for t in requests:
+            if counts[t.name] > 1:
+                results.append(CreateTopicResult(t.name, INVALID_REQUEST, "duplicate topic name"))
+                continue
+            recs, result = self._create_topic(image, t, taken_ids)
+            results.append(result)
+            if not validate_only:
+                records += recs
+        return Result(records, results)
+
+    def _create_topic(
+        self, image: MetadataImage, t: CreatableTopic, taken_ids: set[str]
+    ) -> tuple[list[MetadataRecord], CreateTopicResult]:
+        def fail(code: int, msg: str) -> tuple[list[MetadataRecord], CreateTopicResult]:
+            return [], CreateTopicResult(t.name, code, msg)
+
+        name_error = topic_name_error(t.name)
+        if name_error:
+            return fail(INVALID_TOPIC, name_error)
+        if image.topic(t.name) is not None:
+            return fail(TOPIC_ALREADY_EXISTS, f"topic {t.name!r} already exists")
+        clash = _colliding_topic(image, t.name)
+        if clash:
+            return fail(INVALID_TOPIC, f"{t.name!r} collides with {clash!r} ('.' vs '_')")
+        configs, config_error = validate_topic_config(t.configs or {})
+        if config_error:
+            return fail(INVALID_CONFIG, config_error)
+        placed = self._assign(image, t)
+        if isinstance(placed, tuple):
+            return fail(*placed)
+        topic_id = self._new_topic_id(image, taken_ids)
+        eligible = self.eligible(image)
+        records: list[MetadataRecord] = [Topic(t.name, topic_id)]
+        records += [Config(RESOURCE_TOPIC, t.name, k, v) for k, v in sorted(configs.items())]
+        for p, replicas in enumerate(placed):
+            isr = tuple(b for b in replicas if eligible(b))
+            records.append(Partition(topic_id, p, replicas, isr, isr[0]))
+        return records, CreateTopicResult(
+            t.name, NONE, "", topic_id, len(placed), len(placed[0]), configs
+        )
+
+    def _assign(
+        self, image: MetadataImage, t: CreatableTopic
+    ) -> list[tuple[int, ...]] | tuple[int, str]:
+        """Replica lists for a new topic, or (error code, message)."""
+        eligible = self.eligible(image)
+        if t.assignments is not None:
+            if t.num_partitions != -1 or t.replication_factor != -1:
+                return INVALID_REQUEST, "give assignments or counts, not both"
+            return _check_assignments(image, t.assignments, eligible)
+        n = self.config.default_num_partitions if t.num_partitions == -1 else t.num_partitions
+        rf = (
+            self.config.default_replication_factor
+            if t.replication_factor == -1
+            else t.replication_factor
+        )
+        if not 1 <= n <= self.config.max_partitions_per_topic:
+            return (
+                INVALID_PARTITIONS,
+                f"{n} partitions: must be 1..{self.config.max_partitions_per_topic}",
+            )
+        live = [BrokerSlot(b, reg.rack) for b, reg in sorted(image.brokers.items()) if eligible(b)]
+        if rf < 1 or rf > len(live):
+            return INVALID_REPLICATION_FACTOR, f"replication factor {rf}: {len(live)} live brokers"
+        try:
+            return place_replicas(live, n, rf, self.rng)
+        except PlacementError as exc:
+            return INVALID_REPLICATION_FACTOR, str(exc)
+
+    def _new_topic_id(self, image: MetadataImage, taken: set[str]) -> str:
+        for _ in range(100):
+            raw = base64.urlsafe_b64encode(self.rng.randbytes(16)).decode().rstrip("=")
+            if raw not in image.topics_by_id and raw not in taken:
+                taken.add(raw)
+                return raw
+        raise RuntimeError("100 random topic ids in a row were taken: the rng is broken")
+
+    def delete_topics(self, image: MetadataImage, names: Sequence[str]) -> Result:
+        records: list[MetadataRecord] = []
+        results: list[TopicResult] = []
+        for name in names:
+            t = image.topic(name)
+            if names.count(name) > 1:
+                results.append(TopicResult(name, INVALID_REQUEST, "duplicate topic name"))
+            elif t is None:
+                results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION, "no such topic"))
+            else:
+                records.append(RemoveTopic(t.topic_id))
+                results.append(TopicResult(name, NONE, "", t.topic_id))
+        return Result(records, results)
+
+    def alter_topic_configs(
+        self, image: MetadataImage, name: str, changes: Mapping[str, Any | None]
+    ) -> Result:
+        """Incremental alter: a value sets a key, None deletes it (back to the default)."""
+        if image.topic(name) is None:
+            return Result([], TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION, "no such topic"))
+        sets = {k: v for k, v in changes.items() if v is not None}
+        canonical_sets, error = validate_topic_config(sets)
+        unknown = [k for k, v in changes.items() if v is None and k not in TOPIC_CONFIGS]
+        if error or unknown:
+            return Result([], TopicResult(name, INVALID_CONFIG, error or f"unknown {unknown}"))
+        records: list[MetadataRecord] = [
+            Config(RESOURCE_TOPIC, name, k, canonical_sets.get(k)) for k in sorted(changes)
+        ]
+        return Result(records, TopicResult(name, NONE, "", image.topics_by_name[name].topic_id))
+
+    def record_remote_segment(self, image: MetadataImage, segment: RemoteSegment) -> Result:
+        """Record a tiered segment's state (placeholder for the S3 tier's bookkeeping)."""
+        t = image.topics_by_id.get(segment.topic_id)
+        if t is None or segment.partition not in t.partitions:
+            return Result([], UNKNOWN_TOPIC_OR_PARTITION)
+        return Result([segment], NONE)
+
+    # -- partitions -------------------------------------------------------------------------
+
+    def alter_partition(
+        self,
+        image: MetadataImage,
+        broker_id: int,
+        broker_epoch: int,
+        topic: str,
+        partition: int,
+        leader_epoch: int,
+        partition_epoch: int,
+        new_isr: Sequence[int],
+    ) -> Result:
+        """Kafka's AlterPartition: the leader proposes a new ISR for one partition."""
+
+        def fail(code: int, msg: str) -> Result:
+            return Result([], AlterPartitionResponse(code, msg, topic, partition))
+
+        reg = image.brokers.get(broker_id)
+        if reg is None or reg.broker_epoch != broker_epoch:
+            return fail(STALE_BROKER_EPOCH, f"broker {broker_id} epoch {broker_epoch} is stale")
+        p = image.partition(topic, partition)
+        if p is None:
+            return fail(UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} is unknown")
+        if p.leader != broker_id:
+            return fail(NOT_LEADER_OR_FOLLOWER, f"broker {broker_id} does not lead it")
+        if leader_epoch < p.leader_epoch:
+            return fail(FENCED_LEADER_EPOCH, f"leader epoch {leader_epoch} < {p.leader_epoch}")
+        if leader_epoch > p.leader_epoch:
+            return fail(UNKNOWN_LEADER_EPOCH, f"leader epoch {leader_epoch} > {p.leader_epoch}")
+        isr = tuple(new_isr)
+        if partition_epoch != p.partition_epoch:
+            if set(isr) == set(p.isr):  # a retry whose answer was lost: already done
+                return Result([], _partition_response(topic, p))
+            return fail(
+                INVALID_UPDATE_VERSION, f"partition epoch {partition_epoch} != {p.partition_epoch}"
+            )
+        error = self._isr_error(image, p, isr)
+        if error is not None:
+            return fail(*error)
+        records: list[MetadataRecord] = []
+        change = change_of(p, isr=isr)
+        if change is not None:
+            records.append(change)
+            p = apply_partition_change(p, change)
+        done = complete_reassignment(p, self.eligible(image))
+        if done is not None:
+            records.append(done)
+            p = apply_partition_change(p, done)
+        return Result(records, _partition_response(topic, p))
+
+    def _isr_error(
+        self, image: MetadataImage, p: Partition, isr: tuple[int, ...]
+    ) -> tuple[int, str] | None:
+        if not isr or len(set(isr)) != len(isr) or p.leader not in isr:
+            return INVALID_REQUEST, f"ISR {list(isr)} must be distinct and hold the leader"
+        if not set(isr) <= set(p.replicas):
+            return INELIGIBLE_REPLICA, f"ISR {list(isr)} holds non-replicas"
+        eligible = self.eligible(image)
+        bad = [b for b in isr if not eligible(b)]
+        if bad:
+            return INELIGIBLE_REPLICA, f"brokers {bad} are fenced or shutting down"
+        return None
+
+    def elect_preferred_leaders(
+        self, image: MetadataImage, topics: Sequence[str] | None = None
+    ) -> Result:
+        """Move leadership to each partition's first replica (all topics when None)."""
+        names = sorted(image.topics_by_name) if topics is None else list(topics)
+        eligible = self.eligible(image)
+        records: list[MetadataRecord] = []
+        results: list[PartitionResult] = []
+        for name in names:
+            t = image.topic(name)
+            if t is None:
+                results.append(PartitionResult(name, -1, UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            for p in (t.partitions[i] for i in sorted(t.partitions)):
+                change = elect_preferred(p, eligible)
+                if change is not None:
+                    records.append(change)
+                    results.append(PartitionResult(name, p.partition, NONE))
+                elif p.leader == p.replicas[0]:
+                    results.append(PartitionResult(name, p.partition, ELECTION_NOT_NEEDED))
+                else:
+                    results.append(
+                        PartitionResult(name, p.partition, PREFERRED_LEADER_NOT_AVAILABLE)
+                    )
+        return Result(records, results)
+
+    def maybe_rebalance_leaders(self, image: MetadataImage, now_ms: int) -> list[MetadataRecord]:
+        """auto.leader.rebalance.enable: every check interval, move leaders back to their
+        preferred broker for each broker whose imbalance exceeds the threshold."""
+        if not self.config.auto_leader_rebalance_enable:
+            return []
+        if self._next_rebalance_ms is None:
+            self._next_rebalance_ms = now_ms + self.config.leader_imbalance_check_interval_ms
+        if now_ms < self._next_rebalance_ms:
+            return []
+        self._next_rebalance_ms = now_ms + self.config.leader_imbalance_check_interval_ms
+        eligible = self.eligible(image)
+        pairs = ((p.replicas, p.leader) for _, p in image.iter_partitions())
+        ratios = leader_imbalance(pairs, [b for b in image.brokers if eligible(b)])
+        limit = self.config.leader_imbalance_per_broker_percentage / 100
+        imbalanced = {b for b, ratio in ratios.items() if ratio > limit}
+        out: list[MetadataRecord] = []
+        for _, p in image.iter_partitions():
+            if p.replicas[0] in imbalanced:
+                change = elect_preferred(p, eligible)
+                if change is not None:
+                    out.append(change)
+        return out
+
+    def reassign_partitions(
+        self,
+        image: MetadataImage,
+        moves: Sequence[tuple[str, int, Sequence[int] | None]],
+    ) -> Result:
+        """(topic, partition, target replicas, or None to cancel) per partition (KIP-455).
+
+        The partition first replicates to target + current; AlterPartition completes it
+        once every target replica is in the ISR (``complete_reassignment``).
+        """
+        records: list[MetadataRecord] = []
+        results: list[PartitionResult] = []
+        for topic, partition, target in moves:
+            p = image.partition(topic, partition)
+            if p is None:
+                results.append(PartitionResult(topic, partition, UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            recs, code, msg = self._reassign_one(image, p, target)
+            records += recs
+            results.append(PartitionResult(topic, partition, code, msg))
+        return Result(records, results)
+
+    def _reassign_one(
+        self, image: MetadataImage, p: Partition, target: Sequence[int] | None
+    ) -> tuple[list[MetadataRecord], int, str]:
+        original = tuple(r for r in p.replicas if r not in p.adding_replicas)
+        if target is None:
+            if not p.is_reassigning:
+                return [], NO_REASSIGNMENT_IN_PROGRESS, "nothing to cancel"
+            target = original
+        error = validate_assignment(target, image.brokers)
+        if error:
+            return [], INVALID_REPLICA_ASSIGNMENT, error
+        plan = reassignment_plan(original, target)
+        isr = tuple(b for b in p.isr if b in plan.replicas)
+        if not isr:
+            return [], INVALID_REPLICA_ASSIGNMENT, "no in-sync replica would remain"
+        eligible = self.eligible(image)
+        leader = p.leader
+        if leader not in plan.replicas:
+            leader = next((b for b in plan.replicas if b in isr and eligible(b)), NO_LEADER)
+        change = change_of(p, leader, isr, plan.replicas, plan.adding, plan.removing)
+        if change is None:
+            return [], NONE, ""
+        records: list[MetadataRecord] = [change]
+        after = apply_partition_change(p, change)
+        done = complete_reassignment(after, eligible)
+        if done is not None:
+            records.append(done)
+        return records, NONE, ""
+
+
+# The broker lifecycle (STYLE habit 6): (state, heartbeat event) -> transition. A pair
+# missing here is a bug, reported by the invariant check in broker_heartbeat. Registration,
+# session expiry and unregistering are not heartbeats; docs/metadata.md has the full table.
+_T = QuorumController
+LIFECYCLE: dict[tuple[BrokerState, HeartbeatEvent], Callable[[QuorumController, _Beat], Result]] = {
+    (BrokerState.FENCED, HeartbeatEvent.BEHIND): _T._stay,
+    (BrokerState.FENCED, HeartbeatEvent.CAUGHT_UP): _T._unfence,
+    (BrokerState.FENCED, HeartbeatEvent.WANT_FENCE): _T._stay,
+    (BrokerState.FENCED, HeartbeatEvent.WANT_SHUTDOWN): _T._shut_down_now,
+    (BrokerState.ACTIVE, HeartbeatEvent.BEHIND): _T._stay,
+    (BrokerState.ACTIVE, HeartbeatEvent.CAUGHT_UP): _T._stay,
+    (BrokerState.ACTIVE, HeartbeatEvent.WANT_FENCE): _T._fence,
+    (BrokerState.ACTIVE, HeartbeatEvent.WANT_SHUTDOWN): _T._begin_shutdown,
+    # Controlled shutdown cannot be called off: every heartbeat moves it on.
+    (BrokerState.SHUTTING_DOWN, HeartbeatEvent.BEHIND): _T._continue_shutdown,
+    (BrokerState.SHUTTING_DOWN, HeartbeatEvent.CAUGHT_UP): _T._continue_shutdown,
+    (BrokerState.SHUTTING_DOWN, HeartbeatEvent.WANT_FENCE): _T._continue_shutdown,
+    (BrokerState.SHUTTING_DOWN, HeartbeatEvent.WANT_SHUTDOWN): _T._continue_shutdown,
+}
+
+
+def topic_name_error(name: str) -> str | None:
+    """Kafka's topic name rules; None when the name is legal."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name cannot be {name!r}"
+    if len(name) > TOPIC_NAME_MAX:
+        return f"topic name is longer than {TOPIC_NAME_MAX} characters"
+    if not _TOPIC_NAME.match(name):
+        return f"topic name {name!r} may hold only ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
+def _colliding_topic(image: MetadataImage, name: str) -> str | None:
+    """An existing topic whose name differs only by '.' vs '_' (their metrics collide)."""
+    if "." not in name and "_" not in name:
+        return None
+    key = name.replace(".", "_")
+    for other in image.topics_by_name:
+        if other != name and other.replace(".", "_") == key:
+            return other
+    return None
+
+
+def _check_assignments(
+    image: MetadataImage, assignments: Mapping[int, Sequence[int]], eligible: Eligible
+) -> list[tuple[int, ...]] | tuple[int, str]:
+    if sorted(assignments) != list(range(len(assignments))) or not assignments:
+        return INVALID_PARTITIONS, "assignments must cover partitions 0..n-1"
+    rf = len(assignments[0])
+    out: list[tuple[int, ...]] = []
+    for p in range(len(assignments)):
+        replicas = tuple(assignments[p])
+        error = validate_assignment(replicas, image.brokers, rf)
+        if error:
+            return INVALID_REPLICA_ASSIGNMENT, f"partition {p}: {error}"
+        if not any(eligible(b) for b in replicas):
+            return INVALID_REPLICA_ASSIGNMENT, f"partition {p}: every replica is fenced"
+        out.append(replicas)
+    return out
+
+
+def _partition_response(topic: str, p: Partition) -> AlterPartitionResponse:
+    return AlterPartitionResponse(
+        NONE, "", topic, p.partition, p.leader, p.leader_epoch, p.isr, p.partition_epoch
+    )
+
+
+# ---------------------------------------------------------------------------- driver aid
+
+
+class PendingImages:
+    """The committed image plus the image with every proposed record (for the driver).
+
+    ``propose`` replays an operation's records onto ``pending`` right away, so the next
+    operation sees them. ``commit`` takes entries as Raft commits them (on any controller,
+    proposed here or not), replays them onto ``committed`` and returns the delta for
+    listeners; ``pending`` is rebuilt from the new committed image plus the proposals not
+    yet committed. ``reset`` drops uncommitted proposals (leadership lost: Raft may
+    truncate them).
+    """
+
+    def __init__(self, committed: MetadataImage) -> None:
+        self.committed = committed
+        self.pending = committed
+        self._proposed: list[tuple[int, int, list[MetadataRecord]]] = []
+
+    def propose(self, records: list[MetadataRecord], offset: int, epoch: int) -> None:
+        check(offset > self.pending.offset, f"offset {offset} not past {self.pending.offset}")
+        delta = MetadataDelta(self.pending)
+        delta.replay_all(records, offset, epoch)
+        self.pending = delta.apply()
+        self._proposed.append((offset, epoch, records))
+
+    def commit(
+        self, entries: Iterable[tuple[int, int, list[MetadataRecord]]]
+    ) -> tuple[MetadataDelta, MetadataImage]:
+        """Apply committed (offset, epoch, records) entries, in log order."""
+        delta = MetadataDelta(self.committed)
+        for offset, epoch, records in entries:
+            delta.replay_all(records, offset, epoch)
+            delta.offset, delta.epoch = offset, epoch  # an entry may hold no records
+        self.committed = delta.apply()
+        self._proposed = [e for e in self._proposed if e[0] > self.committed.offset]
+        pending = MetadataDelta(self.committed)
+        for offset, epoch, records in self._proposed:
+            pending.replay_all(records, offset, epoch)
+        self.pending = pending.apply() if self._proposed else self.committed
+        return delta, self.committed
+
+    def reset(self) -> None:
+        self._proposed.clear()
+        self.pending = self.committed

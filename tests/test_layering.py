@@ -1,0 +1,79 @@
+"""Dependencies point one way, as in Kafka's module split (docs/architecture.md).
+
+client/ imports nothing else of rillet; storage/ only client/; controller/ never broker/
+or tools/; broker/ never tools/. Every import statement of every module is read, including
+ones inside functions, so a lazy import cannot hide an arrow pointing the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ALLOWED = {
+    "client": {"client"},
+    "storage": {"client", "storage"},
+    "controller": {"client", "storage", "controller"},
+    "broker": {"client", "storage", "controller", "broker"},
+    "tools": {"client", "storage", "controller", "broker", "tools"},
+}
+
+
+def rillet_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, component) for every `rillet.<component>` a module imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "rillet":
+                names = [f"rillet.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "rillet" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+@pytest.mark.parametrize("component", sorted(ALLOWED))
+def test_component_imports_point_one_way(component: str) -> None:
+    modules = sorted((ROOT / component).rglob("*.py"))
+    assert modules, f"no modules under {component}/"
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports rillet.{target}"
+        for path in modules
+        for line, target in rillet_imports(path)
+        if target not in ALLOWED[component]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_relative_imports_across_components() -> None:
+    # Relative imports would let a module reach a sibling component without naming it.
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for component in ALLOWED
+        for path in (ROOT / component).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert not relative, relative
+
+
+def test_checker_sees_a_wrong_arrow(tmp_path: Path) -> None:
+    # The checker itself must catch both import forms, including one inside a function.
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from rillet.client import errors\n"
+        "def f():\n"
+        "    import rillet.broker.server\n"
+        "    from rillet import controller\n"
+    )
+    assert rillet_imports(module) == [(1, "client"), (3, "broker"), (4, "controller")]

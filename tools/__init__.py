@@ -1,0 +1,1 @@
+"""rillet.tools: operator tooling that drives whole clusters (the local cluster)."""

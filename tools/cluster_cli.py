@@ -1,0 +1,259 @@
+"""`rillet cluster up|down|status|stop|start`: run a local cluster of node processes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rillet.tools.local_cluster import ClusterError, LocalCluster, pid_alive
+
+DEFAULT_DATA_DIR = "rillet-data"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("cluster", help="run a local cluster on 127.0.0.1")
+    sub = parser.add_subparsers(dest="cluster_command", metavar="ACTION")
+    sub.required = True
+
+    up = sub.add_parser("up", help="start a local cluster and wait until it serves")
+    _data_dir(up)
+    up.add_argument("--controllers", type=int, default=3, help="controller quorum size (3)")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers (3)")
+    up.add_argument("--combined", action="store_true", help="each node runs both roles")
+    up.add_argument("--detach", action="store_true", help="return once the cluster serves")
+    up.add_argument("--rack", action="append", default=[], help="racks, assigned round robin")
+    up.add_argument(
+        "--ephemeral-ports",
+        action="store_true",
+        help="let the OS pick every port (several clusters side by side, tests)",
+    )
+    up.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config for every node"
+    )
+    up.add_argument("--json", action="store_true", help="machine-readable output")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop every node of a local cluster")
+    _data_dir(down)
+    down.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM")
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", help="every node's id, roles, address, state, pid")
+    _data_dir(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+
+    stop = sub.add_parser("stop", help="stop one node (SIGTERM: controlled shutdown)")
+    stop.add_argument("node_id", type=int)
+    stop.add_argument("--kill", action="store_true", help="SIGKILL: a crash, not a shutdown")
+    _data_dir(stop)
+    stop.set_defaults(func=cmd_stop)
+
+    start = sub.add_parser("start", help="start one stopped node again")
+    start.add_argument("node_id", type=int)
+    _data_dir(start)
+    start.set_defaults(func=cmd_start)
+
+
+def _data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("RILLET_DATA_DIR", DEFAULT_DATA_DIR),
+        help=f"where the cluster keeps its state (default ./{DEFAULT_DATA_DIR})",
+    )
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ClusterError(f"--set wants KEY=VALUE, got {item!r}")
+        out[key.strip()] = _coerce(value.strip())
+    return out
+
+
+def _coerce(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _fail(message: str) -> int:
+    print(f"rillet cluster: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        cluster = _cluster_for_up(args)
+        _say(args, f"starting {len(cluster.nodes)} nodes in {cluster.data_dir} ...")
+        cluster.start()
+        described = cluster.wait_ready()
+    except ClusterError as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": cluster.status(),
+                          "cluster_id": described.get("cluster_id")}))
+    else:
+        print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}")
+        print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}")
+    if args.detach:
+        if not args.json:
+            print(f"  stop it with: rillet cluster down --data-dir {args.data_dir}")
+        return 0
+    return _run_foreground(cluster)
+
+
+def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
+    state = Path(args.data_dir) / "cluster.json"
+    if state.exists():
+        # Same layout again: data survives `down` then `up`.
+        cluster = LocalCluster.load(args.data_dir)
+        running = [n.node_id for n in cluster.nodes.values() if pid_alive(n.pid)]
+        if running:
+            raise ClusterError(
+                f"a cluster is already running in {args.data_dir} (nodes {running}); "
+                "`rillet cluster status` shows it, `rillet cluster down` stops it"
+            )
+        if args.set:
+            cluster.overrides.update(_parse_sets(args.set))
+        return cluster
+    return LocalCluster(
+        args.data_dir,
+        controllers=args.controllers,
+        brokers=args.brokers,
+        combined=args.combined,
+        ephemeral_ports=args.ephemeral_ports,
+        overrides=_parse_sets(args.set),
+        racks=args.rack or None,
+    )
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not getattr(args, "json", False):
+        print(text, file=sys.stderr)
+
+
+def _run_foreground(cluster: LocalCluster) -> int:
+    """Show a live status table until Ctrl-C (or SIGTERM), then stop every node."""
+    from rich.console import Console
+    from rich.live import Live
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    console = Console(stderr=True)
+    console.print("[dim]Ctrl-C stops the cluster.[/dim]")
+    try:
+        with Live(_live_view(cluster), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(1.0)
+                live.update(_live_view(cluster))
+    except KeyboardInterrupt:
+        console.print("stopping the cluster (controlled shutdown) ...")
+        cluster.stop()
+        console.print("stopped.")
+    return 0
+
+
+def _live_view(cluster: LocalCluster):  # noqa: ANN202 - a rich Table
+    return _table(cluster.status(), caption=_health_line(cluster.partition_health(1.0)))
+
+
+def _table(rows: list[dict[str, Any]], caption: str | None = None):  # noqa: ANN202 - a rich Table
+    from rich.table import Table
+
+    table = Table(title="rillet local cluster", caption=caption)
+    for col in ("node", "roles", "address", "state", "pid"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        style = "green" if r["state"].startswith(("unfenced", "running", "active")) else "yellow"
+        if r["state"] == "stopped":
+            style = "red"
+        table.add_row(
+            str(r["node_id"]),
+            ",".join(r["roles"]),
+            r["address"],
+            f"[{style}]{r['state']}[/{style}]",
+            str(r["pid"] or "-"),
+        )
+    return table
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    try:
+        cluster = LocalCluster.load(args.data_dir)
+    except ClusterError as e:
+        return _fail(str(e))
+    cluster.stop(kill=args.kill)
+    print(f"stopped the cluster in {cluster.data_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        cluster = LocalCluster.load(args.data_dir)
+    except ClusterError as e:
+        return _fail(str(e))
+    rows = cluster.status()
+    health = cluster.partition_health(timeout_s=2.0)
+    if args.json:
+        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": rows,
+                          "controller_id": health["controller_id"] if health else -1,
+                          "partitions": _partition_counts(health)}))  # fmt: skip
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(_table(rows))
+    console.print(_health_line(health))
+    return 0
+
+
+def _partition_counts(health: dict[str, Any] | None) -> dict[str, int] | None:
+    if health is None:
+        return None  # no broker answered: unknown, not zero
+    return {k: health[k] for k in ("partitions", "under_replicated", "offline")}
+
+
+def _health_line(health: dict[str, Any] | None) -> str:
+    if health is None:
+        return "[red]no broker answered: partition state unknown[/red]"
+    controller = health["controller_id"] if health["controller_id"] >= 0 else "unknown"
+    under, offline = health["under_replicated"], health["offline"]
+    return (
+        f"active controller: {controller}   partitions: {health['partitions']}   "
+        f"under-replicated: [{'yellow' if under else 'green'}]{under}[/]   "
+        f"offline: [{'red' if offline else 'green'}]{offline}[/]"
+    )
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        cluster = LocalCluster.load(args.data_dir)
+        cluster.stop_node(args.node_id, kill=args.kill)
+    except ClusterError as e:
+        return _fail(str(e))
+    print(f"node {args.node_id} {'killed' if args.kill else 'stopped'}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    try:
+        cluster = LocalCluster.load(args.data_dir)
+        node = cluster.start_node(args.node_id)
+    except ClusterError as e:
+        return _fail(str(e))
+    print(f"node {args.node_id} started (pid {node.pid})")
+    return 0

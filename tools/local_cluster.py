@@ -1,0 +1,571 @@
+"""A local multi-process cluster: the engine behind `rillet cluster ...` and the tests.
+
+Each node is a real OS process started from a generated TOML config (the contract in
+docs/architecture.md). A node prints one JSON readiness line on stdout once its
+listeners are bound; we read it from the node's stdout file, which also works when the
+cluster was started by another invocation (`cluster up --detach`, then `cluster down`).
+
+Layout under ``data_dir``::
+
+    cluster.json            nodes, roles, pids, listeners (the state other commands read)
+    node-<id>/config.toml   the node's config
+    node-<id>/stdout.log    readiness lines (appended on every start)
+    node-<id>/node.log      the node's log (stderr)
+    node-<id>/metadata/     a controller's Raft log        node-<id>/logs/  a broker's logs
+
+Node ids: in separated mode brokers are 1..B and controllers 101..100+C; in combined
+mode nodes 1..N run both roles. Default ports (non-ephemeral): broker i listens on
+9092+2(i-1) and controller j on 9093+2(j-1), so 127.0.0.1:9092 is the bootstrap and
+the even/odd split never collides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rillet.client.wire import schemas
+from rillet.client.wire.connection import Connection, parse_address
+
+T = TypeVar("T")
+
+STATE_FILE = "cluster.json"
+CONTROLLER_ID_BASE = 100
+DEFAULT_BROKER_PORT = 9092
+
+
+class ClusterError(Exception):
+    """The local cluster could not do what was asked; the message says why."""
+
+
+@dataclass
+class Node:
+    node_id: int
+    roles: list[str]
+    controller_port: int | None  # fixed: voters must know it before anything starts
+    broker_port: int | None  # 0 = ephemeral; the broker registers what it bound
+    rack: str | None = None
+    pid: int | None = None
+    listeners: dict[str, str] = field(default_factory=dict)  # from the readiness line
+    stdout_offset: int = 0  # where this start's readiness line will appear in stdout.log
+
+    @property
+    def is_broker(self) -> bool:
+        return "broker" in self.roles
+
+    @property
+    def is_controller(self) -> bool:
+        return "controller" in self.roles
+
+
+def free_port() -> int:
+    """A port the OS considers free right now (a tiny race, acceptable for loopback tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running event loop."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, factory()).result()
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def write_config(path: Path, values: dict[str, Any]) -> None:
+    lines = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+    path.write_text("\n".join(lines) + "\n")
+
+
+class LocalCluster:
+    """Start, stop and inspect a cluster of node processes on 127.0.0.1."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        controllers: int = 3,
+        brokers: int = 3,
+        combined: bool = False,
+        ephemeral_ports: bool = False,
+        overrides: dict[str, Any] | None = None,
+        node_overrides: dict[int, dict[str, Any]] | None = None,
+        racks: Iterable[str | None] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.overrides = dict(overrides or {})
+        self.node_overrides = {k: dict(v) for k, v in (node_overrides or {}).items()}
+        self.python = python
+        self.nodes: dict[int, Node] = {}
+        if controllers or brokers or combined:
+            self._plan(controllers, brokers, combined, ephemeral_ports, list(racks or []))
+
+    # --- planning --------------------------------------------------------------
+
+    def _plan(
+        self, controllers: int, brokers: int, combined: bool, ephemeral: bool, racks: list
+    ) -> None:
+        if controllers < 1 or brokers < (0 if combined else 1):
+            raise ClusterError("a cluster needs at least one controller and one broker")
+        if controllers % 2 == 0:
+            raise ClusterError(f"{controllers} controllers: a Raft quorum wants an odd number")
+
+        def port(base: int, i: int) -> int:
+            return free_port() if ephemeral else base + 2 * i
+
+        if combined:
+            count = max(controllers, brokers)
+            for i in range(count):
+                is_voter = i < controllers
+                roles = ["broker", "controller"] if is_voter else ["broker"]
+                cport = port(DEFAULT_BROKER_PORT + 1, i) if is_voter else None
+                bport = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * i
+                self._add(Node(i + 1, roles, cport, bport, _rack(racks, i)))
+            return
+        for i in range(brokers):
+            bport = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * i
+            self._add(Node(i + 1, ["broker"], None, bport, _rack(racks, i)))
+        for j in range(controllers):
+            cid = CONTROLLER_ID_BASE + j + 1
+            self._add(Node(cid, ["controller"], port(DEFAULT_BROKER_PORT + 1, j), None))
+
+    def _add(self, node: Node) -> None:
+        self.nodes[node.node_id] = node
+
+    @property
+    def voters(self) -> str:
+        return ",".join(
+            f"{n.node_id}@127.0.0.1:{n.controller_port}"
+            for n in self.nodes.values()
+            if n.is_controller
+        )
+
+    def node_dir(self, node_id: int) -> Path:
+        return self.data_dir / f"node-{node_id}"
+
+    def config_for(self, node: Node) -> dict[str, Any]:
+        listeners = []
+        if node.is_controller:
+            listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
+        if node.is_broker:
+            listeners.append(f"BROKER://127.0.0.1:{node.broker_port}")
+        d = self.node_dir(node.node_id)
+        values: dict[str, Any] = {
+            "node.id": node.node_id,
+            "process.roles": ",".join(node.roles),
+            "listeners": ",".join(listeners),
+            "controller.quorum.voters": self.voters,
+        }
+        if node.is_controller:
+            values["metadata.log.dir"] = str(d / "metadata")
+        if node.is_broker:
+            values["log.dirs"] = str(d / "logs")
+            values["broker.rack"] = node.rack
+        values.update(self.overrides)
+        values.update(self.node_overrides.get(node.node_id, {}))
+        # A key meant for one role only must not reach a node that rejects it.
+        return {k: v for k, v in values.items() if v is not None}
+
+    # --- state file ---------------------------------------------------------------
+
+    def save(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "nodes": [asdict(n) for n in self.nodes.values()],
+            "overrides": self.overrides,
+            "node_overrides": {str(k): v for k, v in self.node_overrides.items()},
+            "python": self.python,
+        }
+        tmp = self.data_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.data_dir / STATE_FILE)
+
+    @classmethod
+    def load(cls, data_dir: str | Path) -> LocalCluster:
+        path = Path(data_dir) / STATE_FILE
+        if not path.exists():
+            raise ClusterError(f"no local cluster in {data_dir} (no {STATE_FILE})")
+        state = json.loads(path.read_text())
+        cluster = cls(
+            data_dir,
+            controllers=0,
+            brokers=0,
+            overrides=state.get("overrides"),
+            node_overrides={int(k): v for k, v in state.get("node_overrides", {}).items()},
+            python=state.get("python", sys.executable),
+        )
+        for raw in state["nodes"]:
+            cluster._add(Node(**raw))
+        return cluster
+
+    # --- processes --------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start every node (controllers first) and wait for each readiness line."""
+        running = [n.node_id for n in self.nodes.values() if pid_alive(n.pid)]
+        if running:
+            raise ClusterError(f"nodes {running} of this cluster are already running")
+        order = sorted(self.nodes.values(), key=lambda n: (not n.is_controller, n.node_id))
+        try:
+            for node in order:
+                self._spawn(node)
+            for node in order:
+                self._await_listening(node, timeout_s)
+        except BaseException:
+            self.stop(kill=True)
+            raise
+        finally:
+            self.save()
+
+    def start_node(self, node_id: int, timeout_s: float = 60.0) -> Node:
+        node = self._node(node_id)
+        if pid_alive(node.pid):
+            raise ClusterError(f"node {node_id} is already running (pid {node.pid})")
+        self._spawn(node)
+        try:
+            self._await_listening(node, timeout_s)
+        finally:
+            self.save()
+        return node
+
+    def add_broker(
+        self,
+        *,
+        rack: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        start: bool = True,
+        timeout_s: float = 60.0,
+    ) -> Node:
+        """Plan (and by default start) one more broker: the next free broker id, a port
+        like its peers' (ephemeral when theirs are), and per-node overrides copied from
+        the lowest-numbered broker unless given, so it runs with the same settings. The
+        caller waits for it to be unfenced (``wait_ready``) before assigning it replicas."""
+        peers = self.brokers()
+        if not peers:
+            raise ClusterError("no broker to model the new one on")
+        taken = set(self.nodes)
+        node_id = max(n.node_id for n in peers) + 1
+        while node_id in taken:
+            node_id += 1
+        model = min(peers, key=lambda n: n.node_id)
+        ephemeral = model.broker_port == 0
+        port = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * (node_id - 1)
+        node = Node(node_id, ["broker"], None, port, rack)
+        self._add(node)
+        chosen = overrides if overrides is not None else self.node_overrides.get(model.node_id)
+        if chosen:
+            self.node_overrides[node_id] = dict(chosen)
+        self.save()
+        if start:
+            self.start_node(node_id, timeout_s)
+        return node
+
+    def _node(self, node_id: int) -> Node:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise ClusterError(f"no node {node_id}; nodes are {sorted(self.nodes)}") from None
+
+    def _spawn(self, node: Node) -> None:
+        d = self.node_dir(node.node_id)
+        d.mkdir(parents=True, exist_ok=True)
+        config = d / "config.toml"
+        write_config(config, self.config_for(node))
+        command = "broker" if node.is_broker else "controller"
+        stdout_path = d / "stdout.log"
+        node.listeners = {}
+        node.stdout_offset = stdout_path.stat().st_size if stdout_path.exists() else 0
+        with open(stdout_path, "ab") as out, open(d / "node.log", "ab") as err:
+            proc = subprocess.Popen(
+                [self.python, "-m", "rillet.client.cli", command, "--config", str(config)],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=d,
+                start_new_session=True,  # outlives `cluster up --detach`; no stray Ctrl-C
+            )
+        node.pid = proc.pid
+        # Keep a handle so the child can be reaped (no zombies) while we run.
+        _CHILDREN[proc.pid] = proc
+
+    def _await_listening(self, node: Node, timeout_s: float) -> None:
+        path = self.node_dir(node.node_id) / "stdout.log"
+        offset = node.stdout_offset
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in _read_from(path, offset):
+                event = _parse_event(line)
+                if event and event.get("event") == "listening":
+                    node.listeners = dict(event.get("listeners", {}))
+                    return
+            if not pid_alive(node.pid):
+                raise ClusterError(
+                    f"node {node.node_id} exited during start-up; its log ends with:\n"
+                    + self.log_tail(node.node_id)
+                )
+            time.sleep(0.05)
+        raise ClusterError(
+            f"node {node.node_id} did not report listening within {timeout_s:.0f}s; log:\n"
+            + self.log_tail(node.node_id)
+        )
+
+    def log_tail(self, node_id: int, lines: int = 30) -> str:
+        path = self.node_dir(node_id) / "node.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def signal_node(self, node_id: int, sig: signal.Signals) -> None:
+        node = self._node(node_id)
+        if not pid_alive(node.pid):
+            raise ClusterError(f"node {node_id} is not running")
+        os.kill(node.pid, sig)  # type: ignore[arg-type]
+
+    def stop_node(self, node_id: int, *, kill: bool = False, timeout_s: float = 60.0) -> None:
+        """SIGTERM (a controlled shutdown) and wait; SIGKILL with ``kill`` or at the deadline."""
+        node = self._node(node_id)
+        if pid_alive(node.pid):
+            _terminate([node.pid], kill=kill, timeout_s=timeout_s)  # type: ignore[list-item]
+        node.pid = None
+        self.save()
+
+    def pause_node(self, node_id: int) -> None:
+        self.signal_node(node_id, signal.SIGSTOP)
+
+    def resume_node(self, node_id: int) -> None:
+        self.signal_node(node_id, signal.SIGCONT)
+
+    def stop(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
+        """Stop brokers first (they hand leadership back to the controllers), then controllers."""
+        for group in (self.brokers(), self.controllers()):
+            pids = [n.pid for n in group if n.pid and pid_alive(n.pid)]
+            if pids:
+                with contextlib.suppress(ProcessLookupError):
+                    for p in pids:
+                        os.kill(p, signal.SIGCONT)  # a paused node cannot handle SIGTERM
+                _terminate(pids, kill=kill, timeout_s=timeout_s)
+            for n in group:
+                n.pid = None
+        if self.data_dir.exists():
+            self.save()
+
+    def brokers(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.is_broker]
+
+    def controllers(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.is_controller and not n.is_broker]
+
+    # --- addresses and probes -----------------------------------------------------
+
+    def broker_address(self, node_id: int) -> str:
+        node = self._node(node_id)
+        if "BROKER" not in node.listeners:
+            raise ClusterError(f"node {node_id} has no known broker listener (not started?)")
+        return node.listeners["BROKER"]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(
+            n.listeners["BROKER"] for n in self.brokers() if "BROKER" in n.listeners
+        )
+
+    def describe(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        """DescribeCluster from the first live broker that answers, or None."""
+        return _run_sync(lambda: self.describe_async(timeout_s))
+
+    async def describe_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        return await self._ask_any_broker(schemas.DESCRIBE_CLUSTER, {}, timeout_s)
+
+    def wait_ready(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        """Wait until every running broker is registered and unfenced."""
+        return _run_sync(lambda: self.wait_ready_async(timeout_s))
+
+    async def wait_ready_async(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        expected = {n.node_id for n in self.brokers() if pid_alive(n.pid)}
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            last = await self.describe_async()
+            if last is not None:
+                live = {b[0] if isinstance(b, list) else b["broker_id"]: b for b in last["brokers"]}
+                unfenced = {i for i, b in live.items() if not _is_fenced(b)}
+                if expected <= unfenced and last.get("controller_id", -1) >= 0:
+                    return last
+            await asyncio.sleep(0.1)
+        raise ClusterError(
+            f"brokers {sorted(expected)} not all registered and unfenced after "
+            f"{timeout_s:.0f}s; last DescribeCluster: {last}"
+        )
+
+    def partition_health(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        """Partition counts from a live broker's metadata: total, under-replicated (ISR
+        smaller than the replicas) and offline (no leader), plus the active controller
+        as that broker knows it. None when no broker answers."""
+        return _run_sync(lambda: self.partition_health_async(timeout_s))
+
+    async def partition_health_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        header = await self._ask_any_broker(schemas.METADATA, {"topics": None}, timeout_s)
+        if header is None:
+            return None
+        return summarize_partitions(header)
+
+    async def _ask_any_broker(
+        self, api: schemas.Api, fields: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any] | None:
+        for node in self.brokers():
+            if not pid_alive(node.pid) or "BROKER" not in node.listeners:
+                continue
+            host, port = parse_address(node.listeners["BROKER"])
+            timeout_ms = int(timeout_s * 1000)
+            try:
+                async with await Connection.open(
+                    host, port, client_id="rillet-cluster", connect_timeout_ms=timeout_ms
+                ) as conn:
+                    header, _ = await conn.request(api, fields, timeout_ms=timeout_ms)
+                    return header
+            except Exception:  # noqa: BLE001 - any broker may be down; try the next
+                continue
+        return None
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every node with its process state and, for brokers, its fencing state."""
+        described = self.describe(timeout_s=2.0)
+        fenced: dict[int, bool] = {}
+        controller_id = -1
+        if described:
+            controller_id = described.get("controller_id", -1)
+            for b in described["brokers"]:
+                bid = b[0] if isinstance(b, list) else b["broker_id"]
+                fenced[bid] = _is_fenced(b)
+        rows = []
+        for n in sorted(self.nodes.values(), key=lambda n: n.node_id):
+            alive = pid_alive(n.pid)
+            state = "stopped"
+            if alive:
+                state = "running"
+                if n.is_broker:
+                    state = {True: "fenced", False: "unfenced"}.get(
+                        fenced.get(n.node_id), "registering"
+                    )
+                if n.is_controller and n.node_id == controller_id:
+                    active = "active controller"
+                    state = f"{state}, {active}" if n.is_broker else active
+            rows.append(
+                {
+                    "node_id": n.node_id,
+                    "roles": n.roles,
+                    "address": ", ".join(v for _, v in sorted(n.listeners.items())),
+                    "listeners": dict(n.listeners),
+                    "state": state,
+                    "pid": n.pid if alive else None,
+                    "rack": n.rack,
+                }
+            )
+        return rows
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def summarize_partitions(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Counts over a Metadata response's partitions (struct order: error_code, partition,
+    leader_id, leader_epoch, replicas, isr, offline_replicas)."""
+    total = under = offline = 0
+    for _code, _name, _internal, partitions, *_ in metadata.get("topics", ()):
+        for _err, _p, leader, _epoch, replicas, isr, *_ in partitions:
+            total += 1
+            under += len(isr) < len(replicas)
+            offline += leader < 0
+    return {"controller_id": metadata.get("controller_id", -1), "partitions": total,
+            "under_replicated": under, "offline": offline}  # fmt: skip
+
+
+def _rack(racks: list, i: int) -> str | None:
+    return racks[i % len(racks)] if racks else None
+
+
+def _is_fenced(broker: Any) -> bool:
+    if isinstance(broker, dict):
+        return bool(broker.get("is_fenced"))
+    return bool(broker[-1])  # struct order ends with is_fenced
+
+
+def _read_from(path: Path, offset: int) -> list[str]:
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").splitlines()
+
+
+def _parse_event(line: str) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _terminate(pids: list[int], *, kill: bool, timeout_s: float) -> None:
+    sig = signal.SIGKILL if kill else signal.SIGTERM
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        proc = _CHILDREN.pop(pid, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
