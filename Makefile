@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint sim-long bench clean
+.PHONY: install up test lint format sim-long bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,11 @@ up: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 test: install lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)

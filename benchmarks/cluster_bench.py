@@ -61,8 +61,10 @@ def peak_rss_mb(pid: int | None) -> float | None:
 def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "rillet.client.cli", *args, "--bootstrap", bootstrap, "--json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"rillet {' '.join(args)} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.splitlines()[-1])
@@ -84,15 +86,24 @@ def main() -> None:
     parser.add_argument("--e2e-rate", type=float, default=10_000, help="records/s")
     parser.add_argument("--e2e-seconds", type=float, default=10)
     parser.add_argument("--failover-trials", type=int, default=10)
-    parser.add_argument("--session-timeout-ms", type=int, default=None,
-                        help="broker.session.timeout.ms (default: the controller's)")
-    parser.add_argument("--skip", action="append", default=[],
-                        choices=["throughput", "replication", "e2e", "failover"])
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="broker.session.timeout.ms (default: the controller's)",
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["throughput", "replication", "e2e", "failover"],
+    )
     args = parser.parse_args()
     node_overrides: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rillet-bench-") as tmp:
-        cluster = LocalCluster(Path(tmp), controllers=args.controllers, brokers=args.brokers,
-                               ephemeral_ports=True)  # fmt: skip
+        cluster = LocalCluster(
+            Path(tmp), controllers=args.controllers, brokers=args.brokers, ephemeral_ports=True
+        )
         if args.session_timeout_ms is not None:
             for node in cluster.controllers():
                 node_overrides[node.node_id] = {
@@ -116,7 +127,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             "partitions": args.partitions,
             "replication_factor": args.replication_factor,
             "cpus": os.cpu_count(),
-        },  # fmt: skip
+        },
     }
     if "throughput" not in args.skip:
         result.update(throughput(cluster, args))
@@ -129,12 +140,12 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     result["follower_fetch_bounds"] = {
         k: broker_defaults[k]
         for k in ("replica.fetch.max.bytes", "replica.fetch.response.max.bytes")
-    }  # fmt: skip
+    }
     if "failover" not in args.skip and args.failover_trials > 0:
         result["failover"] = asyncio.run(failover(cluster, args))
         result["broker_peak_rss_mb_after_failover"] = {
             n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()
-        }  # fmt: skip
+        }
     return result
 
 
@@ -143,24 +154,45 @@ def defaults(table: Any) -> dict[str, Any]:
 
 
 def perf_produce(boot: str, topic: str, args: argparse.Namespace, acks: str) -> dict[str, Any]:
-    return rillet(boot, "perf", "produce", "--topic", topic,
-                  "--num-records", str(args.num_records),
-                  "--record-size", str(args.record_size), "--acks", acks,
-                  "--batch-size", str(args.batch_size))  # fmt: skip
+    return rillet(
+        boot,
+        "perf",
+        "produce",
+        "--topic",
+        topic,
+        "--num-records",
+        str(args.num_records),
+        "--record-size",
+        str(args.record_size),
+        "--acks",
+        acks,
+        "--batch-size",
+        str(args.batch_size),
+    )
 
 
 def create_topic(boot: str, topic: str, partitions: int, rf: int, *configs: str) -> None:
     extra = [a for c in configs for a in ("--config", c)]
-    rillet(boot, "topic", "create", topic, "--partitions", str(partitions),
-           "--replication-factor", str(rf), *extra)  # fmt: skip
+    rillet(
+        boot,
+        "topic",
+        "create",
+        topic,
+        "--partitions",
+        str(partitions),
+        "--replication-factor",
+        str(rf),
+        *extra,
+    )
 
 
 def throughput(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     boot = cluster.bootstrap
     create_topic(boot, "bench", args.partitions, args.replication_factor)
     produce = perf_produce(boot, "bench", args, args.acks)
-    consume = rillet(boot, "perf", "consume", "--topic", "bench",
-                     "--num-records", str(args.num_records))  # fmt: skip
+    consume = rillet(
+        boot, "perf", "consume", "--topic", "bench", "--num-records", str(args.num_records)
+    )
     return {"produce": produce, "consume": consume}
 
 
@@ -174,9 +206,7 @@ def replication_cost(cluster: LocalCluster, args: argparse.Namespace) -> dict[st
     return {
         "rf1_acks1": rf1,
         "rf3_acks_all": rf3,
-        "throughput_ratio_rf3_all_to_rf1_1": round(
-            rf3["records_per_s"] / rf1["records_per_s"], 3
-        ),
+        "throughput_ratio_rf3_all_to_rf1_1": round(rf3["records_per_s"] / rf1["records_per_s"], 3),
     }
 
 
@@ -208,9 +238,15 @@ async def end_to_end(cluster: LocalCluster, args: argparse.Namespace) -> dict[st
     latencies: list[float] = []
     async with Consumer(topic, bootstrap=boot, from_beginning=True) as consumer:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "e2e-producer", boot, topic, str(args.e2e_rate),
-            str(args.e2e_seconds), str(args.record_size),
-        )  # fmt: skip
+            sys.executable,
+            __file__,
+            "e2e-producer",
+            boot,
+            topic,
+            str(args.e2e_rate),
+            str(args.e2e_seconds),
+            str(args.record_size),
+        )
         idle_deadline = time.monotonic() + 30
         while len(latencies) < total and time.monotonic() < idle_deadline:
             batch = await consumer.getmany(timeout_ms=100)
@@ -306,8 +342,11 @@ async def failover(cluster: LocalCluster, args: argparse.Namespace) -> dict[str,
 
     def summary(key: str) -> dict[str, float]:
         values = [t[key] for t in trials]
-        return {"median_s": round(statistics.median(values), 3), "max_s": round(max(values), 3),
-                "min_s": round(min(values), 3)}  # fmt: skip
+        return {
+            "median_s": round(statistics.median(values), 3),
+            "max_s": round(max(values), 3),
+            "min_s": round(min(values), 3),
+        }
 
     return {
         "trials": len(trials),

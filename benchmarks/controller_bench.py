@@ -53,13 +53,20 @@ class Quorum:
         self.root = root
         self.ports = dict(zip((1, 2, 3), free_ports(3), strict=True))
         self.voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.ports.items())
-        self.sets = {"quorum.election.timeout.ms": election_timeout_ms,
-                     "metadata.snapshot.max.records": snapshot_records, "log.level": "WARNING"}
+        self.sets = {
+            "quorum.election.timeout.ms": election_timeout_ms,
+            "metadata.snapshot.max.records": snapshot_records,
+            "log.level": "WARNING",
+        }
         self.procs: dict[int, subprocess.Popen[str]] = {}
 
     def start(self, node: int) -> None:
-        sets = {**self.sets, "node.id": node, "controller.quorum.voters": self.voters,
-                "metadata.log.dir": self.root / f"c{node}"}  # fmt: skip
+        sets = {
+            **self.sets,
+            "node.id": node,
+            "controller.quorum.voters": self.voters,
+            "metadata.log.dir": self.root / f"c{node}",
+        }
         cmd = [sys.executable, "-m", "rillet.client.cli", "controller"]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
@@ -120,8 +127,12 @@ async def caught_up(q: Quorum, node: int) -> None:
 
 
 def registration(broker_id: int) -> dict:
-    return {"broker_id": broker_id, "cluster_id": "", "incarnation_id": f"b{broker_id}",
-            "listeners": [["BROKER", "127.0.0.1", 1]]}  # fmt: skip
+    return {
+        "broker_id": broker_id,
+        "cluster_id": "",
+        "incarnation_id": f"b{broker_id}",
+        "listeners": [["BROKER", "127.0.0.1", 1]],
+    }
 
 
 async def measure_writes(q: Quorum, seconds: float, in_flight: int) -> float:
@@ -150,8 +161,12 @@ async def probe_write(port: int, broker_id: int) -> bool:
     except RilletError:
         return False
     try:
-        header, _ = await conn.request(schemas.BROKER_REGISTRATION, registration(broker_id),
-                                       raise_errors=False, timeout_ms=3000)  # fmt: skip
+        header, _ = await conn.request(
+            schemas.BROKER_REGISTRATION,
+            registration(broker_id),
+            raise_errors=False,
+            timeout_ms=3000,
+        )
         return header.get("error_code", 0) == 0
     except RilletError:
         return False
@@ -167,8 +182,9 @@ async def one_failover(q: Quorum, trial: int) -> float:
     broker_id = 500_000 + trial * 10_000
     while True:
         broker_id += 1
-        results = await asyncio.gather(*(probe_write(p, broker_id + i * 1000)
-                                         for i, p in enumerate(survivors)))  # fmt: skip
+        results = await asyncio.gather(
+            *(probe_write(p, broker_id + i * 1000) for i, p in enumerate(survivors))
+        )
         if any(results):
             elapsed_ms = (time.monotonic() - t0) * 1000
             break
@@ -184,8 +200,12 @@ async def build_image(q: Quorum, partitions: int) -> list:
     for b in (1, 2, 3):
         follower = MetadataFollower(ControllerChannel(q.voters), b, max_wait_ms=500)
         follower.start()
-        lifecycle = BrokerLifecycle(ControllerChannel(q.voters), b, [("BROKER", "127.0.0.1", b)],
-                                    lambda f=follower: f.image.offset)  # fmt: skip
+        lifecycle = BrokerLifecycle(
+            ControllerChannel(q.voters),
+            b,
+            [("BROKER", "127.0.0.1", b)],
+            lambda f=follower: f.image.offset,
+        )
         await lifecycle.start()
         keep += [follower, lifecycle]
     for lifecycle in keep[1::2]:
@@ -193,8 +213,10 @@ async def build_image(q: Quorum, partitions: int) -> list:
     admin = ControllerChannel(q.voters)
     per_topic = 100
     for t in range(partitions // per_topic):
-        header = await admin.forward(schemas.CREATE_TOPICS, {
-            "topics": [[f"topic-{t}", per_topic, 3, [], {}]], "timeout_ms": 5000})  # fmt: skip
+        header = await admin.forward(
+            schemas.CREATE_TOPICS,
+            {"topics": [[f"topic-{t}", per_topic, 3, [], {}]], "timeout_ms": 5000},
+        )
         assert header["topics"][0][1] == 0, header
     await admin.close()
     return keep
@@ -202,9 +224,17 @@ async def build_image(q: Quorum, partitions: int) -> list:
 
 async def follower_catch_up_ms(q: Quorum) -> tuple[float, int]:
     probe = ControllerChannel(q.voters)
-    header, _ = await probe.request(schemas.FETCH_METADATA, {
-        "broker_id": -1, "broker_epoch": -1, "fetch_offset": 10**12, "last_fetched_epoch": -1,
-        "max_wait_ms": 0, "max_bytes": 1})  # fmt: skip
+    header, _ = await probe.request(
+        schemas.FETCH_METADATA,
+        {
+            "broker_id": -1,
+            "broker_epoch": -1,
+            "fetch_offset": 10**12,
+            "last_fetched_epoch": -1,
+            "max_wait_ms": 0,
+            "max_bytes": 1,
+        },
+    )
     target = header["high_watermark"]
     follower = MetadataFollower(probe, max_wait_ms=0)
     start = time.monotonic()
@@ -236,13 +266,21 @@ async def main(args: argparse.Namespace) -> dict:
         finally:
             q.stop_all()
     return {
-        "writes_per_s": writes, "in_flight": args.in_flight,
-        "failover_ms": {"median": statistics.median(trials), "max": max(trials),
-                        "min": min(trials), "trials": trials},
+        "writes_per_s": writes,
+        "in_flight": args.in_flight,
+        "failover_ms": {
+            "median": statistics.median(trials),
+            "max": max(trials),
+            "min": min(trials),
+            "trials": trials,
+        },
         "election_timeout_ms": args.election_timeout_ms,
-        "rss_mib": rss, "rss_leader_mib": rss[str(leader)], "partitions": parts,
-        "follower_catch_up_ms": catch_up_ms, "cpus": os.cpu_count(),
-    }  # fmt: skip
+        "rss_mib": rss,
+        "rss_leader_mib": rss[str(leader)],
+        "partitions": parts,
+        "follower_catch_up_ms": catch_up_ms,
+        "cpus": os.cpu_count(),
+    }
 
 
 if __name__ == "__main__":

@@ -34,10 +34,26 @@ RILLET = str(Path(sys.executable).with_name("rillet"))
 
 def perf_produce(bootstrap: str, topic: str, records: int, size: int) -> dict[str, Any]:
     out = subprocess.run(
-        [RILLET, "perf", "produce", "--topic", topic, "--num-records", str(records),
-         "--record-size", str(size), "--acks", "all", "--bootstrap", bootstrap, "--json"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        [
+            RILLET,
+            "perf",
+            "produce",
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(size),
+            "--acks",
+            "all",
+            "--bootstrap",
+            bootstrap,
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -49,8 +65,9 @@ def main() -> None:
     ap.add_argument("--master", default="local[4]")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rillet-spark-bench-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster", controllers=1, brokers=3,
-                               ephemeral_ports=True)  # fmt: skip
+        cluster = LocalCluster(
+            Path(tmp) / "cluster", controllers=1, brokers=3, ephemeral_ports=True
+        )
         with cluster:
             cluster.start()
             cluster.wait_ready()
@@ -71,11 +88,15 @@ def run_all(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
 
     perf = perf_produce(bootstrap, "perf", args.records, args.record_size)
     result: dict[str, Any] = {
-        "records": args.records, "record_size": args.record_size,
-        "partitions": args.partitions, "replication_factor": 3, "acks": "all",
-        "master": args.master, "cpus": os.cpu_count(),
+        "records": args.records,
+        "record_size": args.record_size,
+        "partitions": args.partitions,
+        "replication_factor": 3,
+        "acks": "all",
+        "master": args.master,
+        "cpus": os.cpu_count(),
         "perf_produce": {"records_per_s": perf["records_per_s"], "mb_per_s": perf["mb_per_s"]},
-    }  # fmt: skip
+    }
     for tasks, topic in ((2, "spark2"), (4, "spark4")):
         load = run_load(spark, bootstrap, topic, args.records, tasks, args.record_size)
         result[f"spark_load_{tasks}_tasks"] = {

@@ -45,8 +45,10 @@ BATCH_BYTES = 16 * 1024
 def make_batches(count: int) -> list[bytes]:
     per_batch = BATCH_BYTES // (RECORD_BYTES + 4)
     return [
-        records.encode_batch([os.urandom(RECORD_BYTES) for _ in range(per_batch)],
-                             timestamp_ms=int(time.time() * 1000))
+        records.encode_batch(
+            [os.urandom(RECORD_BYTES) for _ in range(per_batch)],
+            timestamp_ms=int(time.time() * 1000),
+        )
         for _ in range(count)
     ]
 
@@ -151,8 +153,9 @@ def build_many_segments(path: Path, count: int) -> None:
 
 
 def rss_of_open(path: Path) -> tuple[int, int]:
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path)], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, str(path)], capture_output=True, text=True, check=True
+    ).stdout.split()
     return int(out[0]), int(out[1])
 
 
@@ -238,9 +241,7 @@ def run(root: Path, trials: int = 7, roll_trials: int = 3) -> dict:
     total = rounds * per_round
     # Pairs of raw and log trials; the order inside a pair alternates so neither side
     # always runs right after the other.
-    raw_times, append_times, log = asyncio.run(
-        trial_pairs(root, batches, rounds, trials, "t")
-    )
+    raw_times, append_times, log = asyncio.run(trial_pairs(root, batches, rounds, trials, "t"))
     log.close()
     raw_roll, append_roll, log = asyncio.run(
         trial_pairs(root, batches, roll_rounds, roll_trials, "r")
@@ -268,8 +269,9 @@ def run(root: Path, trials: int = 7, roll_trials: int = 3) -> dict:
         "records_per_batch": records.read_header(batches[0]).record_count,
         "raw_write_mb_s": round(total / raw_s / mb, 1),
         "append_mb_s": round(total / append_s / mb, 1),
-        "append_records_per_s": round(total / len(batches[0]) * records.read_header(
-            batches[0]).record_count / append_s),
+        "append_records_per_s": round(
+            total / len(batches[0]) * records.read_header(batches[0]).record_count / append_s
+        ),
         "append_vs_raw_ratio": within["ratio"],
         "append_vs_raw_ratio_trials": within["trials"],
         "append_vs_raw_ratio_with_rolls": rolling["ratio"],

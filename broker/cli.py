@@ -30,8 +30,13 @@ log = logging.getLogger("rillet.broker")
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("broker", help="run a broker node (or a combined node)")
     parser.add_argument("--config", help="TOML config file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable)",
+    )
     parser.set_defaults(func=cmd_broker)
 
 
@@ -115,8 +120,8 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
     if controller is not None and controller.failure is not None:
         waits.append(controller.failure)  # type: ignore[arg-type]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    failed = controller is not None and controller.failure is not None and (
-        controller.failure.done()
+    failed = (
+        controller is not None and controller.failure is not None and (controller.failure.done())
     )
     waits[0].cancel()
     log.info("node %d: stopping (%s)", broker.node_id, "controller failed" if failed else "signal")

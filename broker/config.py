@@ -144,13 +144,20 @@ class BrokerConfig:
         listeners = parse_listeners(config["listeners"] or DEFAULT_BROKER_LISTENER)
         if "broker" in roles and BROKER_LISTENER not in listeners:
             raise InvalidConfigError(f"listeners: a broker needs a {BROKER_LISTENER}:// listener")
-        for name, value in (("num.partitions", 1), ("default.replication.factor", 1),
-                            ("min.insync.replicas", 1), ("message.max.bytes", 0),
-                            ("max.connections", 1), ("socket.request.max.bytes", 1024),
-                            ("replica.tick.interval.ms", 1), ("replica.fetch.max.bytes", 1),
-                            ("replica.fetch.response.max.bytes", 1),
-                            ("replica.fetch.wait.max.ms", 0), ("replica.fetch.backoff.ms", 0),
-                            ("replica.high.watermark.checkpoint.interval.ms", 1)):
+        for name, value in (
+            ("num.partitions", 1),
+            ("default.replication.factor", 1),
+            ("min.insync.replicas", 1),
+            ("message.max.bytes", 0),
+            ("max.connections", 1),
+            ("socket.request.max.bytes", 1024),
+            ("replica.tick.interval.ms", 1),
+            ("replica.fetch.max.bytes", 1),
+            ("replica.fetch.response.max.bytes", 1),
+            ("replica.fetch.wait.max.ms", 0),
+            ("replica.fetch.backoff.ms", 0),
+            ("replica.high.watermark.checkpoint.interval.ms", 1),
+        ):
             if config[name] < value:
                 raise InvalidConfigError(f"{name} must be >= {value}, not {config[name]}")
         return cls(

@@ -26,8 +26,23 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 RATE_WINDOW_S = 10.0
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                     2.5, 5.0, 10.0, 30.0)  # fmt: skip
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 class BrokerMetrics:
@@ -41,18 +56,30 @@ class BrokerMetrics:
         self.bytes_in = Counter("rillet_broker_bytes_in", "Produced bytes appended", registry=r)
         self.bytes_out = Counter("rillet_broker_bytes_out", "Fetched bytes sent", registry=r)
         self.messages_in = Counter("rillet_broker_messages_in", "Records appended", registry=r)
-        self.latency = Histogram("rillet_broker_request_latency_seconds",
-                                 "Handler time per request", ["api"], registry=r,
-                                 buckets=LATENCY_BUCKETS_S)  # fmt: skip
-        self.under_replicated = Gauge("rillet_broker_under_replicated_partitions",
-                                      "Led partitions with ISR < replicas", registry=r)  # fmt: skip
+        self.latency = Histogram(
+            "rillet_broker_request_latency_seconds",
+            "Handler time per request",
+            ["api"],
+            registry=r,
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.under_replicated = Gauge(
+            "rillet_broker_under_replicated_partitions",
+            "Led partitions with ISR < replicas",
+            registry=r,
+        )
         self.under_replicated.set_function(lambda: float(under_replicated()))
-        self.failed_partitions = Gauge("rillet_broker_failed_partitions",
-                                       "Followed partitions not fetched after an error",
-                                       registry=r)  # fmt: skip
+        self.failed_partitions = Gauge(
+            "rillet_broker_failed_partitions",
+            "Followed partitions not fetched after an error",
+            registry=r,
+        )
         self.failed_partitions.set_function(lambda: float(failed_partitions()))
-        self.idle = Gauge("rillet_broker_request_handler_idle_percent",
-                          "100 * (1 - CPU share of the process)", registry=r)  # fmt: skip
+        self.idle = Gauge(
+            "rillet_broker_request_handler_idle_percent",
+            "100 * (1 - CPU share of the process)",
+            registry=r,
+        )
         self._samples: deque[tuple[float, float, float, float, float]] = deque()
         self._latency_children: dict[str, Histogram] = {}
         self.sample()
@@ -70,16 +97,27 @@ class BrokerMetrics:
     def sample(self) -> None:
         """Take a sample for the rates (the broker calls this about once a second)."""
         now = time.monotonic()
-        self._samples.append((now, time.process_time(), self.total("bytes_in"),
-                              self.total("bytes_out"), self.total("messages_in")))  # fmt: skip
+        self._samples.append(
+            (
+                now,
+                time.process_time(),
+                self.total("bytes_in"),
+                self.total("bytes_out"),
+                self.total("messages_in"),
+            )
+        )
         while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
             self._samples.popleft()
         self.idle.set(self.rates()["request_handler_idle_percent"])
 
     def rates(self) -> dict[str, float]:
         if len(self._samples) < 2:
-            return {"bytes_in_per_sec": 0.0, "bytes_out_per_sec": 0.0,
-                    "messages_in_per_sec": 0.0, "request_handler_idle_percent": 100.0}  # fmt: skip
+            return {
+                "bytes_in_per_sec": 0.0,
+                "bytes_out_per_sec": 0.0,
+                "messages_in_per_sec": 0.0,
+                "request_handler_idle_percent": 100.0,
+            }
         (t0, c0, bi0, bo0, m0), (t1, c1, bi1, bo1, m1) = self._samples[0], self._samples[-1]
         wall = max(t1 - t0, 1e-9)
         return {
@@ -98,10 +136,12 @@ class BrokerMetrics:
         get = self.registry.get_sample_value
         name = "rillet_broker_request_latency_seconds"
         latency = {
-            api: {"count": int(get(f"{name}_count", {"api": api}) or 0),
-                  "sum_s": get(f"{name}_sum", {"api": api}) or 0.0}
+            api: {
+                "count": int(get(f"{name}_count", {"api": api}) or 0),
+                "sum_s": get(f"{name}_sum", {"api": api}) or 0.0,
+            }
             for api in self._latency_children
-        }  # fmt: skip
+        }
         return {
             **self.rates(),
             "bytes_in_total": self.total("bytes_in"),

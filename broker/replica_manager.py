@@ -1,9 +1,10 @@
 """``ReplicaManager``: this broker's partitions, each a local log plus its replication core
 (``PartitionState``), driven from metadata deltas, produce/fetch handlers and a tick.
 
-This is the thin asyncio driver around broker/replication/partition_state.py (DESIGN section 10): it
-feeds the core events (metadata, appends, follower fetches, AlterPartition answers, time)
-and applies the effects each call returns, in order:
+This is the thin asyncio driver around broker/replication/partition_state.py
+(docs/design.md, "Cores and drivers"): it feeds the core events (metadata, appends,
+follower fetches, AlterPartition answers, time) and applies the effects each call returns,
+in order:
 
 | effect | what the driver does |
 |---|---|
@@ -181,9 +182,7 @@ class ReplicaManager:
             replica = self._open(tp, p.topic_id, image)
         state = replica.state
         if p.leader == self.broker_id:
-            effects = state.become_leader(
-                p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now
-            )
+            effects = state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now)
             role = "leader"
         else:
             effects = state.become_follower(
@@ -192,11 +191,20 @@ class ReplicaManager:
             role = f"follower of {p.leader}"
         # Metadata's view and the core's, side by side: they differ when the core kept a
         # newer state (an AlterPartition answer) or ignored this one as stale.
-        logger.info("%s-%d: %s; metadata leader epoch %d, partition epoch %d, isr %s; "
-                    "core leader epoch %d, partition epoch %d, isr %s, pending %s",
-                    tp.topic, tp.partition, role, p.leader_epoch, p.partition_epoch,
-                    list(p.isr), state.leader_epoch, state.partition_epoch, list(state.isr),
-                    _pending_str(state))  # fmt: skip
+        logger.info(
+            "%s-%d: %s; metadata leader epoch %d, partition epoch %d, isr %s; "
+            "core leader epoch %d, partition epoch %d, isr %s, pending %s",
+            tp.topic,
+            tp.partition,
+            role,
+            p.leader_epoch,
+            p.partition_epoch,
+            list(p.isr),
+            state.leader_epoch,
+            state.partition_epoch,
+            list(state.isr),
+            _pending_str(state),
+        )
         self.apply_effects(replica, effects)
         replica.wake()  # waiting fetches re-check their role and epoch
 
@@ -208,10 +216,14 @@ class ReplicaManager:
         # The checkpointed HW, clamped: recovery after kill -9 may have cut the log.
         hw = self._checkpointed_hw.get(tp, 0)
         hw = max(min(hw, log.log_end_offset), log.log_start_offset)
-        state = PartitionState(self.broker_id, log, self.replication, high_watermark=hw,
-                               is_isr_eligible=self.is_isr_eligible)  # fmt: skip
-        replica = Replica(tp.topic, tp.partition, topic_id, log, state,
-                          self._min_isr(topic_config))  # fmt: skip
+        state = PartitionState(
+            self.broker_id,
+            log,
+            self.replication,
+            high_watermark=hw,
+            is_isr_eligible=self.is_isr_eligible,
+        )
+        replica = Replica(tp.topic, tp.partition, topic_id, log, state, self._min_isr(topic_config))
         self.replicas[tp] = replica
         return replica
 
@@ -283,9 +295,13 @@ class ReplicaManager:
                     if future is not None and not future.done():
                         future.set_result(code)
                 case ProposeAlterPartition(_, _, leader_epoch, partition_epoch, new_isr):
-                    logger.info("%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
-                                replica.log.name, list(new_isr), leader_epoch,
-                                partition_epoch)  # fmt: skip
+                    logger.info(
+                        "%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
+                        replica.log.name,
+                        list(new_isr),
+                        leader_epoch,
+                        partition_epoch,
+                    )
                     self._spawn(self._send_alter_partition(replica, effect))
                 case Truncate(offset):
                     replica.log.truncate_to(offset)  # also drops empty epochs at the end
@@ -309,18 +325,28 @@ class ReplicaManager:
         except Exception:  # a bug or a dropped channel: the core resends on its next tick
             logger.exception("%s: AlterPartition failed", replica.log.name)
             response = AlterPartitionResponse(REQUEST_TIMED_OUT)
-        logger.info("%s: AlterPartition answered %s, isr %s, partition epoch %d",
-                    replica.log.name, errors.error_name(response.error_code),
-                    list(response.isr), response.partition_epoch)  # fmt: skip
+        logger.info(
+            "%s: AlterPartition answered %s, isr %s, partition epoch %d",
+            replica.log.name,
+            errors.error_name(response.error_code),
+            list(response.isr),
+            response.partition_epoch,
+        )
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
             state = replica.state
             self.apply_effects(
                 replica, state.on_alter_partition_response(proposal.proposal_id, response)
             )
-            logger.info("%s: after AlterPartition %d: core leader epoch %d, partition epoch "
-                        "%d, isr %s, pending %s", replica.log.name, proposal.proposal_id,
-                        state.leader_epoch, state.partition_epoch, list(state.isr),
-                        _pending_str(state))  # fmt: skip
+            logger.info(
+                "%s: after AlterPartition %d: core leader epoch %d, partition epoch "
+                "%d, isr %s, pending %s",
+                replica.log.name,
+                proposal.proposal_id,
+                state.leader_epoch,
+                state.partition_epoch,
+                list(state.isr),
+                _pending_str(state),
+            )
 
     def is_isr_eligible(self, broker_id: int) -> bool:
         """Registered and unfenced in this broker's image (the core asks before it
@@ -384,9 +410,10 @@ class ReplicaManager:
         """Every open partition's HW, plus checkpointed ones not reopened yet (a broker
         that just started has not heard from metadata which logs it still holds)."""
         entries = {
-            tp: hw for tp, hw in self._checkpointed_hw.items()
+            tp: hw
+            for tp, hw in self._checkpointed_hw.items()
             if tp not in self.replicas and (tp.topic, tp.partition) in self.logs.logs
-        }  # fmt: skip
+        }
         for tp, replica in self.replicas.items():
             entries[tp] = replica.state.high_watermark
         return entries

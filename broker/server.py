@@ -16,7 +16,7 @@ Start-up order (``start``):
 Until step 3 delivers metadata the broker knows no partitions and answers
 UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER, which clients retry.
 
-``stop(controlled=True)`` is the SIGTERM path (DESIGN section 1): ask the controller to
+``stop(controlled=True)`` is the SIGTERM path (docs/design.md, "Processes"): ask the controller to
 move this broker's leaderships away and wait until it has, or
 ``controlled.shutdown.timeout.ms`` passes; then stop serving, fail waiting acks=all
 produces, stop the fetchers, write the high-watermark checkpoint, flush and close every
@@ -87,8 +87,8 @@ class ControllerLink(Protocol):
 
 class BrokerServer:
     def __init__(self, config: BrokerConfig | Config, *, link: ControllerLink | None = None):
-        self.config = config if isinstance(config, BrokerConfig) else BrokerConfig.from_config(
-            config
+        self.config = (
+            config if isinstance(config, BrokerConfig) else BrokerConfig.from_config(config)
         )
         self.node_id = self.config.node_id
         self._link = link
@@ -128,8 +128,9 @@ class BrokerServer:
         self.replicas.load_hw_checkpoint()
         self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
         self.replicas.on_roles_changed = self.fetchers.sync
-        self.metrics = BrokerMetrics(self.replicas.under_replicated_count,
-                                     self.fetchers.failed_count)  # fmt: skip
+        self.metrics = BrokerMetrics(
+            self.replicas.under_replicated_count, self.fetchers.failed_count
+        )
         self.rpc = RpcServer(
             self._handlers(link),
             max_request_bytes=cfg["socket.request.max.bytes"],
@@ -144,8 +145,13 @@ class BrokerServer:
         if on_caught_up is not None:
             on_caught_up(self.replicas.delete_strays)
         await link.start([(BROKER_LISTENER, self.host, self.port)], self.replicas.on_metadata)
-        logger.info("broker %d serving on %s:%d with %d log(s)", self.node_id, self.host,
-                    self.port, len(self.logs.logs))  # fmt: skip
+        logger.info(
+            "broker %d serving on %s:%d with %d log(s)",
+            self.node_id,
+            self.host,
+            self.port,
+            len(self.logs.logs),
+        )
 
     def _start_background_tasks(self, replicas: ReplicaManager) -> list[asyncio.Task]:
         """Each with its policy (docs/broker.md, "Faults"): ticks are fatal (a failed tick

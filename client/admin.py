@@ -91,11 +91,16 @@ class ClusterDescription:
             "cluster_id": self.cluster_id,
             "controller_id": self.controller_id,
             "brokers": [
-                {"id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack,
-                 "fenced": b.node_id in self.fenced}
+                {
+                    "id": b.node_id,
+                    "host": b.host,
+                    "port": b.port,
+                    "rack": b.rack,
+                    "fenced": b.node_id in self.fenced,
+                }
                 for b in self.brokers
             ],
-        }  # fmt: skip
+        }
 
 
 TopicPartitionKey = tuple[str, int]
@@ -118,8 +123,12 @@ class PartitionResult:
         return "NONE" if self.error is None else self.error.name
 
     def as_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "error": self.error_name,
-                "message": None if self.error is None else str(self.error)}  # fmt: skip
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "error": self.error_name,
+            "message": None if self.error is None else str(self.error),
+        }
 
 
 # Reassignment states as seen from metadata (no ListPartitionReassignments API yet).
@@ -166,11 +175,16 @@ class ReassignmentStatus:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "topic": self.topic, "partition": self.partition, "state": self.state,
-            "target": list(self.target), "replicas": list(self.replicas),
-            "isr": list(self.isr), "leader": self.leader,
-            "adding": list(self.adding), "removing": list(self.removing),
-        }  # fmt: skip
+            "topic": self.topic,
+            "partition": self.partition,
+            "state": self.state,
+            "target": list(self.target),
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+            "leader": self.leader,
+            "adding": list(self.adding),
+            "removing": list(self.removing),
+        }
 
 
 class Admin:
@@ -232,11 +246,14 @@ class Admin:
         errors: dict[str, RilletError] = {}
         deadline = time.monotonic() + self.timeout_ms / 1000
         while todo:
-            header = await self._request(schemas.CREATE_TOPICS, {
-                "topics": [_new_topic_fields(t) for t in todo.values()],
-                "timeout_ms": self.timeout_ms,
-                "validate_only": validate_only,
-            })  # fmt: skip
+            header = await self._request(
+                schemas.CREATE_TOPICS,
+                {
+                    "topics": [_new_topic_fields(t) for t in todo.values()],
+                    "timeout_ms": self.timeout_ms,
+                    "validate_only": validate_only,
+                },
+            )
             retry: dict[str, NewTopic] = {}
             for name, code, message, *_ in header["topics"]:
                 if code == 0:
@@ -277,10 +294,13 @@ class Admin:
         wanted = list(names) if names is not None else None
         snap = await self._metadata(wanted)
         missing = {
-            n: error_for(snap.topic_errors.get(n, UnknownTopicOrPartitionError.code),
-                         f"topic {n!r} does not exist")
-            for n in wanted or () if n not in snap.topics
-        }  # fmt: skip
+            n: error_for(
+                snap.topic_errors.get(n, UnknownTopicOrPartitionError.code),
+                f"topic {n!r} does not exist",
+            )
+            for n in wanted or ()
+            if n not in snap.topics
+        }
         if missing:
             raise AdminError("describe topics", missing)
         return [TopicDescription(n, snap.topics[n]) for n in (wanted or sorted(snap.topics))]
@@ -317,9 +337,14 @@ class Admin:
             names = sorted({t for t, _ in wanted} | set(topics or ()))
         else:
             names = sorted(set(topics)) if topics is not None else None
-        header = await self._request(schemas.ELECT_LEADERS, {
-            "election_type": 0, "topics": names, "timeout_ms": self.timeout_ms,
-        })  # fmt: skip
+        header = await self._request(
+            schemas.ELECT_LEADERS,
+            {
+                "election_type": 0,
+                "topics": names,
+                "timeout_ms": self.timeout_ms,
+            },
+        )
         results = _partition_results(header["results"])
         if wanted is None:
             return results
@@ -327,8 +352,11 @@ class Admin:
         out = []
         for topic, partition in wanted:
             r = by_key.get((topic, partition)) or by_key.get((topic, -1))  # -1: whole topic
-            error = r.error if r is not None else UnknownTopicOrPartitionError(
-                f"{topic}-{partition} does not exist")  # fmt: skip
+            error = (
+                r.error
+                if r is not None
+                else UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
+            )
             out.append(PartitionResult(topic, partition, error))
         return out
 
@@ -342,13 +370,16 @@ class Admin:
         AdminError names every partition that was refused, e.g. INVALID_REPLICA_ASSIGNMENT
         or NO_REASSIGNMENT_IN_PROGRESS (keys ``topic-partition``); the others went ahead.
         """
-        items = [[t, p, None if r is None else [int(b) for b in r]]
-                 for (t, p), r in moves.items()]  # fmt: skip
+        items = [[t, p, None if r is None else [int(b) for b in r]] for (t, p), r in moves.items()]
         if not items:
             return
-        header = await self._request(schemas.ALTER_PARTITION_REASSIGNMENTS, {
-            "timeout_ms": self.timeout_ms, "partitions": items,
-        })  # fmt: skip
+        header = await self._request(
+            schemas.ALTER_PARTITION_REASSIGNMENTS,
+            {
+                "timeout_ms": self.timeout_ms,
+                "partitions": items,
+            },
+        )
         errors = {
             f"{r.topic}-{r.partition}": r.error
             for r in _partition_results(header["results"])
@@ -374,11 +405,17 @@ class Admin:
             parts = {p.partition: p for p in snap.topics.get(topic, ())}
             p = parts.get(partition)
             if p is None:
-                raise AdminError("list partition reassignments", {
-                    f"{topic}-{partition}": UnknownTopicOrPartitionError(
-                        f"{topic}-{partition} does not exist")})  # fmt: skip
-            out.append(ReassignmentStatus(topic, partition, tuple(target), p.replicas,
-                                          p.isr, p.leader))  # fmt: skip
+                raise AdminError(
+                    "list partition reassignments",
+                    {
+                        f"{topic}-{partition}": UnknownTopicOrPartitionError(
+                            f"{topic}-{partition} does not exist"
+                        )
+                    },
+                )
+            out.append(
+                ReassignmentStatus(topic, partition, tuple(target), p.replicas, p.isr, p.leader)
+            )
         return out
 
 

@@ -492,9 +492,15 @@ class Consumer:
         for tp in tps:
             epoch = snap.topics[tp.topic][tp.partition].leader_epoch
             by_topic.setdefault(tp.topic, []).append(
-                [tp.partition, self._fetch_positions[tp], -1, epoch, -1,
-                 self.max_partition_fetch_bytes]
-            )  # fmt: skip
+                [
+                    tp.partition,
+                    self._fetch_positions[tp],
+                    -1,
+                    epoch,
+                    -1,
+                    self.max_partition_fetch_bytes,
+                ]
+            )
         fields = {
             "replica_id": -1,
             "max_wait_ms": self.fetch_max_wait_ms,
@@ -521,8 +527,14 @@ class Consumer:
                 if preferred >= 0 and preferred != node:
                     until = time.monotonic() + self.preferred_max_age_s
                     if self._preferred.get(tp, (NO_LEADER, 0.0))[0] != preferred:
-                        log.info("%s-%d: fetching from replica %d (rack %r), not leader %d",
-                                 topic, p, preferred, self.client_rack, node)  # fmt: skip
+                        log.info(
+                            "%s-%d: fetching from replica %d (rack %r), not leader %d",
+                            topic,
+                            p,
+                            preferred,
+                            self.client_rack,
+                            node,
+                        )
                     self._preferred[tp] = (preferred, until)
                 self._accept(tp, data, generations[tp])
 
@@ -550,8 +562,13 @@ class Consumer:
             # stale epoch, even out of range: it may just lag the leader) sends the
             # partition back to the leader at the same position; the leader may name a
             # replica again. Kafka's consumer does the same.
-            log.info("%s-%d: preferred read replica %d answered %s; back to the leader",
-                     tp.topic, tp.partition, node, error_for(code).name)  # fmt: skip
+            log.info(
+                "%s-%d: preferred read replica %d answered %s; back to the leader",
+                tp.topic,
+                tp.partition,
+                node,
+                error_for(code).name,
+            )
             self._refresh_later()
             return
         if code == OffsetOutOfRangeError.code:
@@ -563,8 +580,13 @@ class Consumer:
                     )
                 )
                 return
-            log.info("%s-%d: offset %d out of range, resetting to %s", tp.topic, tp.partition,
-                     self._fetch_positions[tp], self.auto_offset_reset)  # fmt: skip
+            log.info(
+                "%s-%d: offset %d out of range, resetting to %s",
+                tp.topic,
+                tp.partition,
+                self._fetch_positions[tp],
+                self.auto_offset_reset,
+            )
             await self._reset_positions([tp])
             return
         error = error_for(code, f"{tp.topic}-{tp.partition}")

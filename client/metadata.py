@@ -3,7 +3,7 @@
 ``ClusterMetadata`` is an immutable snapshot of one Metadata response (brokers, topics ->
 partitions -> leader and epoch). ``MetadataClient`` owns the current snapshot and one
 pipelined connection per broker (requests are multiplexed on it, so a pool of one is
-enough: DESIGN section 2), and refreshes the snapshot:
+enough: docs/design.md, "Clients"), and refreshes the snapshot:
 
 - on demand (``await refresh()``),
 - when a caller saw a retriable error (``request_update()``, then the next refresh),

@@ -1,7 +1,7 @@
 """The producer: per-partition accumulators, batches encoded in one call, pipelined sends.
 
-Per record the hot path does a call, a partition choice and two list appends (DESIGN
-section 11); everything else happens per batch:
+Per record the hot path does a call, a partition choice and two list appends (docs/design.md,
+"Where the time goes"); everything else happens per batch:
 
 - records go into the partition's open ``_Batch`` (columns: values, keys, ...);
 - a batch is sealed when it reaches ``batch_size`` bytes or has lingered ``linger_ms``,
@@ -79,10 +79,26 @@ class _Batch:
     """An open or sealed batch of one partition; columns grow until it is sealed."""
 
     __slots__ = (
-        "topic", "partition", "values", "keys", "headers", "timestamps", "nbytes",
-        "timestamp_ms", "created", "payload", "count", "seq", "attempts", "deadline",
-        "base_offset", "log_append_time", "error", "future", "done",
-    )  # fmt: skip
+        "topic",
+        "partition",
+        "values",
+        "keys",
+        "headers",
+        "timestamps",
+        "nbytes",
+        "timestamp_ms",
+        "created",
+        "payload",
+        "count",
+        "seq",
+        "attempts",
+        "deadline",
+        "base_offset",
+        "log_append_time",
+        "error",
+        "future",
+        "done",
+    )
 
     def __init__(self, topic: str, partition: int, seq: int, now: float, ts_ms: int) -> None:
         self.topic = topic
@@ -152,8 +168,18 @@ class RecordHandle:
 class _Partition:
     """One partition's queue: the open batch, sealed batches in order, in-flight count."""
 
-    __slots__ = ("topic", "partition", "open", "ready", "in_flight", "muted", "retrying",
-                 "failed", "next_seq", "sealed_at")  # fmt: skip
+    __slots__ = (
+        "topic",
+        "partition",
+        "open",
+        "ready",
+        "in_flight",
+        "muted",
+        "retrying",
+        "failed",
+        "next_seq",
+        "sealed_at",
+    )
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -399,8 +425,9 @@ class Producer:
         t = self._topics.get(topic) or await self._await_topic(topic)
         return t.num_partitions
 
-    async def send_and_wait(self, topic: str, value: Any, key: Any = None, **kw: Any
-                            ) -> RecordMetadata:  # fmt: skip
+    async def send_and_wait(
+        self, topic: str, value: Any, key: Any = None, **kw: Any
+    ) -> RecordMetadata:
         return await self.send(topic, value, key, **kw)
 
     def _append_slow(

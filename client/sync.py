@@ -198,10 +198,12 @@ class SyncAdmin(_SyncBase):
         topics: Iterable[str] | None = None,
         partitions: Iterable[tuple[str, int]] | None = None,
     ) -> list[PartitionResult]:
-        return self._run(self._client.elect_leaders(
-            None if topics is None else list(topics),
-            None if partitions is None else list(partitions),
-        ))  # fmt: skip
+        return self._run(
+            self._client.elect_leaders(
+                None if topics is None else list(topics),
+                None if partitions is None else list(partitions),
+            )
+        )
 
     def alter_partition_reassignments(
         self, moves: Mapping[tuple[str, int], Sequence[int] | None]

@@ -28,22 +28,32 @@ log = logging.getLogger("rillet.controller")
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("controller", help="run a controller quorum node")
     parser.add_argument("--config", help="TOML config file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable)",
+    )
     parser.set_defaults(func=cmd_controller)
 
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+        level=getattr(logging, level.upper(), logging.INFO),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )  # fmt: skip
+    )
 
 
 def print_ready(node_id: int, listeners: Mapping[str, str]) -> None:
     """The node contract's readiness line: one JSON object on stdout, flushed."""
-    line = {"event": "listening", "node_id": node_id, "listeners": dict(listeners),
-            "pid": os.getpid()}  # fmt: skip
+    line = {
+        "event": "listening",
+        "node_id": node_id,
+        "listeners": dict(listeners),
+        "pid": os.getpid(),
+    }
     print(json.dumps(line), flush=True)
 
 

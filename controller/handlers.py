@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from rillet.controller.server import ControllerServer
 
 Handler = Callable[[Request], Awaitable[Response | None]]
-ActiveHandler = Callable[["ControllerServer", QuorumController, dict[str, Any]],
-                         Awaitable[dict[str, Any]]]  # fmt: skip
+ActiveHandler = Callable[
+    ["ControllerServer", QuorumController, dict[str, Any]], Awaitable[dict[str, Any]]
+]
 
 INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
 FETCH_METADATA_MAX_WAIT_MS = 30_000
@@ -57,96 +58,141 @@ def _active(server: ControllerServer, op: ActiveHandler) -> Handler:
 # -- brokers ---------------------------------------------------------------------------
 
 
-async def broker_registration(server: ControllerServer, ctl: QuorumController,
-                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def broker_registration(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     if f["cluster_id"] and server.cluster_id and f["cluster_id"] != server.cluster_id:
-        return {"error_code": INCONSISTENT_CLUSTER_ID, "broker_epoch": -1,
-                "error_message": f"cluster id is {server.cluster_id}, not {f['cluster_id']}"}
+        return {
+            "error_code": INCONSISTENT_CLUSTER_ID,
+            "broker_epoch": -1,
+            "error_message": f"cluster id is {server.cluster_id}, not {f['cluster_id']}",
+        }
     endpoints = [tuple(e) for e in f["listeners"]]
-    records, resp = ctl.register_broker(server.images.pending, f["broker_id"],
-                                        f["incarnation_id"], endpoints, f["rack"],
-                                        monotonic_ms())  # fmt: skip
+    records, resp = ctl.register_broker(
+        server.images.pending,
+        f["broker_id"],
+        f["incarnation_id"],
+        endpoints,
+        f["rack"],
+        monotonic_ms(),
+    )
     await server.commit(records)
-    return {"error_code": resp.error_code, "error_message": resp.error_message,
-            "broker_epoch": resp.broker_epoch}  # fmt: skip
+    return {
+        "error_code": resp.error_code,
+        "error_message": resp.error_message,
+        "broker_epoch": resp.broker_epoch,
+    }
 
 
-async def broker_heartbeat(server: ControllerServer, ctl: QuorumController,
-                           f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def broker_heartbeat(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     records, resp = ctl.broker_heartbeat(
-        server.images.pending, f["broker_id"], f["broker_epoch"],
-        f["current_metadata_offset"], f["want_fence"], f["want_shut_down"], monotonic_ms(),
-    )  # fmt: skip
+        server.images.pending,
+        f["broker_id"],
+        f["broker_epoch"],
+        f["current_metadata_offset"],
+        f["want_fence"],
+        f["want_shut_down"],
+        monotonic_ms(),
+    )
     await server.commit(records)
-    return {"error_code": resp.error_code, "error_message": resp.error_message,
-            "is_caught_up": resp.is_caught_up, "is_fenced": resp.is_fenced,
-            "should_shut_down": resp.should_shut_down}  # fmt: skip
+    return {
+        "error_code": resp.error_code,
+        "error_message": resp.error_message,
+        "is_caught_up": resp.is_caught_up,
+        "is_fenced": resp.is_fenced,
+        "should_shut_down": resp.should_shut_down,
+    }
 
 
-async def controlled_shutdown(server: ControllerServer, ctl: QuorumController,
-                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def controlled_shutdown(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     """Kafka's old API, as a want_shutdown heartbeat: moves leaderships off the broker and
     lists what it still leads. The broker finishes with heartbeats (BrokerLifecycle)."""
-    records, resp = ctl.broker_heartbeat(server.images.pending, f["broker_id"],
-                                         f["broker_epoch"], -1, False, True, monotonic_ms())
+    records, resp = ctl.broker_heartbeat(
+        server.images.pending, f["broker_id"], f["broker_epoch"], -1, False, True, monotonic_ms()
+    )
     await server.commit(records)
     led = server.images.committed.partitions_led_by(f["broker_id"])
-    return {"error_code": resp.error_code,
-            "remaining_partitions": [[t.name, p.partition] for t, p in led]}  # fmt: skip
+    return {
+        "error_code": resp.error_code,
+        "remaining_partitions": [[t.name, p.partition] for t, p in led],
+    }
 
 
 # -- topics and partitions ---------------------------------------------------------------
 
 
-async def create_topics(server: ControllerServer, ctl: QuorumController,
-                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def create_topics(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     topics = [
-        CreatableTopic(name, n, rf, configs,
-                       {p: tuple(b) for p, b in assignments} if assignments else None)
+        CreatableTopic(
+            name, n, rf, configs, {p: tuple(b) for p, b in assignments} if assignments else None
+        )
         for name, n, rf, assignments, configs in f["topics"]
-    ]  # fmt: skip
+    ]
     records, results = ctl.create_topics(server.images.pending, topics, f["validate_only"])
     await server.commit(records)
-    return {"topics": [[r.name, r.error_code, r.error_message or None, r.num_partitions,
-                        r.replication_factor] for r in results]}  # fmt: skip
+    return {
+        "topics": [
+            [r.name, r.error_code, r.error_message or None, r.num_partitions, r.replication_factor]
+            for r in results
+        ]
+    }
 
 
-async def delete_topics(server: ControllerServer, ctl: QuorumController,
-                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def delete_topics(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     records, results = ctl.delete_topics(server.images.pending, list(f["topic_names"]))
     await server.commit(records)
     return {"responses": [[r.name, r.error_code, r.error_message or None] for r in results]}
 
 
-async def alter_partition(server: ControllerServer, ctl: QuorumController,
-                          f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def alter_partition(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     image: MetadataImage = server.images.pending
     records: list[MetadataRecord] = []
     out = []
     for topic, partitions in f["topics"]:
         results = []
         for partition, leader_epoch, new_isr, partition_epoch in partitions:
-            recs, r = ctl.alter_partition(image, f["broker_id"], f["broker_epoch"], topic,
-                                          partition, leader_epoch, partition_epoch, new_isr)
+            recs, r = ctl.alter_partition(
+                image,
+                f["broker_id"],
+                f["broker_epoch"],
+                topic,
+                partition,
+                leader_epoch,
+                partition_epoch,
+                new_isr,
+            )
             if recs:  # a later item of the same request must see this one's effect
                 image = replay_records(image, recs)
                 records += recs
-            results.append([partition, r.error_code, r.leader, r.leader_epoch, list(r.isr),
-                            r.partition_epoch])  # fmt: skip
+            results.append(
+                [partition, r.error_code, r.leader, r.leader_epoch, list(r.isr), r.partition_epoch]
+            )
         out.append([topic, results])
     await server.commit(records)
     return {"error_code": 0, "topics": out}
 
 
-async def elect_leaders(server: ControllerServer, ctl: QuorumController,
-                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def elect_leaders(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     records, results = ctl.elect_preferred_leaders(server.images.pending, f["topics"])
     await server.commit(records)
     return {"error_code": 0, "results": _partition_results(results)}
 
 
-async def alter_partition_reassignments(server: ControllerServer, ctl: QuorumController,
-                                        f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def alter_partition_reassignments(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     moves = [(t, p, tuple(r) if r is not None else None) for t, p, r in f["partitions"]]
     records, results = ctl.reassign_partitions(server.images.pending, moves)
     await server.commit(records)
@@ -160,41 +206,72 @@ def _partition_results(results: list[Any]) -> list[list[Any]]:
 # -- reads ----------------------------------------------------------------------------------
 
 
-async def describe_cluster_op(server: ControllerServer, ctl: QuorumController,
-                              f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    desc = describe_cluster(server.images.committed, server.cluster_id or "", server.node_id,
-                            include_fenced=True)  # fmt: skip
-    return {"error_code": 0, "cluster_id": desc.cluster_id, "controller_id": desc.controller_id,
-            "brokers": [[b.broker_id, b.host, b.port, b.rack, b.fenced]
-                        for b in desc.brokers]}  # fmt: skip
+async def describe_cluster_op(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
+    desc = describe_cluster(
+        server.images.committed, server.cluster_id or "", server.node_id, include_fenced=True
+    )
+    return {
+        "error_code": 0,
+        "cluster_id": desc.cluster_id,
+        "controller_id": desc.controller_id,
+        "brokers": [[b.broker_id, b.host, b.port, b.rack, b.fenced] for b in desc.brokers],
+    }
 
 
-async def metadata(server: ControllerServer, ctl: QuorumController,
-                   f: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+async def metadata(
+    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
+) -> dict[str, Any]:
     """Admin's view of topics, read off the committed image (brokers serve clients)."""
     image = server.images.committed
     desc = describe_cluster(image, server.cluster_id or "", server.node_id)
     topics = describe_topics(image, f["topics"])
     return {
-        "cluster_id": server.cluster_id, "controller_id": server.node_id,
+        "cluster_id": server.cluster_id,
+        "controller_id": server.node_id,
         "brokers": [[b.broker_id, b.host, b.port, b.rack] for b in desc.brokers],
-        "topics": [[t.error_code, t.name, False,
-                    [[p.error_code, p.partition, p.leader, p.leader_epoch, list(p.replicas),
-                      list(p.isr), list(p.offline_replicas)] for p in t.partitions]]
-                   for t in topics],
-    }  # fmt: skip
+        "topics": [
+            [
+                t.error_code,
+                t.name,
+                False,
+                [
+                    [
+                        p.error_code,
+                        p.partition,
+                        p.leader,
+                        p.leader_epoch,
+                        list(p.replicas),
+                        list(p.isr),
+                        list(p.offline_replicas),
+                    ]
+                    for p in t.partitions
+                ],
+            ]
+            for t in topics
+        ],
+    }
 
 
 def describe_quorum(server: ControllerServer) -> Handler:
     async def handle(request: Request) -> Response:
         s = server.status()
-        return Response({
-            "error_code": 0, "node_id": server.node_id, "role": s["role"], "term": s["term"],
-            "leader_id": -1 if s["leader_id"] is None else s["leader_id"],
-            "active": server.active, "cluster_id": server.cluster_id,
-            "commit_index": s["commit_index"], "applied_offset": s["applied_offset"],
-            "snapshot_index": s["snapshot_index"], "last_index": s["last_index"],
-        })  # fmt: skip
+        return Response(
+            {
+                "error_code": 0,
+                "node_id": server.node_id,
+                "role": s["role"],
+                "term": s["term"],
+                "leader_id": -1 if s["leader_id"] is None else s["leader_id"],
+                "active": server.active,
+                "cluster_id": server.cluster_id,
+                "commit_index": s["commit_index"],
+                "applied_offset": s["applied_offset"],
+                "snapshot_index": s["snapshot_index"],
+                "last_index": s["last_index"],
+            }
+        )
 
     return handle
 
@@ -216,16 +293,19 @@ def fetch_metadata(server: ControllerServer) -> Handler:
     async def handle(request: Request) -> Response:
         f = request.fields
         offset = max(f["fetch_offset"], 1)  # Raft indexes start at 1
-        deadline = asyncio.get_running_loop().time() + min(
-            max(f["max_wait_ms"], 0), FETCH_METADATA_MAX_WAIT_MS) / 1000  # fmt: skip
+        deadline = (
+            asyncio.get_running_loop().time()
+            + min(max(f["max_wait_ms"], 0), FETCH_METADATA_MAX_WAIT_MS) / 1000
+        )
         while True:
             if not server.active:
                 return server.not_controller()
             node, committed = server.node, server.images.committed.offset
             if offset <= node.log.snapshot_index and node.snapshot is not None:
                 snap = node.snapshot
-                return _fetch_response(server, {"snapshot_id": [snap.index, snap.term]},
-                                       [snap.data])  # fmt: skip
+                return _fetch_response(
+                    server, {"snapshot_id": [snap.index, snap.term]}, [snap.data]
+                )
             left = deadline - asyncio.get_running_loop().time()
             if offset <= committed or left <= 0:
                 break
@@ -243,15 +323,23 @@ def fetch_metadata(server: ControllerServer) -> Handler:
     return handle
 
 
-def _fetch_response(server: ControllerServer, extra: dict[str, Any],
-                    payload: list[bytes]) -> Response:  # fmt: skip
+def _fetch_response(
+    server: ControllerServer, extra: dict[str, Any], payload: list[bytes]
+) -> Response:
     node = server.node
-    return Response({
-        "error_code": 0, "leader_id": server.node_id, "leader_epoch": node.term,
-        "high_watermark": server.images.committed.offset,
-        "log_start_offset": node.log.snapshot_index + 1, "diverging_epoch": None,
-        "nbytes": sum(len(p) for p in payload), **extra,
-    }, payload)  # fmt: skip
+    return Response(
+        {
+            "error_code": 0,
+            "leader_id": server.node_id,
+            "leader_epoch": node.term,
+            "high_watermark": server.images.committed.offset,
+            "log_start_offset": node.log.snapshot_index + 1,
+            "diverging_epoch": None,
+            "nbytes": sum(len(p) for p in payload),
+            **extra,
+        },
+        payload,
+    )
 
 
 def build_handlers(server: ControllerServer) -> dict[int, Handler]:

@@ -128,36 +128,50 @@ class ControllerServer:
             self.images = PendingImages(decode_snapshot(state.snapshot.data))
             self._learn_cluster_id()
         raft_config = RaftConfig(
-            node_id=self.node_id, voters=tuple(sorted(self.voters)),
+            node_id=self.node_id,
+            voters=tuple(sorted(self.voters)),
             election_timeout_ms=self.config["quorum.election.timeout.ms"],
             heartbeat_interval_ms=self.config["quorum.heartbeat.interval.ms"],
-        )  # fmt: skip
+        )
         self.node = RaftNode(raft_config, state, rng=random.Random(), now_ms=monotonic_ms())
         self.transport = RaftTransport(
-            self.node_id, self.voters, self._on_raft_message,
+            self.node_id,
+            self.voters,
+            self._on_raft_message,
             timeout_ms=self.config["quorum.fetch.timeout.ms"],
-        )  # fmt: skip
+        )
         self.transport.cluster_id = self.cluster_id
         self.driver = RaftDriver(
-            self.node, self.store, self.transport.send, self._apply, self._after_advance,
-            tick_interval_ms=self.config["quorum.tick.interval.ms"], on_failure=self._fail,
-        )  # fmt: skip
+            self.node,
+            self.store,
+            self.transport.send,
+            self._apply,
+            self._after_advance,
+            tick_interval_ms=self.config["quorum.tick.interval.ms"],
+            on_failure=self._fail,
+        )
         from rillet.controller.handlers import build_handlers  # handlers import this module
 
         self.rpc = RpcServer(
-            build_handlers(self), name=f"controller-{self.node_id}",
+            build_handlers(self),
+            name=f"controller-{self.node_id}",
             max_request_bytes=self.config["socket.request.max.bytes"],
             max_connections=self.config["max.connections"],
-        )  # fmt: skip
+        )
         await self.rpc.start(*self.bind_address)
         self.transport.start()
         self.driver.start()
         self._tick_task = loop.create_task(self._controller_ticker(), name="controller-ticker")
         # Policy fatal (for the controller): without it sessions never expire.
         self._tick_task.add_done_callback(self._on_ticker_done)
-        log.info("controller %d: serving on %s with voters %s (snapshot at %d, %d entries)",
-                 self.node_id, self.address, sorted(self.voters), self.node.log.snapshot_index,
-                 len(state.entries))  # fmt: skip
+        log.info(
+            "controller %d: serving on %s with voters %s (snapshot at %d, %d entries)",
+            self.node_id,
+            self.address,
+            sorted(self.voters),
+            self.node.log.snapshot_index,
+            len(state.entries),
+        )
 
     async def stop(self, transfer_leadership: bool = True) -> None:
         """Hand leadership over (TimeoutNow) if leading, then stop everything and flush."""
@@ -177,8 +191,12 @@ class ControllerServer:
         if node.role is not Role.LEADER or not node.progress:
             return
         target = max(node.progress, key=lambda p: node.progress[p].match_index)
-        log.info("controller %d: handing leadership of term %d to %d before stopping",
-                 self.node_id, node.term, target)  # fmt: skip
+        log.info(
+            "controller %d: handing leadership of term %d to %d before stopping",
+            self.node_id,
+            node.term,
+            target,
+        )
         try:
             node.transfer_leadership(target)
         except RilletError:
@@ -225,8 +243,12 @@ class ControllerServer:
         return self.node.leader_id
 
     def status(self) -> dict[str, Any]:
-        return {**self.node.status(), "active": self.active, "cluster_id": self.cluster_id,
-                "applied_offset": self.images.committed.offset}  # fmt: skip
+        return {
+            **self.node.status(),
+            "active": self.active,
+            "cluster_id": self.cluster_id,
+            "applied_offset": self.images.committed.offset,
+        }
 
     # -- Raft plumbing -------------------------------------------------------------
 
@@ -239,8 +261,9 @@ class ControllerServer:
             self.images = PendingImages(decode_snapshot(ready.snapshot.data))
             self._fail_waiters("a snapshot replaced this controller's state")
             self._since_snapshot_records = self._since_snapshot_bytes = 0
-            log.info("controller %d: loaded snapshot at offset %d", self.node_id,
-                     ready.snapshot.index)  # fmt: skip
+            log.info(
+                "controller %d: loaded snapshot at offset %d", self.node_id, ready.snapshot.index
+            )
         entries = []
         for e in ready.committed_entries:
             records = decode_records(e.data) if e.kind == EntryKind.NORMAL else []
@@ -268,25 +291,37 @@ class ControllerServer:
         node = self.node
         if node.leader_id != self._last_leader:
             self._last_leader = node.leader_id
-            log.info("controller %d: quorum leader is now %s (term %d)", self.node_id,
-                     node.leader_id, node.term)  # fmt: skip
+            log.info(
+                "controller %d: quorum leader is now %s (term %d)",
+                self.node_id,
+                node.leader_id,
+                node.term,
+            )
         if node.role is Role.LEADER and self._leader_term != node.term:
             self._leader_term = node.term
             self.active = False
             self.images.reset()
             self.ctl = QuorumController(self.controller_config, rng=random.Random())
         elif node.role is not Role.LEADER and self._leader_term is not None:
-            log.info("controller %d: no longer the active controller (term %d)",
-                     self.node_id, node.term)  # fmt: skip
+            log.info(
+                "controller %d: no longer the active controller (term %d)", self.node_id, node.term
+            )
             self._leader_term, self.active, self.ctl = None, False, None
             self._fail_waiters("leadership lost")
             self.images.reset()
             self._notify_applied()
-        if (node.role is Role.LEADER and not self.active
-                and node.applied_index >= node.term_start_index):  # fmt: skip
+        if (
+            node.role is Role.LEADER
+            and not self.active
+            and node.applied_index >= node.term_start_index
+        ):
             self.active = True
-            log.info("controller %d: active controller for term %d at offset %d",
-                     self.node_id, node.term, self.images.committed.offset)  # fmt: skip
+            log.info(
+                "controller %d: active controller for term %d at offset %d",
+                self.node_id,
+                node.term,
+                self.images.committed.offset,
+            )
             if cluster_id_of(self.images.pending) is None:
                 self._write_cluster_id()
 
@@ -306,17 +341,23 @@ class ControllerServer:
         self._write_meta_properties()
 
     async def _maybe_snapshot(self) -> None:
-        if (self._since_snapshot_records < self.config["metadata.snapshot.max.records"]
-                and self._since_snapshot_bytes < self.config["metadata.snapshot.max.bytes"]):
-            return  # fmt: skip
+        if (
+            self._since_snapshot_records < self.config["metadata.snapshot.max.records"]
+            and self._since_snapshot_bytes < self.config["metadata.snapshot.max.bytes"]
+        ):
+            return
         image = self.images.committed
         if image.offset <= self.node.log.snapshot_index or image.offset > self.node.applied_index:
             return
         snapshot = self.node.compact(image.offset, encode_snapshot(image))
         await asyncio.get_running_loop().run_in_executor(None, self.store.save_snapshot, snapshot)
-        log.info("controller %d: snapshot at offset %d (%d bytes) after %d records",
-                 self.node_id, snapshot.index, len(snapshot.data),
-                 self._since_snapshot_records)  # fmt: skip
+        log.info(
+            "controller %d: snapshot at offset %d (%d bytes) after %d records",
+            self.node_id,
+            snapshot.index,
+            len(snapshot.data),
+            self._since_snapshot_records,
+        )
         self._since_snapshot_records = self._since_snapshot_bytes = 0
 
     # -- proposals and waiting -----------------------------------------------------
@@ -387,12 +428,15 @@ class ControllerServer:
         """NOT_CONTROLLER with where to go instead (leader id, host, port; -1/"" unknown)."""
         leader = self.node.leader_id
         host, port = self.voters.get(leader, ("", -1)) if leader is not None else ("", -1)
-        return Response({
-            "error_code": NOT_CONTROLLER,
-            "error_message": f"controller {self.node_id} is not active; leader: {leader}",
-            "leader_id": -1 if leader is None else leader, "leader_host": host,
-            "leader_port": port,
-        })  # fmt: skip
+        return Response(
+            {
+                "error_code": NOT_CONTROLLER,
+                "error_message": f"controller {self.node_id} is not active; leader: {leader}",
+                "leader_id": -1 if leader is None else leader,
+                "leader_host": host,
+                "leader_port": port,
+            }
+        )
 
     # -- meta.properties ------------------------------------------------------------
 
@@ -406,15 +450,18 @@ class ControllerServer:
     def _check_meta_properties(self) -> None:
         meta = self._read_meta_properties()
         if meta.get("node.id", str(self.node_id)) != str(self.node_id):
-            raise InvalidConfigError(f"{self.log_dir} belongs to node {meta['node.id']}, "
-                                     f"not {self.node_id}")  # fmt: skip
+            raise InvalidConfigError(
+                f"{self.log_dir} belongs to node {meta['node.id']}, not {self.node_id}"
+            )
         self._meta_cluster_id = meta.get("cluster.id")
 
     def _write_meta_properties(self) -> None:
         known = getattr(self, "_meta_cluster_id", None)
         if known and known != self.cluster_id:
-            raise InvalidConfigError(f"{self.log_dir} belongs to cluster {known}, but the "
-                                     f"quorum's cluster id is {self.cluster_id}")  # fmt: skip
+            raise InvalidConfigError(
+                f"{self.log_dir} belongs to cluster {known}, but the "
+                f"quorum's cluster id is {self.cluster_id}"
+            )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.log_dir / (META_PROPERTIES + ".tmp")
         tmp.write_text(f"node.id={self.node_id}\ncluster.id={self.cluster_id}\nversion=1\n")

@@ -38,8 +38,12 @@ WriteBatch = Callable[
 
 
 def write_batch_py(
-    fd: int, data: bytes | bytearray | memoryview, base_offset: int, leader_epoch: int,
-    max_size: int, max_delta: int,
+    fd: int,
+    data: bytes | bytearray | memoryview,
+    base_offset: int,
+    leader_epoch: int,
+    max_size: int,
+    max_delta: int,
 ) -> tuple[int, int, int, int] | None:
     """The pure-Python ``write_batch`` (see the module docstring)."""
     view = memoryview(data)

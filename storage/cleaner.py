@@ -117,8 +117,7 @@ def _latest_offsets(segments: list[LogSegment]) -> dict[object, int]:
 def _batches(seg: LogSegment):
     scanner = BatchScanner(seg.fd, end=seg.size, min_offset=seg.base_offset)
     yield from scanner
-    invariant(scanner.problem is None, f"corrupt closed segment {seg.log_path}: "
-              f"{scanner.problem}")
+    invariant(scanner.problem is None, f"corrupt closed segment {seg.log_path}: {scanner.problem}")
 
 
 def _clean_one(
@@ -152,7 +151,8 @@ def _filter_batch(
     """None when every record stays; else the re-encoded batch (b"" when none stays)."""
     offsets, stamps, keys, values, headers = records.decode_columns(view, 0, h)
     keep = [
-        i for i, (o, k, v) in enumerate(zip(offsets, keys, values, strict=True))
+        i
+        for i, (o, k, v) in enumerate(zip(offsets, keys, values, strict=True))
         if k is None or (latest.get(k) == o and not (v is None and drop_tombstones))
     ]
     if len(keep) == len(offsets):
@@ -195,12 +195,22 @@ def _swap(log, stats: CleanStats) -> None:
         os.replace(r.new.index.path, old.index.path)
         os.replace(r.new.time_index.path, old.time_index.path)
         os.replace(swap, old.log_path)
-        fresh = LogSegment(log.directory, old.base_offset, size=r.new.size, active=False,
-                           index_interval=old.index_interval)
+        fresh = LogSegment(
+            log.directory,
+            old.base_offset,
+            size=r.new.size,
+            active=False,
+            index_interval=old.index_interval,
+        )
         log.replace_segment(old, fresh)
         log.retire([old], files="keep")  # its fd still reads the old bytes for readers
-    logger.info("%s: compacted %d segment(s), rewrote %d, removed %d record(s)",
-                log.name, stats.segments, stats.rewritten, stats.records_removed)
+    logger.info(
+        "%s: compacted %d segment(s), rewrote %d, removed %d record(s)",
+        log.name,
+        stats.segments,
+        stats.rewritten,
+        stats.records_removed,
+    )
 
 
 def _discard(stats: CleanStats) -> None:
@@ -208,4 +218,3 @@ def _discard(stats: CleanStats) -> None:
         if r.changed and r.new is not None and r.new is not r.old:
             for path in r.new.paths():
                 path.unlink(missing_ok=True)
-

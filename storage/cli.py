@@ -15,8 +15,19 @@ from typing import Any
 
 from rillet.storage.dump import FileReport, scan_file, segment_files
 
-COLUMNS = ("position", "base_offset", "last_offset", "leader_epoch", "count", "size",
-           "base_timestamp", "max_timestamp", "compression", "crc", "crc_valid")
+COLUMNS = (
+    "position",
+    "base_offset",
+    "last_offset",
+    "leader_epoch",
+    "count",
+    "size",
+    "base_timestamp",
+    "max_timestamp",
+    "compression",
+    "crc",
+    "crc_valid",
+)
 
 
 def register(subparsers: Any) -> None:
@@ -55,22 +66,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
     reports = [scan_file(p, keep_rows=False) for p in segment_files(args.path)]
     bad = [r.problem for r in reports if r.problem]
     if args.json:
-        json.dump({"ok": not bad, "problems": bad,
-                   "files": [_report_json(r, rows=False) for r in reports]}, sys.stdout)
+        json.dump(
+            {
+                "ok": not bad,
+                "problems": bad,
+                "files": [_report_json(r, rows=False) for r in reports],
+            },
+            sys.stdout,
+        )
         print()
     else:
         for p in bad:
             print(f"CORRUPT {p['file']} at byte {p['position']}: {p['reason']}")
-        print(f"{'FAILED' if bad else 'OK'}: {len(reports)} segment file(s), "
-              f"{sum(r.batches for r in reports)} valid batch(es), "
-              f"{sum(r.records for r in reports)} record(s), "
-              f"{sum(r.bytes for r in reports)} bytes checked")
+        print(
+            f"{'FAILED' if bad else 'OK'}: {len(reports)} segment file(s), "
+            f"{sum(r.batches for r in reports)} valid batch(es), "
+            f"{sum(r.records for r in reports)} record(s), "
+            f"{sum(r.bytes for r in reports)} bytes checked"
+        )
     return 1 if bad else 0
 
 
 def _report_json(r: FileReport, *, rows: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"file": str(r.path), "batches": r.batches, "records": r.records,
-                           "valid_bytes": r.bytes, "problem": r.problem}
+    out: dict[str, Any] = {
+        "file": str(r.path),
+        "batches": r.batches,
+        "records": r.records,
+        "valid_bytes": r.bytes,
+        "problem": r.problem,
+    }
     if rows:
         out["batches_detail"] = r.rows
     return out

@@ -54,8 +54,9 @@ def scan_file(path: Path, *, with_records: bool = False, keep_rows: bool = True)
     return report
 
 
-def batch_row(position: int, h: records.BatchHeader, view: memoryview, with_records: bool
-              ) -> dict[str, Any]:
+def batch_row(
+    position: int, h: records.BatchHeader, view: memoryview, with_records: bool
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "position": position,
         "base_offset": h.base_offset,
@@ -81,8 +82,13 @@ def _records(view: memoryview, h: records.BatchHeader) -> Iterator[dict[str, Any
         yield {"error": str(e)}
         return
     for r in decoded:
-        yield {"offset": r.offset, "timestamp": r.timestamp, "key": _show(r.key),
-               "value": _show(r.value), "headers": r.headers}
+        yield {
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "key": _show(r.key),
+            "value": _show(r.value),
+            "headers": r.headers,
+        }
 
 
 def _bad_row(fd: int, position: int, reason: str) -> dict[str, Any]:
@@ -91,9 +97,13 @@ def _bad_row(fd: int, position: int, reason: str) -> dict[str, Any]:
     raw = os.pread(fd, HEADER_SIZE, position)
     if len(raw) == HEADER_SIZE:
         h = records.read_header(raw)
-        row.update(base_offset=h.base_offset, last_offset=h.last_offset,
-                   leader_epoch=h.partition_leader_epoch, count=h.record_count,
-                   size=h.batch_length + LOG_OVERHEAD)
+        row.update(
+            base_offset=h.base_offset,
+            last_offset=h.last_offset,
+            leader_epoch=h.partition_leader_epoch,
+            count=h.record_count,
+            size=h.batch_length + LOG_OVERHEAD,
+        )
     return row
 
 

@@ -52,7 +52,10 @@ def list_segments(directory: Path, index_interval: int) -> list[LogSegment]:
             name = entry.name
             if len(name) == 24 and name.endswith(".log") and name[:20].isdigit():
                 seg = LogSegment(
-                    directory, int(name[:20]), size=entry.stat().st_size, active=False,
+                    directory,
+                    int(name[:20]),
+                    size=entry.stat().st_size,
+                    active=False,
                     index_interval=index_interval,
                 )
                 segments.append(seg)

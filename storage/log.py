@@ -102,7 +102,10 @@ class Log:
 
     @classmethod
     def open(
-        cls, directory: str | os.PathLike, config: LogConfig | None = None, *,
+        cls,
+        directory: str | os.PathLike,
+        config: LogConfig | None = None,
+        *,
         clock: Clock | None = None,
     ) -> Log:
         """Open (or create) a partition log. Blocks: run it in a thread from a loop."""
@@ -257,8 +260,9 @@ class Log:
                     f"expected >= {expected}"
                 )
             expected = h.next_offset
-            entries.append((h.base_offset, h.last_offset, h.max_timestamp,
-                            h.batch_length + LOG_OVERHEAD))
+            entries.append(
+                (h.base_offset, h.last_offset, h.max_timestamp, h.batch_length + LOG_OVERHEAD)
+            )
         self._write(batches, entries, count)
         for h in headers:
             if h.partition_leader_epoch > self.epochs.latest_epoch:
@@ -284,7 +288,9 @@ class Log:
         return out, count
 
     def _write(
-        self, data: bytes | bytearray | memoryview, entries: list[tuple[int, int, int, int]],
+        self,
+        data: bytes | bytearray | memoryview,
+        entries: list[tuple[int, int, int, int]],
         count: int,
     ) -> None:
         """entries: (base offset, last offset, max timestamp, size) per batch."""
@@ -313,7 +319,10 @@ class Log:
             self.failure = cut_exc
             logger.error(
                 "%s: a write failed (%r) and its partial bytes could not be cut (%r); "
-                "the log is now read-only", self.name, exc, cut_exc,
+                "the log is now read-only",
+                self.name,
+                exc,
+                cut_exc,
             )
 
     def _refuse_write(self) -> None:
@@ -482,8 +491,7 @@ class Log:
     def _check_offset(self, offset: int) -> None:
         if offset < self._log_start or offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
-                f"{self.name}: offset {offset} outside [{self._log_start}, "
-                f"{self.log_end_offset}]"
+                f"{self.name}: offset {offset} outside [{self._log_start}, {self.log_end_offset}]"
             )
 
     def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
@@ -525,8 +533,12 @@ class Log:
         cut = last.truncate_to(offset)
         last.created_ms = self.clock()
         self._after_cut()
-        logger.info("%s: truncated to %d (%d bytes cut from the last segment)",
-                    self.name, self.log_end_offset, cut)
+        logger.info(
+            "%s: truncated to %d (%d bytes cut from the last segment)",
+            self.name,
+            self.log_end_offset,
+            cut,
+        )
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start empty at ``offset`` (a follower far behind)."""

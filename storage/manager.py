@@ -82,8 +82,7 @@ class LogManager:
             elif (tp := parse_partition_dir(entry.name)) is not None:
                 dirs.append((tp, Path(entry.path)))
         with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
-            opened = pool.map(lambda d: Log.open(d[1], self.default_config, clock=self.clock),
-                              dirs)
+            opened = pool.map(lambda d: Log.open(d[1], self.default_config, clock=self.clock), dirs)
             for (tp, _), log in zip(dirs, opened, strict=True):
                 self.logs[tp] = log
         for path in doomed:  # deletes interrupted by a crash

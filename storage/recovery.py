@@ -56,7 +56,8 @@ def _first_to_recover(
 ) -> int | None:
     """Index of the first segment to scan, or None when nothing needs scanning."""
     candidates = [
-        i for i, s in enumerate(segments)
+        i
+        for i, s in enumerate(segments)
         if s.base_offset in rebuild or loading.needs_index_rebuild(s)
     ]
     if not clean:
@@ -81,8 +82,13 @@ def _recover_from(log, segments: list[LogSegment], first: int) -> list[LogSegmen
             logger.warning(
                 "%s: recovery cut %s at byte %d (%s): %d bytes and %d later segment(s) "
                 "removed; log now ends at offset %d",
-                log.name, seg.log_path.name, problem.position, problem.reason, cut,
-                len(dropped), seg.next_offset,
+                log.name,
+                seg.log_path.name,
+                problem.position,
+                problem.reason,
+                cut,
+                len(dropped),
+                seg.next_offset,
             )
             for gone in dropped:
                 gone.close()
@@ -96,8 +102,9 @@ def _recover_from(log, segments: list[LogSegment], first: int) -> list[LogSegmen
             seg.write_indexes(seg.seal(), fsync=True)
             seg.freeze()
     segments[-1].created_ms = log.clock()
-    logger.info("%s: recovered %d segment(s) from %s", log.name, keep - first,
-                segments[first].log_path.name)
+    logger.info(
+        "%s: recovered %d segment(s) from %s", log.name, keep - first, segments[first].log_path.name
+    )
     return segments
 
 
@@ -130,8 +137,9 @@ def _drop_below_start(segments: list[LogSegment], log_start: int) -> list[LogSeg
 
 
 def _new_segment(log, base_offset: int) -> LogSegment:
-    return LogSegment.create(log.directory, base_offset, log.config.index_interval_bytes,
-                             log.clock())
+    return LogSegment.create(
+        log.directory, base_offset, log.config.index_interval_bytes, log.clock()
+    )
 
 
 def _persist_after_load(log, clean: bool) -> None:

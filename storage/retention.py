@@ -56,10 +56,12 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
             return 0
         gone = log.remove_prefix(count)
         start = log.log_start_offset
-        logger.info("%s: %s deleted %d segment(s); log start now %d",
-                    log.name, reason, count, start)
-        await asyncio.get_running_loop().run_in_executor(None, _rename_and_checkpoint, log,
-                                                         gone, start)
+        logger.info(
+            "%s: %s deleted %d segment(s); log start now %d", log.name, reason, count, start
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            None, _rename_and_checkpoint, log, gone, start
+        )
         log.retire(gone, files="renamed")
         return count
 

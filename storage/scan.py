@@ -34,7 +34,12 @@ class BatchScanner:
     """
 
     def __init__(
-        self, fd: int, *, start: int = 0, end: int | None = None, min_offset: int = 0,
+        self,
+        fd: int,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        min_offset: int = 0,
         validate: bool = True,
     ) -> None:
         self.fd = fd

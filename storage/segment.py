@@ -30,13 +30,31 @@ def segment_name(base_offset: int) -> str:
 class LogSegment:
     # Slots: the append hot path reads and writes several of these once per batch.
     __slots__ = (
-        "directory", "base_offset", "size", "index_interval", "log_path", "index", "time_index",
-        "_fd", "_max_timestamp", "next_offset", "last_batch_base", "_created_ms", "created_ns",
-        "_since_index", "_last_indexed_ts",
+        "directory",
+        "base_offset",
+        "size",
+        "index_interval",
+        "log_path",
+        "index",
+        "time_index",
+        "_fd",
+        "_max_timestamp",
+        "next_offset",
+        "last_batch_base",
+        "_created_ms",
+        "created_ns",
+        "_since_index",
+        "_last_indexed_ts",
     )
 
     def __init__(
-        self, directory: Path, base_offset: int, *, size: int, active: bool, index_interval: int,
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        size: int,
+        active: bool,
+        index_interval: int,
         suffix: str = "",
     ) -> None:
         self.directory = directory
@@ -62,7 +80,11 @@ class LogSegment:
         cls, directory: Path, base_offset: int, index_interval: int, now_ms: int, suffix: str = ""
     ) -> LogSegment:
         seg = cls(
-            directory, base_offset, size=0, active=True, index_interval=index_interval,
+            directory,
+            base_offset,
+            size=0,
+            active=True,
+            index_interval=index_interval,
             suffix=suffix,
         )
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND

@@ -19,9 +19,7 @@ ClusterFactory = Callable[..., LocalCluster]
 
 
 @pytest.fixture
-def cluster_factory(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[ClusterFactory]:
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
     made: list[LocalCluster] = []
 
     def make(

@@ -160,10 +160,16 @@ async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
     out: list[Any] = []
     offset = 0
     while True:
-        header, payload = await conn.request("Fetch", {
-            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 22,
-            "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
-        })  # fmt: skip
+        header, payload = await conn.request(
+            "Fetch",
+            {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 22,
+                "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
+            },
+        )
         row = header["topics"][0][1][0]
         assert row[1] == 0, row
         recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]

@@ -31,8 +31,9 @@ LAG_MS = 1000
 SESSION_MS = 2500
 
 
-def replication_cluster(cluster_factory: Callable[..., LocalCluster], **broker_extra: Any
-                        ) -> LocalCluster:  # fmt: skip
+def replication_cluster(
+    cluster_factory: Callable[..., LocalCluster], **broker_extra: Any
+) -> LocalCluster:
     """Brokers shrink the ISR after LAG_MS; controllers fence after SESSION_MS (lag <
     session, so a paused follower leaves the ISR by lag before its session expires)."""
     broker = {
@@ -72,8 +73,9 @@ class Client:
             raise errors.NetworkError(str(e)) from e
         conn = self._conns.get(address)
         if conn is None or conn.closed:
-            conn = await Connection.open(*parse_address(address), connect_timeout_ms=2000,
-                                         request_timeout_ms=15_000)  # fmt: skip
+            conn = await Connection.open(
+                *parse_address(address), connect_timeout_ms=2000, request_timeout_ms=15_000
+            )
             self._conns[address] = conn
         return conn
 
@@ -92,10 +94,12 @@ class Client:
                 last = e
         raise errors.NetworkError(f"no live broker answered {api}: {last}")
 
-    async def create_topic(self, name: str, partitions: int, rf: int,
-                           configs: dict[str, str]) -> None:  # fmt: skip
-        header = await self.any_request("CreateTopics", {
-            "topics": [[name, partitions, rf, [], configs]], "timeout_ms": 20_000})
+    async def create_topic(
+        self, name: str, partitions: int, rf: int, configs: dict[str, str]
+    ) -> None:
+        header = await self.any_request(
+            "CreateTopics", {"topics": [[name, partitions, rf, [], configs]], "timeout_ms": 20_000}
+        )
         assert header["topics"][0][1] == 0, header
 
     async def partitions(self, topic: str) -> dict[int, PartitionInfo]:
@@ -110,14 +114,27 @@ class Client:
             raise errors.error_for(t[0], f"Metadata for {topic!r}")
         return {p[1]: PartitionInfo(p[2], p[3], list(p[4]), list(p[5])) for p in t[3]}
 
-    async def produce(self, leader: int, topic: str, partition: int, values: list[bytes],
-                      acks: int = -1, timeout_ms: int = 5000) -> tuple[int, int]:  # fmt: skip
+    async def produce(
+        self,
+        leader: int,
+        topic: str,
+        partition: int,
+        values: list[bytes],
+        acks: int = -1,
+        timeout_ms: int = 5000,
+    ) -> tuple[int, int]:
         """(error code, base offset) of one batch sent to ``leader``."""
         data = records.encode_batch(values)
-        header, _ = await (await self.conn(leader)).request("Produce", {
-            "acks": acks, "timeout_ms": timeout_ms,
-            "topics": [[topic, [[partition, len(data)]]]],
-        }, data, timeout_ms=timeout_ms + 5000)  # fmt: skip
+        header, _ = await (await self.conn(leader)).request(
+            "Produce",
+            {
+                "acks": acks,
+                "timeout_ms": timeout_ms,
+                "topics": [[topic, [[partition, len(data)]]]],
+            },
+            data,
+            timeout_ms=timeout_ms + 5000,
+        )
         row = header["topics"][0][1][0]
         return row[1], row[2]
 
@@ -194,8 +211,9 @@ class Writer:
         client = Client(self.cluster)
         seq = itertools.count()
         try:
-            await asyncio.gather(*(self._one_partition(client, p, seq)
-                                   for p in range(self.partitions)))  # fmt: skip
+            await asyncio.gather(
+                *(self._one_partition(client, p, seq) for p in range(self.partitions))
+            )
         finally:
             await client.close()
 
@@ -208,8 +226,7 @@ class Writer:
             values = [f"{self.topic}-{p}-{next(seq)}".encode() for _ in range(self.batch)]
             self.sent.update(values)
             try:
-                code, base = await client.produce(leader, self.topic, p, values,
-                                                  self.required_acks)  # fmt: skip
+                code, base = await client.produce(leader, self.topic, p, values, self.required_acks)
             except errors.RilletError as e:
                 code, base = e.code, -1
             if code == errors.NONE:
@@ -253,7 +270,8 @@ def check_acknowledged(cluster: LocalCluster, writer: Writer) -> dict[int, int]:
                     found = by_offset.get(ack.base_offset + i)
                     assert found == value, (
                         f"partition {p}: offset {ack.base_offset + i} holds {found!r}, "
-                        f"acknowledged {value!r}")
+                        f"acknowledged {value!r}"
+                    )
             counts[p] = len(log)
         return counts
 

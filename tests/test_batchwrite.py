@@ -78,8 +78,35 @@ def crc_levels() -> list[int]:
 
 # Folding works in 256-byte turns, then 64-byte ones, then 16; below 256 bytes it is the
 # crc32 instruction alone: every edge of those, and a 16 KiB batch's CRC span.
-EDGES = [0, 1, 7, 8, 9, 15, 16, 17, 255, 256, 257, 271, 272, 319, 320, 321, 511, 512, 513,
-         767, 768, 1023, 1024, 1025, 4096 + 48 + 15, 16214, 16384]
+EDGES = [
+    0,
+    1,
+    7,
+    8,
+    9,
+    15,
+    16,
+    17,
+    255,
+    256,
+    257,
+    271,
+    272,
+    319,
+    320,
+    321,
+    511,
+    512,
+    513,
+    767,
+    768,
+    1023,
+    1024,
+    1025,
+    4096 + 48 + 15,
+    16214,
+    16384,
+]
 
 
 @pytest.mark.parametrize("n", EDGES)
@@ -170,7 +197,11 @@ REFUSED = {
     "flipped record byte": _flip(GOOD, len(GOOD) - 1),
     "length says more": _flip(GOOD, records.LENGTH_POS + 3),
     "no records": records.assemble_batch(
-        b"\x90", attributes=0, record_count=0, last_offset_delta=0, base_timestamp=0,
+        b"\x90",
+        attributes=0,
+        record_count=0,
+        last_offset_delta=0,
+        base_timestamp=0,
         max_timestamp=0,
     ),
 }
@@ -295,8 +326,7 @@ def test_a_failed_append_leaves_no_bytes_behind(tmp_path, monkeypatch, name, bat
     assert os.path.getsize(log.active_segment.log_path) == size
     assert log.append(make_batch(2), 1) == (3, 4)
     offsets = [
-        (h.base_offset, h.last_offset)
-        for _, h in records.iter_batches(log.read_bytes(0, 1 << 20))
+        (h.base_offset, h.last_offset) for _, h in records.iter_batches(log.read_bytes(0, 1 << 20))
     ]
     assert offsets == [(0, 2), (3, 4)]
     log.close()
@@ -324,6 +354,7 @@ def test_a_partial_write_that_cannot_be_cut_makes_the_log_read_only(tmp_path, mo
     with pytest.raises(StorageError, match="failed earlier"):
         log.append(make_batch(2), 1)
     assert os.path.getsize(log.active_segment.log_path) == size + 5  # nothing after them
-    assert [r.value for r in log_records(log)] == [r.value for r in records.decode_all(
-        make_batch(3))]  # what was acknowledged still reads
+    assert [r.value for r in log_records(log)] == [
+        r.value for r in records.decode_all(make_batch(3))
+    ]  # what was acknowledged still reads
     log.close()

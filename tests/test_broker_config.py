@@ -26,8 +26,9 @@ def test_every_key_has_a_doc_line() -> None:
 
 def test_combined_mode_takes_controller_keys(tmp_path: Path) -> None:
     path = tmp_path / "node.toml"
-    path.write_text('"node.id" = 1\n"process.roles" = "broker,controller"\n'
-                    '"metadata.log.dir" = "/tmp/x"\n')  # fmt: skip
+    path.write_text(
+        '"node.id" = 1\n"process.roles" = "broker,controller"\n"metadata.log.dir" = "/tmp/x"\n'
+    )
     config = load_config(str(path), ["listeners=CONTROLLER://127.0.0.1:0,BROKER://127.0.0.1:0"])
     assert config["metadata.log.dir"] == "/tmp/x"
     assert BrokerConfig.from_config(config).roles == {"broker", "controller"}
@@ -35,21 +36,33 @@ def test_combined_mode_takes_controller_keys(tmp_path: Path) -> None:
         load_config(None, ["node.id=1", "metadata.log.dir=/tmp/x"])  # broker-only node
 
 
-@pytest.mark.parametrize("override, match", [
-    ("listeners=CONTROLLER://127.0.0.1:1", "BROKER"),
-    ("listeners=nonsense", "NAME://host:port"),
-    ("process.roles=router", "process.roles"),
-    ("message.max.bytes=-1", "message.max.bytes"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("listeners=CONTROLLER://127.0.0.1:1", "BROKER"),
+        ("listeners=nonsense", "NAME://host:port"),
+        ("process.roles=router", "process.roles"),
+        ("message.max.bytes=-1", "message.max.bytes"),
+    ],
+)
 def test_bad_values_fail_start_up(override: str, match: str) -> None:
     with pytest.raises(InvalidConfigError, match=match):
         BrokerConfig.from_config(broker_config_table().load(None, ["node.id=1", override]))
 
 
 def test_log_defaults_come_from_log_keys() -> None:
-    config = broker_config_table().load(None, ["node.id=1", "log.segment.bytes=4096",
-                                               "log.flush.interval.messages=1",
-                                               "message.max.bytes=2048"])  # fmt: skip
+    config = broker_config_table().load(
+        None,
+        [
+            "node.id=1",
+            "log.segment.bytes=4096",
+            "log.flush.interval.messages=1",
+            "message.max.bytes=2048",
+        ],
+    )
     defaults = BrokerConfig.from_config(config).log_defaults
     assert (defaults.segment_bytes, defaults.flush_messages, defaults.max_message_bytes) == (
-        4096, 1, 2048)
+        4096,
+        1,
+        2048,
+    )

@@ -83,9 +83,13 @@ async def test_expected_to_end_policy_logs_the_exception_at_once(
 
     task = tasks.on_death_log(asyncio.create_task(boom()), "one-shot")
     await asyncio.gather(task, return_exceptions=True)
-    await wait_until_async(lambda: any("one-shot failed" in r.getMessage() or
-                                       (r.exc_info and "one-shot failed" in str(r.exc_info[1]))
-                                       for r in caplog.records))  # fmt: skip
+    await wait_until_async(
+        lambda: any(
+            "one-shot failed" in r.getMessage()
+            or (r.exc_info and "one-shot failed" in str(r.exc_info[1]))
+            for r in caplog.records
+        )
+    )
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.exc_info is not None
     assert fatal.faults == []
@@ -120,8 +124,7 @@ def test_default_fatal_handler_logs_the_traceback_and_exits_non_zero() -> None:
         "    fatal_fault('metadata follower: applying a batch failed', e)\n"
         "print('not reached')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == tasks.FATAL_EXIT_CODE, proc.stderr
     assert "not reached" not in proc.stdout
     assert "FATAL: metadata follower: applying a batch failed" in proc.stderr
@@ -149,8 +152,9 @@ class OneBatchChannel:
         return {"high_watermark": 1}, memoryview(b"")
 
 
-@pytest.mark.parametrize("error", [RuntimeError("listener bug"),
-                                   errors.NotLeaderOrFollowerError("a rillet error")])  # fmt: skip
+@pytest.mark.parametrize(
+    "error", [RuntimeError("listener bug"), errors.NotLeaderOrFollowerError("a rillet error")]
+)
 async def test_metadata_follower_routes_a_listener_failure_to_the_fatal_handler(
     error: Exception,
 ) -> None:
@@ -161,8 +165,12 @@ async def test_metadata_follower_routes_a_listener_failure_to_the_fatal_handler(
     async def listener(delta: Any, image: Any) -> None:
         raise error
 
-    follower = MetadataFollower(OneBatchChannel(), 1, listener=listener,  # type: ignore[arg-type]
-                                on_fatal=faults)  # fmt: skip
+    follower = MetadataFollower(
+        OneBatchChannel(),
+        1,
+        listener=listener,  # type: ignore[arg-type]
+        on_fatal=faults,
+    )
     follower.start()
     try:
         await wait_until_async(lambda: faults.faults)
@@ -192,8 +200,13 @@ async def test_an_unexpected_heartbeat_error_is_fatal(fatal: Recorder) -> None:
                 return {"broker_epoch": 5}, memoryview(b"")
             return {"is_fenced": False}, memoryview(b"")  # fields missing: KeyError
 
-    lifecycle = BrokerLifecycle(BadHeartbeats(), 1, [], lambda: 0,  # type: ignore[arg-type]
-                                heartbeat_interval_ms=10)  # fmt: skip
+    lifecycle = BrokerLifecycle(
+        BadHeartbeats(),
+        1,
+        [],
+        lambda: 0,  # type: ignore[arg-type]
+        heartbeat_interval_ms=10,
+    )
     await lifecycle.start()
     try:
         await wait_until_async(lambda: fatal.faults)
@@ -268,8 +281,9 @@ def test_broker_exits_non_zero_with_the_traceback_when_applying_metadata_fails(
     async def create_topic() -> None:
         conn = await Connection.open(*parse_address(cluster.broker_address(broker_id)))
         try:
-            await conn.request("CreateTopics", {"topics": [["doomed", 1, 1, [], {}]],
-                                                "timeout_ms": 20_000})  # fmt: skip
+            await conn.request(
+                "CreateTopics", {"topics": [["doomed", 1, 1, [], {}]], "timeout_ms": 20_000}
+            )
         except errors.RilletError:
             pass  # the broker may die before it answers
         finally:

@@ -52,8 +52,12 @@ class FakeLink:
     async def start(self, endpoints: list[tuple[str, str, int]], on_metadata: MetadataListener):
         self.on_metadata = on_metadata
         eps = tuple(Endpoint(*e) for e in endpoints)
-        await self.commit([RegisterBroker(self.node_id, uuid.uuid4().hex, 1, eps, None),
-                           UnfenceBroker(self.node_id, 1)])  # fmt: skip
+        await self.commit(
+            [
+                RegisterBroker(self.node_id, uuid.uuid4().hex, 1, eps, None),
+                UnfenceBroker(self.node_id, 1),
+            ]
+        )
 
     async def commit(self, recs: list[MetadataRecord]) -> None:
         delta = MetadataDelta(self.image)
@@ -68,8 +72,10 @@ class FakeLink:
         topic_id = uuid.uuid4().hex
         recs: list[MetadataRecord] = [Topic(name, topic_id)]
         recs += [Config(RESOURCE_TOPIC, name, k.replace("_", "."), v) for k, v in configs.items()]
-        recs += [Partition(topic_id, p, (self.node_id,), (self.node_id,), self.node_id, 0, 0)
-                 for p in range(partitions)]  # fmt: skip
+        recs += [
+            Partition(topic_id, p, (self.node_id,), (self.node_id,), self.node_id, 0, 0)
+            for p in range(partitions)
+        ]
         await self.commit(recs)
 
     def controller_id(self) -> int:
@@ -82,8 +88,9 @@ class FakeLink:
                 if self.image.topic(name) is not None:
                     out.append([name, errors.code_of("TOPIC_ALREADY_EXISTS"), "exists", n, 1])
                     continue
-                await self.create_topic(name, max(n, 1), **{k.replace(".", "_"): v
-                                                            for k, v in configs.items()})
+                await self.create_topic(
+                    name, max(n, 1), **{k.replace(".", "_"): v for k, v in configs.items()}
+                )
                 out.append([name, 0, None, n, 1])
             return {"topics": out, "throttle_time_ms": 0}
         if api == "DeleteTopics":
@@ -111,9 +118,16 @@ class FakeLink:
 
 def broker_config(log_dir: Path, *overrides: str) -> BrokerConfig:
     table = broker_config_table()
-    values = table.load(None, ["node.id=1", "listeners=BROKER://127.0.0.1:0",
-                               f"log.dirs={log_dir}", "replica.tick.interval.ms=20",
-                               *overrides])  # fmt: skip
+    values = table.load(
+        None,
+        [
+            "node.id=1",
+            "listeners=BROKER://127.0.0.1:0",
+            f"log.dirs={log_dir}",
+            "replica.tick.interval.ms=20",
+            *overrides,
+        ],
+    )
     return BrokerConfig.from_config(values)
 
 
@@ -142,8 +156,9 @@ def batch(*values: bytes, ts: int = 1000) -> bytes:
     return records.encode_batch(list(values), timestamp_ms=ts)
 
 
-async def produce(conn: Connection, topic: str, partition: int, data: bytes, acks: int = 1,
-                  timeout_ms: int = 5000) -> list[Any]:  # fmt: skip
+async def produce(
+    conn: Connection, topic: str, partition: int, data: bytes, acks: int = 1, timeout_ms: int = 5000
+) -> list[Any]:
     header, _ = await conn.request(
         "Produce",
         {"acks": acks, "timeout_ms": timeout_ms, "topics": [[topic, [[partition, len(data)]]]]},
@@ -152,14 +167,27 @@ async def produce(conn: Connection, topic: str, partition: int, data: bytes, ack
     return header["topics"][0][1][0]
 
 
-async def fetch(conn: Connection, topic: str, partition: int, offset: int, *,
-                max_wait_ms: int = 0, min_bytes: int = 0, max_bytes: int = 1 << 20,
-                partition_max_bytes: int = 1 << 20) -> tuple[list[Any], bytes]:  # fmt: skip
-    header, payload = await conn.request("Fetch", {
-        "replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes,
-        "max_bytes": max_bytes,
-        "topics": [[topic, [[partition, offset, -1, -1, 0, partition_max_bytes]]]],
-    })  # fmt: skip
+async def fetch(
+    conn: Connection,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 0,
+    max_bytes: int = 1 << 20,
+    partition_max_bytes: int = 1 << 20,
+) -> tuple[list[Any], bytes]:
+    header, payload = await conn.request(
+        "Fetch",
+        {
+            "replica_id": -1,
+            "max_wait_ms": max_wait_ms,
+            "min_bytes": min_bytes,
+            "max_bytes": max_bytes,
+            "topics": [[topic, [[partition, offset, -1, -1, 0, partition_max_bytes]]]],
+        },
+    )
     return header["topics"][0][1][0], bytes(payload)
 
 
@@ -219,8 +247,9 @@ async def test_acks_zero_sends_no_response_and_acks_all_single_replica(broker, c
     _, link = broker
     await link.create_topic("acks")
     data = batch(b"zero")
-    conn.send_oneway("Produce", {"acks": 0, "timeout_ms": 1000,
-                                 "topics": [["acks", [[0, len(data)]]]]}, data)  # fmt: skip
+    conn.send_oneway(
+        "Produce", {"acks": 0, "timeout_ms": 1000, "topics": [["acks", [[0, len(data)]]]]}, data
+    )
     r = await produce(conn, "acks", 0, batch(b"all"), acks=-1)
     assert r[:3] == [0, 0, 1]  # the acks=0 batch came first and got no answer
     _, payload = await fetch(conn, "acks", 0, 0)
@@ -241,9 +270,7 @@ async def test_produce_errors_per_partition(broker, conn) -> None:
     corrupt = bytearray(batch(b"z"))
     corrupt[-1] ^= 0xFF
     assert (await produce(conn, "e", 0, bytes(corrupt)))[1] == code("CORRUPT_MESSAGE")
-    assert (await produce(conn, "isr2", 0, batch(b"w"), acks=-1))[1] == code(
-        "NOT_ENOUGH_REPLICAS"
-    )
+    assert (await produce(conn, "isr2", 0, batch(b"w"), acks=-1))[1] == code("NOT_ENOUGH_REPLICAS")
     assert (await produce(conn, "isr2", 0, batch(b"w"), acks=1))[1] == 0
     assert (await produce(conn, "e", 0, batch(b"x"), acks=2))[1] == code("INVALID_REQUIRED_ACKS")
     # Nothing bad was written: the only record is the good one.
@@ -253,12 +280,14 @@ async def test_produce_errors_per_partition(broker, conn) -> None:
 async def test_not_leader_when_another_broker_leads(broker, conn) -> None:
     _, link = broker
     topic_id = uuid.uuid4().hex
-    await link.commit([
-        RegisterBroker(2, "other", 5, (Endpoint("BROKER", "127.0.0.1", 1),), None),
-        Topic("theirs", topic_id),
-        Partition(topic_id, 0, (2, 1), (2, 1), 2, 3, 0),
-        Partition(topic_id, 1, (2,), (2,), 2, 0, 0),
-    ])  # fmt: skip
+    await link.commit(
+        [
+            RegisterBroker(2, "other", 5, (Endpoint("BROKER", "127.0.0.1", 1),), None),
+            Topic("theirs", topic_id),
+            Partition(topic_id, 0, (2, 1), (2, 1), 2, 3, 0),
+            Partition(topic_id, 1, (2,), (2,), 2, 0, 0),
+        ]
+    )
     code = errors.code_of("NOT_LEADER_OR_FOLLOWER")
     assert (await produce(conn, "theirs", 0, batch(b"x")))[1] == code  # we follow it
     assert (await produce(conn, "theirs", 1, batch(b"x")))[1] == code  # not a replica
@@ -303,8 +332,9 @@ async def test_list_offsets(broker, conn) -> None:
 
 async def test_metadata_describe_create_delete(broker, conn) -> None:
     server, link = broker
-    header, _ = await conn.request("CreateTopics", {
-        "topics": [["made", 3, 1, [], {}]], "timeout_ms": 5000})  # fmt: skip
+    header, _ = await conn.request(
+        "CreateTopics", {"topics": [["made", 3, 1, [], {}]], "timeout_ms": 5000}
+    )
     assert header["topics"][0][1] == 0
     header, _ = await conn.request("Metadata", {"topics": None})
     assert header["brokers"] == [[1, "127.0.0.1", server.port, None]]
@@ -312,8 +342,9 @@ async def test_metadata_describe_create_delete(broker, conn) -> None:
     (topic,) = header["topics"]
     assert topic[0] == 0 and topic[1] == "made"
     assert [p[1:6] for p in topic[3]] == [[i, 1, 0, [1], [1]] for i in range(3)]
-    header, _ = await conn.request("Metadata", {"topics": ["ghost"],
-                                                "allow_auto_topic_creation": True})
+    header, _ = await conn.request(
+        "Metadata", {"topics": ["ghost"], "allow_auto_topic_creation": True}
+    )
     assert header["topics"][0][0] == errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")  # off
     header, _ = await conn.request("DescribeCluster", {})
     assert header["brokers"] == [[1, "127.0.0.1", server.port, None, False]]

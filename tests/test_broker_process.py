@@ -43,11 +43,18 @@ async def create_topic(conn: Connection, name: str, partitions: int = 1) -> None
     assert header["topics"][0][1] == 0, header
 
 
-async def produce(conn: Connection, topic: str, data: bytes, acks: int = 1,
-                  partition: int = 0) -> list[Any]:  # fmt: skip
-    header, _ = await conn.request("Produce", {
-        "acks": acks, "timeout_ms": 10_000, "topics": [[topic, [[partition, len(data)]]]],
-    }, data)  # fmt: skip
+async def produce(
+    conn: Connection, topic: str, data: bytes, acks: int = 1, partition: int = 0
+) -> list[Any]:
+    header, _ = await conn.request(
+        "Produce",
+        {
+            "acks": acks,
+            "timeout_ms": 10_000,
+            "topics": [[topic, [[partition, len(data)]]]],
+        },
+        data,
+    )
     return header["topics"][0][1][0]
 
 
@@ -66,10 +73,18 @@ def test_round_trip_long_poll_and_acks(cluster_factory) -> None:
         await create_topic(conn, "events", 2)
         header, _ = await conn.request("Metadata", {"topics": ["events"]})
         assert [p[2] for p in header["topics"][0][3]] == [1, 1]  # broker 1 leads both
-        waiting = asyncio.ensure_future(conn.request("Fetch", {
-            "replica_id": -1, "max_wait_ms": 20_000, "min_bytes": 1, "max_bytes": 1 << 20,
-            "topics": [["events", [[1, 0, -1, -1, 0, 1 << 20]]]],
-        }))  # fmt: skip
+        waiting = asyncio.ensure_future(
+            conn.request(
+                "Fetch",
+                {
+                    "replica_id": -1,
+                    "max_wait_ms": 20_000,
+                    "min_bytes": 1,
+                    "max_bytes": 1 << 20,
+                    "topics": [["events", [[1, 0, -1, -1, 0, 1 << 20]]]],
+                },
+            )
+        )
         other = await Connection.open(conn.host, conn.port)
         try:
             data = records.encode_batch([b"zero"])
@@ -93,7 +108,8 @@ def test_errors_through_the_socket_and_garbage_frames(cluster_factory) -> None:
     async def body(conn: Connection) -> None:
         await create_topic(conn, "t")
         assert (await produce(conn, "nope", records.encode_batch([b"x"])))[1] == code(
-            "UNKNOWN_TOPIC_OR_PARTITION")
+            "UNKNOWN_TOPIC_OR_PARTITION"
+        )
         big = records.encode_batch([b"x" * 10_000])
         assert (await produce(conn, "t", big))[1] == code("MESSAGE_TOO_LARGE")
         bad = bytearray(records.encode_batch([b"y"]))
@@ -103,8 +119,12 @@ def test_errors_through_the_socket_and_garbage_frames(cluster_factory) -> None:
 
     run(cluster, 1, body)
     host, port = parse_address(cluster.broker_address(1))
-    for garbage in (b"\x00\x00\x00\x02ab", struct.pack(">II", 1 << 30, 4), b"\xff" * 64,
-                    struct.pack(">II", 9, 5) + b"\xc1\xc1\xc1\xc1\xc1"):  # fmt: skip
+    for garbage in (
+        b"\x00\x00\x00\x02ab",
+        struct.pack(">II", 1 << 30, 4),
+        b"\xff" * 64,
+        struct.pack(">II", 9, 5) + b"\xc1\xc1\xc1\xc1\xc1",
+    ):
         send_and_drain(host, port, garbage)
 
     async def still_serving(conn: Connection) -> list[bytes]:
@@ -129,8 +149,9 @@ def test_wrong_leader_answers_not_leader(cluster_factory) -> None:
     cluster = cluster_factory(controllers=1, brokers=2)
 
     async def body(conn: Connection) -> tuple[int, int]:
-        header, _ = await conn.request("CreateTopics", {
-            "topics": [["placed", -1, -1, [[0, [2]]], {}]], "timeout_ms": 20_000})  # fmt: skip
+        header, _ = await conn.request(
+            "CreateTopics", {"topics": [["placed", -1, -1, [[0, [2]]], {}]], "timeout_ms": 20_000}
+        )
         assert header["topics"][0][1] == 0, header
         header, _ = await conn.request("Metadata", {"topics": ["placed"]})
         leader = header["topics"][0][3][0][2]

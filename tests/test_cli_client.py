@@ -17,8 +17,12 @@ def rillet(cluster, *args: str, stdin: str | None = None, ok: bool = True):  # n
     env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
     proc = subprocess.run(
         [sys.executable, "-m", "rillet.client.cli", *args],
-        input=stdin, capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -29,21 +33,35 @@ def json_out(proc) -> dict:  # noqa: ANN001
 
 
 def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
-    created = json_out(rillet(cluster, "topic", "create", "cli", "--partitions", "3",
-                              "--replication-factor", "3", "--config", "retention.ms=600000",
-                              "--json"))  # fmt: skip
+    created = json_out(
+        rillet(
+            cluster,
+            "topic",
+            "create",
+            "cli",
+            "--partitions",
+            "3",
+            "--replication-factor",
+            "3",
+            "--config",
+            "retention.ms=600000",
+            "--json",
+        )
+    )
     assert created["created"] == "cli"
     assert "cli" in json_out(rillet(cluster, "topic", "list", "--json"))["topics"]
     (topic,) = json_out(rillet(cluster, "topic", "describe", "cli", "--json"))["topics"]
     assert len(topic["partitions"]) == 3
-    assert all(len(p["replicas"]) == 3 and p["leader"] in p["replicas"]
-               for p in topic["partitions"])  # fmt: skip
+    assert all(
+        len(p["replicas"]) == 3 and p["leader"] in p["replicas"] for p in topic["partitions"]
+    )
     human = rillet(cluster, "topic", "describe", "cli").stdout
     assert "PartitionCount: 3" in human and "Isr" in human
 
     lines = "".join(f"k{i % 5}:v{i}\n" for i in range(50))
-    sent = json_out(rillet(cluster, "produce", "cli", "--key-separator", ":", "--json",
-                           stdin=lines))  # fmt: skip
+    sent = json_out(
+        rillet(cluster, "produce", "cli", "--key-separator", ":", "--json", stdin=lines)
+    )
     assert sent == {"topic": "cli", "records": 50}
     out = rillet(cluster, "consume", "cli", "--from-beginning", "--max-messages", "50", "--json")
     recs = [json.loads(line) for line in out.stdout.splitlines()]
@@ -51,16 +69,41 @@ def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
     assert all(r["key"] == f"k{int(r['value'][1:]) % 5}" for r in recs)
 
     part, offset = recs[0]["partition"], recs[0]["offset"]
-    one = rillet(cluster, "consume", "cli", "--partition", str(part), "--offset", str(offset),
-                 "--max-messages", "1", "--json")  # fmt: skip
+    one = rillet(
+        cluster,
+        "consume",
+        "cli",
+        "--partition",
+        str(part),
+        "--offset",
+        str(offset),
+        "--max-messages",
+        "1",
+        "--json",
+    )
     assert json.loads(one.stdout)["offset"] == offset
 
-    perf = json_out(rillet(cluster, "perf", "produce", "--topic", "cli", "--num-records",
-                           "20000", "--record-size", "100", "--acks", "1", "--json"))  # fmt: skip
+    perf = json_out(
+        rillet(
+            cluster,
+            "perf",
+            "produce",
+            "--topic",
+            "cli",
+            "--num-records",
+            "20000",
+            "--record-size",
+            "100",
+            "--acks",
+            "1",
+            "--json",
+        )
+    )
     assert perf["records"] == 20000 and perf["records_per_s"] > 0
     assert perf["latency_ms"]["p50"] <= perf["latency_ms"]["p99"] <= perf["latency_ms"]["max"]
-    got = json_out(rillet(cluster, "perf", "consume", "--topic", "cli", "--num-records",
-                          "20050", "--json"))  # fmt: skip
+    got = json_out(
+        rillet(cluster, "perf", "consume", "--topic", "cli", "--num-records", "20050", "--json")
+    )
     assert got["records"] >= 20050 and got["peak_rss_mb"] > 0
 
     assert json_out(rillet(cluster, "topic", "delete", "cli", "--json")) == {"deleted": "cli"}

@@ -32,9 +32,14 @@ async def test_keyed_records_round_trip_and_leader_change(cluster) -> None:  # n
         await admin.create_topics([NewTopic("keyed", 6, 3)])
     async with (
         Producer(cluster.bootstrap, retry_backoff_ms=50) as producer,
-        Consumer("keyed", bootstrap=cluster.bootstrap, from_beginning=True,
-                 retry_backoff_ms=50, fetch_max_wait_ms=100) as consumer,
-    ):  # fmt: skip
+        Consumer(
+            "keyed",
+            bootstrap=cluster.bootstrap,
+            from_beginning=True,
+            retry_backoff_ms=50,
+            fetch_max_wait_ms=100,
+        ) as consumer,
+    ):
         for i in range(N_RECORDS):
             key = b"key-%d" % (i % N_KEYS)
             await producer.produce("keyed", b"%d" % (i // N_KEYS), key)
@@ -77,8 +82,9 @@ def check_keyed_order(records: list, per_key: int, topic: str = "keyed") -> None
 
 
 async def read_all(bootstrap: str, topic: str, n: int) -> list:
-    async with Consumer(topic, bootstrap=bootstrap, from_beginning=True,
-                        retry_backoff_ms=50, fetch_max_wait_ms=100) as consumer:  # fmt: skip
+    async with Consumer(
+        topic, bootstrap=bootstrap, from_beginning=True, retry_backoff_ms=50, fetch_max_wait_ms=100
+    ) as consumer:
         return await consume_exactly(consumer, n)
 
 

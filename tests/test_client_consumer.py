@@ -69,8 +69,7 @@ async def test_latest_skips_old_records(fake: FakeCluster) -> None:
 
 async def test_getmany_max_records_and_seek(fake: FakeCluster) -> None:
     await fill(fake, 100)
-    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap,
-                        from_beginning=True) as c:  # fmt: skip
+    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True) as c:
         got = await c.getmany(timeout_ms=5000, max_records=7)
         assert [r.offset for r in got[TopicPartition("t", 0)]] == list(range(7))
         assert c.position(("t", 0)) == 7
@@ -84,8 +83,13 @@ async def test_getmany_max_records_and_seek(fake: FakeCluster) -> None:
 
 async def test_prefetch_is_bounded(fake: FakeCluster) -> None:
     await fill(fake, 20_000)
-    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True,
-                        max_partition_fetch_bytes=4096, fetch_max_wait_ms=10) as c:  # fmt: skip
+    async with Consumer(
+        assignment=[("t", 0)],
+        bootstrap=fake.bootstrap,
+        from_beginning=True,
+        max_partition_fetch_bytes=4096,
+        fetch_max_wait_ms=10,
+    ) as c:
         await consume(c, 1)
         await c.getmany(timeout_ms=100, max_records=1)
         assert c._buffered_chunks[TopicPartition("t", 0)] <= 2
@@ -94,8 +98,13 @@ async def test_prefetch_is_bounded(fake: FakeCluster) -> None:
 
 async def test_follows_a_leader_change(fake: FakeCluster) -> None:
     await fill(fake, 100)
-    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True,
-                        retry_backoff_ms=5, fetch_max_wait_ms=50) as c:  # fmt: skip
+    async with Consumer(
+        assignment=[("t", 0)],
+        bootstrap=fake.bootstrap,
+        from_beginning=True,
+        retry_backoff_ms=5,
+        fetch_max_wait_ms=50,
+    ) as c:
         assert len(await consume(c, 100)) == 100
         fake.move_leader("t", 0, 3)
         await fill(fake, 50)
@@ -105,12 +114,17 @@ async def test_follows_a_leader_change(fake: FakeCluster) -> None:
 
 async def test_offset_out_of_range_resets_or_raises(fake: FakeCluster) -> None:
     await fill(fake, 10)
-    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap,
-                        auto_offset_reset="earliest") as c:  # fmt: skip
+    async with Consumer(
+        assignment=[("t", 0)], bootstrap=fake.bootstrap, auto_offset_reset="earliest"
+    ) as c:
         c.seek(("t", 0), 1000)
         assert (await consume(c, 1))[0].offset == 0
-    async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap,
-                        from_beginning=True, auto_offset_reset="none") as c:  # fmt: skip
+    async with Consumer(
+        assignment=[("t", 0)],
+        bootstrap=fake.bootstrap,
+        from_beginning=True,
+        auto_offset_reset="none",
+    ) as c:
         c.seek(("t", 0), 1000)
         with pytest.raises(OffsetOutOfRangeError):
             await consume(c, 1)
@@ -118,8 +132,7 @@ async def test_offset_out_of_range_resets_or_raises(fake: FakeCluster) -> None:
 
 async def test_async_iteration(fake: FakeCluster) -> None:
     await fill(fake, 30, partition=2)
-    async with Consumer(assignment=[("t", 2)], bootstrap=fake.bootstrap,
-                        from_beginning=True) as c:  # fmt: skip
+    async with Consumer(assignment=[("t", 2)], bootstrap=fake.bootstrap, from_beginning=True) as c:
         seen = []
         async for r in c:
             seen.append(r.offset)
@@ -174,4 +187,8 @@ async def test_sync_facade(fake: FakeCluster) -> None:
 
     # The fake cluster runs on this test's loop: the facade's own loop is another thread.
     assert await asyncio.get_running_loop().run_in_executor(None, work) == [
-        b"one", b"two", b"three", b"four"]  # fmt: skip
+        b"one",
+        b"two",
+        b"three",
+        b"four",
+    ]

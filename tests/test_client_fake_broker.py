@@ -117,11 +117,25 @@ class FakeCluster:
             if parts is None:
                 out.append([3, name, False, []])
                 continue
-            out.append([0, name, False, [
-                [0, i, p.leader, p.epoch, p.replicas, p.replicas, []] for i, p in enumerate(parts)
-            ]])  # fmt: skip
-        return Response({"cluster_id": CLUSTER_ID, "controller_id": 101,
-                         "brokers": self._brokers(), "topics": out})  # fmt: skip
+            out.append(
+                [
+                    0,
+                    name,
+                    False,
+                    [
+                        [0, i, p.leader, p.epoch, p.replicas, p.replicas, []]
+                        for i, p in enumerate(parts)
+                    ],
+                ]
+            )
+        return Response(
+            {
+                "cluster_id": CLUSTER_ID,
+                "controller_id": 101,
+                "brokers": self._brokers(),
+                "topics": out,
+            }
+        )
 
     def _produce(self, node: int, request: Request) -> Response | None:
         self.produce_requests += 1

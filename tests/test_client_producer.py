@@ -104,8 +104,9 @@ async def test_isolated_failures_keep_order_with_one_in_flight_per_partition(
     # a later batch overtake the retried one with several in flight; one in flight
     # per partition rules it out.
     fake.topics["t"][1].inject = [NotLeaderOrFollowerError.code] * 3
-    async with Producer(fake.bootstrap, batch_size=256, retry_backoff_ms=1,
-                        max_in_flight_per_partition=1) as p:  # fmt: skip
+    async with Producer(
+        fake.bootstrap, batch_size=256, retry_backoff_ms=1, max_in_flight_per_partition=1
+    ) as p:
         for i in range(300):
             await p.produce("t", b"%05d" % i, partition=1)
         await p.flush()

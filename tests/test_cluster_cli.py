@@ -40,9 +40,18 @@ def data_dir(tmp_path: Path):
 
 def test_detached_cluster_is_managed_through_its_data_dir(data_dir: Path) -> None:
     up = rillet(
-        "cluster", "up", "--detach", "--json", "--ephemeral-ports",
-        "--controllers", "1", "--brokers", "2", "--data-dir", str(data_dir),
-    )  # fmt: skip
+        "cluster",
+        "up",
+        "--detach",
+        "--json",
+        "--ephemeral-ports",
+        "--controllers",
+        "1",
+        "--brokers",
+        "2",
+        "--data-dir",
+        str(data_dir),
+    )
     info = json.loads(up.stdout)
     assert len(info["bootstrap"].split(",")) == 2
     assert states(data_dir) == {1: "unfenced", 2: "unfenced", 101: "active controller"}

@@ -29,8 +29,14 @@ def node_config(service: dict):  # noqa: ANN201
     return role, table.load(None, overrides)
 
 
-@pytest.mark.parametrize("name", [n for n, s in services().items() if "command" in s
-                                  and s["command"][0] in ("broker", "controller")])
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        for n, s in services().items()
+        if "command" in s and s["command"][0] in ("broker", "controller")
+    ],
+)
 def test_every_node_command_is_a_valid_config(name: str) -> None:
     role, config = node_config(services()[name])
     listeners = parse_listeners(config["listeners"])
@@ -40,13 +46,19 @@ def test_every_node_command_is_a_valid_config(name: str) -> None:
 
 
 def test_quorum_voters_are_the_controller_services() -> None:
-    nodes = [node_config(s) for s in services().values() if s.get("command", [""])[0]
-             in ("broker", "controller")]
+    nodes = [
+        node_config(s)
+        for s in services().values()
+        if s.get("command", [""])[0] in ("broker", "controller")
+    ]
     voter_sets = {config["controller.quorum.voters"] for _, config in nodes}
     assert len(voter_sets) == 1
     voters = parse_voters(voter_sets.pop())
-    controllers = {c["node.id"]: parse_listeners(c["listeners"])["CONTROLLER"]
-                   for role, c in nodes if role == "controller"}
+    controllers = {
+        c["node.id"]: parse_listeners(c["listeners"])["CONTROLLER"]
+        for role, c in nodes
+        if role == "controller"
+    }
     assert voters == controllers
     ids = [c["node.id"] for _, c in nodes]
     assert len(ids) == len(set(ids)) == 6
@@ -54,6 +66,9 @@ def test_quorum_voters_are_the_controller_services() -> None:
 
 def test_client_bootstrap_names_every_broker() -> None:
     bootstrap = services()["client"]["environment"]["RILLET_BOOTSTRAP"].split(",")
-    brokers = {f"{s['hostname']}:9092" for s in services().values()
-               if s.get("command", [""])[0] == "broker"}
+    brokers = {
+        f"{s['hostname']}:9092"
+        for s in services().values()
+        if s.get("command", [""])[0] == "broker"
+    }
     assert set(bootstrap) == brokers

@@ -41,10 +41,15 @@ def test_defaults() -> None:
 
 
 def test_toml_flat_and_nested_then_overrides_win(tmp_path: Path) -> None:
-    path = write(tmp_path, '"node.id" = 3\nlog.dirs = ["/a", "/b"]\n[log.segment]\nbytes = 1024\n'
-                 '[replica.lag]\nfactor = 2\n')  # fmt: skip
-    config = TABLE.load(path, ["node.id=7", "unclean.leader.election.enable=true",
-                               "broker.rack = r1", "log.dirs=/x,/y"])  # fmt: skip
+    path = write(
+        tmp_path,
+        '"node.id" = 3\nlog.dirs = ["/a", "/b"]\n[log.segment]\nbytes = 1024\n'
+        "[replica.lag]\nfactor = 2\n",
+    )
+    config = TABLE.load(
+        path,
+        ["node.id=7", "unclean.leader.election.enable=true", "broker.rack = r1", "log.dirs=/x,/y"],
+    )
     assert config["node.id"] == 7
     assert config["log.segment.bytes"] == 1024
     assert config["unclean.leader.election.enable"] is True
@@ -55,7 +60,10 @@ def test_toml_flat_and_nested_then_overrides_win(tmp_path: Path) -> None:
 
 def test_unknown_key_in_file_is_an_error_with_a_hint(tmp_path: Path) -> None:
     path = write(tmp_path, '"log.segment.byte" = 5\n')
-    with pytest.raises(InvalidConfigError, match=r"unknown key log.segment.byte \(did you mean log.segment.bytes\?\)"):  # noqa: E501
+    with pytest.raises(
+        InvalidConfigError,
+        match=r"unknown key log.segment.byte \(did you mean log.segment.bytes\?\)",
+    ):  # noqa: E501
         TABLE.load(path)
 
 

@@ -26,10 +26,15 @@ class Voter:
 
     async def handle(self, request: Request) -> Response:
         self.requests += 1
-        return Response({
-            "error_code": NotControllerError.code, "error_message": "not active",
-            "leader_id": self.points_to, "leader_host": "", "leader_port": -1,
-        })  # fmt: skip
+        return Response(
+            {
+                "error_code": NotControllerError.code,
+                "error_message": "not active",
+                "leader_id": self.points_to,
+                "leader_host": "",
+                "leader_port": -1,
+            }
+        )
 
 
 @pytest.fixture

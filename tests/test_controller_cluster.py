@@ -62,10 +62,13 @@ class Quorum:
 
     def start(self, node: int) -> None:
         sets = {
-            "node.id": node, "controller.quorum.voters": self.voters,
-            "metadata.log.dir": self.log_dir(node), "metadata.snapshot.max.records": SNAPSHOT_EVERY,
-            "broker.session.timeout.ms": 1500, "broker.heartbeat.interval.ms": 200,
-        }  # fmt: skip
+            "node.id": node,
+            "controller.quorum.voters": self.voters,
+            "metadata.log.dir": self.log_dir(node),
+            "metadata.snapshot.max.records": SNAPSHOT_EVERY,
+            "broker.session.timeout.ms": 1500,
+            "broker.heartbeat.interval.ms": 200,
+        }
         command = [sys.executable, "-m", "rillet.client.cli", "controller"]
         for key, value in sets.items():
             command += ["--set", f"{key}={value}"]
@@ -138,8 +141,9 @@ async def active_controller(quorum: Quorum) -> int:
             return active[0]["node_id"]
         return None
 
-    return await wait_until_async(one_leader, DEADLINE_S, 0.05,
-                                  message=lambda: "one active controller\n" + quorum.logs())
+    return await wait_until_async(
+        one_leader, DEADLINE_S, 0.05, message=lambda: "one active controller\n" + quorum.logs()
+    )
 
 
 async def caught_up(quorum: Quorum, node: int) -> None:
@@ -147,18 +151,29 @@ async def caught_up(quorum: Quorum, node: int) -> None:
 
     async def reached() -> bool:
         mine, theirs = await status(quorum, node), await status(quorum, leader)
-        return bool(mine and theirs and mine["applied_offset"] >= theirs["applied_offset"]
-                    and mine["cluster_id"] == theirs["cluster_id"])  # fmt: skip
+        return bool(
+            mine
+            and theirs
+            and mine["applied_offset"] >= theirs["applied_offset"]
+            and mine["cluster_id"] == theirs["cluster_id"]
+        )
 
-    await wait_until_async(reached, DEADLINE_S, 0.05,
-                           message=lambda: f"node {node} catching up\n" + quorum.logs())
+    await wait_until_async(
+        reached, DEADLINE_S, 0.05, message=lambda: f"node {node} catching up\n" + quorum.logs()
+    )
 
 
 async def register(channel: ControllerChannel, broker_id: int) -> int:
-    header, _ = await channel.request(schemas.BROKER_REGISTRATION, {
-        "broker_id": broker_id, "cluster_id": "", "incarnation_id": f"inc-{broker_id}",
-        "listeners": [["BROKER", "127.0.0.1", 20_000 + broker_id]],
-    }, deadline_ms=int(DEADLINE_S * 1000))  # fmt: skip
+    header, _ = await channel.request(
+        schemas.BROKER_REGISTRATION,
+        {
+            "broker_id": broker_id,
+            "cluster_id": "",
+            "incarnation_id": f"inc-{broker_id}",
+            "listeners": [["BROKER", "127.0.0.1", 20_000 + broker_id]],
+        },
+        deadline_ms=int(DEADLINE_S * 1000),
+    )
     return header["broker_epoch"]
 
 
@@ -221,10 +236,17 @@ async def test_fetch_metadata_below_the_log_start_returns_the_snapshot(
     await active_controller(quorum)
     for broker_id in range(3000, 3000 + 2 * SNAPSHOT_EVERY):
         await register(channel, broker_id)
-    header, _ = await channel.request(schemas.FETCH_METADATA, {
-        "broker_id": -1, "broker_epoch": -1, "fetch_offset": 1, "last_fetched_epoch": -1,
-        "max_wait_ms": 0, "max_bytes": 1 << 20,
-    })  # fmt: skip
+    header, _ = await channel.request(
+        schemas.FETCH_METADATA,
+        {
+            "broker_id": -1,
+            "broker_epoch": -1,
+            "fetch_offset": 1,
+            "last_fetched_epoch": -1,
+            "max_wait_ms": 0,
+            "max_bytes": 1 << 20,
+        },
+    )
     assert header["log_start_offset"] > 1 and header["snapshot_id"] is not None
     follower = MetadataFollower(quorum.channel(), max_wait_ms=100)
     follower.start()
@@ -244,10 +266,15 @@ async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leadership
     ids = (4001, 4002, 4003)
     followers = {b: MetadataFollower(quorum.channel(), b, max_wait_ms=200) for b in ids}
     lifecycles = {
-        b: BrokerLifecycle(quorum.channel(), b, [("BROKER", "127.0.0.1", 30_000 + b)],
-                           lambda b=b: followers[b].image.offset, heartbeat_interval_ms=200)
+        b: BrokerLifecycle(
+            quorum.channel(),
+            b,
+            [("BROKER", "127.0.0.1", 30_000 + b)],
+            lambda b=b: followers[b].image.offset,
+            heartbeat_interval_ms=200,
+        )
         for b in ids
-    }  # fmt: skip
+    }
     admin = quorum.channel()
     try:
         for b in ids:
@@ -256,8 +283,10 @@ async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leadership
         for b in ids:  # unfenced once their metadata caught up with their registration
             await asyncio.wait_for(lifecycles[b].wait_for(lambda s: not s.fenced), DEADLINE_S)
         assignments = [[p, list(ids[p:] + ids[:p])] for p in range(3)]  # each leads one
-        created = await admin.forward(schemas.CREATE_TOPICS, {
-            "topics": [["fencing", -1, -1, assignments, {}]], "timeout_ms": 5000})  # fmt: skip
+        created = await admin.forward(
+            schemas.CREATE_TOPICS,
+            {"topics": [["fencing", -1, -1, assignments, {}]], "timeout_ms": 5000},
+        )
         assert created["topics"][0][1] == 0, created
         victim = ids[0]
         await lifecycles[victim].stop()  # silent from now on: the session expires

@@ -46,7 +46,9 @@ def test_a_combined_node_merges_without_duplicates() -> None:
 
 def test_listener_and_voter_syntax() -> None:
     assert parse_listeners("CONTROLLER://127.0.0.1:9093, broker://[::1]:0") == {
-        "CONTROLLER": ("127.0.0.1", 9093), "BROKER": ("::1", 0)}  # fmt: skip
+        "CONTROLLER": ("127.0.0.1", 9093),
+        "BROKER": ("::1", 0),
+    }
     assert parse_voters("1@a:1,2@b:2") == {1: ("a", 1), 2: ("b", 2)}
     for bad in ("x@a:1", "1a:1", "", "1@a"):
         with pytest.raises(InvalidConfigError):

@@ -13,8 +13,12 @@ from rillet.controller.raft.core import RaftConfig, RaftNode
 
 def wipe(h: Harness, node_id: int) -> None:
     """The node restarts with empty storage (as a controller whose dir was deleted)."""
-    h.nodes[node_id] = RaftNode(RaftConfig(node_id=node_id, voters=tuple(h.nodes)),
-                                None, rng=random.Random(node_id), now_ms=h.now_ms)
+    h.nodes[node_id] = RaftNode(
+        RaftConfig(node_id=node_id, voters=tuple(h.nodes)),
+        None,
+        rng=random.Random(node_id),
+        now_ms=h.now_ms,
+    )
     h.applied[node_id] = []
 
 

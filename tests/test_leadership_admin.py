@@ -50,22 +50,33 @@ class TinyController:
             ("b", 0): [1, [1, 2, 3], [1, 2, 3]],
         }
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.server = RpcServer({
-            schemas.METADATA.key: self.metadata,
-            schemas.ELECT_LEADERS.key: self.elect,
-            schemas.ALTER_PARTITION_REASSIGNMENTS.key: self.reassign,
-        })  # fmt: skip
+        self.server = RpcServer(
+            {
+                schemas.METADATA.key: self.metadata,
+                schemas.ELECT_LEADERS.key: self.elect,
+                schemas.ALTER_PARTITION_REASSIGNMENTS.key: self.reassign,
+            }
+        )
 
     async def metadata(self, request: Request) -> Response:
         names = request.fields["topics"] or sorted({t for t, _ in self.parts})
         topics = []
         for name in names:
-            rows = [[0, p, leader, 0, reps, isr, []]
-                    for (t, p), (leader, reps, isr) in sorted(self.parts.items()) if t == name]
+            rows = [
+                [0, p, leader, 0, reps, isr, []]
+                for (t, p), (leader, reps, isr) in sorted(self.parts.items())
+                if t == name
+            ]
             topics.append([0 if rows else UNKNOWN, name, False, rows])
         port = self.server.port
-        return Response({"cluster_id": "x", "controller_id": 9,
-                         "brokers": [[1, "127.0.0.1", port, None]], "topics": topics})
+        return Response(
+            {
+                "cluster_id": "x",
+                "controller_id": 9,
+                "brokers": [[1, "127.0.0.1", port, None]],
+                "topics": topics,
+            }
+        )
 
     async def elect(self, request: Request) -> Response:
         self.requests.append(("elect", dict(request.fields)))
@@ -169,11 +180,13 @@ def test_reassignment_status_once_new_replica_is_in_sync() -> None:
 def test_summarize_election_splits_the_three_outcomes() -> None:
     from rillet.client.admin import PartitionResult
 
-    summary = summarize_election([
-        PartitionResult("t", 0),
-        PartitionResult("t", 1, ElectionNotNeededError()),
-        PartitionResult("t", 2, PreferredLeaderNotAvailableError("broker 3 is fenced")),
-    ])  # fmt: skip
+    summary = summarize_election(
+        [
+            PartitionResult("t", 0),
+            PartitionResult("t", 1, ElectionNotNeededError()),
+            PartitionResult("t", 2, PreferredLeaderNotAvailableError("broker 3 is fenced")),
+        ]
+    )
     assert summary["elected"] == ["t-0"] and summary["not_needed"] == ["t-1"]
     assert [(f["partition"], f["error"]) for f in summary["failed"]] == [
         (2, "PREFERRED_LEADER_NOT_AVAILABLE")
@@ -181,14 +194,23 @@ def test_summarize_election_splits_the_three_outcomes() -> None:
 
 
 def test_plan_parsing_accepts_kafkas_json_and_refuses_bad_plans() -> None:
-    plan = parse_plan({"version": 1, "partitions": [
-        {"topic": "t", "partition": 0, "replicas": [1, 2, 4]},
-        {"topic": "u", "partition": 3, "replicas": [2]},
-    ]})  # fmt: skip
+    plan = parse_plan(
+        {
+            "version": 1,
+            "partitions": [
+                {"topic": "t", "partition": 0, "replicas": [1, 2, 4]},
+                {"topic": "u", "partition": 3, "replicas": [2]},
+            ],
+        }
+    )
     assert plan == {("t", 0): [1, 2, 4], ("u", 3): [2]}
     assert parse_plan(plan_json(plan)) == plan  # the rollback output reads back
-    for bad in ({}, {"partitions": []}, {"partitions": [{"topic": "t"}]},
-                {"partitions": [{"topic": "t", "partition": 0, "replicas": [1]}] * 2}):  # fmt: skip
+    for bad in (
+        {},
+        {"partitions": []},
+        {"partitions": [{"topic": "t"}]},
+        {"partitions": [{"topic": "t", "partition": 0, "replicas": [1]}] * 2},
+    ):
         with pytest.raises(CliError):
             parse_plan(bad)
     assert parse_replicas("1, 2,4") == [1, 2, 4]
@@ -217,8 +239,14 @@ def test_plan_from_args_forms(tmp_path) -> None:  # noqa: ANN001
 
 
 def _part(p: int, leader: int, replicas: list[int], isr: list[int]) -> dict[str, Any]:
-    return {"partition": p, "leader": leader, "replicas": replicas, "isr": isr,
-            "under_replicated": len(isr) < len(replicas), "offline": leader < 0}  # fmt: skip
+    return {
+        "partition": p,
+        "leader": leader,
+        "replicas": replicas,
+        "isr": isr,
+        "under_replicated": len(isr) < len(replicas),
+        "offline": leader < 0,
+    }
 
 
 def test_describe_filters_and_counts() -> None:
@@ -228,8 +256,10 @@ def test_describe_filters_and_counts() -> None:
         {"name": "c", "partitions": [_part(0, 1, [1], [1])]},
     ]
     assert partition_counts(topics) == {
-        "partition_count": 4, "under_replicated_partitions": 1, "offline_partitions": 1,
-    }  # fmt: skip
+        "partition_count": 4,
+        "under_replicated_partitions": 1,
+        "offline_partitions": 1,
+    }
     assert filter_partitions(topics, False, False) is topics
     under = filter_partitions(topics, True, False)
     assert [(t["name"], [p["partition"] for p in t["partitions"]]) for t in under] == [("a", [1])]
@@ -238,11 +268,21 @@ def test_describe_filters_and_counts() -> None:
 
 
 def test_cluster_partition_summary_counts_from_metadata() -> None:
-    header = {"controller_id": 101, "topics": [
-        [0, "a", False, [[0, 0, 1, 0, [1, 2, 3], [1, 2, 3], []],
-                         [0, 1, 2, 0, [2, 3, 1], [2, 1], [3]]]],
-        [0, "b", False, [[5, 0, -1, 3, [3], [3], [3]]]],
-    ]}  # fmt: skip
+    header = {
+        "controller_id": 101,
+        "topics": [
+            [
+                0,
+                "a",
+                False,
+                [[0, 0, 1, 0, [1, 2, 3], [1, 2, 3], []], [0, 1, 2, 0, [2, 3, 1], [2, 1], [3]]],
+            ],
+            [0, "b", False, [[5, 0, -1, 3, [3], [3], [3]]]],
+        ],
+    }
     assert summarize_partitions(header) == {
-        "controller_id": 101, "partitions": 3, "under_replicated": 1, "offline": 1,
-    }  # fmt: skip
+        "controller_id": 101,
+        "partitions": 3,
+        "under_replicated": 1,
+        "offline": 1,
+    }

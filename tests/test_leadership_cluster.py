@@ -46,8 +46,11 @@ def rillet(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.Com
     env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
     proc = subprocess.run(
         [sys.executable, "-m", "rillet.client.cli", *args],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -67,20 +70,25 @@ def partitions(cluster: LocalCluster, topic: str) -> list[Any]:
 
 
 def all_in_sync(cluster: LocalCluster, topic: str) -> bool:
-    return all(p.leader >= 0 and len(p.isr) == len(p.replicas)
-               for p in partitions(cluster, topic))  # fmt: skip
+    return all(p.leader >= 0 and len(p.isr) == len(p.replicas) for p in partitions(cluster, topic))
 
 
 def preferred_lead(cluster: LocalCluster, topic: str) -> bool:
     return all(p.leader == p.replicas[0] for p in partitions(cluster, topic))
 
 
-def create_and_fill(cluster: LocalCluster, topic: str, count: int, n: int,
-                    assignments: dict[int, list[int]] | None = None) -> list[bytes]:  # fmt: skip
+def create_and_fill(
+    cluster: LocalCluster,
+    topic: str,
+    count: int,
+    n: int,
+    assignments: dict[int, list[int]] | None = None,
+) -> list[bytes]:
     with SyncAdmin(cluster.bootstrap) as admin:
         rf = -1 if assignments else 3
-        admin.create_topics([NewTopic(topic, count if not assignments else -1, rf,
-                                      assignments=assignments)])  # fmt: skip
+        admin.create_topics(
+            [NewTopic(topic, count if not assignments else -1, rf, assignments=assignments)]
+        )
     wait_until(lambda: all_in_sync(cluster, topic), message=f"{topic}: full ISRs")
     values = [f"{topic}-{i}".encode() for i in range(n)]
     with SyncProducer(bootstrap=cluster.bootstrap, acks="all") as producer:
@@ -92,8 +100,13 @@ def create_and_fill(cluster: LocalCluster, topic: str, count: int, n: int,
 def read_all(cluster: LocalCluster, topic: str, expected: int) -> list[bytes]:
     got: list[bytes] = []
     with SyncConsumer(topic, bootstrap=cluster.bootstrap, from_beginning=True) as consumer:
-        wait_until(lambda: got.extend(r.value for rs in consumer.poll(200).values() for r in rs)
-                   or len(got) >= expected, message=f"{expected} records of {topic}")  # fmt: skip
+        wait_until(
+            lambda: (
+                got.extend(r.value for rs in consumer.poll(200).values() for r in rs)
+                or len(got) >= expected
+            ),
+            message=f"{expected} records of {topic}",
+        )
     return got
 
 
@@ -102,8 +115,10 @@ def restart_preferred_leader(cluster: LocalCluster, topic: str) -> int:
     moved away; returns its id."""
     victim = partitions(cluster, topic)[0].replicas[0]
     cluster.stop_node(victim)
-    wait_until(lambda: all(p.leader != victim for p in partitions(cluster, topic)),
-               message=f"leadership off broker {victim}")  # fmt: skip
+    wait_until(
+        lambda: all(p.leader != victim for p in partitions(cluster, topic)),
+        message=f"leadership off broker {victim}",
+    )
     wait_until(lambda: not all_in_sync(cluster, topic), message="a shrunk ISR")
     cluster.start_node(victim)
     return victim
@@ -114,8 +129,10 @@ def test_manual_preferred_election_and_under_replicated_counts(cluster_factory) 
     values = create_and_fill(cluster, "t", 3, 300)
     victim = partitions(cluster, "t")[0].replicas[0]
     cluster.stop_node(victim)
-    wait_until(lambda: all(p.leader != victim for p in partitions(cluster, "t")),
-               message=f"leadership off broker {victim}")  # fmt: skip
+    wait_until(
+        lambda: all(p.leader != victim for p in partitions(cluster, "t")),
+        message=f"leadership off broker {victim}",
+    )
 
     # While a broker is down every partition (RF 3 over 3 brokers) is under-replicated.
     def counts() -> tuple[int, int]:
@@ -148,15 +165,15 @@ def test_manual_preferred_election_and_under_replicated_counts(cluster_factory) 
 
 
 def test_automatic_rebalance_returns_leadership(cluster_factory) -> None:  # noqa: ANN001
-    cluster = leadership_cluster(
-        cluster_factory, **{"leader.imbalance.check.interval.ms": 300}
-    )
+    cluster = leadership_cluster(cluster_factory, **{"leader.imbalance.check.interval.ms": 300})
     create_and_fill(cluster, "auto", 3, 50)
     victim = restart_preferred_leader(cluster, "auto")
     # No election is asked for: the controller's tick finds broker `victim` leading none
     # of its preferred partitions (100% > 10%) once it is back in their ISRs.
-    wait_until(lambda: preferred_lead(cluster, "auto"),
-               message=f"broker {victim} leading its preferred partitions again")  # fmt: skip
+    wait_until(
+        lambda: preferred_lead(cluster, "auto"),
+        message=f"broker {victim} leading its preferred partitions again",
+    )
 
 
 def test_reassign_to_a_broker_that_joined_later(cluster_factory, tmp_path: Path) -> None:  # noqa: ANN001
@@ -183,13 +200,26 @@ def test_reassign_to_a_broker_that_joined_later(cluster_factory, tmp_path: Path)
     cluster.wait_ready()
 
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"version": 1, "partitions": [
-        {"topic": "moves", "partition": 0, "replicas": [4, 2]}]}))  # fmt: skip
+    plan.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": "moves", "partition": 0, "replicas": [4, 2]}]}
+        )
+    )
     started = rillet_json(cluster, "partition", "reassign", "--plan", str(plan), "--wait")
     assert started["previous"]["partitions"][0]["replicas"] == [2, 1]
     assert started["partitions"][0]["state"] == "complete"
-    status = rillet_json(cluster, "partition", "reassign", "--status", "--topic", "moves",
-                         "--partition", "0", "--replicas", "4,2")  # fmt: skip
+    status = rillet_json(
+        cluster,
+        "partition",
+        "reassign",
+        "--status",
+        "--topic",
+        "moves",
+        "--partition",
+        "0",
+        "--replicas",
+        "4,2",
+    )
     assert status["complete"] and status["partitions"][0]["replicas"] == [4, 2]
 
     # The dropped replica deletes its log; the new one holds it.

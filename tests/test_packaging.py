@@ -32,7 +32,13 @@ IMPORTS = (
     "print(rillet.client.__file__); print(batchwrite.NATIVE)"
 )
 SOURCES = (
-    "client", "storage", "controller", "broker", "tools", "pyproject.toml", "setup.py",
+    "client",
+    "storage",
+    "controller",
+    "broker",
+    "tools",
+    "pyproject.toml",
+    "setup.py",
     "README.md",
 )
 

@@ -54,8 +54,10 @@ def rack_cluster(
     """``session_ms`` short: a killed broker is fenced (and leaves the ISR) soon."""
     broker = {**BROKER_SETTINGS, "replica.lag.time.max.ms": min(session_ms, LONG_MS)}
     overrides: dict[int, dict[str, Any]] = {b: dict(broker) for b in (1, 2, 3)}
-    overrides[CONTROLLER] = {"broker.session.timeout.ms": session_ms,
-                             "broker.heartbeat.interval.ms": 250}  # fmt: skip
+    overrides[CONTROLLER] = {
+        "broker.session.timeout.ms": session_ms,
+        "broker.heartbeat.interval.ms": 250,
+    }
     return cluster_factory(controllers=1, brokers=3, racks=RACKS, node_overrides=overrides)
 
 
@@ -73,17 +75,28 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
 
 
 async def raw_fetch(
-    cluster: LocalCluster, node: int, offset: int, *, rack: str = "", epoch: int = -1,
+    cluster: LocalCluster,
+    node: int,
+    offset: int,
+    *,
+    rack: str = "",
+    epoch: int = -1,
     topic: str = TOPIC,
-) -> tuple[list[Any], memoryview]:  # fmt: skip
+) -> tuple[list[Any], memoryview]:
     """One consumer Fetch, no waiting: (the partition's result row, its bytes)."""
     conn = await Connection.open(*parse_address(cluster.broker_address(node)))
     try:
-        header, payload = await conn.request(schemas.FETCH, {
-            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 50 << 20,
-            "topics": [[topic, [[0, offset, -1, epoch, -1, 50 << 20]]]],
-            "rack_id": rack,
-        })  # fmt: skip
+        header, payload = await conn.request(
+            schemas.FETCH,
+            {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 1,
+                "max_bytes": 50 << 20,
+                "topics": [[topic, [[0, offset, -1, epoch, -1, 50 << 20]]]],
+                "rack_id": rack,
+            },
+        )
     finally:
         conn.close()
     row = header["topics"][0][1][0]
@@ -123,15 +136,18 @@ async def create_topic(
 
         async def isr_full() -> bool:
             (desc,) = await admin.describe_topics([topic])
-            return all(p.leader == p.replicas[0] and sorted(p.isr) == sorted(p.replicas)
-                       for p in desc.partitions)  # fmt: skip
+            return all(
+                p.leader == p.replicas[0] and sorted(p.isr) == sorted(p.replicas)
+                for p in desc.partitions
+            )
 
         await wait_until_async(isr_full, message="the full ISR, preferred leaders")
 
 
 async def produce(cluster: LocalCluster, start: int, count: int, acks: int | str) -> None:
-    async with Producer(bootstrap=boot(cluster), acks=acks, linger_ms=1,
-                        batch_size=4096) as producer:  # fmt: skip
+    async with Producer(
+        bootstrap=boot(cluster), acks=acks, linger_ms=1, batch_size=4096
+    ) as producer:
         for i in range(start, start + count):
             await producer.produce(TOPIC, b"value-%d" % i, key=b"key-%d" % i, partition=0)
         await producer.flush()
@@ -147,8 +163,13 @@ async def read_until(consumer: Consumer, got: list[ConsumerRecord], count: int) 
 
 
 def rack_consumer(cluster: LocalCluster, rack: str | None) -> Consumer:
-    return Consumer(assignment=[(TOPIC, 0)], bootstrap=boot(cluster), from_beginning=True,
-                    client_rack=rack, fetch_max_wait_ms=200)  # fmt: skip
+    return Consumer(
+        assignment=[(TOPIC, 0)],
+        bootstrap=boot(cluster),
+        from_beginning=True,
+        client_rack=rack,
+        fetch_max_wait_ms=200,
+    )
 
 
 # --- tests -----------------------------------------------------------------------------------
@@ -176,8 +197,10 @@ def test_rack_b_consumer_reads_below_the_rack_b_followers_high_watermark(
     try:
         run(lambda: produce(cluster, committed, uncommitted, "1"))
         total = committed + uncommitted
-        wait_until(lambda: log_end_on_disk(cluster, RACK_B) == total,
-                   message="the rack-b follower's log holding the uncommitted records")  # fmt: skip
+        wait_until(
+            lambda: log_end_on_disk(cluster, RACK_B) == total,
+            message="the rack-b follower's log holding the uncommitted records",
+        )
 
         async def follower_serves_below_its_hw() -> None:
             row, data = await raw_fetch(cluster, RACK_B, 0, rack="b")
@@ -254,13 +277,20 @@ def test_follower_errors_and_fallback_to_the_leader(
 
     async def fallback() -> tuple[list[ConsumerRecord], dict[int, int]]:
         got: list[ConsumerRecord] = []
-        consumer = Consumer(assignment=[(TOPIC, 0)], bootstrap=boot(cluster),
-                            from_beginning=True, client_rack="b", fetch_max_wait_ms=200,
-                            max_partition_fetch_bytes=16 * 1024)  # fmt: skip
+        consumer = Consumer(
+            assignment=[(TOPIC, 0)],
+            bootstrap=boot(cluster),
+            from_beginning=True,
+            client_rack="b",
+            fetch_max_wait_ms=200,
+            max_partition_fetch_bytes=16 * 1024,
+        )
         async with consumer:
             await read_until(consumer, got, 1)
-            await wait_until_async(lambda: consumer.bytes_by_node.get(RACK_B, 0) > 0,
-                                   message="a fetch answered by the rack-b follower")  # fmt: skip
+            await wait_until_async(
+                lambda: consumer.bytes_by_node.get(RACK_B, 0) > 0,
+                message="a fetch answered by the rack-b follower",
+            )
             from_leader_before = consumer.bytes_by_node.get(LEADER, 0)
             cluster.stop_node(RACK_B, kill=True)  # the preferred replica dies mid-read
             await read_until(consumer, got, count)
@@ -271,4 +301,3 @@ def test_follower_errors_and_fallback_to_the_leader(
     assert [r.value for r in got] == [b"value-%d" % i for i in range(count)]
     assert by_node[-1] == 0  # nothing from the leader while the follower served
     assert by_node.get(LEADER, 0) > 0, by_node  # after it died: the leader (rack c: none)
-

@@ -40,8 +40,12 @@ class Harness:
         ids = tuple(range(1, voters + 1))
         self.now_ms = 0
         self.nodes = {
-            i: RaftNode(RaftConfig(node_id=i, voters=ids), (states or {}).get(i),
-                        rng=random.Random(i), now_ms=0)
+            i: RaftNode(
+                RaftConfig(node_id=i, voters=ids),
+                (states or {}).get(i),
+                rng=random.Random(i),
+                now_ms=0,
+            )
             for i in ids
         }
         self.blocked: set[tuple[int, int]] = set()
@@ -66,7 +70,8 @@ class Harness:
             self.queue.extend(ready.messages)
             self.events.extend(e.text for e in ready.events)
             self.applied[node_id].extend(
-                e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL)
+                e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL
+            )
             node.advance(ready)
 
     def deliver(self, keep: Callable[[Message], bool] = lambda m: True) -> None:
@@ -123,8 +128,9 @@ def test_election_timeout_is_randomized_between_t_and_2t() -> None:
 
 
 def test_candidate_persists_term_and_vote_before_sending_vote_requests() -> None:
-    node = RaftNode(RaftConfig(node_id=1, voters=(1, 2, 3), pre_vote=False),
-                    rng=random.Random(1), now_ms=0)
+    node = RaftNode(
+        RaftConfig(node_id=1, voters=(1, 2, 3), pre_vote=False), rng=random.Random(1), now_ms=0
+    )
     node.tick(2 * T_MS)
     ready = node.ready()
     assert ready.hard_state == HardState(term=1, vote=1, commit=0) and ready.must_sync
@@ -198,9 +204,11 @@ def test_conflicting_uncommitted_tail_is_overwritten() -> None:
 def test_only_current_term_entries_commit_by_counting() -> None:
     """Raft Figure 8: a replicated entry of an older term does not commit by counting."""
     old_log = (Entry(1, 1, b"x"), Entry(2, 2, b"y"))
-    states = {1: StorageState(HardState(term=2, vote=1, commit=1), None, old_log),
-              2: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1]),
-              3: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1])}
+    states = {
+        1: StorageState(HardState(term=2, vote=1, commit=1), None, old_log),
+        2: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1]),
+        3: StorageState(HardState(term=2, vote=1, commit=1), None, old_log[:1]),
+    }
     h = Harness(states=states)
     h.now_ms = T_MS
     h.nodes[1].election_deadline_ms = T_MS
@@ -210,8 +218,19 @@ def test_only_current_term_entries_commit_by_counting() -> None:
     assert leader.role is Role.LEADER and leader.term == 3 and leader.log.last_index() == 3
 
     def ack(match_index: int) -> None:
-        leader.step(AppendResponse(term=3, src=2, dst=1, success=True, match_index=match_index,
-                                   reject_index=0, hint_index=0, hint_term=0, sent_ms=0))
+        leader.step(
+            AppendResponse(
+                term=3,
+                src=2,
+                dst=1,
+                success=True,
+                match_index=match_index,
+                reject_index=0,
+                hint_index=0,
+                hint_term=0,
+                sent_ms=0,
+            )
+        )
 
     ack(2)  # a majority (1 and 2) now holds index 2, of term 2
     assert leader.commit_index == 1
@@ -297,20 +316,40 @@ def test_ready_twice_without_advance_is_a_usage_error() -> None:
         node.ready()
 
 
-@pytest.mark.parametrize("msg", [
-    PreVoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1),
-    PreVoteResponse(term=2, src=2, dst=1, granted=True),
-    VoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1, leader_transfer=True),
-    VoteResponse(term=2, src=2, dst=1, granted=False),
-    AppendRequest(term=2, src=1, dst=2, prev_index=4, prev_term=1,
-                  entries=(Entry(5, 2, b"\x00x"), Entry(6, 2, b"", EntryKind.NOOP)),
-                  commit=4, sent_ms=123),
-    AppendResponse(term=2, src=2, dst=1, success=False, match_index=0, reject_index=4,
-                   hint_index=3, hint_term=1, sent_ms=123),
-    InstallSnapshot(term=2, src=1, dst=2, snapshot_index=9, snapshot_term=2, data=b"img",
-                    sent_ms=5),
-    TimeoutNow(term=2, src=1, dst=2),
-])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        PreVoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1),
+        PreVoteResponse(term=2, src=2, dst=1, granted=True),
+        VoteRequest(term=2, src=1, dst=2, last_log_index=5, last_log_term=1, leader_transfer=True),
+        VoteResponse(term=2, src=2, dst=1, granted=False),
+        AppendRequest(
+            term=2,
+            src=1,
+            dst=2,
+            prev_index=4,
+            prev_term=1,
+            entries=(Entry(5, 2, b"\x00x"), Entry(6, 2, b"", EntryKind.NOOP)),
+            commit=4,
+            sent_ms=123,
+        ),
+        AppendResponse(
+            term=2,
+            src=2,
+            dst=1,
+            success=False,
+            match_index=0,
+            reject_index=4,
+            hint_index=3,
+            hint_term=1,
+            sent_ms=123,
+        ),
+        InstallSnapshot(
+            term=2, src=1, dst=2, snapshot_index=9, snapshot_term=2, data=b"img", sent_ms=5
+        ),
+        TimeoutNow(term=2, src=1, dst=2),
+    ],
+)
 def test_messages_round_trip_through_msgpack(msg: Message) -> None:
     wire = msgpack.packb(msg.to_dict())
     assert message_from_dict(msgpack.unpackb(wire)) == msg

@@ -40,7 +40,12 @@ def test_append_over_conflicting_tail_truncates_it(tmp_path: Path) -> None:
     store.close()
     reopened = RaftStore(tmp_path)
     assert [(e.index, e.term) for e in reopened.load().entries] == [
-        (1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 2),
+        (5, 2),
+    ]
 
 
 def test_torn_tail_after_kill_is_truncated_on_open(tmp_path: Path) -> None:

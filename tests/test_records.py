@@ -21,9 +21,7 @@ def batches(draw):
     values = draw(st.lists(st.none() | small_bytes, min_size=n, max_size=n))
     keys = draw(st.lists(st.none() | small_bytes, min_size=n, max_size=n))
     headers = draw(st.none() | st.lists(st.none() | header_lists, min_size=n, max_size=n))
-    timestamps = draw(
-        st.none() | st.lists(st.integers(0, 2**40), min_size=n, max_size=n)
-    )
+    timestamps = draw(st.none() | st.lists(st.integers(0, 2**40), min_size=n, max_size=n))
     compression = draw(st.sampled_from(COMPRESSIONS))
     return values, keys, headers, timestamps, compression
 
@@ -37,8 +35,14 @@ def _normalize_headers(h):
 def test_encode_decode_round_trip(batch, base_offset, epoch):
     values, keys, headers, timestamps, compression = batch
     buf = records.encode_batch(
-        values, keys, headers=headers, timestamps=timestamps, timestamp_ms=77,
-        compression=compression, base_offset=base_offset, partition_leader_epoch=epoch,
+        values,
+        keys,
+        headers=headers,
+        timestamps=timestamps,
+        timestamp_ms=77,
+        compression=compression,
+        base_offset=base_offset,
+        partition_leader_epoch=epoch,
     )
     h = records.validate_batch(buf)
     assert (h.base_offset, h.partition_leader_epoch) == (base_offset, epoch)
@@ -46,7 +50,10 @@ def test_encode_decode_round_trip(batch, base_offset, epoch):
     # check_batch's lean unpack (pad bytes between fields) reads the same fields.
     padded = b"\0" * 5 + buf + b"\0" * 3
     assert records.check_batch(padded, 5, None) == (
-        h.size, h.last_offset_delta, h.max_timestamp, h.record_count
+        h.size,
+        h.last_offset_delta,
+        h.max_timestamp,
+        h.record_count,
     )
     assert h.compression == compression
     decoded = records.decode_batch(buf)
@@ -64,8 +71,11 @@ def test_encode_decode_round_trip(batch, base_offset, epoch):
 @given(batches(), st.data())
 def test_flipped_bit_after_crc_field_is_detected(batch, data):
     values, keys, headers, timestamps, compression = batch
-    buf = bytearray(records.encode_batch(values, keys, headers=headers, timestamps=timestamps,
-                                         compression=compression))
+    buf = bytearray(
+        records.encode_batch(
+            values, keys, headers=headers, timestamps=timestamps, compression=compression
+        )
+    )
     pos = data.draw(st.integers(records.CRC_START, len(buf) - 1), label="byte")
     bit = data.draw(st.integers(0, 7), label="bit")
     buf[pos] ^= 1 << bit
@@ -95,8 +105,7 @@ def test_stamp_keeps_crc_valid():
 
 
 def test_offset_deltas_round_trip():
-    buf = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[2, 7],
-                               base_offset=100)
+    buf = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[2, 7], base_offset=100)
     h = records.validate_batch(buf)
     assert h.last_offset == 107
     assert [r.offset for r in records.decode_batch(buf)] == [102, 107]

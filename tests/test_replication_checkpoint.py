@@ -18,8 +18,9 @@ from rillet.storage import LogManager
 
 
 def broker_config(log_dir: Path) -> BrokerConfig:
-    values = broker_config_table().load(None, ["node.id=1", "listeners=BROKER://127.0.0.1:0",
-                                               f"log.dirs={log_dir}"])  # fmt: skip
+    values = broker_config_table().load(
+        None, ["node.id=1", "listeners=BROKER://127.0.0.1:0", f"log.dirs={log_dir}"]
+    )
     return BrokerConfig.from_config(values)
 
 

@@ -55,8 +55,7 @@ def test_two_quick_failovers_leave_no_divergent_replica(cluster_factory) -> None
         second = wait_until(lambda: _new_leader(cluster, {first}), message="a second leader")
         acks_grow(writer, 20)  # the second leader takes writes in its own epoch...
         cluster.stop_node(second, kill=True)  # ...and dies before they all replicate
-        third = wait_until(lambda: _new_leader(cluster, {first, second}),
-                           message="a third leader")  # fmt: skip
+        third = wait_until(lambda: _new_leader(cluster, {first, second}), message="a third leader")
         acks_grow(writer, 20)
         cluster.start_node(first)
         cluster.start_node(second)

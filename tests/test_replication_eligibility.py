@@ -13,8 +13,9 @@ from rillet.broker.replication.types import ReplicationConfig
 def test_fenced_follower_is_not_proposed_until_eligible() -> None:
     fenced = {2}
     leader = Replica(1)
-    leader.state = PartitionState(1, leader.log, ReplicationConfig(30_000),
-                                  is_isr_eligible=lambda b: b not in fenced)  # fmt: skip
+    leader.state = PartitionState(
+        1, leader.log, ReplicationConfig(30_000), is_isr_eligible=lambda b: b not in fenced
+    )
     follower = Replica(2)
     leader.apply(leader.state.become_leader(0, 0, (1, 2), (1,), now_ms=0))
     follower.apply(follower.state.become_follower(1, 0, 0, (1, 2), (1,)))

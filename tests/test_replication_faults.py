@@ -63,8 +63,11 @@ def create(cluster: LocalCluster, topic: str = TOPIC, count: int = PARTITIONS) -
 def acks_grow(writer: Writer, by: int = 50) -> None:
     """Wait until the writer has had ``by`` more records acknowledged."""
     target = writer.acked_count() + by
-    wait_until(lambda: writer.acked_count() >= target, timeout=60,
-               message=lambda: f"{target} acks; writer errors {writer.errors_seen}")  # fmt: skip
+    wait_until(
+        lambda: writer.acked_count() >= target,
+        timeout=60,
+        message=lambda: f"{target} acks; writer errors {writer.errors_seen}",
+    )
 
 
 def test_acks_all_survives_kill_pause_and_restart(cluster_factory) -> None:
@@ -77,8 +80,10 @@ def test_acks_all_survives_kill_pause_and_restart(cluster_factory) -> None:
         # (a) kill -9 the leader of partition 0; a new leader comes from the ISR.
         victim = partitions(cluster)[0].leader
         cluster.stop_node(victim, kill=True)
-        wait_until(lambda: partitions(cluster)[0].leader not in (victim, -1),
-                   message="a new leader for partition 0")  # fmt: skip
+        wait_until(
+            lambda: partitions(cluster)[0].leader not in (victim, -1),
+            message="a new leader for partition 0",
+        )
         acks_grow(writer)
         cluster.start_node(victim)
         wait_until(lambda: all_isrs_full(cluster), message="the killed broker back in every ISR")
@@ -89,8 +94,10 @@ def test_acks_all_survives_kill_pause_and_restart(cluster_factory) -> None:
         follower = next(b for b in info.replicas if b != info.leader)
         cluster.pause_node(follower)
         try:
-            wait_until(lambda: follower not in partitions(cluster)[1].isr,
-                       message=f"broker {follower} out of partition 1's ISR")  # fmt: skip
+            wait_until(
+                lambda: follower not in partitions(cluster)[1].isr,
+                message=f"broker {follower} out of partition 1's ISR",
+            )
             acks_grow(writer)  # min.insync.replicas=2 still holds with two members
         finally:
             cluster.resume_node(follower)
@@ -122,18 +129,25 @@ def test_one_broker_left_refuses_acks_all_and_the_isr_refills(cluster_factory) -
         for b in gone:
             cluster.stop_node(b, kill=True)
         # Fencing leaves the survivor as the only ISR member (and leader) of both.
-        wait_until(lambda: all(p.isr == [survivor] and p.leader == survivor
-                               for p in partitions(cluster, "scarce").values()),
-                   message="ISRs down to the survivor")  # fmt: skip
+        wait_until(
+            lambda: all(
+                p.isr == [survivor] and p.leader == survivor
+                for p in partitions(cluster, "scarce").values()
+            ),
+            message="ISRs down to the survivor",
+        )
         acked_before = writer.acked_count()
 
         async def refused(client: Client) -> list[int]:
-            return [(await client.produce(survivor, "scarce", p, [b"refused"]))[0]
-                    for p in range(2)]  # fmt: skip
+            return [
+                (await client.produce(survivor, "scarce", p, [b"refused"]))[0] for p in range(2)
+            ]
 
         assert run(cluster, refused) == [errors.code_of("NOT_ENOUGH_REPLICAS")] * 2
-        wait_until(lambda: writer.errors_seen.get("NOT_ENOUGH_REPLICAS", 0) >= 2,
-                   message=lambda: f"the writer refused too: {writer.errors_seen}")  # fmt: skip
+        wait_until(
+            lambda: writer.errors_seen.get("NOT_ENOUGH_REPLICAS", 0) >= 2,
+            message=lambda: f"the writer refused too: {writer.errors_seen}",
+        )
         assert writer.acked_count() == acked_before  # nothing acknowledged meanwhile
         for b in gone:
             cluster.start_node(b)

@@ -68,8 +68,12 @@ class Link:
     async def start(self, endpoints: list[tuple[str, str, int]], on_metadata: MetadataListener):
         self.shared.listeners.append(on_metadata)
         eps = tuple(Endpoint(*e) for e in endpoints)
-        await self.shared.commit([RegisterBroker(self.node_id, uuid.uuid4().hex, 1, eps, None),
-                                  UnfenceBroker(self.node_id, 1)])  # fmt: skip
+        await self.shared.commit(
+            [
+                RegisterBroker(self.node_id, uuid.uuid4().hex, 1, eps, None),
+                UnfenceBroker(self.node_id, 1),
+            ]
+        )
 
     def controller_id(self) -> int:
         return 100
@@ -108,16 +112,19 @@ async def start_pair(
     try:
         for node_id in (1, 2):
             config = broker_config(
-                tmp_path / f"logs-{node_id}", f"node.id={node_id}",
-                f"replica.fetch.backoff.ms={backoff_ms}", "replica.fetch.wait.max.ms=50",
-            )  # fmt: skip
+                tmp_path / f"logs-{node_id}",
+                f"node.id={node_id}",
+                f"replica.fetch.backoff.ms={backoff_ms}",
+                "replica.fetch.wait.max.ms=50",
+            )
             server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
             await server.start()
             servers.append(server)
         topic_id = uuid.uuid4().hex
-        await shared.commit([Topic(TOPIC, topic_id)] + [
-            Partition(topic_id, p, (1, 2), (1, 2), 1, 0, 0) for p in range(partitions)
-        ])  # fmt: skip
+        await shared.commit(
+            [Topic(TOPIC, topic_id)]
+            + [Partition(topic_id, p, (1, 2), (1, 2), 1, 0, 0) for p in range(partitions)]
+        )
         async with await Connection.open("127.0.0.1", servers[0].port) as conn:
             yield Pair(servers[0], servers[1], conn)
     finally:
@@ -157,9 +164,10 @@ async def test_unexpected_partition_error_marks_it_failed_and_others_keep_replic
     assert pair.follower.metrics.snapshot()["failed_partitions"] == 1
 
     errors_logged = [
-        r for r in caplog.records
+        r
+        for r in caplog.records
         if r.levelno == logging.ERROR and r.name == "rillet.broker.replication.fetcher"
-    ]  # fmt: skip
+    ]
     assert len(errors_logged) == 1
     assert "marked failed" in errors_logged[0].getMessage()
     assert errors_logged[0].exc_info is not None
@@ -245,9 +253,9 @@ async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
         shared.image = delta.apply()
         to_leader, to_follower = shared.listeners
         await to_follower(delta, shared.image)
-        await wait_until_async(lambda: any(
-            "UNKNOWN_LEADER_EPOCH" in r.getMessage() for r in caplog.records
-        ))  # fmt: skip
+        await wait_until_async(
+            lambda: any("UNKNOWN_LEADER_EPOCH" in r.getMessage() for r in caplog.records)
+        )
         await to_leader(delta, shared.image)
 
         assert (await produce(conn, TOPIC, 0, batch(b"b")))[1] == 0

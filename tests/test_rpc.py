@@ -57,8 +57,13 @@ def produce(partitions: list[int], acks: int = 1) -> dict:
 
 def fetch(*ranges: tuple[int, int]) -> dict:
     parts = [[i, offset, -1, -1, 0, n] for i, (offset, n) in enumerate(ranges)]
-    return {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-            "topics": [["t", parts]]}  # fmt: skip
+    return {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "topics": [["t", parts]],
+    }
 
 
 def list_offsets(delay_ms: int) -> dict:
@@ -126,8 +131,10 @@ async def test_file_range_from_an_fd_the_handler_closes_at_once(data_file: Path)
         # The server dup()s the fd in the step the handler returns in: the owner may
         # close it right after (as a log closing a deleted segment would).
         asyncio.get_running_loop().call_soon(os.close, fd)
-        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": []},
-                        [b"head", FileRange(fd, 10, 20), b"tail"])  # fmt: skip
+        return Response(
+            {"throttle_time_ms": 0, "error_code": 0, "topics": []},
+            [b"head", FileRange(fd, 10, 20), b"tail"],
+        )
 
     async with RpcServer({schemas.FETCH.key: from_fd}, file_send_mode="sendfile") as srv:
         await srv.start()
@@ -157,8 +164,9 @@ def test_file_ranges_from_a_uvloop_server_process(data_file: Path, mode: str) ->
 
 async def test_dropped_connection_fails_every_pending_request(server: RpcServer) -> None:
     conn = await Connection.open("127.0.0.1", server.port)
-    pending = [asyncio.ensure_future(conn.request("ListOffsets", list_offsets(60_000)))
-               for _ in range(5)]  # fmt: skip
+    pending = [
+        asyncio.ensure_future(conn.request("ListOffsets", list_offsets(60_000))) for _ in range(5)
+    ]
     await wait_until_async(lambda: conn.in_flight == 5)
     for peer in list(server.connections):
         peer.shutdown()

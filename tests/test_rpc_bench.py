@@ -36,8 +36,13 @@ async def _fetch_all(port: int, range_bytes: int) -> int:
     async def one(i: int) -> int:
         offset = (i * range_bytes) % (FILE_BYTES - range_bytes)
         partition = [0, offset, -1, -1, 0, range_bytes]
-        fields = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 30,
-                  "topics": [["t", [partition]]]}  # fmt: skip
+        fields = {
+            "replica_id": -1,
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 30,
+            "topics": [["t", [partition]]],
+        }
         _, payload = await conn.request("Fetch", fields)
         return len(payload)
 
@@ -64,5 +69,7 @@ def test_file_send_throughput(tmp_path: Path, mode: str, range_bytes: int) -> No
     finally:
         server.stop()
     gib = got / (1 << 30)
-    print(f"\n{mode:8} {range_bytes >> 10:5} KiB ranges: {got / wall / 2**20:7.0f} MiB/s, "
-          f"server CPU {cpu / gib:.3f} s/GiB")  # fmt: skip
+    print(
+        f"\n{mode:8} {range_bytes >> 10:5} KiB ranges: {got / wall / 2**20:7.0f} MiB/s, "
+        f"server CPU {cpu / gib:.3f} s/GiB"
+    )

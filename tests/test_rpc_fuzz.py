@@ -72,25 +72,48 @@ def assert_answers_api_versions(node: ServerProcess) -> None:
 
 
 def valid_frames() -> st.SearchStrategy[bytes]:
-    produce = {"api": 0, "version": 0, "correlation_id": 1, "client_id": "f", "acks": 1,
-               "timeout_ms": 100, "topics": [["t", [[0, 3]]]]}  # fmt: skip
+    produce = {
+        "api": 0,
+        "version": 0,
+        "correlation_id": 1,
+        "client_id": "f",
+        "acks": 1,
+        "timeout_ms": 100,
+        "topics": [["t", [[0, 3]]]],
+    }
     partitions = [["t", [[0, 0, -1, -1, 0, 50]]]]
-    fetch = {"api": 1, "version": 0, "correlation_id": 2, "replica_id": -1, "max_wait_ms": 0,
-             "min_bytes": 1, "max_bytes": 100, "topics": partitions}  # fmt: skip
+    fetch = {
+        "api": 1,
+        "version": 0,
+        "correlation_id": 2,
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 1,
+        "max_bytes": 100,
+        "topics": partitions,
+    }
     versions = {"api": 18, "version": 0, "correlation_id": 3}
     return st.sampled_from(
-        [encode_frame_bytes(produce, b"abc"), encode_frame_bytes(fetch),
-         encode_frame_bytes(versions)]
-    )  # fmt: skip
+        [
+            encode_frame_bytes(produce, b"abc"),
+            encode_frame_bytes(fetch),
+            encode_frame_bytes(versions),
+        ]
+    )
 
 
 MSGPACK_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
-    | st.text(max_size=8) | st.binary(max_size=16),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                 max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=16),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
+)
 FIELD_NAMES = sorted({f.name for api in schemas.APIS.values() for f in api.request})
 
 
@@ -120,8 +143,10 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
             frame[draw(st.integers(0, len(frame) - 1))] ^= draw(st.integers(1, 255))
         return bytes(frame)
     if kind == "size":
-        size = draw(st.sampled_from([0, 1, 3, 4, MAX_REQUEST_BYTES + 1, 2**32 - 1])
-                    | st.integers(0, 2**32 - 1))  # fmt: skip
+        size = draw(
+            st.sampled_from([0, 1, 3, 4, MAX_REQUEST_BYTES + 1, 2**32 - 1])
+            | st.integers(0, 2**32 - 1)
+        )
         return struct.pack(">I", size) + bytes(frame[4:])
     if kind == "header_size":
         return frame[:4] + struct.pack(">I", draw(st.integers(0, 2**32 - 1))) + frame[8:]
@@ -173,8 +198,15 @@ def test_server_survives_many_connections_at_once(live_server: ServerProcess) ->
 
 
 def test_well_formed_requests_still_work_after_fuzzing(live_server: ServerProcess) -> None:
-    produce = {"api": 0, "version": 0, "correlation_id": 5, "client_id": "f", "acks": 1,
-               "timeout_ms": 100, "topics": [["t", [[0, 3], [1, 2]]]]}  # fmt: skip
+    produce = {
+        "api": 0,
+        "version": 0,
+        "correlation_id": 5,
+        "client_id": "f",
+        "acks": 1,
+        "timeout_ms": 100,
+        "topics": [["t", [[0, 3], [1, 2]]]],
+    }
     ((header, _),) = FrameDecoder().feed(
         exchange(live_server.port, encode_frame_bytes(produce, b"abcde"))
     )
@@ -191,9 +223,12 @@ def live_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sets = {"node.id": 1, "controller.quorum.voters": f"1@127.0.0.1:{port}",
-            "metadata.log.dir": tmp_path_factory.mktemp("controller"),
-            "socket.request.max.bytes": MAX_REQUEST_BYTES}  # fmt: skip
+    sets = {
+        "node.id": 1,
+        "controller.quorum.voters": f"1@127.0.0.1:{port}",
+        "metadata.log.dir": tmp_path_factory.mktemp("controller"),
+        "socket.request.max.bytes": MAX_REQUEST_BYTES,
+    }
     command = [sys.executable, "-m", "rillet.client.cli", "controller"]
     for key, value in sets.items():
         command += ["--set", f"{key}={value}"]
@@ -204,12 +239,23 @@ def live_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 def raft_messages(draw: st.DrawFn) -> bytes:
     """RaftMessage frames whose payload is garbage, a wrong map, or a message with bad types."""
     kind = draw(st.sampled_from(["AppendRequest", "VoteRequest", "InstallSnapshot", "Nope"]))
-    body = draw(st.dictionaries(st.sampled_from(["term", "src", "dst", "entries", "data",
-                                                 "prev_index", "commit", "sent_ms"]),
-                                MSGPACK_VALUES, max_size=8))  # fmt: skip
+    body = draw(
+        st.dictionaries(
+            st.sampled_from(
+                ["term", "src", "dst", "entries", "data", "prev_index", "commit", "sent_ms"]
+            ),
+            MSGPACK_VALUES,
+            max_size=8,
+        )
+    )
     payload = draw(st.binary(max_size=64) | st.just(msgpack.packb({"type": kind, **body})))
-    header = {"api": schemas.RAFT_MESSAGE.key, "version": 0, "correlation_id": 1,
-              "src": draw(st.integers(-1, 4)), "dst": draw(st.integers(-1, 4))}  # fmt: skip
+    header = {
+        "api": schemas.RAFT_MESSAGE.key,
+        "version": 0,
+        "correlation_id": 1,
+        "src": draw(st.integers(-1, 4)),
+        "dst": draw(st.integers(-1, 4)),
+    }
     return encode_frame_bytes(header, payload)
 
 

@@ -16,15 +16,35 @@ BEGIN, END = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
 
 # docs/architecture.md fixes these keys.
 EXPECTED_KEYS = {
-    "Produce": 0, "Fetch": 1, "ListOffsets": 2, "Metadata": 3, "ControlledShutdown": 7,
-    "OffsetCommit": 8, "OffsetFetch": 9, "FindCoordinator": 10, "JoinGroup": 11,
-    "Heartbeat": 12, "LeaveGroup": 13, "SyncGroup": 14, "ApiVersions": 18,
-    "CreateTopics": 19, "DeleteTopics": 20, "Vote": 52, "AlterPartition": 56,
-    "DescribeCluster": 60, "BrokerRegistration": 62, "BrokerHeartbeat": 63,
-    "RaftAppend": 1000, "FetchMetadata": 1001, "RaftInstallSnapshot": 1002,
-    "RaftTimeoutNow": 1003, "ElectLeaders": 43, "AlterPartitionReassignments": 45,
-    "RaftMessage": 1004, "DescribeQuorum": 55,
-}  # fmt: skip
+    "Produce": 0,
+    "Fetch": 1,
+    "ListOffsets": 2,
+    "Metadata": 3,
+    "ControlledShutdown": 7,
+    "OffsetCommit": 8,
+    "OffsetFetch": 9,
+    "FindCoordinator": 10,
+    "JoinGroup": 11,
+    "Heartbeat": 12,
+    "LeaveGroup": 13,
+    "SyncGroup": 14,
+    "ApiVersions": 18,
+    "CreateTopics": 19,
+    "DeleteTopics": 20,
+    "Vote": 52,
+    "AlterPartition": 56,
+    "DescribeCluster": 60,
+    "BrokerRegistration": 62,
+    "BrokerHeartbeat": 63,
+    "RaftAppend": 1000,
+    "FetchMetadata": 1001,
+    "RaftInstallSnapshot": 1002,
+    "RaftTimeoutNow": 1003,
+    "ElectLeaders": 43,
+    "AlterPartitionReassignments": 45,
+    "RaftMessage": 1004,
+    "DescribeQuorum": 55,
+}
 
 
 def produce_fields(**overrides: object) -> dict:
@@ -34,9 +54,12 @@ def produce_fields(**overrides: object) -> dict:
 
 def fetch_fields() -> dict:
     return {
-        "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20,
+        "replica_id": -1,
+        "max_wait_ms": 500,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
         "topics": [["t", [[0, 100, 3, 3, 0, 65536]]]],
-    }  # fmt: skip
+    }
 
 
 def test_every_documented_api_is_declared_with_its_key() -> None:
@@ -48,7 +71,8 @@ def test_payload_flags() -> None:
     with_payload = {a.name for a in schemas.APIS.values() if a.request_payload}
     assert with_payload == {"Produce", "RaftInstallSnapshot", "RaftMessage"}
     assert {a.name for a in schemas.APIS.values() if a.response_payload} == {
-        "Fetch", "FetchMetadata"
+        "Fetch",
+        "FetchMetadata",
     }
 
 
@@ -130,9 +154,10 @@ def test_fields_added_in_a_later_version() -> None:
 
 def test_response_validation_and_error_only_responses() -> None:
     fetch_response = {
-        "throttle_time_ms": 0, "error_code": 0,
+        "throttle_time_ms": 0,
+        "error_code": 0,
         "topics": [["t", [[0, 0, 10, 10, 0, [3, 7], -1, 100], [1, 6, -1, -1, -1, None, -1, 0]]]],
-    }  # fmt: skip
+    }
     schemas.validate_response(schemas.FETCH, 0, fetch_response)
     schemas.validate_response(schemas.FETCH, 0, {"error_code": 42, "error_message": "bad"})
     fetch_response["topics"][0][1][0][5] = [3]

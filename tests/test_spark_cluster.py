@@ -72,32 +72,55 @@ def test_read_returns_exactly_what_the_client_wrote(spark: Any, bootstrap: str) 
     with SyncProducer(bootstrap=bootstrap, acks="all") as p:
         for i in range(60):
             headers = [["n", str(i).encode()], ["src", b"test"]] if i % 3 == 0 else None
-            md = p.send("events", b"value-%d" % i, key=b"k%d" % (i % 5), headers=headers,
-                        partition=i % 2, timestamp=1_700_000_000_000 + i * 1000)  # fmt: skip
-            sent[(md.partition, md.offset)] = (md.timestamp, b"k%d" % (i % 5), b"value-%d" % i,
-                                               headers)  # fmt: skip
+            md = p.send(
+                "events",
+                b"value-%d" % i,
+                key=b"k%d" % (i % 5),
+                headers=headers,
+                partition=i % 2,
+                timestamp=1_700_000_000_000 + i * 1000,
+            )
+            sent[(md.partition, md.offset)] = (
+                md.timestamp,
+                b"k%d" % (i % 5),
+                b"value-%d" % i,
+                headers,
+            )
     rows = read_df(spark, bootstrap, "events").collect()
     got = {
         (r.partition, r.offset): (
-            int(r.timestamp.timestamp() * 1000), bytes(r.key), bytes(r.value),
+            int(r.timestamp.timestamp() * 1000),
+            bytes(r.key),
+            bytes(r.value),
             [[h.key, bytes(h.value)] for h in r.headers] if r.headers else None,
         )
         for r in rows
-    }  # fmt: skip
+    }
     assert len(rows) == 60 and got == sent
     assert {r.topic for r in rows} == {"events"}
     assert sent[(0, 0)][0] == 1_700_000_000_000  # the producer's timestamps came through
 
     # Offset ranges: partition 0 from 5 to 12, partition 1 from 10 to its end (30).
-    part = read_df(spark, bootstrap, "events", startingOffsets='{"0": 5, "1": 10}',
-                   endingOffsets='{"events": {"0": 12}}', maxRecordsPerPartition="4")  # fmt: skip
+    part = read_df(
+        spark,
+        bootstrap,
+        "events",
+        startingOffsets='{"0": 5, "1": 10}',
+        endingOffsets='{"events": {"0": 12}}',
+        maxRecordsPerPartition="4",
+    )
     assert part.rdd.getNumPartitions() == 2 + 5  # 7 records in 2 pieces, 20 in 5
     assert sorted((r.partition, r.offset) for r in part.collect()) == (
         [(0, o) for o in range(5, 12)] + [(1, o) for o in range(10, 30)]
     )
     # Timestamps: record i has timestamp base + i s, and i = 2 * offset + partition.
-    by_time = read_df(spark, bootstrap, "events", startingTimestamp=str(1_700_000_010_000),
-                      endingTimestamp=str(1_700_000_020_000))  # fmt: skip
+    by_time = read_df(
+        spark,
+        bootstrap,
+        "events",
+        startingTimestamp=str(1_700_000_010_000),
+        endingTimestamp=str(1_700_000_020_000),
+    )
     assert sorted(bytes(r.value) for r in by_time.collect()) == sorted(
         b"value-%d" % i for i in range(10, 20)
     )
@@ -112,8 +135,14 @@ def test_write_is_acknowledged_and_readable_by_the_client(
         "key binary, value string, partition int",
     ).repartition(3)
     report = tmp_path / "report.json"
-    (df.write.format("rillet").mode("append").option("bootstrap", bootstrap)
-     .option("topic", "out").option("reportPath", str(report)).save())  # fmt: skip
+    (
+        df.write.format("rillet")
+        .mode("append")
+        .option("bootstrap", bootstrap)
+        .option("topic", "out")
+        .option("reportPath", str(report))
+        .save()
+    )
     committed = json.loads(report.read_text())
     assert committed["status"] == "committed"
     assert sum(t["records"] for t in committed["tasks"]) == 90
@@ -130,8 +159,14 @@ def test_write_is_acknowledged_and_readable_by_the_client(
 def test_write_to_a_missing_topic_fails_the_job(spark: Any, bootstrap: str) -> None:
     df = spark.createDataFrame([(b"v",)], "value binary")
     with pytest.raises(Exception, match="topic .nope. does not exist"):
-        (df.write.format("rillet").mode("append").option("bootstrap", bootstrap)
-         .option("topic", "nope").option("deliveryTimeoutMs", "3000").save())  # fmt: skip
+        (
+            df.write.format("rillet")
+            .mode("append")
+            .option("bootstrap", bootstrap)
+            .option("topic", "nope")
+            .option("deliveryTimeoutMs", "3000")
+            .save()
+        )
 
 
 def test_write_that_cannot_be_acknowledged_fails_and_aborts(
@@ -144,9 +179,16 @@ def test_write_that_cannot_be_acknowledged_fails_and_aborts(
     df = spark.createDataFrame([(b"v%d" % i,) for i in range(20)], "value binary")
     report = tmp_path / "report.json"
     with pytest.raises(Exception, match="DeliveryError"):
-        (df.write.format("rillet").mode("append").option("bootstrap", cluster.bootstrap)
-         .option("topic", "strict").option("requestTimeoutMs", "1000")
-         .option("deliveryTimeoutMs", "3000").option("reportPath", str(report)).save())  # fmt: skip
+        (
+            df.write.format("rillet")
+            .mode("append")
+            .option("bootstrap", cluster.bootstrap)
+            .option("topic", "strict")
+            .option("requestTimeoutMs", "1000")
+            .option("deliveryTimeoutMs", "3000")
+            .option("reportPath", str(report))
+            .save()
+        )
     aborted = json.loads(report.read_text())
     assert aborted["status"] == "aborted" and aborted["tasks"] == []
 
@@ -161,12 +203,19 @@ def test_stream_picks_up_new_records_and_resumes_after_restart(
         seen.extend((r.partition, r.offset, bytes(r.value)) for r in batch_df.collect())
 
     def start(**trigger: Any) -> Any:
-        stream = (spark.readStream.format("rillet").option("bootstrap", bootstrap)
-                  .option("topic", "stream").option("startingOffsets", "earliest")
-                  .load())  # fmt: skip
-        return (stream.writeStream.foreachBatch(collect)
-                .option("checkpointLocation", str(tmp_path / "checkpoint"))
-                .trigger(**trigger).start())  # fmt: skip
+        stream = (
+            spark.readStream.format("rillet")
+            .option("bootstrap", bootstrap)
+            .option("topic", "stream")
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        return (
+            stream.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(**trigger)
+            .start()
+        )
 
     with SyncProducer(bootstrap=bootstrap, acks="all") as p:
         p.send_many("stream", [b"a%d" % i for i in range(40)])
@@ -184,8 +233,11 @@ def test_stream_picks_up_new_records_and_resumes_after_restart(
     restarted = start(availableNow=True)  # a new query on the same checkpoint
     restarted.awaitTermination()
     values = sorted(v for _, _, v in seen)
-    expected = sorted([b"a%d" % i for i in range(40)] + [b"b%d" % i for i in range(20)]
-                      + [b"c%d" % i for i in range(25)])  # fmt: skip
+    expected = sorted(
+        [b"a%d" % i for i in range(40)]
+        + [b"b%d" % i for i in range(20)]
+        + [b"c%d" % i for i in range(25)]
+    )
     assert values == expected  # nothing skipped, nothing repeated
     for part in (0, 1):
         offsets = [o for p_, o, _ in seen if p_ == part]
@@ -196,19 +248,51 @@ def test_spark_load_then_verify_pass(
     spark: Any, bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     manifest = tmp_path / "manifest.json"
-    assert rillet_main([
-        "spark", "load", "--topic", "load", "--records", "5000", "--record-size", "64",
-        "--tasks", "3", "--partitions", "2", "--replication-factor", "3", "--strict-order",
-        "--manifest", str(manifest), "--bootstrap", bootstrap, "--json",
-    ]) == 0  # fmt: skip
+    assert (
+        rillet_main(
+            [
+                "spark",
+                "load",
+                "--topic",
+                "load",
+                "--records",
+                "5000",
+                "--record-size",
+                "64",
+                "--tasks",
+                "3",
+                "--partitions",
+                "2",
+                "--replication-factor",
+                "3",
+                "--strict-order",
+                "--manifest",
+                str(manifest),
+                "--bootstrap",
+                bootstrap,
+                "--json",
+            ]
+        )
+        == 0
+    )
     load = json.loads(capsys.readouterr().out)
     assert load["status"] == "committed" and load["records"] == 5000
     assert sorted(t["task"] for t in load["per_task"]) == [0, 1, 2]
     assert sum(t["records"] for t in load["per_task"]) == 5000
     assert load["records_per_s"] > 0 and load["mb_per_s"] > 0
 
-    code = rillet_main(["spark", "verify", "--topic", "load", "--manifest", str(manifest),
-                        "--bootstrap", bootstrap])  # fmt: skip
+    code = rillet_main(
+        [
+            "spark",
+            "verify",
+            "--topic",
+            "load",
+            "--manifest",
+            str(manifest),
+            "--bootstrap",
+            bootstrap,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "read 5,000 records" in out and out.rstrip().endswith("PASS")
@@ -228,8 +312,21 @@ def test_verify_catches_lost_duplicated_reordered_corrupt_and_phantom_records(
             p.send("faulty", make_value(0, seq, 40), key=b"0")
         p.send("faulty", bytes(damaged), key=b"0")
         p.send("faulty", make_value(0, 10, 40), key=b"0")
-    code = rillet_main(["spark", "verify", "--topic", "faulty", "--records", "10",
-                        "--tasks", "1", "--bootstrap", bootstrap, "--json"])  # fmt: skip
+    code = rillet_main(
+        [
+            "spark",
+            "verify",
+            "--topic",
+            "faulty",
+            "--records",
+            "10",
+            "--tasks",
+            "1",
+            "--bootstrap",
+            bootstrap,
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 2 and not report["ok"]
     assert (report["lost"], report["duplicates"], report["reordered"]) == (1, 1, 1)
@@ -237,15 +334,31 @@ def test_verify_catches_lost_duplicated_reordered_corrupt_and_phantom_records(
     ex = report["examples"]
     assert ex["lost"] == [{"task": 0, "seq": 3}]
     assert ex["duplicate"] == [{"task": 0, "seq": 5, "copies": 2, "at": ["0@4", "0@5"]}]
-    assert ex["reordered"] == [
-        {"partition": 0, "task": 0, "seq": 6, "offset": 7, "after_seq": 7}
-    ]
+    assert ex["reordered"] == [{"partition": 0, "task": 0, "seq": 6, "offset": 7, "after_seq": 7}]
     assert ex["corrupt"] == [{"partition": 0, "offset": 10}]
     assert ex["phantom"] == [{"partition": 0, "offset": 11, "task": 0, "seq": 10}]
 
-    rillet_main(["spark", "verify", "--topic", "faulty", "--records", "10", "--tasks", "1",
-                 "--bootstrap", bootstrap])  # fmt: skip
+    rillet_main(
+        [
+            "spark",
+            "verify",
+            "--topic",
+            "faulty",
+            "--records",
+            "10",
+            "--tasks",
+            "1",
+            "--bootstrap",
+            bootstrap,
+        ]
+    )
     text = capsys.readouterr().out
-    for line in ("FAIL lost", "FAIL duplicates", "FAIL reordered", "FAIL corrupt",
-                 "FAIL phantom", "task 0 seq 3"):  # fmt: skip
+    for line in (
+        "FAIL lost",
+        "FAIL duplicates",
+        "FAIL reordered",
+        "FAIL corrupt",
+        "FAIL phantom",
+        "task 0 seq 3",
+    ):
         assert line in text

@@ -68,9 +68,14 @@ def test_one_range_per_partition_with_records_and_end_clamped_to_latest() -> Non
 def test_large_ranges_split_into_max_records_pieces_without_gaps() -> None:
     ranges = plan_ranges("t", {0: 0, 1: 5}, {0: 10, 1: 20}, max_records=4)
     assert [(r.partition, r.start, r.end) for r in ranges] == [
-        (0, 0, 4), (0, 4, 8), (0, 8, 10),
-        (1, 5, 9), (1, 9, 13), (1, 13, 17), (1, 17, 20),
-    ]  # fmt: skip
+        (0, 0, 4),
+        (0, 4, 8),
+        (0, 8, 10),
+        (1, 5, 9),
+        (1, 9, 13),
+        (1, 13, 17),
+        (1, 17, 20),
+    ]
     assert sum(r.count for r in ranges) == 25
 
 
@@ -88,8 +93,15 @@ def test_stream_offsets_round_trip_through_json_keys() -> None:
 
 
 def test_options_are_case_insensitive_and_need_a_topic() -> None:
-    o = SourceOptions.parse({"Topic": "t", "STARTINGOFFSETS": '{"0": 1}', "acks": "1",
-                             "maxRecordsPerPartition": "100", "lingerMs": "2"})  # fmt: skip
+    o = SourceOptions.parse(
+        {
+            "Topic": "t",
+            "STARTINGOFFSETS": '{"0": 1}',
+            "acks": "1",
+            "maxRecordsPerPartition": "100",
+            "lingerMs": "2",
+        }
+    )
     assert (o.topic, o.starting, o.ending, o.acks) == ("t", {0: 1}, "latest", "1")
     assert o.max_records == 100 and o.producer == {"linger_ms": 2.0}
     assert SourceOptions.parse({"topic": "t"}, streaming=True).starting == "latest"

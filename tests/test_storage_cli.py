@@ -27,7 +27,9 @@ def test_dump_json_lists_batches_and_records(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     rows = out[0]["batches_detail"]
     assert [(r["base_offset"], r["last_offset"], r["leader_epoch"]) for r in rows] == [
-        (0, 1, 3), (2, 2, 3)]
+        (0, 1, 3),
+        (2, 2, 3),
+    ]
     assert rows[1]["compression"] == "zstd" and rows[0]["crc_valid"]
     assert [x["value"] for x in rows[0]["records"]] == ["a", "b"]
     assert rows[1]["position"] == rows[0]["size"]
@@ -63,8 +65,9 @@ async def test_compaction_does_not_block_appends(tmp_path):
     assert stats.rewritten > 0
     recs, offset = [], log.log_start_offset
     while offset < log.log_end_offset:
-        batch_recs = [r for r in records.decode_all(log.read_bytes(offset, 1 << 20))
-                      if r.offset >= offset]
+        batch_recs = [
+            r for r in records.decode_all(log.read_bytes(offset, 1 << 20)) if r.offset >= offset
+        ]
         recs.extend(batch_recs)
         offset = batch_recs[-1].offset + 1
     assert [r.key for r in recs].count(b"other") == 30

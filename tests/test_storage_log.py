@@ -166,8 +166,7 @@ def test_follower_append_keeps_offsets_and_checks_order(tmp_path):
 
 def test_segments_roll_by_size_and_time(tmp_path):
     clock = FakeClock()
-    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=4096, segment_ms=60_000),
-                   clock=clock)
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=4096, segment_ms=60_000), clock=clock)
     while len(log.segments) == 1:
         log.append(batch(10), 0)
     assert all(s.size <= 4096 for s in log.segments)
@@ -290,7 +289,11 @@ def test_failed_write_leaves_the_log_as_it_was(tmp_path, monkeypatch):
 def test_batch_without_records_is_refused(tmp_path):
     log = Log.open(tmp_path / "t-0", SMALL)
     empty = records.assemble_batch(
-        b"\x90", attributes=0, record_count=0, last_offset_delta=0, base_timestamp=0,
+        b"\x90",
+        attributes=0,
+        record_count=0,
+        last_offset_delta=0,
+        base_timestamp=0,
         max_timestamp=0,
     )
     with pytest.raises(CorruptRecordError, match="no records"):

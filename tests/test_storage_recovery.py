@@ -22,8 +22,9 @@ RILLET = [sys.executable, "-m", "rillet.client.cli"]
 
 
 def verify(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*RILLET, "log", "verify", str(path)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [*RILLET, "log", "verify", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def write_log(path: Path, sizes: list[int]) -> list[tuple[Path, int, int, int]]:
@@ -59,8 +60,9 @@ def expected_end(layout, damaged_file: Path, damaged_pos: int) -> int:
 
 
 batch_sizes = st.lists(st.integers(1, 30), min_size=3, max_size=25)
-PROPERTY = settings(max_examples=8, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def check_recovered(path: Path, end: int, damaged: tuple[Path, int] | None) -> None:
@@ -103,8 +105,8 @@ def test_recovery_after_a_flipped_byte(tmp_path_factory, sizes, data):
     path = tmp_path_factory.mktemp("flip") / "t-0"
     layout = write_log(path, sizes)
     seg, pos, size, _ = data.draw(st.sampled_from(layout), label="batch")
-    # Every byte but base_offset (0-7) and the leader epoch (12-15): by design (DESIGN
-    # section 3) the CRC leaves those out so a leader can stamp them in place.
+    # Every byte but base_offset (0-7) and the leader epoch (12-15): by design (docs/design.md,
+    # "Record batches") the CRC leaves those out so a leader can stamp them in place.
     inside = data.draw(st.sampled_from([*range(8, 12), *range(16, size)]), label="byte")
     raw = bytearray(seg.read_bytes())
     raw[pos + inside] ^= 1 << data.draw(st.integers(0, 7), label="bit")

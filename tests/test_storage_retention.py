@@ -61,8 +61,12 @@ async def test_size_retention_keeps_at_most_retention_bytes(tmp_path):
 
 async def test_compaction_keeps_latest_per_key_and_offsets(tmp_path):
     clock = FakeClock(100 * DAY)
-    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0,
-                    delete_retention_ms=DAY)
+    cfg = LogConfig(
+        segment_bytes=1024,
+        cleanup_policy="compact",
+        file_delete_delay_ms=0,
+        delete_retention_ms=DAY,
+    )
     log = Log.open(tmp_path / "t-0", cfg, clock=clock)
     latest: dict[bytes, tuple[int, bytes | None]] = {}
     offset = 0
@@ -146,8 +150,7 @@ async def test_compaction_output_left_by_a_crash_is_discarded_or_finished(tmp_pa
 
 async def test_manager_maintenance_runs_retention_and_compaction(tmp_path):
     clock = FakeClock(10 * DAY)
-    manager = LogManager(tmp_path, {"segment.bytes": 1024, "file.delete.delay.ms": 0},
-                         clock=clock)
+    manager = LogManager(tmp_path, {"segment.bytes": 1024, "file.delete.delay.ms": 0}, clock=clock)
     await manager.start(schedule=False)
     old = manager.get_or_create("old", 0, {"retention.ms": DAY})
     comp = manager.get_or_create("comp", 0, {"cleanup.policy": "compact"})
@@ -167,8 +170,12 @@ def _headers(log: Log):
 
 async def test_tombstones_dropped_only_after_delete_retention(tmp_path):
     clock = FakeClock(100 * DAY)
-    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0,
-                    delete_retention_ms=DAY)
+    cfg = LogConfig(
+        segment_bytes=1024,
+        cleanup_policy="compact",
+        file_delete_delay_ms=0,
+        delete_retention_ms=DAY,
+    )
     for age, survives in ((10 * DAY, False), (DAY // 2, True)):
         log = Log.open(tmp_path / f"t-{age}", cfg, clock=clock)
         log.append(keyed([b"gone"], [b"v"], clock.now - age), 0)

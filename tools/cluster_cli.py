@@ -102,8 +102,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ClusterError as e:
         return _fail(str(e))
     if args.json:
-        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": cluster.status(),
-                          "cluster_id": described.get("cluster_id")}))
+        print(
+            json.dumps(
+                {
+                    "bootstrap": cluster.bootstrap,
+                    "nodes": cluster.status(),
+                    "cluster_id": described.get("cluster_id"),
+                }
+            )
+        )
     else:
         print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}")
         print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}")
@@ -209,9 +216,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = cluster.status()
     health = cluster.partition_health(timeout_s=2.0)
     if args.json:
-        print(json.dumps({"bootstrap": cluster.bootstrap, "nodes": rows,
-                          "controller_id": health["controller_id"] if health else -1,
-                          "partitions": _partition_counts(health)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bootstrap": cluster.bootstrap,
+                    "nodes": rows,
+                    "controller_id": health["controller_id"] if health else -1,
+                    "partitions": _partition_counts(health),
+                }
+            )
+        )
         return 0
     from rich.console import Console
 

@@ -402,9 +402,7 @@ class LocalCluster:
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(
-            n.listeners["BROKER"] for n in self.brokers() if "BROKER" in n.listeners
-        )
+        return ",".join(n.listeners["BROKER"] for n in self.brokers() if "BROKER" in n.listeners)
 
     def describe(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """DescribeCluster from the first live broker that answers, or None."""
@@ -519,8 +517,12 @@ def summarize_partitions(metadata: dict[str, Any]) -> dict[str, Any]:
             total += 1
             under += len(isr) < len(replicas)
             offline += leader < 0
-    return {"controller_id": metadata.get("controller_id", -1), "partitions": total,
-            "under_replicated": under, "offline": offline}  # fmt: skip
+    return {
+        "controller_id": metadata.get("controller_id", -1),
+        "partitions": total,
+        "under_replicated": under,
+        "offline": offline,
+    }
 
 
 def _rack(racks: list, i: int) -> str | None:

@@ -75,8 +75,9 @@ class FetchHandler:
         # the broker's own registry beside bytes_out, which counts them too.
         self.follower_bytes_out = Counter(
             "rillet_broker_follower_consumer_bytes_out",
-            "Fetched bytes a follower replica sent to consumers", registry=metrics.registry,
-        )  # fmt: skip
+            "Fetched bytes a follower replica sent to consumers",
+            registry=metrics.registry,
+        )
         self._noted: set[tuple[Any, ...]] = set()  # (what, tp, epoch...) logged once
 
     async def __call__(self, request: Request) -> Response:
@@ -105,8 +106,9 @@ class FetchHandler:
         self.metrics.bytes_out.inc(result.nbytes)
         if result.follower_nbytes:
             self.follower_bytes_out.inc(result.follower_nbytes)
-        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": result.topics},
-                        result.payload)  # fmt: skip
+        return Response(
+            {"throttle_time_ms": 0, "error_code": 0, "topics": result.topics}, result.payload
+        )
 
     def read_all(self, f: dict[str, Any], first: bool = True) -> _Pass:
         """One read over every partition. A follower's position is recorded on the
@@ -130,9 +132,16 @@ class FetchHandler:
         return out
 
     def read_one(
-        self, topic: str, p: list[Any], replica_id: int, budget: int, out: _Pass, now: int,
-        first: bool = True, rack: str = "",
-    ) -> tuple[list[Any], FileSlice | None]:  # fmt: skip
+        self,
+        topic: str,
+        p: list[Any],
+        replica_id: int,
+        budget: int,
+        out: _Pass,
+        now: int,
+        first: bool = True,
+        rack: str = "",
+    ) -> tuple[list[Any], FileSlice | None]:
         partition, offset, last_fetched_epoch, current_leader_epoch, _, max_bytes = p[:6]
         replica = self.replicas.replicas.get(TopicPartition(topic, partition))
         if replica is None:
@@ -178,10 +187,15 @@ class FetchHandler:
         nbytes = data.length if data is not None else 0
         if nbytes and replica_id == CONSUMER and not replica.is_leader:
             out.follower_nbytes += nbytes
-            self._note(("serve", replica.log.name, state.leader_epoch),
-                       "%s: serving consumer fetches as a follower of %d (epoch %d), below "
-                       "this replica's high watermark %d", replica.log.name, state.leader_id,
-                       state.leader_epoch, hw)  # fmt: skip
+            self._note(
+                ("serve", replica.log.name, state.leader_epoch),
+                "%s: serving consumer fetches as a follower of %d (epoch %d), below "
+                "this replica's high watermark %d",
+                replica.log.name,
+                state.leader_id,
+                state.leader_epoch,
+                hw,
+            )
         return [partition, NONE, hw, hw, log.log_start_offset, None, NO_REPLICA, nbytes], data
 
     @staticmethod
@@ -212,16 +226,24 @@ class FetchHandler:
         if self._rack_of(self.replicas.broker_id) == rack:
             return None
         candidates = [
-            (state.follower_log_end_offset(b), -b) for b in state.isr
-            if b != self.replicas.broker_id and self._rack_of(b) == rack
-            and image.is_unfenced(b) and state.follower_log_end_offset(b) >= offset
-        ]  # fmt: skip
+            (state.follower_log_end_offset(b), -b)
+            for b in state.isr
+            if b != self.replicas.broker_id
+            and self._rack_of(b) == rack
+            and image.is_unfenced(b)
+            and state.follower_log_end_offset(b) >= offset
+        ]
         if not candidates:
             return None
         chosen = -max(candidates)[1]
-        self._note(("prefer", replica.log.name, state.leader_epoch, rack, chosen),
-                   "%s: consumers in rack %s fetch from replica %d (leader epoch %d)",
-                   replica.log.name, rack, chosen, state.leader_epoch)  # fmt: skip
+        self._note(
+            ("prefer", replica.log.name, state.leader_epoch, rack, chosen),
+            "%s: consumers in rack %s fetch from replica %d (leader epoch %d)",
+            replica.log.name,
+            rack,
+            chosen,
+            state.leader_epoch,
+        )
         return chosen
 
     def _rack_of(self, broker_id: int) -> str | None:
@@ -238,8 +260,9 @@ class FetchHandler:
         logger.info(msg, *args)
 
     @staticmethod
-    def _read(log: Any, offset: int, max_bytes: int, limit: int | None,
-              first: bool) -> FileSlice | None:  # fmt: skip
+    def _read(
+        log: Any, offset: int, max_bytes: int, limit: int | None, first: bool
+    ) -> FileSlice | None:
         """Whole batches; the first partition with data may exceed the byte limits by one
         batch (so an oversized batch still makes progress), later ones may not."""
         if max_bytes <= 0 and not first:

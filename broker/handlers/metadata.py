@@ -66,16 +66,17 @@ class MetadataHandlers:
 
     def _brokers(self, include_fenced: bool = False) -> list[Any]:
         # DescribeCluster lists fenced brokers too, flagged: tooling waits on that flag.
-        desc = describe_cluster(self.image, self.cluster_id, self.controller_id(),
-                                BROKER_LISTENER, include_fenced)  # fmt: skip
+        desc = describe_cluster(
+            self.image, self.cluster_id, self.controller_id(), BROKER_LISTENER, include_fenced
+        )
         return desc.brokers
 
     async def metadata(self, request: Request) -> Response:
         names = request.fields["topics"]
         topics = describe_topics(self.image, names)
-        auto = request.fields["allow_auto_topic_creation"] and self.config[
-            "auto.create.topics.enable"
-        ]
+        auto = (
+            request.fields["allow_auto_topic_creation"] and self.config["auto.create.topics.enable"]
+        )
         out = []
         for t in topics:
             code = t.error_code
@@ -83,23 +84,46 @@ class MetadataHandlers:
                 self._auto_create(t.name)
                 code = LEADER_NOT_AVAILABLE
             parts = [
-                [p.error_code, p.partition, p.leader, p.leader_epoch, list(p.replicas),
-                 list(p.isr), list(p.offline_replicas)]
+                [
+                    p.error_code,
+                    p.partition,
+                    p.leader,
+                    p.leader_epoch,
+                    list(p.replicas),
+                    list(p.isr),
+                    list(p.offline_replicas),
+                ]
                 for p in t.partitions
-            ]  # fmt: skip
+            ]
             out.append([code, t.name, False, parts])
         brokers = [[b.broker_id, b.host, b.port, b.rack] for b in self._brokers()]
-        return Response({"throttle_time_ms": 0, "cluster_id": self.cluster_id,
-                         "controller_id": self.controller_id(), "brokers": brokers,
-                         "topics": out})  # fmt: skip
+        return Response(
+            {
+                "throttle_time_ms": 0,
+                "cluster_id": self.cluster_id,
+                "controller_id": self.controller_id(),
+                "brokers": brokers,
+                "topics": out,
+            }
+        )
 
     def _auto_create(self, name: str) -> None:
         if name in self._creating:
             return
         self._creating.add(name)
-        fields = {"topics": [[name, self.config["num.partitions"],
-                              self.config["default.replication.factor"], [], {}]],
-                  "timeout_ms": DEFAULT_TIMEOUT_MS, "validate_only": False}  # fmt: skip
+        fields = {
+            "topics": [
+                [
+                    name,
+                    self.config["num.partitions"],
+                    self.config["default.replication.factor"],
+                    [],
+                    {},
+                ]
+            ],
+            "timeout_ms": DEFAULT_TIMEOUT_MS,
+            "validate_only": False,
+        }
 
         async def create() -> None:
             try:
@@ -116,11 +140,20 @@ class MetadataHandlers:
         on_death_log(task, f"auto-creating topic {name}")
 
     async def describe_cluster(self, request: Request) -> Response:
-        brokers = [[b.broker_id, b.host, b.port, b.rack, b.fenced]
-                   for b in self._brokers(include_fenced=True)]  # fmt: skip
-        return Response({"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                         "cluster_id": self.cluster_id,
-                         "controller_id": self.controller_id(), "brokers": brokers})  # fmt: skip
+        brokers = [
+            [b.broker_id, b.host, b.port, b.rack, b.fenced]
+            for b in self._brokers(include_fenced=True)
+        ]
+        return Response(
+            {
+                "throttle_time_ms": 0,
+                "error_code": 0,
+                "error_message": None,
+                "cluster_id": self.cluster_id,
+                "controller_id": self.controller_id(),
+                "brokers": brokers,
+            }
+        )
 
     async def create_topics(self, request: Request) -> Response:
         fields = _request_fields(request)
@@ -164,9 +197,7 @@ class MetadataHandlers:
         )
         return Response(_response_fields(header))
 
-    async def _wait_image(
-        self, done: Callable[[MetadataImage], bool], timeout_ms: int
-    ) -> None:
+    async def _wait_image(self, done: Callable[[MetadataImage], bool], timeout_ms: int) -> None:
         """Until this broker's image satisfies ``done`` or the timeout (then answer
         anyway: the controller has committed the change, this broker is just behind)."""
         deadline = asyncio.get_running_loop().time() + max(timeout_ms, 0) / 1000
@@ -186,7 +217,7 @@ def _leader_epochs(image: MetadataImage, names: list[str] | None) -> dict[tuple[
     out: dict[tuple[str, int], int] = {}
     for name in wanted:
         t = image.topic(name)
-        for i, p in (t.partitions.items() if t is not None else ()):
+        for i, p in t.partitions.items() if t is not None else ():
             out[(name, i)] = p.leader_epoch
     return out
 

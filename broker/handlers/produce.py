@@ -91,7 +91,6 @@ class ProduceHandler:
             return result, None
         return result, self.replicas.await_produce(replica, last + 1, deadline_ms)
 
-
     def _log_not_enough_replicas(self, replica: Replica) -> None:
         """Say which ISR refused (at most once a second per partition): the core's
         committed ISR, which may differ from what metadata shows."""
@@ -101,11 +100,16 @@ class ProduceHandler:
             return
         self._refusal_logged_ms[replica.log.name] = now
         state = replica.state
-        logger.warning("%s: NOT_ENOUGH_REPLICAS: core isr %s (leader epoch %d, partition "
-                       "epoch %d) < min.insync.replicas %d; metadata isr %s",
-                       replica.log.name, list(state.isr), state.leader_epoch,
-                       state.partition_epoch, replica.min_insync_replicas,
-                       self._metadata_isr(replica))  # fmt: skip
+        logger.warning(
+            "%s: NOT_ENOUGH_REPLICAS: core isr %s (leader epoch %d, partition "
+            "epoch %d) < min.insync.replicas %d; metadata isr %s",
+            replica.log.name,
+            list(state.isr),
+            state.leader_epoch,
+            state.partition_epoch,
+            replica.min_insync_replicas,
+            self._metadata_isr(replica),
+        )
 
     def _metadata_isr(self, replica: Replica) -> str:
         p = self.replicas.image.partition(replica.topic, replica.partition)
@@ -138,8 +142,9 @@ def _slice_payload(
     return out
 
 
-def _error(partition: int, code: int, replica: Replica | None = None,
-           message: str | None = None) -> Result:  # fmt: skip
+def _error(
+    partition: int, code: int, replica: Replica | None = None, message: str | None = None
+) -> Result:
     log_start = replica.log.log_start_offset if replica is not None else -1
     return [partition, code, -1, -1, log_start, message]
 

@@ -100,9 +100,12 @@ class ControllerChannel:
             host, port = self.voters[target]
             self._conn = None
             self._conn = await Connection.open(
-                host, port, client_id=self.client_id, connect_timeout_ms=self.request_timeout_ms,
+                host,
+                port,
+                client_id=self.client_id,
+                connect_timeout_ms=self.request_timeout_ms,
                 request_timeout_ms=self.request_timeout_ms,
-            )  # fmt: skip
+            )
             self._conn_id = target
             return self._conn
 
@@ -134,8 +137,9 @@ class ControllerChannel:
             try:
                 conn = await self._connection()
                 target = self._conn_id
-                header, payload = await conn.request(api, dict(fields), raise_errors=False,
-                                                     timeout_ms=timeout_ms)  # fmt: skip
+                header, payload = await conn.request(
+                    api, dict(fields), raise_errors=False, timeout_ms=timeout_ms
+                )
                 code = header.get("error_code", 0)
                 if code == NOT_CONTROLLER:
                     error: RilletError = error_for(code, header.get("error_message") or "")
@@ -172,8 +176,13 @@ class ControllerChannel:
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
 
-    async def forward(self, api: schemas.Api | int | str, fields: dict[str, Any],
-                      *, deadline_ms: int = DEFAULT_DEADLINE_MS) -> dict[str, Any]:  # fmt: skip
+    async def forward(
+        self,
+        api: schemas.Api | int | str,
+        fields: dict[str, Any],
+        *,
+        deadline_ms: int = DEFAULT_DEADLINE_MS,
+    ) -> dict[str, Any]:
         """Forward a broker's CreateTopics / DeleteTopics / AlterPartition / ElectLeaders...
         to the active controller; returns the response header (per-item errors inside)."""
         header, _ = await self.request(api, fields, deadline_ms=deadline_ms)
@@ -229,11 +238,16 @@ class BrokerLifecycle:
 
     async def register(self) -> int:
         """Register (fenced) and return the broker epoch; retries until it succeeds."""
-        header, _ = await self.channel.request(schemas.BROKER_REGISTRATION, {
-            "broker_id": self.broker_id, "cluster_id": self.cluster_id,
-            "incarnation_id": self.incarnation_id, "listeners": self.listeners,
-            "rack": self.rack,
-        })  # fmt: skip
+        header, _ = await self.channel.request(
+            schemas.BROKER_REGISTRATION,
+            {
+                "broker_id": self.broker_id,
+                "cluster_id": self.cluster_id,
+                "incarnation_id": self.incarnation_id,
+                "listeners": self.listeners,
+                "rack": self.rack,
+            },
+        )
         self.state.broker_epoch = header["broker_epoch"]
         self.state.registered = True
         log.info("broker %d: registered with epoch %d", self.broker_id, self.state.broker_epoch)
@@ -259,18 +273,28 @@ class BrokerLifecycle:
             self._task = None
 
     async def heartbeat(self) -> LifecycleState:
-        header, _ = await self.channel.request(schemas.BROKER_HEARTBEAT, {
-            "broker_id": self.broker_id, "broker_epoch": self.state.broker_epoch,
-            "current_metadata_offset": self.metadata_offset(), "want_fence": False,
-            "want_shut_down": self._want_shutdown,
-        }, deadline_ms=max(self.heartbeat_interval_ms * 4, 2000))  # fmt: skip
+        header, _ = await self.channel.request(
+            schemas.BROKER_HEARTBEAT,
+            {
+                "broker_id": self.broker_id,
+                "broker_epoch": self.state.broker_epoch,
+                "current_metadata_offset": self.metadata_offset(),
+                "want_fence": False,
+                "want_shut_down": self._want_shutdown,
+            },
+            deadline_ms=max(self.heartbeat_interval_ms * 4, 2000),
+        )
         s = self.state
         before = (s.fenced, s.should_shut_down)
         s.fenced, s.caught_up = header["is_fenced"], header["is_caught_up"]
         s.should_shut_down = header["should_shut_down"]
         if (s.fenced, s.should_shut_down) != before:
-            log.info("broker %d: fenced=%s should_shut_down=%s", self.broker_id, s.fenced,
-                     s.should_shut_down)  # fmt: skip
+            log.info(
+                "broker %d: fenced=%s should_shut_down=%s",
+                self.broker_id,
+                s.fenced,
+                s.should_shut_down,
+            )
             if self.on_change is not None:
                 self.on_change(s)
         self._changed.set()
@@ -307,8 +331,11 @@ class BrokerLifecycle:
                 await self.wait_for(lambda s: s.should_shut_down)
             return True
         except TimeoutError:
-            log.warning("broker %d: controlled shutdown not confirmed within %d ms",
-                        self.broker_id, deadline_ms)  # fmt: skip
+            log.warning(
+                "broker %d: controlled shutdown not confirmed within %d ms",
+                self.broker_id,
+                deadline_ms,
+            )
             return False
         finally:
             await self.stop()
@@ -371,11 +398,18 @@ class MetadataFollower:
 
     async def fetch_once(self) -> int:
         """One FetchMetadata round trip; returns how many entries (or 1 snapshot) applied."""
-        header, payload = await self.channel.request(schemas.FETCH_METADATA, {
-            "broker_id": self.broker_id, "broker_epoch": self.broker_epoch(),
-            "fetch_offset": self.image.offset + 1, "last_fetched_epoch": self.image.epoch,
-            "max_wait_ms": self.max_wait_ms, "max_bytes": self.max_bytes,
-        }, timeout_ms=self.max_wait_ms + 5000)  # fmt: skip
+        header, payload = await self.channel.request(
+            schemas.FETCH_METADATA,
+            {
+                "broker_id": self.broker_id,
+                "broker_epoch": self.broker_epoch(),
+                "fetch_offset": self.image.offset + 1,
+                "last_fetched_epoch": self.image.epoch,
+                "max_wait_ms": self.max_wait_ms,
+                "max_bytes": self.max_bytes,
+            },
+            timeout_ms=self.max_wait_ms + 5000,
+        )
         self.high_watermark = header["high_watermark"]
         if header.get("snapshot_id") is not None:
             image = decode_snapshot(bytes(payload))

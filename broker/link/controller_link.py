@@ -60,14 +60,20 @@ class QuorumLink:
     async def start(self, endpoints: list[tuple[str, str, int]], on_metadata: Any) -> None:
         cfg = self.config
         self.follower = MetadataFollower(
-            self.channel, cfg.node_id, listener=self._listener(on_metadata),
+            self.channel,
+            cfg.node_id,
+            listener=self._listener(on_metadata),
             broker_epoch=lambda: self.lifecycle.state.broker_epoch if self.lifecycle else -1,
-        )  # fmt: skip
+        )
         self.lifecycle = BrokerLifecycle(
-            self.channel, cfg.node_id, endpoints, lambda: self.follower.image.offset,
-            cluster_id=cfg.cluster_id, rack=cfg.rack,
+            self.channel,
+            cfg.node_id,
+            endpoints,
+            lambda: self.follower.image.offset,
+            cluster_id=cfg.cluster_id,
+            rack=cfg.rack,
             heartbeat_interval_ms=cfg["broker.heartbeat.interval.ms"],
-        )  # fmt: skip
+        )
         # Policy fatal: a broker that never registers or follows metadata serves nothing
         # useful while looking alive (registration failures themselves are retried).
         task = asyncio.get_running_loop().create_task(
@@ -105,8 +111,9 @@ class QuorumLink:
                 await self.lifecycle.start()
                 break
             except RilletError as e:
-                logger.warning("broker %d: registration failed, retrying: %s",
-                               self.config.node_id, e)  # fmt: skip
+                logger.warning(
+                    "broker %d: registration failed, retrying: %s", self.config.node_id, e
+                )
                 await asyncio.sleep(REGISTER_RETRY_S)
         self.follower.start()
 
@@ -122,12 +129,26 @@ class QuorumLink:
         self, topic: str, partition: int, proposal: ProposeAlterPartition
     ) -> AlterPartitionResponse:
         assert self.lifecycle is not None
-        header = await self.channel.forward(schemas.ALTER_PARTITION, {
-            "broker_id": self.config.node_id,
-            "broker_epoch": self.lifecycle.state.broker_epoch,
-            "topics": [[topic, [[partition, proposal.leader_epoch,
-                                 list(proposal.new_isr), proposal.partition_epoch]]]],
-        })  # fmt: skip
+        header = await self.channel.forward(
+            schemas.ALTER_PARTITION,
+            {
+                "broker_id": self.config.node_id,
+                "broker_epoch": self.lifecycle.state.broker_epoch,
+                "topics": [
+                    [
+                        topic,
+                        [
+                            [
+                                partition,
+                                proposal.leader_epoch,
+                                list(proposal.new_isr),
+                                proposal.partition_epoch,
+                            ]
+                        ],
+                    ]
+                ],
+            },
+        )
         _, code, _leader, leader_epoch, isr, partition_epoch = header["topics"][0][1][0][:6]
         return AlterPartitionResponse(code, tuple(isr), leader_epoch, partition_epoch)
 
@@ -147,4 +168,3 @@ class QuorumLink:
         if self.follower is not None:
             await self.follower.stop()
         await self.channel.close()
-

@@ -68,10 +68,12 @@ RECONNECT_BACKOFF_MAX_S = 1.0
 # fetch; the full replica.fetch.backoff.ms (1 s) there held the high watermark, and so
 # every acks=all produce, for a second after each failover.
 LEADER_CATCH_UP_BACKOFF_S = 0.05
-LEADER_CATCHING_UP = frozenset({
-    errors.code_of("UNKNOWN_LEADER_EPOCH"),
-    errors.code_of("NOT_LEADER_OR_FOLLOWER"),
-})  # fmt: skip
+LEADER_CATCHING_UP = frozenset(
+    {
+        errors.code_of("UNKNOWN_LEADER_EPOCH"),
+        errors.code_of("NOT_LEADER_OR_FOLLOWER"),
+    }
+)
 REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
 Sent = dict[TopicPartition, tuple[Replica, FetchRequest]]  # what one Fetch asked, by partition
 
@@ -121,13 +123,18 @@ class FetcherManager:
     def failed_count(self) -> int:
         return len(self.failed)
 
-    def mark_failed(self, tp: TopicPartition, replica: Replica, source: int,
-                    error: BaseException) -> None:  # fmt: skip
+    def mark_failed(
+        self, tp: TopicPartition, replica: Replica, source: int, error: BaseException
+    ) -> None:
         """Stop fetching ``tp`` until its leader epoch changes (Kafka:
         markPartitionFailed). Logged with the traceback: an operator must see why."""
-        logger.error("%s: unexpected error processing data from leader %d; partition marked "
-                     "failed, no longer fetched until its leadership changes", replica.log.name,
-                     source, exc_info=error)  # fmt: skip
+        logger.error(
+            "%s: unexpected error processing data from leader %d; partition marked "
+            "failed, no longer fetched until its leadership changes",
+            replica.log.name,
+            source,
+            exc_info=error,
+        )
         self.failed[tp] = FailedPartition(replica, replica.state.leader_epoch, repr(error))
         for fetcher in self.fetchers.values():
             fetcher.partitions.pop(tp, None)
@@ -138,8 +145,7 @@ class FetcherManager:
             replica = self.replicas.replicas.get(tp)
             if replica is not failed.replica or replica.state.leader_epoch != failed.leader_epoch:
                 del self.failed[tp]
-                logger.info("%s-%d: no longer failed (leadership changed)", tp.topic,
-                            tp.partition)  # fmt: skip
+                logger.info("%s-%d: no longer failed (leadership changed)", tp.topic, tp.partition)
 
     def sync(self) -> None:
         """Move partitions between fetchers to match the replicas' current roles."""
@@ -208,8 +214,12 @@ class SourceFetcher:
         for tp in added:
             self.partitions[tp] = 0.0
         if added:
-            logger.info("fetcher from %d: now %d partition(s), added %s", self.source_id,
-                        len(self.partitions), sorted(added))  # fmt: skip
+            logger.info(
+                "fetcher from %d: now %d partition(s), added %s",
+                self.source_id,
+                len(self.partitions),
+                sorted(added),
+            )
             self._changed.set()
 
     def stop(self) -> None:
@@ -238,8 +248,11 @@ class SourceFetcher:
                 await self._fetch_loop()
             except Exception:
                 self.restarts += 1
-                logger.exception("fetcher from %d: unexpected error; restarting in %.2fs",
-                                 self.source_id, backoff_s)  # fmt: skip
+                logger.exception(
+                    "fetcher from %d: unexpected error; restarting in %.2fs",
+                    self.source_id,
+                    backoff_s,
+                )
             self._close()
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
@@ -302,11 +315,16 @@ class SourceFetcher:
             if req is None:
                 continue
             sent[tp] = (replica, req)
-            by_topic.setdefault(tp.topic, []).append([
-                tp.partition, req.fetch_offset, req.last_fetched_epoch,
-                req.current_leader_epoch, replica.log.log_start_offset,
-                config.partition_max_bytes,
-            ])  # fmt: skip
+            by_topic.setdefault(tp.topic, []).append(
+                [
+                    tp.partition,
+                    req.fetch_offset,
+                    req.last_fetched_epoch,
+                    req.current_leader_epoch,
+                    replica.log.log_start_offset,
+                    config.partition_max_bytes,
+                ]
+            )
         fields = {
             "replica_id": config.broker_id,
             "max_wait_ms": config.max_wait_ms,
@@ -317,9 +335,11 @@ class SourceFetcher:
         return fields, sent
 
     def _handle_response(
-        self, header: dict[str, Any], payload: memoryview,
+        self,
+        header: dict[str, Any],
+        payload: memoryview,
         sent: Sent,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Feed every partition's answer to its core and apply the effects, with no
         await in between (the log cannot change under a decision)."""
         position = 0
@@ -333,9 +353,12 @@ class SourceFetcher:
                     self._handle_partition(TopicPartition(topic, row[0]), entry, row, data)
 
     def _handle_partition(
-        self, tp: TopicPartition, entry: tuple[Replica, FetchRequest], row: list[Any],
+        self,
+        tp: TopicPartition,
+        entry: tuple[Replica, FetchRequest],
+        row: list[Any],
         data: memoryview,
-    ) -> None:  # fmt: skip
+    ) -> None:
         replica, req = entry
         if self.manager.replicas.replicas.get(tp) is not replica or tp not in self.partitions:
             return  # removed, re-created or marked failed while the fetch was out
@@ -347,15 +370,23 @@ class SourceFetcher:
             self.manager.mark_failed(tp, replica, self.source_id, e)
 
     def _process_partition(
-        self, tp: TopicPartition, replica: Replica, req: FetchRequest, row: list[Any],
+        self,
+        tp: TopicPartition,
+        replica: Replica,
+        req: FetchRequest,
+        row: list[Any],
         data: memoryview,
-    ) -> None:  # fmt: skip
+    ) -> None:
         code, hw, log_start, diverging = row[1], row[2], row[4], row[5]
         try:
             batches = _checked_batches(data) if code == errors.NONE else ()
         except RilletError as e:
-            logger.warning("%s: corrupt fetched data from %d, retrying later: %s",
-                           replica.log.name, self.source_id, e)  # fmt: skip
+            logger.warning(
+                "%s: corrupt fetched data from %d, retrying later: %s",
+                replica.log.name,
+                self.source_id,
+                e,
+            )
             self._back_off(tp)
             return
         response = FetchResponse(
@@ -374,13 +405,18 @@ class SourceFetcher:
             # Known failure kinds: back off and let a fresh fetch (or new metadata) decide
             # again from what the log now holds. Anything else marks the partition failed
             # (_handle_partition).
-            logger.error("%s: applying fetch from %d failed: %r", replica.log.name,
-                         self.source_id, e)  # fmt: skip
+            logger.error(
+                "%s: applying fetch from %d failed: %r", replica.log.name, self.source_id, e
+            )
             self._back_off(tp)
             return
         if code != errors.NONE and not effects:
-            logger.info("%s: fetch from %d answered %s; backing off", replica.log.name,
-                        self.source_id, errors.error_name(code))  # fmt: skip
+            logger.info(
+                "%s: fetch from %d answered %s; backing off",
+                replica.log.name,
+                self.source_id,
+                errors.error_name(code),
+            )
             self._back_off(tp, LEADER_CATCH_UP_BACKOFF_S if code in LEADER_CATCHING_UP else None)
 
     def _back_off(self, tp: TopicPartition, delay_s: float | None = None) -> None:

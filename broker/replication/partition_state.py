@@ -100,9 +100,7 @@ class ReplicaProgress:
         if fetch_offset >= leader_log_end_offset:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, now_ms)
         elif fetch_offset >= self.last_fetch_leader_log_end_offset:
-            self.last_caught_up_time_ms = max(
-                self.last_caught_up_time_ms, self.last_fetch_time_ms
-            )
+            self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, self.last_fetch_time_ms)
         self.log_end_offset = fetch_offset
         self.last_fetch_leader_log_end_offset = leader_log_end_offset
         self.last_fetch_time_ms = now_ms
@@ -302,9 +300,7 @@ class PartitionState:
         if self.broker_id not in replicas or (must_be_in_isr and self.broker_id not in isr):
             raise ValueError(f"broker {self.broker_id} not in replicas/isr {replicas}/{isr}")
 
-    def _start_leader_epoch(
-        self, leader_epoch: int, was_leader: bool, now_ms: int
-    ) -> list[Effect]:
+    def _start_leader_epoch(self, leader_epoch: int, was_leader: bool, now_ms: int) -> list[Effect]:
         """A new leader epoch starts at our log end (Kafka caches it at once, so a
         follower holding later-epoch records from a quick failover can truncate)."""
         start = self._log.log_end_offset
@@ -390,8 +386,7 @@ class PartitionState:
         out_of_sync = {
             r
             for r in self.isr
-            if r != self.broker_id
-            and not self._followers[r].is_caught_up(leo, now_ms, lag_max_ms)
+            if r != self.broker_id and not self._followers[r].is_caught_up(leo, now_ms, lag_max_ms)
         }
         if out_of_sync:
             new_isr = tuple(r for r in self.isr if r not in out_of_sync)

@@ -16,8 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-messages", type=int, help="exit after this many records")
     parser.add_argument("--partition", type=int, help="read only this partition")
     parser.add_argument("--offset", type=int, help="start offset (needs --partition)")
-    parser.add_argument("--timeout-ms", type=int,
-                        help="exit when no record arrives for this long")  # fmt: skip
+    parser.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
     parser.add_argument("--print-key", action="store_true", help="print key<TAB>value")
     add_bootstrap(parser)
     parser.set_defaults(func=cmd_consume)
@@ -34,8 +33,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise SystemExit("error: --offset needs --partition")
 
     async def main() -> int:
-        kwargs = {"bootstrap": args.bootstrap, "from_beginning": args.from_beginning,
-                  "metadata_wait_ms": 5_000}  # fmt: skip
+        kwargs = {
+            "bootstrap": args.bootstrap,
+            "from_beginning": args.from_beginning,
+            "metadata_wait_ms": 5_000,
+        }
         if args.partition is not None:
             consumer = Consumer(assignment=[(args.topic, args.partition)], **kwargs)
         else:
@@ -61,10 +63,19 @@ async def _print_records(consumer, args: argparse.Namespace) -> int:  # noqa: AN
             remaining -= len(recs)
             for r in recs:
                 if args.json:
-                    out.write(json.dumps({
-                        "topic": r.topic, "partition": r.partition, "offset": r.offset,
-                        "timestamp": r.timestamp, "key": _text(r.key), "value": _text(r.value),
-                    }) + "\n")  # fmt: skip
+                    out.write(
+                        json.dumps(
+                            {
+                                "topic": r.topic,
+                                "partition": r.partition,
+                                "offset": r.offset,
+                                "timestamp": r.timestamp,
+                                "key": _text(r.key),
+                                "value": _text(r.value),
+                            }
+                        )
+                        + "\n"
+                    )
                 elif args.print_key:
                     out.write(f"{_text(r.key)}\t{_text(r.value)}\n")
                 else:

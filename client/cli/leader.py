@@ -27,15 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "elect", help="move leadership to the preferred replicas (every topic by default)"
     )
     elect.add_argument(
-        "--preferred", action="store_true",
+        "--preferred",
+        action="store_true",
         help="preferred-leader election (the only kind rillet runs; required)",
-    )  # fmt: skip
+    )
     elect.add_argument("topic", nargs="?", help="(every topic)")
     elect.add_argument(
-        "--partition", type=int, action="append", metavar="P",
+        "--partition",
+        type=int,
+        action="append",
+        metavar="P",
         help="only report these partitions of TOPIC (repeatable); the request names the "
         "topic, so its other partitions off their preferred leader move too",
-    )  # fmt: skip
+    )
     add_bootstrap(elect)
     elect.set_defaults(func=cmd_elect)
 
@@ -78,8 +82,10 @@ def summarize_election(results: list[PartitionResult]) -> dict[str, Any]:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     if summary["elected"]:
-        print("Successfully completed preferred leader election for partitions "
-              + ", ".join(summary["elected"]))  # fmt: skip
+        print(
+            "Successfully completed preferred leader election for partitions "
+            + ", ".join(summary["elected"])
+        )
     if summary["not_needed"]:
         print("Valid replica already elected for partitions " + ", ".join(summary["not_needed"]))
     for f in summary["failed"]:

@@ -44,13 +44,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--partition", type=int)
     r.add_argument("--replicas", metavar="B1,B2,...", help="target broker ids, preferred first")
     r.add_argument(
-        "--plan", "--reassignment-json-file", dest="plan", metavar="FILE",
+        "--plan",
+        "--reassignment-json-file",
+        dest="plan",
+        metavar="FILE",
         help="Kafka's reassignment JSON ({'partitions': [{topic, partition, replicas}]}); "
         "- reads stdin",
-    )  # fmt: skip
+    )
     mode = r.add_mutually_exclusive_group()
-    mode.add_argument("--status", "--verify", dest="status", action="store_true",
-                      help="where each partition of the plan stands")  # fmt: skip
+    mode.add_argument(
+        "--status",
+        "--verify",
+        dest="status",
+        action="store_true",
+        help="where each partition of the plan stands",
+    )
     mode.add_argument("--cancel", action="store_true", help="cancel the running reassignments")
     r.add_argument("--wait", action="store_true", help="poll until every partition is complete")
     r.add_argument("--timeout-ms", type=int, default=120_000, help="bound of --wait (120000)")
@@ -91,9 +99,12 @@ def parse_plan(data: Any) -> Plan:
 
 
 def plan_json(plan: Mapping[tuple[str, int], Sequence[int]]) -> dict[str, Any]:
-    return {"version": 1, "partitions": [
-        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(plan.items())
-    ]}  # fmt: skip
+    return {
+        "version": 1,
+        "partitions": [
+            {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(plan.items())
+        ],
+    }
 
 
 def _load_plan_file(path: str) -> Plan:
@@ -165,9 +176,10 @@ async def _status(admin: Admin, plan: Plan, args: argparse.Namespace) -> list[Re
         if done or not args.wait:
             return statuses
         if time.monotonic() >= deadline:
-            raise CliError(f"not complete after {args.timeout_ms} ms: "
-                           + "; ".join(_status_line(s) for s in statuses if
-                                       s.state != REASSIGNMENT_COMPLETE))  # fmt: skip
+            raise CliError(
+                f"not complete after {args.timeout_ms} ms: "
+                + "; ".join(_status_line(s) for s in statuses if s.state != REASSIGNMENT_COMPLETE)
+            )
         await asyncio.sleep(STATUS_POLL_S)
 
 
@@ -179,8 +191,10 @@ def _status_line(s: ReassignmentStatus) -> str:
     if s.state == "complete":
         return f"{head} (replicas {ids(s.replicas)}, leader {s.leader})"
     if s.state == "in_progress":
-        return (f"{head} (replicas {ids(s.replicas)}, isr {ids(s.isr)}; adding {ids(s.adding)},"
-                f" removing {ids(s.removing)})")  # fmt: skip
+        return (
+            f"{head} (replicas {ids(s.replicas)}, isr {ids(s.isr)}; adding {ids(s.adding)},"
+            f" removing {ids(s.removing)})"
+        )
     return f"{head} (replicas {ids(s.replicas)}, target {ids(s.target)} not started)"
 
 
@@ -195,9 +209,11 @@ def _report_status(args: argparse.Namespace, statuses: list[ReassignmentStatus])
 
 
 def _report_started(
-    args: argparse.Namespace, plan: Plan, previous: Plan,
+    args: argparse.Namespace,
+    plan: Plan,
+    previous: Plan,
     statuses: list[ReassignmentStatus] | None,
-) -> None:  # fmt: skip
+) -> None:
     if args.json:
         out: dict[str, Any] = {"started": plan_json(plan), "previous": plan_json(previous)}
         if statuses is not None:
@@ -206,8 +222,10 @@ def _report_started(
         return
     print("Current partition replica assignment (save it to roll back):")
     print(json.dumps(plan_json(previous)))
-    print(f"Started the reassignment of {len(plan)} partition(s): "
-          + ", ".join(f"{t}-{p}" for t, p in sorted(plan)))  # fmt: skip
+    print(
+        f"Started the reassignment of {len(plan)} partition(s): "
+        + ", ".join(f"{t}-{p}" for t, p in sorted(plan))
+    )
     for s in statuses or ():
         print(_status_line(s))
 

@@ -81,9 +81,15 @@ async def _perf_produce(args: argparse.Namespace) -> int:
 
     value = os.urandom(args.record_size)
     latencies: list[tuple[float, int]] = []
-    producer = Producer(args.bootstrap, acks=args.acks, batch_size=args.batch_size,
-                        linger_ms=args.linger_ms, max_in_flight=args.max_in_flight,
-                        compression=args.compression, max_block_ms=10_000)  # fmt: skip
+    producer = Producer(
+        args.bootstrap,
+        acks=args.acks,
+        batch_size=args.batch_size,
+        linger_ms=args.linger_ms,
+        max_in_flight=args.max_in_flight,
+        compression=args.compression,
+        max_block_ms=10_000,
+    )
     producer.on_batch_done = lambda n, s: latencies.append((s, n))
     async with producer:
         await producer.partitions_for(args.topic)
@@ -104,7 +110,7 @@ async def _perf_produce(args: argparse.Namespace) -> int:
             "p50": round(p50 * 1000, 2),
             "p99": round(p99 * 1000, 2),
             "max": round(pmax * 1000, 2),
-        },  # fmt: skip
+        },
         "requests": producer.stats["requests"],
         "batches": producer.stats["batches"],
         "retries": producer.stats["retries"],
@@ -148,8 +154,12 @@ async def _perf_consume(args: argparse.Namespace) -> int:
     from rillet.client.cli.common import CliError
     from rillet.client.consumer import Consumer
 
-    consumer = Consumer(args.topic, bootstrap=args.bootstrap, from_beginning=True,
-                        max_partition_fetch_bytes=args.max_partition_fetch_bytes)  # fmt: skip
+    consumer = Consumer(
+        args.topic,
+        bootstrap=args.bootstrap,
+        from_beginning=True,
+        max_partition_fetch_bytes=args.max_partition_fetch_bytes,
+    )
     count = 0
     async with consumer:
         start = last = time.perf_counter()

@@ -14,8 +14,9 @@ READ_CHUNK_BYTES = 256 * 1024
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("produce", help="send stdin lines as records")
     parser.add_argument("topic")
-    parser.add_argument("--key-separator", metavar="SEP",
-                        help="split each line at the first SEP into key and value")  # fmt: skip
+    parser.add_argument(
+        "--key-separator", metavar="SEP", help="split each line at the first SEP into key and value"
+    )
     parser.add_argument("--acks", default="1", choices=["0", "1", "-1", "all"])
     parser.add_argument("--partition", type=int, help="send every record to this partition")
     parser.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
@@ -33,8 +34,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         stdin = sys.stdin.buffer
         count = 0
-        async with Producer(args.bootstrap, acks=args.acks, compression=args.compression,
-                            linger_ms=args.linger_ms, max_block_ms=5_000) as producer:  # fmt: skip
+        async with Producer(
+            args.bootstrap,
+            acks=args.acks,
+            compression=args.compression,
+            linger_ms=args.linger_ms,
+            max_block_ms=5_000,
+        ) as producer:
             await _check_topic(producer, args.topic, args.partition)
             produce = producer.produce
             while True:

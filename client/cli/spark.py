@@ -33,8 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, help="create the topic if missing, with this many")
     p.add_argument("--replication-factor", type=int, default=-1, help="with --partitions")
     p.add_argument("--manifest", metavar="PATH", help="write what was acknowledged here (JSON)")
-    p.add_argument("--strict-order", action="store_true", help="one request in flight per "
-                   "partition, so producer retries cannot reorder records")  # fmt: skip
+    p.add_argument(
+        "--strict-order",
+        action="store_true",
+        help="one request in flight per partition, so producer retries cannot reorder records",
+    )
     _add_spark_options(p)
     p.set_defaults(func=cmd_load)
 
@@ -42,8 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--topic", required=True)
     v.add_argument("--records", type=int, help="records the load job sent")
     v.add_argument("--tasks", type=int, help="producer tasks of the load job (default 4)")
-    v.add_argument("--manifest", metavar="PATH", help="the load job's manifest: records, "
-                   "tasks and which tasks were acknowledged")  # fmt: skip
+    v.add_argument(
+        "--manifest",
+        metavar="PATH",
+        help="the load job's manifest: records, tasks and which tasks were acknowledged",
+    )
     _add_spark_options(v)
     v.set_defaults(func=cmd_verify)
 
@@ -89,9 +95,17 @@ def _load(args: argparse.Namespace) -> int:
     jobs, spark = _session(args, "rillet-spark-load")
     _ensure_topic(args)
     acks = "all" if args.acks in ("all", "-1") else args.acks
-    result = jobs.run_load(spark, args.bootstrap, args.topic, args.records, args.tasks,
-                           args.record_size, acks=acks, manifest=args.manifest,
-                           writer_options=_writer_options(args))  # fmt: skip
+    result = jobs.run_load(
+        spark,
+        args.bootstrap,
+        args.topic,
+        args.records,
+        args.tasks,
+        args.record_size,
+        acks=acks,
+        manifest=args.manifest,
+        writer_options=_writer_options(args),
+    )
     if args.json:
         print_json(result.to_json())
     else:
@@ -111,16 +125,29 @@ def _print_load(r: Any) -> None:
     for col in ("task", "records", "MB", "seconds", "records/s", "MB/s"):
         table.add_column(col, justify="right")
     for t in r.per_task:
-        table.add_row(str(t["task"]), f"{t['records']:,}", f"{t['bytes'] / MB:.1f}",
-                      f"{t['seconds']:.2f}", f"{t['records_per_s']:,.0f}",
-                      f"{t['mb_per_s']:.2f}")  # fmt: skip
-    table.add_row("all", f"{r.records:,}", f"{r.records * r.record_size / MB:.1f}",
-                  f"{r.produce_s:.2f}", f"{r.records_per_s:,.0f}", f"{r.mb_per_s:.2f}",
-                  style="bold")  # fmt: skip
+        table.add_row(
+            str(t["task"]),
+            f"{t['records']:,}",
+            f"{t['bytes'] / MB:.1f}",
+            f"{t['seconds']:.2f}",
+            f"{t['records_per_s']:,.0f}",
+            f"{t['mb_per_s']:.2f}",
+        )
+    table.add_row(
+        "all",
+        f"{r.records:,}",
+        f"{r.records * r.record_size / MB:.1f}",
+        f"{r.produce_s:.2f}",
+        f"{r.records_per_s:,.0f}",
+        f"{r.mb_per_s:.2f}",
+        style="bold",
+    )
     console = Console()
     console.print(table)
-    console.print(f"Spark job {r.elapsed_s:.1f} s in all (scheduling and worker start "
-                  f"included); every record acknowledged: {r.status == 'committed'}")  # fmt: skip
+    console.print(
+        f"Spark job {r.elapsed_s:.1f} s in all (scheduling and worker start "
+        f"included); every record acknowledged: {r.status == 'committed'}"
+    )
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -138,8 +165,9 @@ def _verify(args: argparse.Namespace) -> int:
     jobs, spark = _session(args, "rillet-spark-verify")
     if args.manifest:
         acked = jobs.acked_from_manifest(manifest)
-    report = jobs.run_verify(spark, args.bootstrap, args.topic, records, tasks or 4,
-                             acked_tasks=acked)  # fmt: skip
+    report = jobs.run_verify(
+        spark, args.bootstrap, args.topic, records, tasks or 4, acked_tasks=acked
+    )
     if args.json:
         print_json(report.to_json())
     else:
@@ -169,8 +197,10 @@ def format_report(r: Any) -> str:
         for ex in r.examples.get(kind, []):
             lines.append(f"         e.g. {_example(ex)}")
     if r.unacknowledged_missing:
-        lines.append(f"  note: {r.unacknowledged_missing:,} never-acknowledged records are "
-                     "missing (allowed: their task failed)")  # fmt: skip
+        lines.append(
+            f"  note: {r.unacknowledged_missing:,} never-acknowledged records are "
+            "missing (allowed: their task failed)"
+        )
     lines.extend(f"  note: {n}" for n in r.notes)
     lines.append("PASS" if r.ok else "FAIL: the log lost, duplicated, reordered or corrupted data")
     return "\n".join(lines)

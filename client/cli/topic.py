@@ -28,13 +28,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     describe = sub.add_parser("describe", help="leader, replicas and ISR of each partition")
     describe.add_argument("name", nargs="?", help="(every topic)")
     describe.add_argument(
-        "--under-replicated-partitions", action="store_true",
+        "--under-replicated-partitions",
+        action="store_true",
         help="only partitions whose ISR is smaller than their replica set",
-    )  # fmt: skip
+    )
     describe.add_argument(
-        "--unavailable-partitions", action="store_true",
+        "--unavailable-partitions",
+        action="store_true",
         help="only offline partitions (no leader)",
-    )  # fmt: skip
+    )
     add_bootstrap(describe)
     describe.set_defaults(func=cmd_describe)
 
@@ -93,8 +95,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
             topics = await admin.describe_topics([args.name] if args.name else None)
         described = [t.as_dict() for t in topics]
         counts = partition_counts(described)
-        shown = filter_partitions(described, args.under_replicated_partitions,
-                                  args.unavailable_partitions)  # fmt: skip
+        shown = filter_partitions(
+            described, args.under_replicated_partitions, args.unavailable_partitions
+        )
         if args.json:
             print_json({"topics": shown, **counts})
         else:
@@ -140,8 +143,10 @@ def _topic_header(t: dict[str, Any]) -> str:
     rf = len(parts[0]["replicas"]) if parts else 0
     under = sum(p["under_replicated"] for p in parts)
     offline = sum(p["offline"] for p in parts)
-    return (f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
-            f"ReplicationFactor: {rf}\tUnderReplicated: {under}\tOffline: {offline}")  # fmt: skip
+    return (
+        f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
+        f"ReplicationFactor: {rf}\tUnderReplicated: {under}\tOffline: {offline}"
+    )
 
 
 def _print_describe(topics: list[dict[str, Any]], *, headers: bool = True) -> None:
@@ -162,9 +167,13 @@ def _print_describe(topics: list[dict[str, Any]], *, headers: bool = True) -> No
                 marks.append("[yellow]under-replicated[/yellow]")
             mark = " ".join(marks)
             table.add_row(
-                str(p["partition"]), leader, str(p["leader_epoch"]),
-                ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])), mark,
-            )  # fmt: skip
+                str(p["partition"]),
+                leader,
+                str(p["leader_epoch"]),
+                ",".join(map(str, p["replicas"])),
+                ",".join(map(str, p["isr"])),
+                mark,
+            )
         console.print(table)
 
 

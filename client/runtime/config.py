@@ -2,7 +2,7 @@
 file (stdlib tomllib) and ``--set key=value`` overrides typed by the table.
 
 Every key has a type, a default and a line of documentation; an unknown key is an error
-(with a did-you-mean hint), never silently ignored (DESIGN section 1). Keys use Kafka's
+(with a did-you-mean hint), never silently ignored (docs/design.md, "Processes"). Keys use Kafka's
 dotted names where Kafka has the setting. A TOML file may write them flat
 (``"log.segment.bytes" = 1024``) or nested (``[log.segment] bytes = 1024``).
 """
@@ -86,9 +86,7 @@ class ConfigTable:
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise InvalidConfigError(f"{source}: unknown key {name}{hint}") from None
 
-    def load(
-        self, path: str | Path | None = None, overrides: Sequence[str] = ()
-    ) -> Config:
+    def load(self, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
         """Defaults, then the TOML file, then ``key=value`` overrides, in that order."""
         values = {name: key.default for name, key in self.keys.items()}
         if path is not None:
@@ -105,8 +103,7 @@ class ConfigTable:
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise InvalidConfigError(f"{path}: {e}") from None
         return {
-            name: self.key(name, str(path)).check(value, str(path))
-            for name, value in _flatten(raw)
+            name: self.key(name, str(path)).check(value, str(path)) for name, value in _flatten(raw)
         }
 
     def parse_override(self, item: str) -> tuple[str, Any]:
@@ -160,23 +157,41 @@ class Config(Mapping[str, Any]):
 def node_keys(default_roles: str) -> ConfigTable:
     """Keys every node has, with ``process.roles`` defaulting to ``default_roles``
     (``rillet broker`` passes "broker", ``rillet controller`` "controller")."""
-    return ConfigTable([
-        Key("node.id", int, None, "Unique integer id of this node (required)."),
-        Key("process.roles", str, default_roles,
-            "`broker`, `controller` or `broker,controller` (combined mode)."),
-        Key("listeners", str, "",
-            "Kafka-style listener list, e.g. `BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093`;"
-            " port 0 binds an ephemeral port, an empty host binds every interface. Empty: a "
-            "controller listens on its own voter address, a broker on 127.0.0.1:9092."),
-        Key("controller.quorum.voters", str, "1@127.0.0.1:9093",
-            "The controller quorum: `id@host:port` entries separated by commas."),
-        Key("log.level", str, "INFO", "Python logging level; logs go to stderr."),
-        Key("broker.heartbeat.interval.ms", int, 500,
-            "How often a broker heartbeats to the active controller (Kafka: 2000)."),
-        Key("socket.request.max.bytes", int, 100 * 1024 * 1024, "Largest request frame."),
-        Key("max.connections", int, 10_000, "Connections accepted at once; more are refused."),
-        Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
-    ])  # fmt: skip
+    return ConfigTable(
+        [
+            Key("node.id", int, None, "Unique integer id of this node (required)."),
+            Key(
+                "process.roles",
+                str,
+                default_roles,
+                "`broker`, `controller` or `broker,controller` (combined mode).",
+            ),
+            Key(
+                "listeners",
+                str,
+                "",
+                "Kafka-style listener list, e.g. `BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093`;"
+                " port 0 binds an ephemeral port, an empty host binds every interface. Empty: a "
+                "controller listens on its own voter address, a broker on 127.0.0.1:9092.",
+            ),
+            Key(
+                "controller.quorum.voters",
+                str,
+                "1@127.0.0.1:9093",
+                "The controller quorum: `id@host:port` entries separated by commas.",
+            ),
+            Key("log.level", str, "INFO", "Python logging level; logs go to stderr."),
+            Key(
+                "broker.heartbeat.interval.ms",
+                int,
+                500,
+                "How often a broker heartbeats to the active controller (Kafka: 2000).",
+            ),
+            Key("socket.request.max.bytes", int, 100 * 1024 * 1024, "Largest request frame."),
+            Key("max.connections", int, 10_000, "Connections accepted at once; more are refused."),
+            Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
+        ]
+    )
 
 
 def merge_tables(*tables: ConfigTable) -> ConfigTable:

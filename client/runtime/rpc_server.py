@@ -241,8 +241,12 @@ class _ServerProtocol(asyncio.Protocol):
         peername = transport.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         if len(self.server.connections) >= self.server.max_connections:
-            log.warning("%s: refusing %s: %d connections open", self.server.name, self.peer,
-                        len(self.server.connections))  # fmt: skip
+            log.warning(
+                "%s: refusing %s: %d connections open",
+                self.server.name,
+                self.peer,
+                len(self.server.connections),
+            )
             self.closing = True
             transport.abort()
             return
@@ -337,8 +341,9 @@ class _ServerProtocol(asyncio.Protocol):
         schemas.validate_request(api, version, header)
         if len(payload) and not api.request_payload:
             raise InvalidRequestError(f"{api.name} requests carry no payload")
-        return Request(api, version, header["correlation_id"], client_id, header, payload,
-                       self.peer)  # fmt: skip
+        return Request(
+            api, version, header["correlation_id"], client_id, header, payload, self.peer
+        )
 
     async def run(self, request: Request, slot: _Slot) -> Response | None:
         response = await self.server.handlers[request.api.key](request)
@@ -400,8 +405,7 @@ class _ServerProtocol(asyncio.Protocol):
         try:
             return self.frame_head(slot, response)
         except Exception as e:  # the handler returned fields msgpack cannot pack
-            log.error("%s: cannot encode response for %s", self.server.name, self.peer,
-                      exc_info=e)  # fmt: skip
+            log.error("%s: cannot encode response for %s", self.server.name, self.peer, exc_info=e)
             _unpin(slot.parts)
             slot.parts = []
             return self.frame_head(slot, _error_response(UnknownServerError(repr(e))))

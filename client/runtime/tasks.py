@@ -46,8 +46,9 @@ def terminate_process(what: str, error: BaseException) -> None:
     ``finally`` blocks, no clean-shutdown markers: the in-memory state is suspect)."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
-        log.critical("FATAL: %s; terminating the process (exit %d)\n%s", what,
-                     FATAL_EXIT_CODE, text)  # fmt: skip
+        log.critical(
+            "FATAL: %s; terminating the process (exit %d)\n%s", what, FATAL_EXIT_CODE, text
+        )
         logging.shutdown()  # flushes every handler
     finally:
         for stream in (sys.stdout, sys.stderr):

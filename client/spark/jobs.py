@@ -242,9 +242,16 @@ def run_load(
         started = time.time()
         error: Exception | None = None
         try:
-            (df.write.format("rillet").mode("append").option("bootstrap", bootstrap)
-             .option("topic", topic).option("acks", acks).option("reportPath", report_path)
-             .options(**(writer_options or {})).save())  # fmt: skip
+            (
+                df.write.format("rillet")
+                .mode("append")
+                .option("bootstrap", bootstrap)
+                .option("topic", topic)
+                .option("acks", acks)
+                .option("reportPath", report_path)
+                .options(**(writer_options or {}))
+                .save()
+            )
         except Exception as e:  # Spark wraps the task's error; report it after the manifest
             error = e
         elapsed = time.time() - started
@@ -264,20 +271,41 @@ def _read_report(path: str) -> dict[str, Any]:
         return {"status": "failed", "tasks": []}
 
 
-def _load_result(topic: str, records: int, tasks: int, record_size: int, acks: str,
-                 elapsed: float, report: dict[str, Any]) -> LoadResult:  # fmt: skip
+def _load_result(
+    topic: str,
+    records: int,
+    tasks: int,
+    record_size: int,
+    acks: str,
+    elapsed: float,
+    report: dict[str, Any],
+) -> LoadResult:
     per_task = []
     for m in sorted(report["tasks"], key=lambda m: m["task"]):
         secs = max(m["finished_at"] - m["started_at"], 1e-9)
-        per_task.append({
-            "task": m["task"], "records": m["records"], "bytes": m["bytes"],
-            "seconds": round(secs, 3), "records_per_s": round(m["records"] / secs, 1),
-            "mb_per_s": round(m["bytes"] / MB / secs, 3),
-        })  # fmt: skip
+        per_task.append(
+            {
+                "task": m["task"],
+                "records": m["records"],
+                "bytes": m["bytes"],
+                "seconds": round(secs, 3),
+                "records_per_s": round(m["records"] / secs, 1),
+                "mb_per_s": round(m["bytes"] / MB / secs, 3),
+            }
+        )
     ms = report["tasks"]
     span = (max(m["finished_at"] for m in ms) - min(m["started_at"] for m in ms)) if ms else 0.0
-    return LoadResult(topic, records, tasks, record_size, acks, report["status"], elapsed,
-                      span or elapsed, per_task)  # fmt: skip
+    return LoadResult(
+        topic,
+        records,
+        tasks,
+        record_size,
+        acks,
+        report["status"],
+        elapsed,
+        span or elapsed,
+        per_task,
+    )
 
 
 # --- verify --------------------------------------------------------------------------
@@ -300,8 +328,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicates or self.reordered or self.corrupt
-                    or self.phantom)  # fmt: skip
+        return not (self.lost or self.duplicates or self.reordered or self.corrupt or self.phantom)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -316,9 +343,13 @@ def parse_frame(df: DataFrame) -> DataFrame:
         return F.expr(f"try_cast(conv(hex(substring(value, {pos}, {size})), 16, 10) as bigint)")
 
     parsed = df.select(
-        "partition", "offset", "value",
-        field_of(5, 4).alias("task"), field_of(9, 8).alias("seq"), field_of(17, 4).alias("crc"),
-    )  # fmt: skip
+        "partition",
+        "offset",
+        "value",
+        field_of(5, 4).alias("task"),
+        field_of(9, 8).alias("seq"),
+        field_of(17, 4).alias("crc"),
+    )
     expected = _payload(F.hex(F.substring(v, 5, 12)), F.length(v) - HEADER_BYTES)
     payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
     valid = (
@@ -386,14 +417,24 @@ def _check_duplicates(report: VerifyReport, sent: DataFrame) -> None:
     if rows:
         report.duplicates = int(copies.agg(F.sum(F.col("copies") - 1)).first()[0])
         report.examples["duplicate"] = [
-            {"task": r.task, "seq": r.seq, "copies": r.copies,
-             "at": [f"{a.partition}@{a.offset}" for a in r.at]}
+            {
+                "task": r.task,
+                "seq": r.seq,
+                "copies": r.copies,
+                "at": [f"{a.partition}@{a.offset}" for a in r.at],
+            }
             for r in rows
-        ]  # fmt: skip
+        ]
 
 
-def _check_lost(spark: SparkSession, report: VerifyReport, sent: DataFrame,
-                records: int, tasks: int, acked: set[int]) -> None:  # fmt: skip
+def _check_lost(
+    spark: SparkSession,
+    report: VerifyReport,
+    sent: DataFrame,
+    records: int,
+    tasks: int,
+    acked: set[int],
+) -> None:
     seeds = spark.range(0, tasks, 1, min(tasks, 64)).withColumnRenamed("id", "task")
     seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
     expected = seeds.select("task", F.explode(seqs).alias("seq"))
@@ -413,9 +454,12 @@ def _check_order(report: VerifyReport, sent: DataFrame) -> None:
     first = sent.groupBy("partition", "task", "seq").agg(F.min("offset").alias("offset"))
     w = Window.partitionBy("partition", "task").orderBy("offset")
     with_prev = first.select(
-        "partition", "task", "seq", "offset",
+        "partition",
+        "task",
+        "seq",
+        "offset",
         F.max("seq").over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("after_seq"),
-    )  # fmt: skip
+    )
     wrong = with_prev.filter(F.col("after_seq") > F.col("seq"))
     rows = wrong.orderBy("partition", "offset").limit(MAX_EXAMPLES).collect()
     if rows:
@@ -432,10 +476,10 @@ def run_verify(
     *,
     acked_tasks: set[int] | None = None,
 ) -> VerifyReport:
-    df = (spark.read.format("rillet").option("bootstrap", bootstrap).option("topic", topic)
-          .load())  # fmt: skip
-    return check_records(spark, df, topic=topic, records=records, tasks=tasks,
-                         acked_tasks=acked_tasks)  # fmt: skip
+    df = spark.read.format("rillet").option("bootstrap", bootstrap).option("topic", topic).load()
+    return check_records(
+        spark, df, topic=topic, records=records, tasks=tasks, acked_tasks=acked_tasks
+    )
 
 
 def acked_from_manifest(manifest: dict[str, Any]) -> set[int] | None:

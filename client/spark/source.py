@@ -1,4 +1,4 @@
-"""The ``rillet`` PySpark data source (DESIGN section 8): batch read, write, stream read.
+"""The ``rillet`` PySpark data source (docs/spark.md): batch read, write, stream read.
 
 Register it once per session, then use it like Spark's Kafka source::
 
@@ -374,11 +374,16 @@ async def fetch_chunks(
         }
         result, body = await leader_request(meta, rng.topic, rng.partition, schemas.FETCH, fields)
         if result[2] < rng.end:  # high watermark moved back: a leader lost data we planned
-            log.warning("%s-%d: high watermark %d below planned end %d",
-                        rng.topic, rng.partition, result[2], rng.end)  # fmt: skip
+            log.warning(
+                "%s-%d: high watermark %d below planned end %d",
+                rng.topic,
+                rng.partition,
+                result[2],
+                rng.end,
+            )
         progressed = False
         for pos, _ in records.iter_batches(body, validate=False):
-            h = records.validate_batch(body, pos)  # CRC: consumers check it too (DESIGN 3)
+            h = records.validate_batch(body, pos)  # CRC: consumers check it too (docs/design.md)
             if h.next_offset <= offset:
                 continue
             cols = records.decode_columns(body, pos, h)
@@ -628,8 +633,10 @@ class RilletWriter(DataSourceArrowWriter):
         log.error(
             "rillet write to %s aborted: %d of %d tasks had every record acknowledged; "
             "the others may have written some records",
-            self.options.topic, done, len(messages),
-        )  # fmt: skip
+            self.options.topic,
+            done,
+            len(messages),
+        )
         write_report(self.options.report_path, "aborted", messages)
 
 
@@ -680,9 +687,12 @@ def _column_bytes(batch: pa.RecordBatch, name: str) -> list[bytes | None]:
 
 
 async def _produce_batch(
-    producer: Producer, topic: str, batch: pa.RecordBatch, num_partitions: int,
+    producer: Producer,
+    topic: str,
+    batch: pa.RecordBatch,
+    num_partitions: int,
     report: WriteReport,
-) -> None:  # fmt: skip
+) -> None:
     names = batch.schema.names
     values = _column_bytes(batch, "value")
     keys = _column_bytes(batch, "key") if "key" in names else None

@@ -205,8 +205,9 @@ class Connection:
 
     # --- internals -----------------------------------------------------------------
 
-    def _send(self, api: schemas.Api | int | str, fields: dict, payload: Payload,
-              version: int | None) -> int:  # fmt: skip
+    def _send(
+        self, api: schemas.Api | int | str, fields: dict, payload: Payload, version: int | None
+    ) -> int:
         if self._error is not None:
             raise self._error
         spec = schemas.resolve(api)

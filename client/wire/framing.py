@@ -4,7 +4,7 @@
 ``header_size`` counts the msgpack header alone; the payload is whatever follows it.
 The payload carries record batches and is never msgpack-decoded here.
 
-Copies are the cost on this path (DESIGN section 11), so:
+Copies are the cost on this path (docs/design.md, "Where the time goes"), so:
 
 - ``encode_frame`` returns the frame as a list of parts (prefix and header packed
   together, then the caller's payload parts untouched) for ``transport.writelines``.

@@ -19,8 +19,8 @@ values per record, in this order, each present only when its attribute bit says 
 Offset deltas are implied by position unless ATTR_OFFSET_DELTAS is set (compacted
 batches have gaps); timestamp deltas are absent when every record carries the batch's
 base timestamp; headers are absent when no record has any. A flat array packs about
-four times faster than an array per record (DESIGN section 11), and decoding is one
-``unpackb`` plus C-level slicing by stride.
+four times faster than an array per record (docs/design.md, "Where the time goes"), and
+decoding is one ``unpackb`` plus C-level slicing by stride.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def check_batch(
     avail = len(buf) - pos
     if avail < HEADER_SIZE:
         raise CorruptRecordError(f"batch truncated: {avail} bytes, header needs {HEADER_SIZE}")
-    batch_length, magic, crc, last_offset_delta, max_timestamp, record_count = (
-        _CHECKED.unpack_from(buf, pos + LENGTH_POS)
+    batch_length, magic, crc, last_offset_delta, max_timestamp, record_count = _CHECKED.unpack_from(
+        buf, pos + LENGTH_POS
     )
     if magic != MAGIC:
         base = _Q.unpack_from(buf, pos)[0]
@@ -167,8 +167,7 @@ def check_batch(
     if actual != crc:
         base = _Q.unpack_from(buf, pos)[0]
         raise CorruptRecordError(
-            f"CRC mismatch in batch at offset {base}: stored {crc:#010x}, "
-            f"computed {actual:#010x}"
+            f"CRC mismatch in batch at offset {base}: stored {crc:#010x}, computed {actual:#010x}"
         )
     return size, last_offset_delta, max_timestamp, record_count
 

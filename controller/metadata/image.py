@@ -2,7 +2,7 @@
 
 The metadata log is a sequence of records (this module's frozen dataclasses). Applying
 them in order yields a ``MetadataImage``; nothing else ever changes an image. The shape is
-Kafka's (MetadataImage / MetadataDelta, STYLE habit 8)::
+Kafka's (MetadataImage / MetadataDelta, docs/design.md)::
 
     delta = MetadataDelta(image)
     for offset, epoch, record in committed:

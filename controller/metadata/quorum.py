@@ -739,7 +739,7 @@ class QuorumController:
         return records, NONE, ""
 
 
-# The broker lifecycle (STYLE habit 6): (state, heartbeat event) -> transition. A pair
+# The broker lifecycle as a transition table: (state, heartbeat event) -> transition. A pair
 # missing here is a bug, reported by the invariant check in broker_heartbeat. Registration,
 # session expiry and unregistering are not heartbeats; docs/metadata.md has the full table.
 _T = QuorumController

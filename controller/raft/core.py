@@ -1,4 +1,4 @@
-"""The sans-I/O Raft core of the controller quorum (DESIGN sections 5 and 10).
+"""The sans-I/O Raft core of the controller quorum (docs/raft.md, docs/design.md).
 
 `RaftNode` is a pure state machine: it never touches a socket, a file, a clock, a task
 or an event loop. The driver feeds it peers' messages (`step`), the passing of time
@@ -168,8 +168,12 @@ class RaftConfig:
             raise RaftUsageError("need 0 < heartbeat_interval_ms < election_timeout_ms")
         if not 0 <= self.max_clock_drift_ms < self.election_timeout_ms:
             raise RaftUsageError("need 0 <= max_clock_drift_ms < election_timeout_ms")
-        for name in ("max_entries_per_append", "max_inflight_entries",
-                     "max_uncommitted_entries", "max_committed_entries_per_ready"):
+        for name in (
+            "max_entries_per_append",
+            "max_inflight_entries",
+            "max_uncommitted_entries",
+            "max_committed_entries_per_ready",
+        ):
             if getattr(self, name) < 1:
                 raise RaftUsageError(f"{name} must be >= 1")
 
@@ -253,8 +257,16 @@ class TimeoutNow(Message):
 
 _MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.__name__: cls
-    for cls in (PreVoteRequest, PreVoteResponse, VoteRequest, VoteResponse, AppendRequest,
-                AppendResponse, InstallSnapshot, TimeoutNow)
+    for cls in (
+        PreVoteRequest,
+        PreVoteResponse,
+        VoteRequest,
+        VoteResponse,
+        AppendRequest,
+        AppendResponse,
+        InstallSnapshot,
+        TimeoutNow,
+    )
 }
 
 
@@ -337,9 +349,11 @@ class RaftLog:
         self.snapshot_term = snapshot_term
         self.entries: list[Entry] = list(entries)
         for offset, entry in enumerate(self.entries):
-            invariant(entry.index == snapshot_index + 1 + offset,
-                      f"log gap: entry {entry.index} at position {offset} after "
-                      f"snapshot {snapshot_index}")
+            invariant(
+                entry.index == snapshot_index + 1 + offset,
+                f"log gap: entry {entry.index} at position {offset} after "
+                f"snapshot {snapshot_index}",
+            )
         self.unstable_from = self.last_index() + 1  # first index not yet persisted
 
     def last_index(self) -> int:
@@ -359,7 +373,7 @@ class RaftLog:
     def slice(self, first: int, max_count: int) -> tuple[Entry, ...]:
         invariant(first > self.snapshot_index, f"slice from {first} is compacted")
         start = first - self.snapshot_index - 1
-        return tuple(self.entries[start:start + max_count])
+        return tuple(self.entries[start : start + max_count])
 
     def entries_between(self, first: int, last: int) -> tuple[Entry, ...]:
         if last < first:
@@ -368,14 +382,18 @@ class RaftLog:
 
     def truncate_from(self, index: int) -> None:
         invariant(index > self.snapshot_index, f"truncating compacted index {index}")
-        del self.entries[index - self.snapshot_index - 1:]
+        del self.entries[index - self.snapshot_index - 1 :]
         self.unstable_from = min(self.unstable_from, index)
 
     def append(self, entry: Entry) -> None:
-        invariant(entry.index == self.last_index() + 1,
-                  f"append of {entry.index} after last index {self.last_index()}")
-        invariant(entry.term >= self.last_term(),
-                  f"entry term {entry.term} below last term {self.last_term()}")
+        invariant(
+            entry.index == self.last_index() + 1,
+            f"append of {entry.index} after last index {self.last_index()}",
+        )
+        invariant(
+            entry.term >= self.last_term(),
+            f"entry term {entry.term} below last term {self.last_term()}",
+        )
         self.entries.append(entry)
 
     def unstable(self) -> tuple[Entry, ...]:
@@ -388,7 +406,7 @@ class RaftLog:
         term = self.term(index)
         invariant(term is not None, f"cannot compact to unknown index {index}")
         assert term is not None  # for the type checker; checked just above
-        del self.entries[:index - self.snapshot_index]
+        del self.entries[: index - self.snapshot_index]
         self.snapshot_index, self.snapshot_term = index, term
         return term
 
@@ -455,8 +473,14 @@ class _Election:
 class RaftNode:
     """One member of the controller quorum. All inputs arrive through method calls."""
 
-    def __init__(self, config: RaftConfig, storage_state: StorageState | None = None, *,
-                 rng: random.Random | None = None, now_ms: int = 0) -> None:
+    def __init__(
+        self,
+        config: RaftConfig,
+        storage_state: StorageState | None = None,
+        *,
+        rng: random.Random | None = None,
+        now_ms: int = 0,
+    ) -> None:
         config.validate()
         state = storage_state or StorageState()
         self.config = config
@@ -472,8 +496,10 @@ class RaftNode:
         self.term = hard.term
         self.vote = hard.vote
         self.commit_index = max(hard.commit, self.log.snapshot_index)
-        invariant(self.commit_index <= self.log.last_index(),
-                  f"stored commit {hard.commit} beyond last index {self.log.last_index()}")
+        invariant(
+            self.commit_index <= self.log.last_index(),
+            f"stored commit {hard.commit} beyond last index {self.log.last_index()}",
+        )
         self.applied_index = self.log.snapshot_index
         self.role = Role.FOLLOWER
         self.leader_id: int | None = None
@@ -502,9 +528,14 @@ class RaftNode:
 
     def status(self) -> dict[str, object]:
         return {
-            "node_id": self.node_id, "role": self.role.value, "term": self.term,
-            "leader_id": self.leader_id, "vote": self.vote, "commit_index": self.commit_index,
-            "applied_index": self.applied_index, "last_index": self.log.last_index(),
+            "node_id": self.node_id,
+            "role": self.role.value,
+            "term": self.term,
+            "leader_id": self.leader_id,
+            "vote": self.vote,
+            "commit_index": self.commit_index,
+            "applied_index": self.applied_index,
+            "last_index": self.log.last_index(),
             "snapshot_index": self.log.snapshot_index,
         }
 
@@ -523,8 +554,7 @@ class RaftNode:
         """
         if self.role is not Role.LEADER or self.transfer_target is not None:
             return False
-        sent = sorted([now_ms] + [p.lease_sent_ms for p in self.progress.values()],
-                      reverse=True)
+        sent = sorted([now_ms] + [p.lease_sent_ms for p in self.progress.values()], reverse=True)
         lease_start_ms = sent[self.quorum - 1]
         if lease_start_ms < self.lease_fence_ms:
             return False
@@ -581,8 +611,10 @@ class RaftNode:
 
         The driver persists the returned snapshot, then compacts its stored log prefix.
         """
-        invariant(index <= self.applied_index,
-                  f"snapshot at {index} beyond applied index {self.applied_index}")
+        invariant(
+            index <= self.applied_index,
+            f"snapshot at {index} beyond applied index {self.applied_index}",
+        )
         if index <= self.log.snapshot_index:
             return self.snapshot or Snapshot(index, self.log.term(index) or 0, snapshot_data)
         term = self.log.compact(index)
@@ -607,8 +639,12 @@ class RaftNode:
 
     def has_ready(self) -> bool:
         return bool(
-            self.outbox or self.events or self.broadcast_pending or self.pending_snapshot
-            or self.log.unstable() or self.current_hard_state() != self.prev_hard_state
+            self.outbox
+            or self.events
+            or self.broadcast_pending
+            or self.pending_snapshot
+            or self.log.unstable()
+            or self.current_hard_state() != self.prev_hard_state
             or self.commit_index > self.applied_index
         )
 
@@ -620,13 +656,17 @@ class RaftNode:
         hard = self.current_hard_state()
         hard_changed = hard != self.prev_hard_state
         entries = self.log.unstable()
-        first_apply = max(self.applied_index, self.pending_snapshot.index
-                          if self.pending_snapshot else 0) + 1
-        last_apply = min(self.commit_index,
-                         first_apply + self.config.max_committed_entries_per_ready - 1)
+        first_apply = (
+            max(self.applied_index, self.pending_snapshot.index if self.pending_snapshot else 0) + 1
+        )
+        last_apply = min(
+            self.commit_index, first_apply + self.config.max_committed_entries_per_ready - 1
+        )
         committed = self.log.entries_between(first_apply, last_apply)
-        term_or_vote_changed = (hard.term, hard.vote) != (self.prev_hard_state.term,
-                                                        self.prev_hard_state.vote)
+        term_or_vote_changed = (hard.term, hard.vote) != (
+            self.prev_hard_state.term,
+            self.prev_hard_state.vote,
+        )
         ready = Ready(
             snapshot=self.pending_snapshot,
             entries=entries,
@@ -658,8 +698,10 @@ class RaftNode:
                 self.log.unstable_from = max(self.log.unstable_from, last.index + 1)
         if ready.committed_entries:
             last_applied = ready.committed_entries[-1].index
-            invariant(last_applied <= self.commit_index,
-                      f"applied {last_applied} beyond commit {self.commit_index}")
+            invariant(
+                last_applied <= self.commit_index,
+                f"applied {last_applied} beyond commit {self.commit_index}",
+            )
             self.applied_index = max(self.applied_index, last_applied)
 
     # -- internals: helpers ------------------------------------------------
@@ -687,8 +729,10 @@ class RaftNode:
         return (last_log_term, last_log_index) >= (self.log.last_term(), self.log.last_index())
 
     def set_commit(self, index: int) -> None:
-        invariant(index <= self.log.last_index(),
-                  f"commit {index} beyond last index {self.log.last_index()}")
+        invariant(
+            index <= self.log.last_index(),
+            f"commit {index} beyond last index {self.log.last_index()}",
+        )
         if index > self.commit_index:
             self.commit_index = index
 
@@ -717,9 +761,15 @@ class RaftNode:
         self.reset_election_timer()
         self.emit("pre_vote_started", f"pre-vote for term {self.term + 1}")
         for peer in self.peers:
-            self.send(PreVoteRequest(term=self.term + 1, src=self.node_id, dst=peer,
-                                     last_log_index=self.log.last_index(),
-                                     last_log_term=self.log.last_term()))
+            self.send(
+                PreVoteRequest(
+                    term=self.term + 1,
+                    src=self.node_id,
+                    dst=peer,
+                    last_log_index=self.log.last_index(),
+                    last_log_term=self.log.last_term(),
+                )
+            )
         self.maybe_finish_election()
 
     def become_candidate(self, leader_transfer: bool = False) -> None:
@@ -732,28 +782,40 @@ class RaftNode:
         why = " (leadership transfer)" if leader_transfer else ""
         self.emit("election_started", f"election for term {self.term}{why}")
         for peer in self.peers:
-            self.send(VoteRequest(term=self.term, src=self.node_id, dst=peer,
-                                  last_log_index=self.log.last_index(),
-                                  last_log_term=self.log.last_term(),
-                                  leader_transfer=leader_transfer))
+            self.send(
+                VoteRequest(
+                    term=self.term,
+                    src=self.node_id,
+                    dst=peer,
+                    last_log_index=self.log.last_index(),
+                    last_log_term=self.log.last_term(),
+                    leader_transfer=leader_transfer,
+                )
+            )
         self.maybe_finish_election()
 
     def become_leader(self) -> None:
         invariant(self.role is Role.CANDIDATE, f"leader from role {self.role}")
-        voters = sorted(n for n, ok in (self.election.votes if self.election else {}).items()
-                        if ok and n != self.node_id)
+        voters = sorted(
+            n
+            for n, ok in (self.election.votes if self.election else {}).items()
+            if ok and n != self.node_id
+        )
         self.role = Role.LEADER
         self.leader_id = self.node_id
         self.election = None
         self.transfer_target = None
         self.lease_fence_ms = NEVER_MS
         last = self.log.last_index()
-        self.progress = {p: Progress(match_index=0, next_index=last + 1,
-                                     last_heard_ms=self.now_ms) for p in self.peers}
+        self.progress = {
+            p: Progress(match_index=0, next_index=last + 1, last_heard_ms=self.now_ms)
+            for p in self.peers
+        }
         self.heartbeat_due_ms = self.now_ms + self.config.heartbeat_interval_ms
         self.check_quorum_due_ms = self.now_ms + self.config.election_timeout_ms
-        self.emit("became_leader",
-                  f"became leader in term {self.term} after winning votes from {voters}")
+        self.emit(
+            "became_leader", f"became leader in term {self.term} after winning votes from {voters}"
+        )
         self.term_start_index = self.append_as_leader(b"", EntryKind.NOOP)
 
     # -- internals: elections ----------------------------------------------
@@ -761,11 +823,17 @@ class RaftNode:
     def handle_election_timeout(self) -> None:
         timeout_ms = self.now_ms - self.leader_contact_ms
         if self.role is Role.FOLLOWER and self.leader_id is not None:
-            self.emit("election_timeout", f"election timeout: no heartbeat from leader "
-                      f"{self.leader_id} for {timeout_ms} ms (term {self.term})")
+            self.emit(
+                "election_timeout",
+                f"election timeout: no heartbeat from leader "
+                f"{self.leader_id} for {timeout_ms} ms (term {self.term})",
+            )
         else:
-            self.emit("election_timeout", f"election timeout as {self.role.value} in term "
-                      f"{self.term}: no leader heard for {timeout_ms} ms")
+            self.emit(
+                "election_timeout",
+                f"election timeout as {self.role.value} in term "
+                f"{self.term}: no leader heard for {timeout_ms} ms",
+            )
         if self.config.pre_vote:
             self.become_pre_candidate()
         else:
@@ -779,8 +847,14 @@ class RaftNode:
             can_vote = self.vote == msg.src or (self.vote is None and self.leader_id is None)
         granted = can_vote and self.log_up_to_date(msg.last_log_term, msg.last_log_index)
         if pre_vote:
-            self.send(PreVoteResponse(term=msg.term if granted else self.term,
-                                      src=self.node_id, dst=msg.src, granted=granted))
+            self.send(
+                PreVoteResponse(
+                    term=msg.term if granted else self.term,
+                    src=self.node_id,
+                    dst=msg.src,
+                    granted=granted,
+                )
+            )
             return
         if granted:
             self.vote = msg.src
@@ -810,8 +884,10 @@ class RaftNode:
                 self.become_leader()
         elif rejected >= self.quorum:
             kind = "pre-vote" if election.pre_vote else "election"
-            self.emit("election_lost", f"lost {kind} for term "
-                      f"{self.term + 1 if election.pre_vote else self.term}")
+            self.emit(
+                "election_lost",
+                f"lost {kind} for term {self.term + 1 if election.pre_vote else self.term}",
+            )
             self.become_follower(self.term, None)
 
     # -- internals: message dispatch ---------------------------------------
@@ -827,8 +903,11 @@ class RaftNode:
             return False
         if isinstance(msg, VoteRequest):
             if self.in_leader_lease() and not msg.leader_transfer:
-                self.emit("vote_ignored", f"ignored vote request from {msg.src} for term "
-                          f"{msg.term}: leader {self.leader_id} heard recently")
+                self.emit(
+                    "vote_ignored",
+                    f"ignored vote request from {msg.src} for term "
+                    f"{msg.term}: leader {self.leader_id} heard recently",
+                )
                 return False
             self.become_follower(msg.term, None)
             return True
@@ -841,15 +920,23 @@ class RaftNode:
     def handle_lower_term(self, msg: Message) -> None:
         if isinstance(msg, AppendRequest | InstallSnapshot | TimeoutNow):
             # Tell a deposed leader about the newer term so it steps down.
-            self.send(AppendResponse(term=self.term, src=self.node_id, dst=msg.src,
-                                     success=False, match_index=0, reject_index=0,
-                                     hint_index=0, hint_term=0, sent_ms=0))
+            self.send(
+                AppendResponse(
+                    term=self.term,
+                    src=self.node_id,
+                    dst=msg.src,
+                    success=False,
+                    match_index=0,
+                    reject_index=0,
+                    hint_index=0,
+                    hint_term=0,
+                    sent_ms=0,
+                )
+            )
         elif isinstance(msg, PreVoteRequest):
-            self.send(PreVoteResponse(term=self.term, src=self.node_id, dst=msg.src,
-                                      granted=False))
+            self.send(PreVoteResponse(term=self.term, src=self.node_id, dst=msg.src, granted=False))
         elif isinstance(msg, VoteRequest):
-            self.send(VoteResponse(term=self.term, src=self.node_id, dst=msg.src,
-                                   granted=False))
+            self.send(VoteResponse(term=self.term, src=self.node_id, dst=msg.src, granted=False))
 
     def dispatch(self, msg: Message) -> None:
         if isinstance(msg, PreVoteRequest | VoteRequest):
@@ -857,8 +944,10 @@ class RaftNode:
         elif isinstance(msg, PreVoteResponse | VoteResponse):
             self.handle_vote_response(msg)
         elif isinstance(msg, AppendRequest | InstallSnapshot | TimeoutNow):
-            invariant(self.role is not Role.LEADER,
-                      f"two leaders in term {self.term}: {self.node_id} and {msg.src}")
+            invariant(
+                self.role is not Role.LEADER,
+                f"two leaders in term {self.term}: {self.node_id} and {msg.src}",
+            )
             if self.role is not Role.FOLLOWER or self.leader_id != msg.src:
                 self.become_follower(self.term, msg.src)
             self.leader_contact_ms = self.now_ms
@@ -875,9 +964,19 @@ class RaftNode:
     # -- internals: follower side of replication ---------------------------
 
     def reply_append(self, msg: AppendRequest | InstallSnapshot, match_index: int) -> None:
-        self.send(AppendResponse(term=self.term, src=self.node_id, dst=msg.src, success=True,
-                                 match_index=match_index, reject_index=0, hint_index=0,
-                                 hint_term=0, sent_ms=msg.sent_ms))
+        self.send(
+            AppendResponse(
+                term=self.term,
+                src=self.node_id,
+                dst=msg.src,
+                success=True,
+                match_index=match_index,
+                reject_index=0,
+                hint_index=0,
+                hint_term=0,
+                sent_ms=msg.sent_ms,
+            )
+        )
 
     def handle_append(self, msg: AppendRequest) -> None:
         if msg.prev_index < self.commit_index:
@@ -893,8 +992,10 @@ class RaftNode:
             if existing == entry.term:
                 continue
             if existing is not None:
-                invariant(entry.index > self.commit_index,
-                          f"leader {msg.src} overwrites committed entry {entry.index}")
+                invariant(
+                    entry.index > self.commit_index,
+                    f"leader {msg.src} overwrites committed entry {entry.index}",
+                )
                 self.log.truncate_from(entry.index)
             self.log.append(entry)
         last_new = msg.prev_index + len(msg.entries)
@@ -906,10 +1007,19 @@ class RaftNode:
             hint_index, hint_term = self.log.last_index(), 0
         else:  # conflicting term at prev_index: skip the whole term at once
             hint_index, hint_term = self.log.first_index_of_term(msg.prev_index), local_term
-        self.send(AppendResponse(term=self.term, src=self.node_id, dst=msg.src, success=False,
-                                 match_index=0, reject_index=msg.prev_index,
-                                 hint_index=hint_index, hint_term=hint_term,
-                                 sent_ms=msg.sent_ms))
+        self.send(
+            AppendResponse(
+                term=self.term,
+                src=self.node_id,
+                dst=msg.src,
+                success=False,
+                match_index=0,
+                reject_index=msg.prev_index,
+                hint_index=hint_index,
+                hint_term=hint_term,
+                sent_ms=msg.sent_ms,
+            )
+        )
 
     def handle_install_snapshot(self, msg: InstallSnapshot) -> None:
         if msg.snapshot_index <= self.commit_index:
@@ -923,8 +1033,11 @@ class RaftNode:
             self.snapshot = snapshot
             self.pending_snapshot = snapshot
             self.commit_index = snapshot.index
-            self.emit("snapshot_installed", f"installing snapshot at index {snapshot.index} "
-                      f"(term {snapshot.term}) from leader {msg.src}")
+            self.emit(
+                "snapshot_installed",
+                f"installing snapshot at index {snapshot.index} "
+                f"(term {snapshot.term}) from leader {msg.src}",
+            )
         self.reply_append(msg, msg.snapshot_index)
 
     def handle_timeout_now(self, msg: TimeoutNow) -> None:
@@ -945,8 +1058,11 @@ class RaftNode:
             self.heartbeat_due_ms = self.now_ms + self.config.heartbeat_interval_ms
             self.broadcast_append(heartbeat=True)
         if self.transfer_target is not None and self.now_ms >= self.transfer_deadline_ms:
-            self.emit("transfer_aborted", f"leadership transfer to {self.transfer_target} "
-                      f"timed out after {self.config.election_timeout_ms} ms")
+            self.emit(
+                "transfer_aborted",
+                f"leadership transfer to {self.transfer_target} "
+                f"timed out after {self.config.election_timeout_ms} ms",
+            )
             self.transfer_target = None
             self.lease_fence_ms = self.now_ms
         if self.config.check_quorum and self.now_ms >= self.check_quorum_due_ms:
@@ -958,8 +1074,11 @@ class RaftNode:
         active = [p for p, pr in self.progress.items() if pr.last_heard_ms >= since_ms]
         if len(active) + 1 >= self.quorum:
             return
-        self.emit("check_quorum_failed", f"stepping down in term {self.term}: heard from "
-                  f"only {sorted(active)} in the last {self.config.election_timeout_ms} ms")
+        self.emit(
+            "check_quorum_failed",
+            f"stepping down in term {self.term}: heard from "
+            f"only {sorted(active)} in the last {self.config.election_timeout_ms} ms",
+        )
         self.become_follower(self.term, None)
 
     def broadcast_append(self, heartbeat: bool) -> None:
@@ -978,15 +1097,25 @@ class RaftNode:
             self.send_snapshot(peer, pr)
             return
         window_full = (pr.state is ProgressState.PROBE and pr.probe_sent) or (
-            pr.next_index - 1 - pr.match_index >= self.config.max_inflight_entries)
+            pr.next_index - 1 - pr.match_index >= self.config.max_inflight_entries
+        )
         entries: tuple[Entry, ...] = ()
         if not window_full and pr.next_index <= self.log.last_index():
             entries = self.log.slice(pr.next_index, self.config.max_entries_per_append)
         if not entries and not heartbeat:
             return
-        self.send(AppendRequest(term=self.term, src=self.node_id, dst=peer,
-                                prev_index=prev_index, prev_term=prev_term, entries=entries,
-                                commit=self.commit_index, sent_ms=self.now_ms))
+        self.send(
+            AppendRequest(
+                term=self.term,
+                src=self.node_id,
+                dst=peer,
+                prev_index=prev_index,
+                prev_term=prev_term,
+                entries=entries,
+                commit=self.commit_index,
+                sent_ms=self.now_ms,
+            )
+        )
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = True
         elif entries:
@@ -996,24 +1125,44 @@ class RaftNode:
         if self.now_ms - pr.snapshot_sent_ms >= self.config.election_timeout_ms:
             self.send_snapshot(peer, pr)  # presumed lost
         elif heartbeat:
-            self.send(AppendRequest(term=self.term, src=self.node_id, dst=peer,
-                                    prev_index=self.log.snapshot_index,
-                                    prev_term=self.log.snapshot_term, entries=(),
-                                    commit=self.commit_index, sent_ms=self.now_ms))
+            self.send(
+                AppendRequest(
+                    term=self.term,
+                    src=self.node_id,
+                    dst=peer,
+                    prev_index=self.log.snapshot_index,
+                    prev_term=self.log.snapshot_term,
+                    entries=(),
+                    commit=self.commit_index,
+                    sent_ms=self.now_ms,
+                )
+            )
 
     def send_snapshot(self, peer: int, pr: Progress) -> None:
         snap = self.snapshot
-        invariant(snap is not None and snap.index == self.log.snapshot_index,
-                  f"no snapshot data for compacted index {self.log.snapshot_index}")
+        invariant(
+            snap is not None and snap.index == self.log.snapshot_index,
+            f"no snapshot data for compacted index {self.log.snapshot_index}",
+        )
         assert snap is not None  # for the type checker; checked just above
         pr.state = ProgressState.SNAPSHOT
         pr.pending_snapshot_index = snap.index
         pr.snapshot_sent_ms = self.now_ms
-        self.emit("snapshot_sent", f"sending snapshot at index {snap.index} to {peer} "
-                  f"(it needs index {pr.next_index})")
-        self.send(InstallSnapshot(term=self.term, src=self.node_id, dst=peer,
-                                  snapshot_index=snap.index, snapshot_term=snap.term,
-                                  data=snap.data, sent_ms=self.now_ms))
+        self.emit(
+            "snapshot_sent",
+            f"sending snapshot at index {snap.index} to {peer} (it needs index {pr.next_index})",
+        )
+        self.send(
+            InstallSnapshot(
+                term=self.term,
+                src=self.node_id,
+                dst=peer,
+                snapshot_index=snap.index,
+                snapshot_term=snap.term,
+                data=snap.data,
+                sent_ms=self.now_ms,
+            )
+        )
 
     def handle_append_response(self, msg: AppendResponse) -> None:
         pr = self.progress[msg.src]
@@ -1027,13 +1176,16 @@ class RaftNode:
             self.handle_append_reject(msg.src, pr, msg)
 
     def handle_append_success(self, peer: int, pr: Progress, match_index: int) -> None:
-        invariant(match_index <= self.log.last_index(),
-                  f"{peer} acknowledges {match_index} beyond our last {self.log.last_index()}")
+        invariant(
+            match_index <= self.log.last_index(),
+            f"{peer} acknowledges {match_index} beyond our last {self.log.last_index()}",
+        )
         progressed = match_index > pr.match_index
         pr.match_index = max(pr.match_index, match_index)
         pr.next_index = max(pr.next_index, pr.match_index + 1)
         if pr.state is ProgressState.PROBE or (
-                pr.state is ProgressState.SNAPSHOT and pr.match_index >= pr.pending_snapshot_index):
+            pr.state is ProgressState.SNAPSHOT and pr.match_index >= pr.pending_snapshot_index
+        ):
             pr.state = ProgressState.REPLICATE
             pr.next_index = pr.match_index + 1
             pr.probe_sent = False
@@ -1068,8 +1220,11 @@ class RaftNode:
             return False
         if msg.sent_ms <= pr.match_sent_ms:
             return False  # a reordered answer to an older request
-        self.emit("follower_lost_state", f"{peer} lost its log: it ends at {msg.hint_index} "
-                  f"below its match index {pr.match_index}; replicating it afresh")
+        self.emit(
+            "follower_lost_state",
+            f"{peer} lost its log: it ends at {msg.hint_index} "
+            f"below its match index {pr.match_index}; replicating it afresh",
+        )
         pr.match_index = msg.hint_index
         pr.next_index = msg.hint_index + 1
         pr.match_sent_ms = msg.sent_ms
@@ -1081,8 +1236,9 @@ class RaftNode:
     def maybe_commit(self) -> None:
         if self.role is not Role.LEADER:
             return
-        matches = sorted([self.log.last_index()] + [p.match_index for p in self.progress.values()],
-                         reverse=True)
+        matches = sorted(
+            [self.log.last_index()] + [p.match_index for p in self.progress.values()], reverse=True
+        )
         candidate = matches[self.quorum - 1]
         # Only an entry of the current term commits by counting (Raft paper, Figure 8);
         # earlier entries commit with it.

@@ -1,4 +1,4 @@
-"""The asyncio driver of one `RaftNode` (DESIGN section 10): short and boring.
+"""The asyncio driver of one `RaftNode` (docs/design.md, "Cores and drivers"): short and boring.
 
 All decisions live in the core; this loop only carries out each `Ready` in the order
 its field comments fix:
@@ -77,8 +77,7 @@ class RaftDriver:
         ticker, run = self._tasks or (None, None)
         if ticker is not None:
             ticker.cancel()
-        await asyncio.gather(*[t for t in (ticker, run) if t is not None],
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(*[t for t in (ticker, run) if t is not None], return_exceptions=True)
         self._tasks = []
 
     # -- inputs --------------------------------------------------------------------

@@ -121,8 +121,10 @@ class RaftStore:
 
     def entries(self, first: int, last: int) -> list[Entry]:
         """Entries first..last inclusive, each re-checked against its CRC."""
-        _check(self.first_index <= first and last <= self.last_index,
-               f"range {first}..{last} outside {self.first_index}..{self.last_index}")
+        _check(
+            self.first_index <= first and last <= self.last_index,
+            f"range {first}..{last} outside {self.first_index}..{self.last_index}",
+        )
         if last < first:
             return []
         start = self._offsets[first - self.first_index]
@@ -160,8 +162,9 @@ class RaftStore:
         first = entries[0].index
         if first <= self.last_index:
             self.truncate_suffix(first, sync=False)
-        _check(first == self.last_index + 1,
-               f"append at {first} leaves a gap after {self.last_index}")
+        _check(
+            first == self.last_index + 1, f"append at {first} leaves a gap after {self.last_index}"
+        )
         chunks: list[bytes] = []
         offset = self._end
         for expected, entry in enumerate(entries, start=first):
@@ -198,16 +201,19 @@ class RaftStore:
         self._pending_hard_state = None
         vote = -1 if hard_state.vote is None else hard_state.vote
         body = _HARD_STATE.pack(0, hard_state.term, vote, hard_state.commit)[4:]
-        _write_atomically(self.directory, HARD_STATE_FILE,
-                          struct.pack(">I", crc32c.crc32c(body)) + body)
+        _write_atomically(
+            self.directory, HARD_STATE_FILE, struct.pack(">I", crc32c.crc32c(body)) + body
+        )
         self.hard_state = hard_state
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         """Persist a snapshot the application took (RaftNode.compact), then drop the prefix."""
         if snapshot.index <= self.snapshot_index:
             return
-        _check(self.term(snapshot.index) == snapshot.term,
-               f"snapshot at {snapshot.index} term {snapshot.term} does not match the log")
+        _check(
+            self.term(snapshot.index) == snapshot.term,
+            f"snapshot at {snapshot.index} term {snapshot.term} does not match the log",
+        )
         kept = self.entries(snapshot.index + 1, self.last_index)
         self._write_snapshot(snapshot)
         self._rewrite_log(kept)
@@ -232,8 +238,9 @@ class RaftStore:
 
     def _write_snapshot(self, snapshot: Snapshot) -> None:
         body = _SNAPSHOT_HEAD.pack(0, snapshot.index, snapshot.term)[4:] + snapshot.data
-        _write_atomically(self.directory, SNAPSHOT_FILE,
-                          struct.pack(">I", crc32c.crc32c(body)) + body)
+        _write_atomically(
+            self.directory, SNAPSHOT_FILE, struct.pack(">I", crc32c.crc32c(body)) + body
+        )
         self.snapshot = snapshot
 
     def _rewrite_log(self, entries: Sequence[Entry]) -> None:
@@ -273,7 +280,7 @@ class RaftStore:
         crc, index, term = _SNAPSHOT_HEAD.unpack_from(raw)
         if crc != crc32c.crc32c(raw[4:]):
             raise RaftStoreCorruption(f"{path}: CRC mismatch")
-        return Snapshot(index, term, raw[_SNAPSHOT_HEAD.size:])
+        return Snapshot(index, term, raw[_SNAPSHOT_HEAD.size :])
 
     @staticmethod
     def _decode_at(buf: bytes, pos: int) -> tuple[Entry | None, int]:
@@ -284,11 +291,11 @@ class RaftStore:
         body_start = pos + _RECORD_HEAD.size
         if not _RECORD_BODY.size <= length <= MAX_RECORD_BYTES or body_start + length > len(buf):
             return None, pos
-        body = buf[body_start:body_start + length]
+        body = buf[body_start : body_start + length]
         if crc32c.crc32c(body) != crc:
             return None, pos
         term, index, kind = _RECORD_BODY.unpack_from(body)
-        return Entry(index, term, bytes(body[_RECORD_BODY.size:]), kind), body_start + length
+        return Entry(index, term, bytes(body[_RECORD_BODY.size :]), kind), body_start + length
 
     def _recover_log(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -302,8 +309,12 @@ class RaftStore:
             entries.append((pos, entry))
             pos = next_pos
         if pos < len(buf):
-            logger.warning("raft log %s: truncating %d bytes of torn or corrupt tail at "
-                           "offset %d", self.directory / LOG_FILE, len(buf) - pos, pos)
+            logger.warning(
+                "raft log %s: truncating %d bytes of torn or corrupt tail at offset %d",
+                self.directory / LOG_FILE,
+                len(buf) - pos,
+                pos,
+            )
             os.ftruncate(self._fd, pos)
             os.fdatasync(self._fd)
         self._end = pos
@@ -319,14 +330,19 @@ class RaftStore:
             # A crash between writing a snapshot and rewriting the log: finish the job.
             start = entries[0][1].index
             if start > first:
-                raise RaftStoreCorruption(f"raft log starts at {start}, after snapshot "
-                                          f"index {self.snapshot_index}")
+                raise RaftStoreCorruption(
+                    f"raft log starts at {start}, after snapshot index {self.snapshot_index}"
+                )
             position = self.snapshot_index - start
             at_snapshot = entries[position][1] if position < len(entries) else None
-            joins = (self.snapshot is not None and at_snapshot is not None
-                     and at_snapshot.term == self.snapshot.term)
-            self._rewrite_log([e for _, e in entries[position + 1:]] if joins else [])
+            joins = (
+                self.snapshot is not None
+                and at_snapshot is not None
+                and at_snapshot.term == self.snapshot.term
+            )
+            self._rewrite_log([e for _, e in entries[position + 1 :]] if joins else [])
         if self.hard_state.commit > self.last_index:
             raise RaftStoreCorruption(
                 f"raft log ends at {self.last_index} but commit {self.hard_state.commit} was "
-                f"stored: acknowledged entries are gone (corruption, not a torn write)")
+                f"stored: acknowledged entries are gone (corruption, not a torn write)"
+            )

@@ -66,8 +66,14 @@ def _check_types(raw: dict) -> None:
             ok = type(value) is bytes
         elif name == "entries":
             ok = type(value) is list and all(
-                type(e) is list and len(e) == 4 and type(e[0]) is int and type(e[1]) is int
-                and type(e[2]) is int and type(e[3]) is bytes for e in value)  # fmt: skip
+                type(e) is list
+                and len(e) == 4
+                and type(e[0]) is int
+                and type(e[1]) is int
+                and type(e[2]) is int
+                and type(e[3]) is bytes
+                for e in value
+            )
         else:
             ok = type(value) in (int, bool)
         if not ok:
@@ -95,18 +101,23 @@ class _Peer:
         while True:
             try:
                 self.conn = await Connection.open(
-                    self.host, self.port, client_id=f"raft-{self.transport.node_id}",
-                    connect_timeout_ms=self.transport.timeout_ms)  # fmt: skip
+                    self.host,
+                    self.port,
+                    client_id=f"raft-{self.transport.node_id}",
+                    connect_timeout_ms=self.transport.timeout_ms,
+                )
                 log.debug("raft transport: connected to voter %d", self.node_id)
                 backoff_ms = BACKOFF_MIN_MS
                 await self.pump(self.conn)
             except (RilletError, OSError) as e:
-                log.debug("raft transport: voter %d at %s:%d: %s", self.node_id, self.host,
-                          self.port, e)  # fmt: skip
+                log.debug(
+                    "raft transport: voter %d at %s:%d: %s", self.node_id, self.host, self.port, e
+                )
             except Exception:
                 # Policy restart: a bug here must not silently cut us off from one voter.
-                log.exception("raft transport: sending to voter %d failed; reconnecting",
-                              self.node_id)  # fmt: skip
+                log.exception(
+                    "raft transport: sending to voter %d failed; reconnecting", self.node_id
+                )
             finally:
                 if self.conn is not None:
                     self.conn.close()
@@ -188,8 +199,12 @@ class RaftTransport:
             sender_cluster and self.cluster_id and sender_cluster != self.cluster_id
         ):
             self.dropped += 1
-            log.warning("raft transport: dropping a message for %s of cluster %s from %s",
-                        fields["dst"], sender_cluster, request.peer)  # fmt: skip
+            log.warning(
+                "raft transport: dropping a message for %s of cluster %s from %s",
+                fields["dst"],
+                sender_cluster,
+                request.peer,
+            )
             return None
         try:
             msg = decode_message(request.payload)

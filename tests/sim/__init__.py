@@ -1,4 +1,4 @@
-"""Deterministic simulation of rillet's sans-I/O cores (DESIGN section 9, STYLE habit 4).
+"""Deterministic simulation of rillet's sans-I/O cores (docs/design.md, "Testing").
 
 Generic parts, shared by every kind of simulated node:
 - `scheduler.SimClock` / `scheduler.Scheduler`: simulated time and a seeded event queue;

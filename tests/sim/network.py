@@ -34,8 +34,9 @@ class SimNetwork:
     groups. A message in flight when its link is cut is dropped on arrival.
     """
 
-    def __init__(self, scheduler: Scheduler, rng: random.Random,
-                 faults: LinkFaults | None = None) -> None:
+    def __init__(
+        self, scheduler: Scheduler, rng: random.Random, faults: LinkFaults | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.rng = rng
         self.faults = faults or LinkFaults()
@@ -58,8 +59,9 @@ class SimNetwork:
         copies = 2 if self.rng.random() < faults.duplicate_rate else 1
         for _ in range(copies):
             delay_ms = self.rng.randint(faults.min_delay_ms, faults.max_delay_ms)
-            self.scheduler.after(delay_ms, lambda: self._arrive(src, dst, payload),
-                                 f"deliver {src}->{dst}")
+            self.scheduler.after(
+                delay_ms, lambda: self._arrive(src, dst, payload), f"deliver {src}->{dst}"
+            )
 
     def _arrive(self, src: int, dst: int, payload: object) -> None:
         if (src, dst) in self.blocked:

@@ -73,8 +73,9 @@ class SimDurableStore:
             first = ready.entries[0].index
             self.entries = [e for e in self.entries if e.index < first]
             if first != self.last_index() + 1:
-                raise SimulationFailure(f"Ready entries start at {first} but the store "
-                                        f"ends at {self.last_index()}")
+                raise SimulationFailure(
+                    f"Ready entries start at {first} but the store ends at {self.last_index()}"
+                )
             self.entries.extend(ready.entries)
         if ready.hard_state is not None and write_hard_state:
             self.hard_state = ready.hard_state
@@ -138,14 +139,18 @@ class RaftInvariants:
             value = (int(entry.kind), entry.data, prev_term)
             seen = self.entry_by_key.setdefault((entry.index, entry.term), value)
             if seen != value:
-                self.fail(f"log matching: node {node.node_id} persists entry {entry.index} "
-                          f"term {entry.term} as {value!r}, another node had {seen!r}")
+                self.fail(
+                    f"log matching: node {node.node_id} persists entry {entry.index} "
+                    f"term {entry.term} as {value!r}, another node had {seen!r}"
+                )
 
     def on_commit(self, node_id: int, entry: Entry) -> None:
         seen = self.committed.setdefault(entry.index, entry)
         if seen != entry:
-            self.fail(f"committed entry changed: node {node_id} has {entry} at "
-                      f"{entry.index}, committed earlier as {seen}")
+            self.fail(
+                f"committed entry changed: node {node_id} has {entry} at "
+                f"{entry.index}, committed earlier as {seen}"
+            )
 
     def on_apply(self, node_id: int, sm: DigestStateMachine) -> None:
         seen = self.digest_at.setdefault(sm.applied_index, sm.digest)
@@ -162,16 +167,20 @@ class RaftInvariants:
         self.checked_leaders.add((term, node.node_id))
         for index, entry in self.committed.items():
             if index > node.log.snapshot_index and node.log.term(index) != entry.term:
-                self.fail(f"leader completeness: new leader {node.node_id} of term {term} "
-                          f"lacks committed entry {index} (term {entry.term})")
+                self.fail(
+                    f"leader completeness: new leader {node.node_id} of term {term} "
+                    f"lacks committed entry {index} (term {entry.term})"
+                )
 
     def check_lease(self, node: RaftNode, now_ms: int) -> None:
         if not node.is_leader_with_lease(now_ms):
             return
         newest = max(self.leader_of_term)
         if newest > node.term:
-            self.fail(f"lease: node {node.node_id} claims a lease in term {node.term} while "
-                      f"{self.leader_of_term[newest]} leads term {newest}")
+            self.fail(
+                f"lease: node {node.node_id} claims a lease in term {node.term} while "
+                f"{self.leader_of_term[newest]} leads term {newest}"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -182,11 +191,14 @@ class RaftActor:
     def __init__(self, cluster: RaftCluster, node_id: int, voters: tuple[int, ...]) -> None:
         self.actor_id = node_id
         self.cluster = cluster
-        self.config = RaftConfig(node_id=node_id, voters=voters,
-                                 election_timeout_ms=cluster.options.election_timeout_ms,
-                                 heartbeat_interval_ms=cluster.options.heartbeat_interval_ms,
-                                 max_clock_drift_ms=0,
-                                 max_entries_per_append=cluster.options.max_entries_per_append)
+        self.config = RaftConfig(
+            node_id=node_id,
+            voters=voters,
+            election_timeout_ms=cluster.options.election_timeout_ms,
+            heartbeat_interval_ms=cluster.options.heartbeat_interval_ms,
+            max_clock_drift_ms=0,
+            max_entries_per_append=cluster.options.max_entries_per_append,
+        )
         self.durable = SimDurableStore()
         self.node: RaftNode | None = None
         self.sm: DigestStateMachine | None = None
@@ -208,8 +220,10 @@ class RaftActor:
             cluster.invariants.on_apply(self.actor_id, self.sm)
         self.seen_term = self.node.term
         self.seen_commit = self.node.commit_index
-        cluster.trace.add(cluster.clock.now_ms, f"node {self.actor_id} starts (incarnation "
-                          f"{self.incarnation}): {self.node.status()}")
+        cluster.trace.add(
+            cluster.clock.now_ms,
+            f"node {self.actor_id} starts (incarnation {self.incarnation}): {self.node.status()}",
+        )
         self.schedule_tick()
         self.process_ready()
 
@@ -223,8 +237,9 @@ class RaftActor:
     def schedule_tick(self) -> None:
         incarnation = self.incarnation
         delay_ms = self.cluster.options.tick_ms + self.cluster.rng.randint(0, 3)
-        self.cluster.scheduler.after(delay_ms, lambda: self.on_tick(incarnation),
-                                     f"tick {self.actor_id}")
+        self.cluster.scheduler.after(
+            delay_ms, lambda: self.on_tick(incarnation), f"tick {self.actor_id}"
+        )
 
     # -- inputs ---------------------------------------------------------
 
@@ -294,12 +309,20 @@ class RaftActor:
                 self.cluster.fail(f"node {self.actor_id} grants a vote not yet durable: {msg}")
             if isinstance(msg, VoteRequest) and hard.vote != self.actor_id:
                 self.cluster.fail(f"node {self.actor_id} campaigns before its self-vote is durable")
-            if isinstance(msg, AppendResponse) and msg.success and (
-                    msg.match_index > self.durable.last_index()):
-                self.cluster.fail(f"node {self.actor_id} acknowledges {msg.match_index} but "
-                                  f"persisted only up to {self.durable.last_index()}")
-            if isinstance(msg, AppendRequest) and msg.entries and (
-                    msg.entries[-1].index > self.durable.last_index()):
+            if (
+                isinstance(msg, AppendResponse)
+                and msg.success
+                and (msg.match_index > self.durable.last_index())
+            ):
+                self.cluster.fail(
+                    f"node {self.actor_id} acknowledges {msg.match_index} but "
+                    f"persisted only up to {self.durable.last_index()}"
+                )
+            if (
+                isinstance(msg, AppendRequest)
+                and msg.entries
+                and (msg.entries[-1].index > self.durable.last_index())
+            ):
                 self.cluster.fail(f"leader {self.actor_id} sends entries it has not persisted")
 
     def apply(self, ready: Ready) -> None:
@@ -310,8 +333,9 @@ class RaftActor:
         if ready.snapshot is not None:
             sm = self.sm = DigestStateMachine.from_bytes(ready.snapshot.data)
             if sm.applied_index != ready.snapshot.index:
-                self.cluster.fail(f"snapshot at {ready.snapshot.index} holds state "
-                                  f"of {sm.applied_index}")
+                self.cluster.fail(
+                    f"snapshot at {ready.snapshot.index} holds state of {sm.applied_index}"
+                )
             invariants.on_apply(self.actor_id, sm)
         for entry in ready.committed_entries:
             invariants.on_commit(self.actor_id, entry)
@@ -336,10 +360,13 @@ class RaftActor:
         if node.term < self.seen_term:
             self.cluster.fail(f"node {self.actor_id}: term went back to {node.term}")
         if node.commit_index < self.seen_commit:
-            self.cluster.fail(f"node {self.actor_id}: commit went back from "
-                              f"{self.seen_commit} to {node.commit_index}")
-        for index in range(max(self.seen_commit, node.log.snapshot_index) + 1,
-                           node.commit_index + 1):
+            self.cluster.fail(
+                f"node {self.actor_id}: commit went back from "
+                f"{self.seen_commit} to {node.commit_index}"
+            )
+        for index in range(
+            max(self.seen_commit, node.log.snapshot_index) + 1, node.commit_index + 1
+        ):
             entry = node.log.slice(index, 1)[0]
             invariants.on_commit(self.actor_id, entry)
         self.seen_term, self.seen_commit = node.term, node.commit_index
@@ -369,9 +396,13 @@ class SimOptions:
     def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
         """Everything derives from the seed, so the seed alone replays a run."""
         rng = random.Random(seed ^ 0x5EED)
-        return cls(seed=seed, voters=3 + 2 * (seed % 2), echo_trace=echo_trace,
-                   max_entries_per_append=rng.choice([1, 2, 8, 64]),
-                   compact_every_entries=rng.choice([5, 30, 200]))
+        return cls(
+            seed=seed,
+            voters=3 + 2 * (seed % 2),
+            echo_trace=echo_trace,
+            max_entries_per_append=rng.choice([1, 2, 8, 64]),
+            compact_every_entries=rng.choice([5, 30, 200]),
+        )
 
 
 class RaftCluster:
@@ -380,8 +411,9 @@ class RaftCluster:
         self.rng = random.Random(options.seed)
         self.clock = SimClock()
         self.scheduler = Scheduler(self.clock)
-        self.network = SimNetwork(self.scheduler, random.Random(self.rng.getrandbits(64)),
-                                  self.random_link_faults())
+        self.network = SimNetwork(
+            self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
+        )
         self.trace = Trace(echo=options.echo_trace)
         self.invariants = RaftInvariants(self.fail)
         voters = tuple(range(1, options.voters + 1))
@@ -396,12 +428,16 @@ class RaftCluster:
         raise SimulationFailure(
             f"seed {seed}, {self.clock.now_ms} ms: {text}\n"
             f"replay: {REPLAY_COMMAND.format(seed=seed)}\n--- trace tail ---\n"
-            f"{self.trace.tail()}")
+            f"{self.trace.tail()}"
+        )
 
     def random_link_faults(self) -> LinkFaults:
-        return LinkFaults(loss_rate=self.rng.choice([0.0, 0.01, 0.05, 0.15]),
-                          duplicate_rate=self.rng.choice([0.0, 0.02, 0.1]),
-                          min_delay_ms=1, max_delay_ms=self.rng.choice([2, 10, 40]))
+        return LinkFaults(
+            loss_rate=self.rng.choice([0.0, 0.01, 0.05, 0.15]),
+            duplicate_rate=self.rng.choice([0.0, 0.02, 0.1]),
+            min_delay_ms=1,
+            max_delay_ms=self.rng.choice([2, 10, 40]),
+        )
 
     def check_all(self) -> None:
         now_ms = self.clock.now_ms
@@ -441,14 +477,25 @@ class RaftCluster:
         if not self.chaos:
             return
         now_ms = self.clock.now_ms
-        action = self.rng.choice(["crash", "partition", "one_way", "isolate_leader",
-                                  "transfer", "link_faults", "heal", "heal"])
+        action = self.rng.choice(
+            [
+                "crash",
+                "partition",
+                "one_way",
+                "isolate_leader",
+                "transfer",
+                "link_faults",
+                "heal",
+                "heal",
+            ]
+        )
         ids = list(self.actors)
         if action == "crash":
             actor = self.actors[self.rng.choice(ids)]
             actor.crash("fault injection")
-            self.scheduler.after(self.rng.randint(100, 2500), lambda: self.restart(actor),
-                                 "restart")
+            self.scheduler.after(
+                self.rng.randint(100, 2500), lambda: self.restart(actor), "restart"
+            )
         elif action == "partition":
             self.rng.shuffle(ids)
             cut = self.rng.randint(1, len(ids) - 1)
@@ -510,9 +557,11 @@ class RaftCluster:
                     if index is not None:
                         marker_index[term] = index
             self.scheduler.run_until(self.clock.now_ms + 50, self.check_all)
-        self.fail(f"liveness: no proposal committed on all nodes within "
-                  f"{self.options.liveness_bound_ms} ms of healing; "
-                  f"status {[a.node.status() if a.node else None for a in self.actors.values()]}")
+        self.fail(
+            f"liveness: no proposal committed on all nodes within "
+            f"{self.options.liveness_bound_ms} ms of healing; "
+            f"status {[a.node.status() if a.node else None for a in self.actors.values()]}"
+        )
 
     def everyone_applied(self, index: int, term: int) -> bool:
         entry = self.invariants.committed.get(index)
@@ -525,5 +574,3 @@ def run_seed(seed: int, echo_trace: bool = False) -> RaftCluster:
     cluster = RaftCluster(SimOptions.for_seed(seed, echo_trace=echo_trace))
     cluster.run()
     return cluster
-
-

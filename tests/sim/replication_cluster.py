@@ -47,8 +47,9 @@ from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
 
-REPLAY_COMMAND = ("RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_replication_sim.py "
-                  "-k replay -s")
+REPLAY_COMMAND = (
+    "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_replication_sim.py -k replay -s"
+)
 CONTROLLER_ID = 100
 TOPIC = "t"
 MIN_ISR = 2
@@ -132,8 +133,9 @@ class ControllerActor:
     def __init__(self, cluster: ReplicationCluster) -> None:
         self.actor_id = CONTROLLER_ID
         self.cluster = cluster
-        self.quorum = QuorumController(ControllerConfig(broker_session_timeout_ms=600,
-                                                        broker_heartbeat_interval_ms=100))
+        self.quorum = QuorumController(
+            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100)
+        )
         self.image: MetadataImage = EMPTY_IMAGE
 
     def commit(self, records: list) -> None:
@@ -161,26 +163,31 @@ class ControllerActor:
         match payload:
             case Register(incarnation):
                 result = self.quorum.register_broker(
-                    self.image, src, f"inc-{incarnation}", [("BROKER", "sim", src)], None, now)
+                    self.image, src, f"inc-{incarnation}", [("BROKER", "sim", src)], None, now
+                )
                 self.commit(result.records)
                 if result.response.error_code == errors.NONE:
-                    net.send(self.actor_id, src, Registered(incarnation,
-                                                            result.response.broker_epoch))
+                    net.send(
+                        self.actor_id, src, Registered(incarnation, result.response.broker_epoch)
+                    )
             case Heartbeat(epoch, offset, want_shutdown):
-                result = self.quorum.broker_heartbeat(self.image, src, epoch, offset,
-                                                      False, want_shutdown, now)
+                result = self.quorum.broker_heartbeat(
+                    self.image, src, epoch, offset, False, want_shutdown, now
+                )
                 self.commit(result.records)
                 r = result.response
                 if r.error_code == errors.NONE and r.should_shut_down:
                     broker = self.cluster.brokers[src]
                     net.send(self.actor_id, src, HeartbeatAnswer(broker.incarnation, True))
             case AlterIsr(incarnation, epoch, p):
-                result = self.quorum.alter_partition(self.image, src, epoch, TOPIC, 0,
-                                                     p.leader_epoch, p.partition_epoch, p.new_isr)
+                result = self.quorum.alter_partition(
+                    self.image, src, epoch, TOPIC, 0, p.leader_epoch, p.partition_epoch, p.new_isr
+                )
                 self.commit(result.records)
                 r = result.response
-                answer = AlterPartitionResponse(r.error_code, r.isr, r.leader_epoch,
-                                                r.partition_epoch)
+                answer = AlterPartitionResponse(
+                    r.error_code, r.isr, r.leader_epoch, r.partition_epoch
+                )
                 net.send(self.actor_id, src, AlterIsrAnswer(incarnation, p.proposal_id, answer))
 
 
@@ -217,15 +224,21 @@ class BrokerActor:
     def start(self) -> None:
         self.incarnation += 1
         hw = max(min(self.hw_checkpoint, self.log.log_end_offset), self.log.log_start_offset)
-        self.state = PartitionState(self.actor_id, self.log, ReplicationConfig(400),
-                                    high_watermark=hw,
-                                    is_isr_eligible=lambda b: self.image.is_unfenced(b))
+        self.state = PartitionState(
+            self.actor_id,
+            self.log,
+            ReplicationConfig(400),
+            high_watermark=hw,
+            is_isr_eligible=lambda b: self.image.is_unfenced(b),
+        )
         self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
         self.fetch_out, self.alter_out = None, {}
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
-        self.cluster.trace.add(self.cluster.clock.now_ms,
-                               f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
-                               f"LEO {self.log.log_end_offset}, HW {hw})")
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms,
+            f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
+            f"LEO {self.log.log_end_offset}, HW {hw})",
+        )
         self.send(CONTROLLER_ID, Register(self.incarnation))
         incarnation = self.incarnation
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
@@ -235,10 +248,12 @@ class BrokerActor:
         if s is None:
             return f"broker {self.actor_id}: down"
         reg = self.image.brokers.get(self.actor_id)
-        return (f"broker {self.actor_id}: {s.role.value} epoch {s.leader_epoch} isr {s.isr} "
-                f"pending {s.pending_isr_change} LEO {self.log.log_end_offset} HW "
-                f"{s.high_watermark} broker epoch {self.broker_epoch} registered {reg}, "
-                f"image offset {self.image.offset}, alter out {self.alter_out}")
+        return (
+            f"broker {self.actor_id}: {s.role.value} epoch {s.leader_epoch} isr {s.isr} "
+            f"pending {s.pending_isr_change} LEO {self.log.log_end_offset} HW "
+            f"{s.high_watermark} broker epoch {self.broker_epoch} registered {reg}, "
+            f"image offset {self.image.offset}, alter out {self.alter_out}"
+        )
 
     def crash(self) -> None:
         if self.state is None:
@@ -256,8 +271,7 @@ class BrokerActor:
             return
         now = self.cluster.clock.now_ms
         if now < self.paused_until:
-            self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation),
-                                      "tick")
+            self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation), "tick")
             return
         if self.inbox:
             self.resume()
@@ -266,8 +280,9 @@ class BrokerActor:
         if self.broker_epoch < 0:
             self.send(CONTROLLER_ID, Register(self.incarnation))
         elif now % 100 < 10:
-            self.send(CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset,
-                                               self.shutting_down))
+            self.send(
+                CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset, self.shutting_down)
+            )
         for pid, sent_ms in list(self.alter_out.items()):
             if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
                 timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
@@ -296,8 +311,9 @@ class BrokerActor:
 
     def pause(self, duration_ms: int) -> None:
         self.paused_until = self.cluster.clock.now_ms + duration_ms
-        self.cluster.trace.add(self.cluster.clock.now_ms,
-                               f"broker {self.actor_id} paused for {duration_ms} ms")
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms, f"broker {self.actor_id} paused for {duration_ms} ms"
+        )
 
     def resume(self) -> None:
         """SIGCONT: what arrived meanwhile is handled in arrival order, late."""
@@ -317,12 +333,16 @@ class BrokerActor:
             case Registered(incarnation, epoch) if incarnation == self.incarnation:
                 self.broker_epoch = epoch
             case HeartbeatAnswer(incarnation, True) if incarnation == self.incarnation:
-                self.cluster.trace.add(self.cluster.clock.now_ms,
-                                       f"broker {self.actor_id}: controlled shutdown done")
+                self.cluster.trace.add(
+                    self.cluster.clock.now_ms, f"broker {self.actor_id}: controlled shutdown done"
+                )
                 self.crash()
                 broker = self
-                self.cluster.scheduler.after(self.cluster.rng.randint(50, 1000),
-                                             lambda: self.cluster.restart(broker), "restart")
+                self.cluster.scheduler.after(
+                    self.cluster.rng.randint(50, 1000),
+                    lambda: self.cluster.restart(broker),
+                    "restart",
+                )
             case Metadata(image):
                 self.on_metadata(image)
             case AlterIsrAnswer(incarnation, pid, response) if incarnation == self.incarnation:
@@ -331,7 +351,8 @@ class BrokerActor:
             case Fetch(incarnation, fetch_id, request):
                 self.serve_fetch(src, incarnation, fetch_id, request)
             case FetchAnswer(incarnation, fetch_id, response, records) if (
-                    incarnation == self.incarnation):
+                incarnation == self.incarnation
+            ):
                 # A duplicated or late answer still reaches the core (it ignores answers
                 # that no longer fit the log) but only the awaited one starts the next
                 # fetch: else each duplicate would start a fetch chain of its own.
@@ -347,28 +368,34 @@ class BrokerActor:
         p = image.partition(TOPIC, 0)
         state = self.state
         if state is not None:  # as ReplicaManager does with delta.changed_brokers
-            changed = [b for b in set(old.brokers) | set(image.brokers)
-                       if old.brokers.get(b) != image.brokers.get(b)]  # fmt: skip
+            changed = [
+                b
+                for b in set(old.brokers) | set(image.brokers)
+                if old.brokers.get(b) != image.brokers.get(b)
+            ]
             if changed:
                 state.on_brokers_changed(changed)
         if p is None or state is None or self.actor_id not in p.replicas:
             return
         now = self.cluster.clock.now_ms
         if p.leader == self.actor_id:
-            self.apply(state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas,
-                                           p.isr, now))
+            self.apply(
+                state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now)
+            )
             self.cluster.invariants.on_become_leader(self)
         else:
-            self.apply(state.become_follower(p.leader, p.leader_epoch, p.partition_epoch,
-                                             p.replicas, p.isr))
+            self.apply(
+                state.become_follower(
+                    p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr
+                )
+            )
 
     def on_alter_answer(self, pid: int, response: AlterPartitionResponse) -> None:
         del self.alter_out[pid]
         if self.state is not None:
             self.apply(self.state.on_alter_partition_response(pid, response))
 
-    def serve_fetch(self, src: int, incarnation: int, fetch_id: int,
-                    request: FetchRequest) -> None:
+    def serve_fetch(self, src: int, incarnation: int, fetch_id: int, request: FetchRequest) -> None:
         state = self.state
         assert state is not None
         decision = state.on_fetch_request(request, self.cluster.clock.now_ms)
@@ -376,10 +403,15 @@ class BrokerActor:
         records: list = []
         if decision.error_code == errors.NONE and decision.diverging_epoch is None:
             records = self.log.read(request.fetch_offset)[:FETCH_MAX_RECORDS]
-        response = FetchResponse(request.fetch_offset, request.current_leader_epoch,
-                                 decision.error_code, decision.high_watermark,
-                                 decision.log_start_offset, decision.diverging_epoch,
-                                 batches_of(request.fetch_offset, records))
+        response = FetchResponse(
+            request.fetch_offset,
+            request.current_leader_epoch,
+            decision.error_code,
+            decision.high_watermark,
+            decision.log_start_offset,
+            decision.diverging_epoch,
+            batches_of(request.fetch_offset, records),
+        )
         self.send(src, FetchAnswer(incarnation, fetch_id, response, tuple(records)))
 
     def produce(self, value: object) -> None:
@@ -436,8 +468,9 @@ class ReplicationInvariants:
                 continue
             hw = state.high_watermark
             if hw < broker.seen_hw:
-                self.cluster.fail(f"broker {broker.actor_id}: HW went back "
-                                  f"{broker.seen_hw} -> {hw}")
+                self.cluster.fail(
+                    f"broker {broker.actor_id}: HW went back {broker.seen_hw} -> {hw}"
+                )
             broker.seen_hw = hw
             if state.is_leader:
                 self.commit_up_to(broker, hw)
@@ -445,8 +478,10 @@ class ReplicationInvariants:
         for value, offset in list(self.unverified.items()):
             if offset < len(self.committed):
                 if self.committed[offset][1] != value:
-                    self.cluster.fail(f"acknowledged {value!r} at {offset}, committed "
-                                      f"{self.committed[offset]} there")
+                    self.cluster.fail(
+                        f"acknowledged {value!r} at {offset}, committed "
+                        f"{self.committed[offset]} there"
+                    )
                 del self.unverified[value]
 
     def commit_up_to(self, leader: BrokerActor, hw: int) -> None:
@@ -465,8 +500,10 @@ class ReplicationInvariants:
             return
         held = log.read(start, end)
         if held != self.committed[start:end]:
-            self.cluster.fail(f"broker {broker.actor_id} ({where}) holds {held} at "
-                              f"[{start}, {end}), committed {self.committed[start:end]}")
+            self.cluster.fail(
+                f"broker {broker.actor_id} ({where}) holds {held} at "
+                f"[{start}, {end}), committed {self.committed[start:end]}"
+            )
         broker.checked_end = end
 
     def recognized_leader(self, broker: BrokerActor) -> bool:
@@ -476,16 +513,22 @@ class ReplicationInvariants:
         "a new leader holds every committed record" is about elections."""
         p = self.cluster.controller.image.partition(TOPIC, 0)
         state = broker.state
-        return (p is not None and state is not None and p.leader == broker.actor_id
-                and p.leader_epoch == state.leader_epoch)
+        return (
+            p is not None
+            and state is not None
+            and p.leader == broker.actor_id
+            and p.leader_epoch == state.leader_epoch
+        )
 
     def on_become_leader(self, broker: BrokerActor) -> None:
         """A new leader holds every committed record (no committed record is lost)."""
         if not self.recognized_leader(broker):
             return
         if broker.log.log_end_offset < len(self.committed):
-            self.cluster.fail(f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
-                              f", below the committed {len(self.committed)}")
+            self.cluster.fail(
+                f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
+                f", below the committed {len(self.committed)}"
+            )
         self.check_prefix(broker, len(self.committed), "as new leader")
 
     def on_ack(self, value: object, leader_id: int, offset: int) -> None:
@@ -504,8 +547,9 @@ class ReplicationCluster:
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.scheduler = Scheduler(self.clock)
-        self.network = SimNetwork(self.scheduler, random.Random(self.rng.getrandbits(64)),
-                                  self.random_link_faults())
+        self.network = SimNetwork(
+            self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
+        )
         self.trace = Trace(echo=echo_trace)
         self.controller = ControllerActor(self)
         self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
@@ -518,14 +562,19 @@ class ReplicationCluster:
         self.chaos = True
 
     def fail(self, text: str) -> None:
-        raise SimulationFailure(f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
-                                f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
-                                f"--- trace tail ---\n{self.trace.tail()}")
+        raise SimulationFailure(
+            f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
+            f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
+            f"--- trace tail ---\n{self.trace.tail()}"
+        )
 
     def random_link_faults(self) -> LinkFaults:
-        return LinkFaults(loss_rate=self.rng.choice([0.0, 0.02, 0.1]),
-                          duplicate_rate=self.rng.choice([0.0, 0.05]),
-                          min_delay_ms=1, max_delay_ms=self.rng.choice([3, 20, 60]))
+        return LinkFaults(
+            loss_rate=self.rng.choice([0.0, 0.02, 0.1]),
+            duplicate_rate=self.rng.choice([0.0, 0.05]),
+            min_delay_ms=1,
+            max_delay_ms=self.rng.choice([3, 20, 60]),
+        )
 
     def run(self) -> None:
         self.scheduler.after(0, self.controller.tick, "controller tick")
@@ -555,16 +604,20 @@ class ReplicationCluster:
     def inject_fault(self) -> None:
         if not self.chaos:
             return
-        action = self.rng.choice(["crash", "crash_leader", "isolate", "link_faults", "heal",
-                                  "pause", "shutdown"])
+        action = self.rng.choice(
+            ["crash", "crash_leader", "isolate", "link_faults", "heal", "pause", "shutdown"]
+        )
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
-            broker = next((b for b in self.brokers.values()
-                           if b.state is not None and b.state.is_leader), broker)
+            broker = next(
+                (b for b in self.brokers.values() if b.state is not None and b.state.is_leader),
+                broker,
+            )
         if action in ("crash", "crash_leader") and broker.alive:
             broker.crash()
-            self.scheduler.after(self.rng.randint(50, 1500), lambda: self.restart(broker),
-                                 "restart")
+            self.scheduler.after(
+                self.rng.randint(50, 1500), lambda: self.restart(broker), "restart"
+            )
         elif action == "isolate":
             self.network.isolate(broker.actor_id)
             self.trace.add(self.clock.now_ms, f"isolate broker {broker.actor_id}")
@@ -598,19 +651,18 @@ class ReplicationCluster:
         while self.clock.now_ms < deadline:
             self.scheduler.run_until(self.clock.now_ms + 50, self.invariants.check)
             p = self.controller.image.partition(TOPIC, 0)
-            if (p is not None and len(p.isr) == 3
-                    and len(self.invariants.acked) > acked_before):
+            if p is not None and len(p.isr) == 3 and len(self.invariants.acked) > acked_before:
                 return
         p = self.controller.image.partition(TOPIC, 0)
         states = "\n".join(b.status() for b in self.brokers.values())
-        self.fail(f"liveness: after healing, partition {p} and "
-                  f"{len(self.invariants.acked) - acked_before} new acks in {bound_ms} ms;"
-                  f"\n{states}")
+        self.fail(
+            f"liveness: after healing, partition {p} and "
+            f"{len(self.invariants.acked) - acked_before} new acks in {bound_ms} ms;"
+            f"\n{states}"
+        )
 
 
 def run_seed(seed: int, echo_trace: bool = False) -> ReplicationCluster:
     cluster = ReplicationCluster(seed, echo_trace=echo_trace)
     cluster.run()
     return cluster
-
-

@@ -36,8 +36,9 @@ class Scheduler:
         if len(self._queue) >= self.max_pending_events:
             raise RuntimeError(f"more than {self.max_pending_events} pending events")
         self._seq += 1
-        heapq.heappush(self._queue, _Event(max(at_ms, self.clock.now_ms), self._seq,
-                                           callback, label))
+        heapq.heappush(
+            self._queue, _Event(max(at_ms, self.clock.now_ms), self._seq, callback, label)
+        )
 
     def after(self, delay_ms: int, callback: Callable[[], None], label: str = "") -> None:
         self.at(self.clock.now_ms + delay_ms, callback, label)
