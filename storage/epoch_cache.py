@@ -82,6 +82,10 @@ class LeaderEpochCache:
             return epoch, self._starts[0]  # older than anything we know
         return self._epochs[higher - 1], self._starts[higher]
 
+    def ends_at_or_past(self, end_offset: int) -> bool:
+        """Whether some epoch starts at or after ``end_offset`` (truncate_from_end would cut)."""
+        return bool(self._starts) and self._starts[-1] >= end_offset
+
     def truncate_from_end(self, end_offset: int) -> None:
         """Forget epochs that start at or after ``end_offset`` (the log was cut there)."""
         keep = bisect.bisect_left(self._starts, end_offset)

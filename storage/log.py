@@ -92,7 +92,15 @@ class Log:
         self._last_flush_ms = clock()
         self._pending: set[asyncio.Future] = set()
         self._retired: list[Retired] = []
-        self._state_lock = threading.Lock()  # recovery point, written from executor threads
+        # Guards the recovery point, the generation and every checkpoint write (executor
+        # threads flush; the loop thread truncates).
+        self._state_lock = threading.Lock()
+        # The on-disk epoch checkpoint holds these entries and is valid for every offset
+        # below _epochs_durable_end. The recovery point on disk never passes that end:
+        # recovery keeps the checkpointed epochs below the recovery point and re-derives
+        # the rest from batch headers, so a recovery point past it would lose epochs.
+        self._epochs_on_disk: list[tuple[int, int]] | None = None
+        self._epochs_durable_end = 0
         self.failure: BaseException | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
@@ -387,15 +395,16 @@ class Log:
         end = self.log_end_offset
         active = self.active_segment
         snapshot = active.index_snapshot()
-        epochs = self.epochs.snapshot() if self.epochs.dirty else None
+        epochs = self.epochs.snapshot()
         generation = self.generation
 
         def job() -> None:
             for seg in segments:
                 seg.fsync()
             active.write_indexes(snapshot, fsync=False)
-            if epochs is not None:
-                self.epochs.write(epochs, fsync=True)
+            with self._state_lock:
+                if generation == self.generation:  # else a cut since capture wrote newer
+                    self._checkpoint_epochs_locked(epochs, end)
             self._advance_recovery_point(end, generation, write=True)
 
         return job
@@ -403,6 +412,22 @@ class Log:
     def _recovery_point_base(self) -> int:
         i = bisect.bisect_right(self._bases, self._recovery_point) - 1
         return self._bases[max(i, 0)]
+
+    def _checkpoint_epochs_locked(self, entries: list[tuple[int, int]], end: int) -> None:
+        """Make the on-disk epoch file valid through ``end``, given the entries captured
+        when the log ended there (caller holds the lock, and no cut happened since the
+        capture). Flush jobs may finish out of order: an older capture never overwrites
+        a newer one, and unchanged entries need no write."""
+        if end <= self._epochs_durable_end:
+            return
+        if entries != self._epochs_on_disk:
+            self.epochs.write(entries, fsync=True)
+            self._epochs_on_disk = entries
+        self._epochs_durable_end = end
+
+    def _write_recovery_point_locked(self) -> None:
+        point = min(self._recovery_point, self._epochs_durable_end)
+        checkpoints.write_offset(self.directory / checkpoints.RECOVERY_POINT, point, fsync=True)
 
     def _advance_recovery_point(self, offset: int, generation: int, *, write: bool) -> None:
         """Raise the recovery point (thread-safe) unless the log was cut meanwhile."""
@@ -412,10 +437,8 @@ class Log:
                     return
             else:
                 self._recovery_point = offset
-            point = self._recovery_point
             if write:
-                path = self.directory / checkpoints.RECOVERY_POINT
-                checkpoints.write_offset(path, point, fsync=True)
+                self._write_recovery_point_locked()
 
     def flush(self) -> None:
         """fsync everything written so far and checkpoint the recovery point. Blocks."""
@@ -521,7 +544,8 @@ class Log:
         an epoch with no records; kept, it would be this follower's last fetched epoch,
         and the leader, which never had it, would answer the same divergence forever."""
         if offset >= self.log_end_offset:
-            self.epochs.truncate_from_end(self.log_end_offset)
+            if self.epochs.ends_at_or_past(self.log_end_offset):
+                self._after_cut()
             return
         if offset <= self._log_start:
             self.truncate_fully_and_start_at(offset)
@@ -553,10 +577,24 @@ class Log:
         checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=False)
 
     def _after_cut(self) -> None:
+        """Bookkeeping after records (or epochs with no records) were cut from the end.
+
+        Both checkpoints are written, fsynced, before the next append (Kafka checkpoints
+        them on truncation too). Recovery trusts them: it scans only from the recovery
+        point and keeps the epoch entries below it. Left stale after a cut, they would
+        describe the old tail: a recovery point past the cut skips the new records'
+        epochs, and an old epoch entry survives, so this broker, once leader, would send
+        a follower the wrong divergence point. Blocking the loop for two small fsyncs is
+        fine: truncation happens once per leader change, not per request. The new
+        generation makes background flush jobs captured before the cut skip their
+        now-stale epoch snapshot; the lock orders every checkpoint write."""
         with self._state_lock:
             self.generation += 1
             self._recovery_point = min(self._recovery_point, self.log_end_offset)
-        self.epochs.truncate_from_end(self.log_end_offset)
+            self.epochs.truncate_from_end(self.log_end_offset)
+            self._epochs_durable_end = -1  # what is on disk may describe the cut tail
+            self._checkpoint_epochs_locked(self.epochs.snapshot(), self.log_end_offset)
+            self._write_recovery_point_locked()
         self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
         self._check_segments()
 

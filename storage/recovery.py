@@ -49,6 +49,8 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     log.epochs.truncate_from_end(end)
     log.epochs.truncate_from_start(log_start)
     _persist_after_load(log, clean)
+    log._epochs_on_disk = log.epochs.entries()  # the file now holds exactly these
+    log._epochs_durable_end = end
 
 
 def _first_to_recover(
@@ -144,10 +146,12 @@ def _new_segment(log, base_offset: int) -> LogSegment:
 
 def _persist_after_load(log, clean: bool) -> None:
     d: Path = log.directory
-    checkpoints.write_offset(d / checkpoints.RECOVERY_POINT, log.recovery_point, fsync=True)
-    checkpoints.write_offset(d / checkpoints.LOG_START_OFFSET, log.log_start_offset, fsync=True)
+    # Epochs before the recovery point: the recovery point on disk must never pass what
+    # the epoch file covers (Log._epochs_durable_end).
     if log.epochs.dirty:
         log.epochs.write(log.epochs.snapshot(), fsync=True)
+    checkpoints.write_offset(d / checkpoints.RECOVERY_POINT, log.recovery_point, fsync=True)
+    checkpoints.write_offset(d / checkpoints.LOG_START_OFFSET, log.log_start_offset, fsync=True)
     marker = d / checkpoints.CLEAN_SHUTDOWN
     if clean:
         # From here on a crash must trigger recovery: the removal has to be durable.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import log_records
 
 from rillet.client.wire import records
 from rillet.storage import Log, LogConfig
@@ -163,3 +164,59 @@ def test_truncate_past_the_end_keeps_epochs_with_records(log):
     log.truncate_to(log.log_end_offset + 10)
     assert log.log_end_offset == 30
     assert log.epochs.entries() == [(1, 0), (3, 10), (4, 25)]
+
+
+def abandon(log: Log) -> None:
+    """kill -9: the process dies; what reached the page cache stays, nothing else runs.
+    Background fsync jobs already started are allowed to finish (they are threads in a
+    process that would be dead; letting them finish is the more hostile case, since a
+    late job may overwrite what the log wrote meanwhile)."""
+    log._state_lock.acquire()
+    log._state_lock.release()
+
+
+def test_epochs_survive_kill_after_truncation_and_roll(tmp_path):
+    # The issue-11 scenario: a flushed log (recovery point and epoch checkpoint on disk),
+    # then a follower truncation to 300, a new epoch appended from 300, a segment roll,
+    # and kill -9. The checkpoints on disk must not describe the cut tail.
+    path = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=4096, index_interval_bytes=128)
+    log = Log.open(path, config)
+    for i in range(60):  # epoch 1: 0-199, epoch 2: 200-599
+        log.append(batch(10), 1 if i < 20 else 2)
+    log.flush()  # recovery point 600, checkpoint [(1, 0), (2, 200)]
+    log.truncate_to(300)
+    for _ in range(40):  # epoch 3 from 300
+        log.append(batch(10), 3)
+    log.roll()
+    truth = [(1, 0), (2, 200), (3, 300)]
+    assert log.epochs.entries() == truth
+    abandon(log)
+    again = Log.open(path, config)
+    assert again.epochs.entries() == truth
+    assert again.log_end_offset == 700
+    assert [r.offset for r in log_records(again)] == list(range(700))
+    again.close()
+
+
+def test_a_flush_captured_before_a_truncation_does_not_write_stale_epochs(tmp_path):
+    # A flush job captures the epoch entries on the loop thread and writes them later
+    # from an executor; a truncation in between must win, even when a roll after the
+    # truncation has moved the recovery point past the cut.
+    path = tmp_path / "t-0"
+    log = Log.open(path, CONFIG)
+    for _ in range(6):  # epoch 1: 0-29
+        log.append(batch(5), 1)
+    log.flush()  # on disk: recovery point 30, [(1, 0)]
+    for _ in range(6):  # epoch 2: 30-59
+        log.append(batch(5), 2)
+    job = log._prepare_flush()  # captures [(1, 0), (2, 30)]
+    log.truncate_to(20)
+    for _ in range(4):  # epoch 5: 20-39, then a roll: recovery point 40 in memory
+        log.append(batch(5), 5)
+    log.roll()
+    job()  # the executor runs the stale job only now
+    abandon(log)
+    again = Log.open(path, CONFIG)
+    assert again.epochs.entries() == [(1, 0), (5, 20)]
+    again.close()
