@@ -210,8 +210,12 @@ class ReplicaManager:
 
     def _open(self, tp: TopicPartition, topic_id: str, image: MetadataImage) -> Replica:
         topic_config = image.topic_config(tp.topic)
+        # The topic id: a directory left by a deleted topic of the same name is replaced.
         log = self.logs.get_or_create(
-            tp.topic, tp.partition, topic_log_config(self.logs.default_config, topic_config)
+            tp.topic,
+            tp.partition,
+            topic_log_config(self.logs.default_config, topic_config),
+            topic_id=topic_id,
         )
         # The checkpointed HW, clamped: recovery after kill -9 may have cut the log.
         hw = self._checkpointed_hw.get(tp, 0)

@@ -19,6 +19,7 @@ RECOVERY_POINT = "recovery-point"
 LOG_START_OFFSET = "log-start-offset"
 LEADER_EPOCH = "leader-epoch-checkpoint"
 CLEAN_SHUTDOWN = "clean-shutdown"
+PARTITION_METADATA = "partition.metadata"
 
 
 def write_entries(path: Path, entries: list[tuple[int, ...]], *, fsync: bool) -> None:
@@ -81,3 +82,23 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_topic_id(directory: Path, topic_id: str) -> None:
+    """Record which topic a partition directory belongs to, durably, in Kafka's
+    ``partition.metadata`` format. Not derivable from the log: written once, on first
+    use under a topic id, and never changed."""
+    data = f"version: {VERSION}\ntopic_id: {topic_id}\n".encode()
+    replace_file(directory / PARTITION_METADATA, data, fsync=True)
+
+
+def read_topic_id(directory: Path) -> str | None:
+    """The topic id a partition directory belongs to; None if unknown or unreadable."""
+    try:
+        lines = (directory / PARTITION_METADATA).read_text().splitlines()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    if fields.get("version") != str(VERSION) or not fields.get("topic_id"):
+        return None
+    return fields["topic_id"]

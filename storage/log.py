@@ -104,6 +104,7 @@ class Log:
         self.failure: BaseException | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
+        self.topic_id: str | None = None  # partition.metadata; set by load and LogManager
         self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
 
     # -- opening ----------------------------------------------------------------------

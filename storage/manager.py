@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rillet.client.wire.errors import InvalidTopicError
-from rillet.storage import cleaner, retention
+from rillet.storage import checkpoints, cleaner, retention
 from rillet.storage.config import LogConfig
 from rillet.storage.log import Clock, Log, wall_clock_ms
 
@@ -110,19 +110,67 @@ class LogManager:
         return self.logs.get((topic, partition))
 
     def get_or_create(
-        self, topic: str, partition: int, config: LogConfig | Mapping[str, Any] | None = None
+        self,
+        topic: str,
+        partition: int,
+        config: LogConfig | Mapping[str, Any] | None = None,
+        *,
+        topic_id: str | None = None,
     ) -> Log:
         """The log of a topic-partition, created empty if new. A given ``config`` (Kafka
-        names over the manager's defaults) replaces the log's current one."""
+        names over the manager's defaults) replaces the log's current one.
+
+        With ``topic_id``, a log whose directory belongs to another topic id (a topic
+        deleted and re-created under the same name while this broker did not see the
+        delete) is deleted and replaced by an empty one; a directory with no id yet
+        records this one. Blocks (mkdir, fsyncs, closing a stale log)."""
         log = self.logs.get((topic, partition))
         cfg = _as_config(config, self.default_config) if config is not None else None
+        if log is not None and topic_id is not None and self._stale(log, topic_id):
+            self._discard(topic, partition, log)
+            log = None
         if log is None:
             path = self.data_dir / partition_dir_name(topic, partition)
             log = Log.open(path, cfg or self.default_config, clock=self.clock)
             self.logs[(topic, partition)] = log
+            if topic_id is not None and self._stale(log, topic_id):
+                self._discard(topic, partition, log)
+                log = Log.open(path, cfg or self.default_config, clock=self.clock)
+                self.logs[(topic, partition)] = log
         elif cfg is not None:
             log.config = cfg
+        if topic_id is not None and log.topic_id is None:
+            checkpoints.write_topic_id(log.directory, topic_id)
+            log.topic_id = topic_id
         return log
+
+    def _stale(self, log: Log, topic_id: str) -> bool:
+        on_disk = log.topic_id
+        if on_disk is None or on_disk == topic_id:
+            return False
+        logger.warning(
+            "%s: the log on disk belongs to topic id %s, metadata names %s (the topic "
+            "was deleted and re-created): deleting the old log (%d records up to %d)",
+            log.name,
+            on_disk,
+            topic_id,
+            log.log_end_offset - log.log_start_offset,
+            log.log_end_offset,
+        )
+        return True
+
+    def _discard(self, topic: str, partition: int, log: Log) -> None:
+        """Close a stale log and delete its directory, as ``delete`` does (rename aside
+        first, so a crash midway leaves a ``-delete`` dir that start-up removes)."""
+        self.logs.pop((topic, partition), None)
+        target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        _close_and_rename(log, target)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            shutil.rmtree(target, ignore_errors=True)
+        else:  # a big log takes a while to unlink; start-up removes what a crash leaves
+            loop.run_in_executor(None, shutil.rmtree, target, True)
 
     async def get_or_create_async(
         self, topic: str, partition: int, config: LogConfig | Mapping[str, Any] | None = None

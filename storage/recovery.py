@@ -26,6 +26,7 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     rebuild = loading.tidy_directory(d)
     marker = d / checkpoints.CLEAN_SHUTDOWN
     clean = marker.exists()
+    log.topic_id = checkpoints.read_topic_id(d)
     ckpt_start = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET) or 0
     recovery_point = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT) or 0
     log.epochs, epochs_sound = LeaderEpochCache.load(d / checkpoints.LEADER_EPOCH)
