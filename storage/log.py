@@ -231,7 +231,7 @@ class Log:
     ) -> tuple[int, int]:
         """``append`` in general: any number of batches, rolling first when needed."""
         buf = _writable(batches)
-        headers, count = self._validate(buf)
+        headers, count = self._validate(buf, self.config.max_message_bytes)
         if leader_epoch < self.epochs.latest_epoch:
             raise FencedLeaderEpochError(
                 f"{self.name}: append at epoch {leader_epoch} < latest {self.latest_epoch}"
@@ -256,10 +256,13 @@ class Log:
 
         Offsets must start at or after the log end and increase (compacted batches may
         leave gaps). Returns (first, last) offset; raises CorruptRecordError otherwise.
+        ``max.message.bytes`` is not checked: it limits what clients produce, and the
+        leader already accepted these batches (a lowered limit, or a broker configured
+        lower than the leader, must not wedge replication).
         """
         if self.failure is not None or self.closed:
             self._refuse_write()
-        headers, count = self._validate(batches)
+        headers, count = self._validate(batches, None)
         expected = self.log_end_offset
         entries = []
         for h in headers:
@@ -278,13 +281,14 @@ class Log:
                 self.epochs.assign(h.partition_leader_epoch, h.base_offset)
         return headers[0].base_offset, headers[-1].last_offset
 
-    def _validate(self, buf: bytes | bytearray | memoryview) -> tuple[list[BatchHeader], int]:
-        """Every batch complete, CRC-valid and within max.message.bytes; nothing written.
-        Returns the headers and the total record count."""
+    def _validate(
+        self, buf: bytes | bytearray | memoryview, limit: int | None
+    ) -> tuple[list[BatchHeader], int]:
+        """Every batch complete, CRC-valid and within ``limit`` bytes (None: no limit);
+        nothing written. Returns the headers and the total record count."""
         end = len(buf)
         if end == 0:
             raise CorruptRecordError(f"{self.name}: empty append")
-        limit = self.config.max_message_bytes
         out = []
         count = position = 0
         while position < end:

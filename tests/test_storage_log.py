@@ -132,6 +132,22 @@ def test_too_large_batch_is_refused(tmp_path):
     log.close()
 
 
+def test_a_follower_appends_batches_above_max_message_bytes(tmp_path):
+    # max.message.bytes limits what clients produce, not what a leader already accepted:
+    # a follower must copy the leader's log whatever its own (or a lowered) limit is, or
+    # it wedges at the first older, larger batch (Kafka skips the check on replication).
+    leader = Log.open(tmp_path / "leader-0", LogConfig(max_message_bytes=10_000))
+    leader.append(records.encode_batch([b"x" * 500]), 3)
+    follower = Log.open(tmp_path / "follower-0", LogConfig(max_message_bytes=200))
+    assert follower.append_as_follower(leader.read_bytes(0, 1 << 20)) == (0, 0)
+    assert follower.epochs.entries() == [(3, 0)]
+    assert [r.value for r in log_records(follower)] == [b"x" * 500]
+    with pytest.raises(MessageTooLargeError):  # a client's append is still refused
+        follower.append(records.encode_batch([b"x" * 500]), 3)
+    leader.close()
+    follower.close()
+
+
 def test_stale_leader_epoch_is_fenced(tmp_path):
     log = Log.open(tmp_path / "t-0", SMALL)
     log.append(batch(1), 5)
