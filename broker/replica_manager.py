@@ -9,7 +9,7 @@ in order:
 | effect | what the driver does |
 |---|---|
 | AssignEpochStartOffset | record the epoch in the log's leader-epoch cache |
-| UpdateHighWatermark | wake fetches waiting on the partition (consumers read below the HW) |
+| UpdateHighWatermark | set `log.high_watermark` (retention, compaction stop there); wake fetches |
 | ProposeAlterPartition | send AlterPartition to the controller, feed the answer back |
 | CompleteProduce / FailProduce | resolve the acks=all produce's future with the code |
 | Truncate / TruncateFullyAndStartAt | cut the follower's log |
@@ -220,6 +220,7 @@ class ReplicaManager:
         # The checkpointed HW, clamped: recovery after kill -9 may have cut the log.
         hw = self._checkpointed_hw.get(tp, 0)
         hw = max(min(hw, log.log_end_offset), log.log_start_offset)
+        log.high_watermark = hw
         state = PartitionState(
             self.broker_id,
             log,
@@ -292,7 +293,8 @@ class ReplicaManager:
             match effect:
                 case AssignEpochStartOffset(epoch, start):
                     replica.log.epochs.assign(epoch, start)
-                case UpdateHighWatermark():
+                case UpdateHighWatermark(hw):
+                    replica.log.high_watermark = hw  # bounds retention and compaction
                     replica.wake()
                 case CompleteProduce(pid, code) | FailProduce(pid, code):
                     future = self._produce_waiters.pop(pid, None)  # type: ignore[arg-type]

@@ -52,12 +52,16 @@ class CleanStats:
 
 
 def plan(log, now_ms: int) -> list[LogSegment]:
-    """The closed segments to clean: the leading run past min.compaction.lag.ms."""
+    """The closed segments to clean: the leading run past min.compaction.lag.ms and
+    wholly below the high watermark (uncommitted records may still be truncated)."""
     horizon = now_ms - log.config.min_compaction_lag_ms
+    segments = log.segments
     chosen = []
-    for seg in log.segments[:-1]:
+    for i, seg in enumerate(segments[:-1]):
         if seg.max_timestamp > horizon or seg.index.mutable:
             break  # too young, or its roll's index write is still pending
+        if segments[i + 1].base_offset > log.removable_end:
+            break  # holds records above the high watermark
         chosen.append(seg)
     if not chosen or chosen[-1].base_offset <= log.clean_upto:
         return []  # nothing new since the last cleaning

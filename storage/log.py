@@ -104,6 +104,11 @@ class Log:
         self.failure: BaseException | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
+        # Set by the broker that replicates this log (Kafka keeps the HW on the log too).
+        # Retention and compaction touch only segments wholly below it: a segment above
+        # it holds records a follower may still need, or a leader change may truncate.
+        # None: a log no broker replicates, bounded by its end.
+        self.high_watermark: int | None = None
         self.topic_id: str | None = None  # partition.metadata; set by load and LogManager
         self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
 
@@ -164,6 +169,11 @@ class Log:
     @property
     def recovery_point(self) -> int:
         return self._recovery_point
+
+    @property
+    def removable_end(self) -> int:
+        """Offsets below this may be deleted or compacted: the high watermark if set."""
+        return self.log_end_offset if self.high_watermark is None else self.high_watermark
 
     @property
     def latest_epoch(self) -> int:

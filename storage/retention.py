@@ -1,5 +1,6 @@
 """Retention: delete whole closed segments older than retention.ms (by their largest
-timestamp) or beyond retention.bytes, oldest first, never the active segment.
+timestamp) or beyond retention.bytes, oldest first, never the active segment and never
+a segment holding records at or past the high watermark (``Log.removable_end``).
 
 The decision is pure (``segments_to_delete``); ``apply_retention`` takes the chosen
 segments out of the log on the loop thread, then renames and checkpoints in the default
@@ -24,10 +25,15 @@ logger = logging.getLogger(__name__)
 
 
 def segments_to_delete(
-    segments: Sequence[LogSegment], config: LogConfig, now_ms: int
+    segments: Sequence[LogSegment], config: LogConfig, now_ms: int, removable_end: int
 ) -> tuple[int, str]:
-    """How many leading closed segments retention removes, and why (for the log line)."""
-    closed = len(segments) - 1  # the active segment is never deleted
+    """How many leading closed segments retention removes, and why (for the log line).
+
+    Never the active segment, nor one holding an offset at or past ``removable_end``
+    (the high watermark): a segment's records end where the next segment begins."""
+    closed = 0
+    while closed < len(segments) - 1 and segments[closed + 1].base_offset <= removable_end:
+        closed += 1
     count, reason = 0, ""
     if config.retention_ms >= 0:
         horizon = now_ms - config.retention_ms
@@ -51,7 +57,7 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
         return 0
     now = log.clock() if now_ms is None else now_ms
     async with log.maintenance_lock:
-        count, reason = segments_to_delete(log.segments, log.config, now)
+        count, reason = segments_to_delete(log.segments, log.config, now, log.removable_end)
         if count == 0:
             return 0
         gone = log.remove_prefix(count)

@@ -211,6 +211,17 @@ async def test_produce_then_fetch_round_trip(broker, conn) -> None:
     assert row[1] == 0 and payload == b""
 
 
+async def test_the_log_knows_its_high_watermark(broker, conn) -> None:
+    # Retention and compaction read it from the log (storage stops at the HW).
+    server, link = broker
+    await link.create_topic("t", 1)
+    await produce(conn, "t", 0, batch(b"a", b"b"))
+    log = server.logs.get("t", 0)
+    assert log is not None and log.high_watermark == 2
+    await produce(conn, "t", 0, batch(b"c"), acks=-1)
+    assert log.high_watermark == 3
+
+
 async def test_pipelined_produces_land_in_send_order(broker, conn) -> None:
     _, link = broker
     await link.create_topic("order")

@@ -203,3 +203,50 @@ async def test_manager_opens_existing_logs_and_deletes(tmp_path):
     assert again.get("topic", 1) is None
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["topic-0", "topic-2"]
     await again.close_async()
+
+
+async def test_retention_never_deletes_past_the_high_watermark(tmp_path):
+    # A leader whose followers lag must keep what they have not copied: deleting it would
+    # move the log start past their fetch offset, they would restart empty from there,
+    # and the HW would cover records only the leader ever held (issue 11, finding 7).
+    clock = FakeClock(10 * DAY)
+    cfg = LogConfig(segment_bytes=1024, retention_ms=DAY, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    for _ in range(30):
+        log.append(keyed([b"k"] * 5, [b"v" * 20] * 5, DAY), 0)  # all past retention
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) > 4
+    log.high_watermark = bases[2] + 1  # inside the third segment
+    assert await retention.apply_retention(log) == 2  # only segments wholly below it
+    assert log.log_start_offset == bases[2]
+    log.high_watermark = log.log_end_offset
+    assert await retention.apply_retention(log) == len(bases) - 3  # all closed ones now
+    await log.close_async()
+
+
+async def test_size_retention_also_stops_at_the_high_watermark(tmp_path):
+    clock = FakeClock(DAY)
+    cfg = LogConfig(segment_bytes=1024, retention_bytes=0, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    for _ in range(30):
+        log.append(keyed([b"k"] * 3, [b"v" * 30] * 3, DAY), 0)
+    log.high_watermark = 0  # nothing committed yet: nothing may go
+    assert await retention.apply_retention(log) == 0
+    await log.close_async()
+
+
+async def test_compaction_never_cleans_past_the_high_watermark(tmp_path):
+    # The cleaner rewrites segments; one holding uncommitted records may still be
+    # truncated by a leader change, so it stays as it is until the HW passes it.
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", min_compaction_lag_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=FakeClock(DAY))
+    for i in range(40):
+        log.append(keyed([b"k%d" % (i % 4)], [b"v%d" % i + b"x" * 60], DAY), 0)
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) > 3
+    log.high_watermark = bases[1]  # only the first segment is wholly committed
+    await log.wait_background()
+    assert [s.base_offset for s in cleaner.plan(log, DAY)] == [bases[0]]
+    log.high_watermark = None  # a log no broker replicates: bounded by its end only
+    assert len(cleaner.plan(log, DAY)) == len(bases) - 1
+    await log.close_async()
