@@ -150,12 +150,12 @@ async def test_buffer_memory_bounds_what_is_buffered(fake: FakeCluster) -> None:
             fut = p.produce("t", b"x" * 100, partition=5)
             if not fut.done():
                 blocked += 1
-                assert p._buffered >= p.buffer_memory
+                assert p._accumulator.buffered >= p.buffer_memory
             await fut
-            assert p._buffered < p.buffer_memory + 200
+            assert p._accumulator.buffered < p.buffer_memory + 200
         await p.flush()
         assert blocked > 0
-        assert p._buffered == 0
+        assert p._accumulator.buffered == 0
     assert len(fake.records("t", 5)) == 5000
 
 

@@ -1,0 +1,565 @@
+"""The producer's record accumulator: per-partition batches, with no I/O at all.
+
+Kafka's producer splits into a ``RecordAccumulator`` (batching, memory) and a
+``Sender`` (network); this is the first half. Nothing here awaits, opens a socket or
+reads a clock of its own: the clocks are constructor parameters and every time-driven
+step takes ``now``, so a test drives it alone, step by step (docs/client.md).
+
+- ``append`` puts a record into its partition's open batch (columns: values, keys, ...)
+  and seals the batch once it reaches ``batch_size`` bytes; ``ready(now)`` seals the
+  ones that have lingered ``linger_s``; ``seal_all`` seals everything (flush);
+- a sealed batch is encoded with ONE ``encode_batch`` call and queued in order;
+- ``drain`` takes, for each leader, at most one queued batch per partition, up to a
+  request's size, within the per-partition in-flight limit;
+- ``delivered`` / ``retry`` / ``failed`` take a batch's result back: retried batches go
+  back to the head of their partition's queue in their original order once none of the
+  partition's batches is in flight (docs/client.md, "Ordering and retries");
+- ``buffered`` counts the bytes of every record not yet completed, against
+  ``buffer_memory``; ``deallocate`` gives a completed batch's bytes back.
+
+The sender (client/sender.py) drives all of it and completes the batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Container, Sequence
+from typing import Any
+
+from rillet.client.partitioner import StickyPartitioner, partition_for_key
+from rillet.client.wire import records
+
+RECORD_OVERHEAD_BYTES = 3  # msgpack type bytes per value; batch_size counts approximately
+KEY_CACHE_MAX = 65_536  # keys -> partition memo (murmur2 in Python costs ~1 us per key)
+
+# A held record: (value, key, headers, partition, timestamp, handle or None).
+Record = tuple[Any, Any, Any, int | None, int | None, Any]
+
+
+class ProducerClosedError(RuntimeError):
+    """The producer was closed (or never started); the caller's mistake."""
+
+
+class ProducerBatch:
+    """An open or sealed batch of one partition; columns grow until it is sealed."""
+
+    __slots__ = (
+        "topic",
+        "partition",
+        "values",
+        "keys",
+        "headers",
+        "timestamps",
+        "nbytes",
+        "timestamp_ms",
+        "created",
+        "payload",
+        "count",
+        "seq",
+        "attempts",
+        "deadline",
+        "base_offset",
+        "log_append_time",
+        "error",
+        "future",
+        "done",
+    )
+
+    def __init__(self, topic: str, partition: int, seq: int, now: float, ts_ms: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.values: list[Any] = []
+        self.keys: list[Any] | None = None  # created on the first key
+        self.headers: list[Any] | None = None
+        self.timestamps: list[int] | None = None
+        self.nbytes = 0
+        self.timestamp_ms = ts_ms
+        self.created = now
+        self.payload: bytes | None = None
+        self.count = 0
+        self.seq = seq  # per-partition sequence: the order batches must be appended in
+        self.attempts = 0
+        self.deadline = 0.0
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.error: BaseException | None = None
+        self.future: Any = None  # the sender's delivery future, only when someone waits
+        self.done = False
+
+    @classmethod
+    def failed(cls, error: BaseException) -> ProducerBatch:
+        """A batch that stands for records that never reached one (their topic failed)."""
+        b = cls("", -1, -1, 0.0, -1)
+        b.done, b.error = True, error
+        return b
+
+
+class PartitionQueue:
+    """One partition's queue: the open batch, sealed batches in order, in-flight count."""
+
+    __slots__ = (
+        "topic",
+        "partition",
+        "open",
+        "ready",
+        "in_flight",
+        "muted",
+        "retrying",
+        "failed",
+        "next_seq",
+    )
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.open: ProducerBatch | None = None
+        self.ready: deque[ProducerBatch] = deque()
+        self.in_flight = 0
+        self.muted = False  # a batch failed: wait for in-flight ones before resending
+        self.retrying = False  # send one batch at a time until one succeeds
+        self.failed: list[ProducerBatch] = []
+        self.next_seq = 0
+
+
+class TopicQueues:
+    __slots__ = ("name", "parts", "num_partitions", "sticky", "key_cache")
+
+    def __init__(self, name: str, num_partitions: int) -> None:
+        self.name = name
+        self.parts = [PartitionQueue(name, p) for p in range(num_partitions)]
+        self.num_partitions = num_partitions
+        self.sticky = -1
+        self.key_cache: dict[bytes, int] = {}
+
+    def grow(self, num_partitions: int) -> None:
+        for p in range(self.num_partitions, num_partitions):
+            self.parts.append(PartitionQueue(self.name, p))
+        if num_partitions != self.num_partitions:
+            self.key_cache.clear()
+        self.num_partitions = max(num_partitions, self.num_partitions)
+
+
+def _no_wakeup() -> None:
+    return None
+
+
+def _unknown_topic(topic: str, record: Record) -> None:
+    raise KeyError(f"unknown topic {topic!r}: add_topic() it first")
+
+
+def record_size(value: Any, key: Any, headers: Any) -> int:
+    """What a record counts against ``batch_size`` and ``buffer_memory``."""
+    size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0)
+    if key is not None:
+        size += len(key)
+    if headers:
+        size += sum(len(k) + len(v or b"") for k, v in headers)
+    return size
+
+
+class RecordAccumulator:
+    """Batches records per partition; the sender drains what is ready.
+
+    ``clock`` (monotonic seconds) stamps when a batch opens, for linger and the delivery
+    deadline; ``wall_clock_ms`` gives the batch's default record timestamp. Both are
+    read once per batch, never per record.
+
+    Hooks the owner sets (an accumulator alone keeps the defaults):
+
+    - ``wakeup()``: a batch was sealed, or the earliest linger deadline moved earlier;
+      the sender schedules a pass (``ready``, ``drain``);
+    - ``on_unknown_topic(topic, record)``: ``append`` for a topic not added yet; the
+      producer holds the record until the topic's metadata arrives;
+    - ``not_full`` / ``when_full()``: what ``append`` returns below / at the memory bound
+      (the producer's already-done future / a future that resolves when space frees up).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        linger_s: float,
+        buffer_memory: int,
+        delivery_timeout_s: float,
+        clock: Callable[[], float],
+        wall_clock_ms: Callable[[], int],
+        compression: int = records.COMPRESSION_BY_NAME["none"],
+        max_in_flight_per_partition: int = 0,
+        partitioner: StickyPartitioner | None = None,
+    ) -> None:
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self.buffer_memory = buffer_memory
+        self.delivery_timeout_s = delivery_timeout_s
+        self.compression = compression
+        self.max_in_flight_per_partition = max_in_flight_per_partition or 1 << 30
+        self._clock = clock
+        self._wall_clock_ms = wall_clock_ms
+        self._sticky = partitioner or StickyPartitioner()
+        self.topics: dict[str, TopicQueues] = {}
+        self.buffered = 0  # bytes of records not yet completed
+        self.incomplete: set[ProducerBatch] = set()  # opened and not yet completed
+        self.unencodable: list[ProducerBatch] = []  # sealed with an error, to complete
+        self.closed = False
+        self._lingering: dict[PartitionQueue, None] = {}  # partitions with an open batch
+        self._next_linger = math.inf  # no open batch lingers out before this
+        self._queued: dict[PartitionQueue, None] = {}  # partitions with sealed batches
+        self.wakeup: Callable[[], None] = _no_wakeup
+        self.on_unknown_topic: Callable[[str, Record], None] = _unknown_topic
+        self.not_full: Any = True
+        self.when_full: Callable[[], Any] = bool  # bool() is False
+
+    # --- topics --------------------------------------------------------------------
+
+    def add_topic(self, name: str, num_partitions: int) -> TopicQueues:
+        t = self.topics.get(name)
+        if t is None:
+            t = self.topics[name] = TopicQueues(name, num_partitions)
+        return t
+
+    def grow_topic(self, name: str, num_partitions: int) -> None:
+        t = self.topics.get(name)
+        if t is not None and num_partitions > t.num_partitions:
+            t.grow(num_partitions)
+
+    # --- appending: the hot path ---------------------------------------------------
+
+    def append(
+        self,
+        topic: str,
+        value: Any,
+        key: Any = None,
+        headers: Any = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> Any:
+        """Add one record; returns ``not_full``, or ``when_full()`` at the memory bound.
+
+        Per record: this call, a partition choice and a couple of list appends; headers,
+        timestamps and unknown topics take ``_append_other``.
+        """
+        t = self.topics.get(topic)
+        if t is None or headers is not None or timestamp is not None or self.closed:
+            return self._append_other(topic, value, key, headers, partition, timestamp)
+        if partition is None:
+            if key is None:
+                partition = t.sticky
+                if partition < 0:
+                    partition = self._stick(t, -1)
+            else:
+                partition = t.key_cache.get(key)
+                if partition is None:
+                    partition = self._partition_for_key(t, key)
+        elif partition >= t.num_partitions or partition < 0:
+            raise ValueError(f"{topic} has no partition {partition}")
+        tp = t.parts[partition]
+        b = tp.open
+        if b is None:
+            b = self._open_batch(tp)
+        b.values.append(value)
+        if key is not None or b.keys is not None:
+            _append_key(b, key)
+        size = len(value) + RECORD_OVERHEAD_BYTES if value is not None else 1
+        b.nbytes += size
+        if b.nbytes >= self.batch_size:
+            self._seal(tp)
+        self.buffered += size
+        if self.buffered >= self.buffer_memory:
+            return self.when_full()
+        return self.not_full
+
+    def _append_other(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Any,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> Any:
+        if self.closed:
+            raise ProducerClosedError("producer is closed or not started")
+        t = self.topics.get(topic)
+        if t is None:
+            self.on_unknown_topic(topic, (value, key, headers, partition, timestamp, None))
+        else:
+            self.append_record(t, value, key, headers, partition, timestamp)
+        if self.buffered >= self.buffer_memory:
+            return self.when_full()
+        return self.not_full
+
+    def append_record(
+        self,
+        t: TopicQueues,
+        value: Any,
+        key: Any,
+        headers: Any,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> tuple[ProducerBatch, int]:
+        """Every case the hot path leaves out (headers, timestamps, a handle wanted):
+        returns the batch and the record's index in it. No memory check."""
+        if partition is None:
+            if key is None:
+                partition = t.sticky if t.sticky >= 0 else self._stick(t, -1)
+            else:
+                partition = t.key_cache.get(key)
+                if partition is None:
+                    partition = self._partition_for_key(t, key)
+        elif not 0 <= partition < t.num_partitions:
+            raise ValueError(f"{t.name} has no partition {partition}")
+        tp = t.parts[partition]
+        b = tp.open or self._open_batch(tp)
+        index = len(b.values)
+        b.values.append(value)
+        if key is not None or b.keys is not None:
+            _append_key(b, key)
+        if headers is not None or b.headers is not None:
+            if b.headers is None:
+                b.headers = [None] * index
+            b.headers.append(list(headers) if headers is not None else None)
+        if timestamp is not None or b.timestamps is not None:
+            if b.timestamps is None:
+                b.timestamps = [b.timestamp_ms] * index
+            b.timestamps.append(b.timestamp_ms if timestamp is None else int(timestamp))
+        size = record_size(value, key, headers)
+        b.nbytes += size
+        self.buffered += size
+        if b.nbytes >= self.batch_size:
+            self._seal(tp)
+        return b, index
+
+    def append_columns(
+        self,
+        t: TopicQueues,
+        partition: int | None,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None,
+        nbytes: int,
+    ) -> ProducerBatch:
+        """A whole batch at once (``send_many``): column slices, sealed at once, after
+        the partition's open batch so earlier records go first."""
+        if partition is None:
+            partition = t.sticky if t.sticky >= 0 else self._stick(t, -1)
+        tp = t.parts[partition]
+        if tp.open is not None:
+            self._seal(tp)
+        b = self._open_batch(tp)
+        b.values = list(values)
+        b.keys = list(keys) if keys is not None else None
+        b.nbytes = nbytes
+        self.buffered += nbytes
+        self._seal(tp)
+        return b
+
+    def partition_for(self, t: TopicQueues, key: Any) -> int:
+        p = t.key_cache.get(key)
+        return self._partition_for_key(t, key) if p is None else p
+
+    def _partition_for_key(self, t: TopicQueues, key: Any) -> int:
+        if not isinstance(key, bytes | bytearray | memoryview):
+            raise TypeError(f"key must be bytes, not {type(key).__name__}")
+        p = partition_for_key(bytes(key), t.num_partitions)
+        if len(t.key_cache) >= KEY_CACHE_MAX:
+            t.key_cache.clear()
+        t.key_cache[key] = p  # type: ignore[index]
+        return p
+
+    def _stick(self, t: TopicQueues, previous: int) -> int:
+        if previous < 0:
+            t.sticky = self._sticky.partition(t.name, t.num_partitions)
+        else:
+            t.sticky = self._sticky.on_new_batch(t.name, t.num_partitions, previous)
+        return t.sticky
+
+    # --- sealing -------------------------------------------------------------------
+
+    def _open_batch(self, tp: PartitionQueue) -> ProducerBatch:
+        now = self._clock()
+        b = ProducerBatch(tp.topic, tp.partition, tp.next_seq, now, self._wall_clock_ms())
+        b.deadline = now + self.delivery_timeout_s
+        tp.next_seq += 1
+        tp.open = b
+        self.incomplete.add(b)
+        self._lingering[tp] = None
+        if now + self.linger_s < self._next_linger:
+            self._next_linger = now + self.linger_s
+            self.wakeup()  # the sender arms its linger timer
+        return b
+
+    def ready(self, now: float) -> float | None:
+        """Seal every open batch that has lingered ``linger_s`` by ``now``; returns when
+        the next open batch will have (None: no batch is open)."""
+        if now >= self._next_linger:
+            limit = now - self.linger_s
+            oldest = math.inf
+            for tp in list(self._lingering):
+                b = tp.open
+                if b is None:
+                    del self._lingering[tp]
+                elif b.created <= limit:
+                    self._seal(tp)
+                elif b.created < oldest:
+                    oldest = b.created
+            self._next_linger = oldest + self.linger_s
+        return None if self._next_linger == math.inf else self._next_linger
+
+    def seal_all(self) -> None:
+        """Seal every open batch now (flush)."""
+        for tp in list(self._lingering):
+            self._seal(tp)
+
+    def _seal(self, tp: PartitionQueue) -> None:
+        """Close the open batch: encode it once and queue it behind the partition's
+        earlier batches."""
+        b = tp.open
+        if b is None:
+            return
+        tp.open = None
+        self._lingering.pop(tp, None)
+        t = self.topics.get(tp.topic)
+        if t is not None and t.sticky == tp.partition:
+            self._stick(t, tp.partition)  # KIP-480: the next unkeyed batch goes elsewhere
+        b.count = len(b.values)
+        try:
+            b.payload = records.encode_batch(
+                b.values,
+                b.keys,
+                headers=b.headers,
+                timestamps=b.timestamps,
+                timestamp_ms=b.timestamp_ms,
+                compression=self.compression,
+            )
+        except Exception as e:  # an unpackable value: the caller's mistake, one batch fails
+            b.error = TypeError(f"cannot encode records for {tp.topic}: {e}")
+            self.unencodable.append(b)
+        else:
+            b.values = b.keys = b.headers = None  # type: ignore[assignment]  # free early
+            tp.ready.append(b)
+            self._queued[tp] = None
+        self.wakeup()
+
+    def sealed(self, topic: str, partition: int) -> list[ProducerBatch]:
+        """The partition's sealed batches waiting to be sent, in sending order."""
+        return list(self.topics[topic].parts[partition].ready)
+
+    # --- draining ------------------------------------------------------------------
+
+    def drain(
+        self,
+        leader_of: Callable[[str, int], int],
+        max_request_bytes: int,
+        busy: Container[int] = (),
+    ) -> tuple[dict[int, list[ProducerBatch]], bool]:
+        """Take one request's worth of sealed batches per leader: at most one batch per
+        partition, up to ``max_request_bytes`` (a first batch always fits), skipping
+        muted partitions, partitions at their in-flight limit and ``busy`` leaders.
+
+        Returns {leader: batches in order} and whether some partition had no leader
+        (``leader_of`` answered < 0). Drained batches count as in flight until
+        ``delivered``, ``retry`` or ``failed`` takes them back.
+        """
+        by_node: dict[int, list[ProducerBatch]] = {}
+        sizes: dict[int, int] = {}
+        leaderless = False
+        for tp in list(self._queued):
+            if not tp.ready:
+                del self._queued[tp]
+                continue
+            limit = 1 if tp.retrying else self.max_in_flight_per_partition
+            if tp.muted or tp.in_flight >= limit:
+                continue
+            node = leader_of(tp.topic, tp.partition)
+            if node < 0:
+                leaderless = True
+                continue
+            if node in busy:
+                continue
+            b = tp.ready[0]
+            size = sizes.get(node, 0)
+            if size and size + len(b.payload) > max_request_bytes:  # type: ignore[arg-type]
+                continue
+            tp.ready.popleft()
+            tp.in_flight += 1
+            sizes[node] = size + len(b.payload)  # type: ignore[arg-type]
+            by_node.setdefault(node, []).append(b)
+        return by_node, leaderless
+
+    # --- results -------------------------------------------------------------------
+
+    def delivered(self, b: ProducerBatch) -> PartitionQueue | None:
+        """``b`` was appended. Returns its partition if that put retried batches back
+        in its queue (the sender then backs off and ``unmute``s it)."""
+        tp = self.topics[b.topic].parts[b.partition]
+        tp.in_flight -= 1
+        tp.retrying = tp.retrying and bool(tp.failed)
+        return self._reenqueue_if_idle(tp)
+
+    def retry(self, b: ProducerBatch) -> PartitionQueue | None:
+        """``b`` failed and may be sent again: the partition is muted (nothing new is sent)
+        until none of its batches is in flight; then every failed one goes back to the
+        head of its queue in its original order, ahead of newer batches, and the
+        partition is returned."""
+        tp = self.topics[b.topic].parts[b.partition]
+        tp.in_flight -= 1
+        tp.muted = True
+        tp.failed.append(b)
+        return self._reenqueue_if_idle(tp)
+
+    def failed(self, b: ProducerBatch) -> PartitionQueue | None:
+        """``b`` failed for good (the sender completes it)."""
+        tp = self.topics[b.topic].parts[b.partition]
+        tp.in_flight -= 1
+        return self._reenqueue_if_idle(tp)
+
+    def _reenqueue_if_idle(self, tp: PartitionQueue) -> PartitionQueue | None:
+        if not tp.muted or tp.in_flight:
+            return None
+        failed = sorted(tp.failed, key=lambda b: b.seq)
+        tp.failed = []
+        tp.ready.extendleft(reversed(failed))
+        tp.retrying = True  # one batch at a time until one succeeds
+        self._queued[tp] = None
+        return tp
+
+    def unmute(self, tp: PartitionQueue) -> None:
+        """The partition may send again (after the sender's backoff and refresh)."""
+        tp.muted = False
+        self.wakeup()
+
+    # --- expiry, completion, memory -----------------------------------------------
+
+    def expire(self, now: float) -> list[ProducerBatch]:
+        """Take out queued batches past their delivery deadline at the head of a
+        partition with nothing in flight (it stayed without a leader); the sender
+        fails them. In-flight ones are failed by their own request timeout."""
+        expired = []
+        for tp in list(self._queued):
+            while tp.ready and tp.ready[0].deadline <= now and not tp.in_flight:
+                expired.append(tp.ready.popleft())
+        return expired
+
+    def deallocate(self, b: ProducerBatch) -> None:
+        """``b`` is complete: its bytes no longer count against ``buffer_memory``."""
+        self.incomplete.discard(b)
+        self.buffered -= b.nbytes
+
+    def abort(self) -> list[ProducerBatch]:
+        """Close: refuse new records and hand back every incomplete batch to fail."""
+        self.closed = True
+        for t in self.topics.values():
+            for tp in t.parts:
+                tp.open = None
+                tp.ready.clear()
+                tp.failed = []
+        self._lingering.clear()
+        self._queued.clear()
+        self._next_linger = math.inf
+        return list(self.incomplete)
+
+
+def _append_key(b: ProducerBatch, key: Any) -> None:
+    if b.keys is None:
+        b.keys = [None] * (len(b.values) - 1)
+    b.keys.append(key)
