@@ -389,8 +389,9 @@ class RecordAccumulator:
         return b
 
     def ready(self, now: float) -> float | None:
-        """Seal every open batch that has lingered ``linger_s`` by ``now``; returns when
-        the next open batch will have (None: no batch is open)."""
+        """Seal every open batch that has lingered ``linger_s`` by ``now``; returns a time
+        no open batch lingers out before (None: none is open). It can be early when a
+        batch was sealed for its size since: a pass then finds nothing to seal."""
         if now >= self._next_linger:
             limit = now - self.linger_s
             oldest = math.inf
@@ -409,6 +410,7 @@ class RecordAccumulator:
         """Seal every open batch now (flush)."""
         for tp in list(self._lingering):
             self._seal(tp)
+        self._next_linger = math.inf
 
     def _seal(self, tp: PartitionQueue) -> None:
         """Close the open batch: encode it once and queue it behind the partition's

@@ -1,0 +1,289 @@
+"""The producer's RecordAccumulator alone: no event loop, no network, a hand-driven clock.
+
+Sealing (batch_size, linger, flush), where records land (murmur2 for keys, sticky
+otherwise), draining per leader within the request and in-flight limits, the order
+of a partition's batches across retries, the memory bound, expiry and abort.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rillet.client.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    ProducerBatch,
+    ProducerClosedError,
+    RecordAccumulator,
+)
+from rillet.client.partitioner import StickyPartitioner, partition_for_key
+from rillet.client.wire import records
+
+LINGER = 0.005
+WALL_MS = 1_700_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    clock: Clock, *, batch_size: int = 1 << 20, buffer_memory: int = 1 << 24, **kw: object
+) -> RecordAccumulator:
+    acc = RecordAccumulator(
+        batch_size=batch_size,
+        linger_s=LINGER,
+        buffer_memory=buffer_memory,
+        delivery_timeout_s=120.0,
+        clock=clock,
+        wall_clock_ms=lambda: WALL_MS,
+        partitioner=StickyPartitioner(random.Random(7)),
+        **kw,  # type: ignore[arg-type]
+    )
+    acc.add_topic("t", 4)
+    return acc
+
+
+def values(b: ProducerBatch) -> list[bytes]:
+    assert b.payload is not None
+    return [r.value for r in records.decode_batch(b.payload)]
+
+
+def leaders(table: dict[int, int]):  # noqa: ANN201
+    return lambda topic, partition: table.get(partition, -1)
+
+
+def test_a_batch_seals_once_it_reaches_batch_size() -> None:
+    size = 20 + RECORD_OVERHEAD_BYTES
+    acc = make(Clock(), batch_size=5 * size)
+    for i in range(12):
+        acc.append("t", b"%020d" % i, partition=1)
+    sealed = acc.sealed("t", 1)
+    assert [len(values(b)) for b in sealed] == [5, 5]
+    assert values(sealed[0]) + values(sealed[1]) == [b"%020d" % i for i in range(10)]
+    assert acc.topics["t"].parts[1].open is not None  # the last two records still wait
+
+
+def test_a_batch_seals_once_it_has_lingered() -> None:
+    clock = Clock()
+    acc = make(clock)
+    acc.append("t", b"a", partition=0)
+    clock.now += 0.002
+    acc.append("t", b"b", partition=1)
+    assert acc.ready(clock.now) == pytest.approx(100.0 + LINGER)  # partition 0's deadline
+    assert acc.sealed("t", 0) == []
+    clock.now = 100.0 + LINGER
+    assert acc.ready(clock.now) == pytest.approx(100.002 + LINGER)
+    assert [values(b) for b in acc.sealed("t", 0)] == [[b"a"]]
+    assert acc.sealed("t", 1) == []
+    clock.now = 100.002 + LINGER
+    assert acc.ready(clock.now) is None  # nothing open any more
+    assert [values(b) for b in acc.sealed("t", 1)] == [[b"b"]]
+
+
+def test_seal_all_seals_every_open_batch_before_its_linger() -> None:
+    acc = make(Clock())
+    for p in range(4):
+        acc.append("t", b"v%d" % p, partition=p)
+    acc.seal_all()
+    assert [len(acc.sealed("t", p)) for p in range(4)] == [1, 1, 1, 1]
+    assert acc.ready(100.0) is None
+
+
+def test_the_wakeup_hook_fires_on_a_seal_and_on_an_earlier_linger_deadline() -> None:
+    clock = Clock()
+    acc = make(clock)
+    calls = []
+    acc.wakeup = lambda: calls.append(clock.now)
+    acc.append("t", b"a", partition=0)  # the first open batch: a deadline to arm
+    acc.append("t", b"b", partition=1)  # same time: the earliest deadline holds
+    assert calls == [100.0]
+    acc.seal_all()
+    assert len(calls) == 3
+
+
+def test_keyed_records_land_on_their_murmur2_partition() -> None:
+    acc = make(Clock())
+    keys = [b"key-%d" % i for i in range(200)]
+    for k in keys:
+        acc.append("t", b"v", key=k)
+    acc.seal_all()
+    for p in range(4):
+        got = [r.key for b in acc.sealed("t", p) for r in records.decode_batch(b.payload)]
+        assert got == [k for k in keys if partition_for_key(k, 4) == p]
+
+
+def test_unkeyed_records_stick_to_one_partition_until_its_batch_seals() -> None:
+    size = 1 + RECORD_OVERHEAD_BYTES
+    acc = make(Clock(), batch_size=10 * size)
+    for _ in range(10):
+        acc.append("t", b"v")
+    first = [p for p in range(4) if acc.sealed("t", p)]
+    assert len(first) == 1
+    assert [len(values(b)) for b in acc.sealed("t", first[0])] == [10]
+    acc.append("t", b"w")  # the next batch goes elsewhere (KIP-480)
+    acc.seal_all()
+    second = [p for p in range(4) if p != first[0] and acc.sealed("t", p)]
+    assert len(second) == 1
+
+
+def test_drain_groups_batches_by_leader_one_per_partition() -> None:
+    acc = make(Clock())
+    for p in range(4):
+        for i in range(2):
+            acc.append("t", b"%d-%d" % (p, i), partition=p)
+            acc.seal_all()  # two sealed batches per partition
+    by_node, leaderless = acc.drain(leaders({0: 1, 1: 2, 2: 1}), 1 << 20)
+    assert leaderless  # partition 3 has no leader
+    assert {n: [(b.partition, values(b)) for b in bs] for n, bs in by_node.items()} == {
+        1: [(0, [b"0-0"]), (2, [b"2-0"])],
+        2: [(1, [b"1-0"])],
+    }
+    by_node, _ = acc.drain(leaders({0: 1, 1: 2, 2: 1}), 1 << 20, busy={2})
+    assert {n: [values(b) for b in bs] for n, bs in by_node.items()} == {1: [[b"0-1"], [b"2-1"]]}
+    assert acc.sealed("t", 1)[0].partition == 1  # busy leader: left queued
+
+
+def test_drain_respects_max_request_bytes_but_always_takes_one_batch() -> None:
+    acc = make(Clock())
+    for p in range(3):
+        acc.append("t", b"x" * 100, partition=p)
+    acc.seal_all()
+    by_node, _ = acc.drain(leaders({0: 1, 1: 1, 2: 1}), 10)
+    assert [b.partition for b in by_node[1]] == [0]  # bigger than the limit, alone
+    by_node, _ = acc.drain(leaders({0: 1, 1: 1, 2: 1}), 10_000)
+    assert [b.partition for b in by_node[1]] == [1, 2]
+
+
+def test_max_in_flight_per_partition_holds_back_the_next_batch() -> None:
+    acc = make(Clock(), max_in_flight_per_partition=1)
+    for i in range(2):
+        acc.append("t", b"%d" % i, partition=0)
+        acc.seal_all()
+    leader = leaders({0: 1})
+    (first,) = acc.drain(leader, 1 << 20)[0][1]
+    assert acc.drain(leader, 1 << 20)[0] == {}
+    assert acc.delivered(first) is None
+    assert [values(b) for b in acc.drain(leader, 1 << 20)[0][1]] == [[b"1"]]
+
+
+def test_retried_batches_go_back_in_front_of_newer_ones_in_their_order() -> None:
+    acc = make(Clock())
+    leader = leaders({0: 1})
+
+    def seal(v: bytes) -> None:
+        acc.append("t", v, partition=0)
+        acc.seal_all()
+
+    seal(b"b0")
+    seal(b"b1")
+    seal(b"b2")
+    in_flight: list[ProducerBatch] = []
+    for _ in range(3):  # pipelined: one batch of the partition per request
+        in_flight += acc.drain(leader, 1 << 20)[0][1]
+    seal(b"b3")  # newer, queued behind them
+    assert [values(b) for b in in_flight] == [[b"b0"], [b"b1"], [b"b2"]]
+    # b1's answer comes first: it must be retried; the partition is muted at once
+    assert acc.retry(in_flight[1]) is None
+    assert acc.drain(leader, 1 << 20)[0] == {}
+    assert acc.retry(in_flight[2]) is None
+    tp = acc.retry(in_flight[0])  # the last one in flight is back: re-enqueue
+    assert tp is not None and tp.partition == 0
+    assert [values(b) for b in acc.sealed("t", 0)] == [[b"b0"], [b"b1"], [b"b2"], [b"b3"]]
+    assert acc.drain(leader, 1 << 20)[0] == {}  # still muted until the sender's backoff
+    acc.unmute(tp)
+    # one batch at a time until one succeeds, then pipelined again
+    (again,) = acc.drain(leader, 1 << 20)[0][1]
+    assert values(again) == [b"b0"]
+    assert acc.drain(leader, 1 << 20)[0] == {}
+    assert acc.delivered(again) is None
+    rest = [values(b) for b in acc.drain(leader, 1 << 20)[0][1]]
+    rest += [values(b) for b in acc.drain(leader, 1 << 20)[0][1]]
+    rest += [values(b) for b in acc.drain(leader, 1 << 20)[0][1]]
+    assert rest == [[b"b1"], [b"b2"], [b"b3"]]
+
+
+def test_a_batch_failed_for_good_still_lets_the_muted_partition_resume() -> None:
+    acc = make(Clock())
+    leader = leaders({0: 1})
+    for v in (b"a", b"b"):
+        acc.append("t", v, partition=0)
+        acc.seal_all()
+    a = acc.drain(leader, 1 << 20)[0][1][0]
+    b = acc.drain(leader, 1 << 20)[0][1][0]
+    assert acc.retry(a) is None
+    tp = acc.failed(b)  # out of retries: the sender completes it with its error
+    assert tp is not None
+    assert [values(x) for x in acc.sealed("t", 0)] == [[b"a"]]
+
+
+def test_the_memory_bound_applies_backpressure_until_batches_complete() -> None:
+    size = 100 + RECORD_OVERHEAD_BYTES
+    acc = make(Clock(), batch_size=2 * size, buffer_memory=4 * size)
+    acc.when_full = lambda: "wait"
+    answers = [acc.append("t", b"x" * 100, partition=0) for _ in range(5)]
+    assert answers == [True, True, True, "wait", "wait"]
+    assert acc.buffered == 5 * size
+
+    def complete_next() -> None:  # what the sender does with a successful answer
+        for b in acc.drain(leaders({0: 1}), 1 << 20)[0][1]:
+            acc.delivered(b)
+            acc.deallocate(b)
+
+    complete_next()
+    assert acc.buffered == 3 * size  # one batch still queued, one record in the open one
+    assert acc.append("t", b"x" * 100, partition=0) == "wait"
+    complete_next()
+    assert acc.buffered == 2 * size
+    assert acc.append("t", b"x" * 100, partition=0) is True
+
+
+def test_expire_takes_out_queued_batches_past_their_deadline() -> None:
+    clock = Clock()
+    acc = make(clock)
+    acc.append("t", b"old", partition=0)
+    acc.append("t", b"busy", partition=1)
+    acc.seal_all()
+    (in_flight,) = acc.drain(leaders({1: 1}), 1 << 20)[0][1]
+    acc.append("t", b"queued", partition=1)
+    acc.seal_all()
+    assert acc.expire(clock.now + 119) == []
+    expired = acc.expire(clock.now + 120)
+    assert [values(b) for b in expired] == [[b"old"]]  # partition 1 has one in flight
+    assert acc.sealed("t", 0) == []
+
+
+def test_unknown_topics_go_to_the_hook_and_count_against_memory() -> None:
+    acc = make(Clock())
+    held = []
+    acc.on_unknown_topic = lambda topic, rec: held.append((topic, rec[0]))
+    assert acc.append("other", b"v") is True
+    assert held == [("other", b"v")]
+    assert acc.buffered == 0  # the hook's owner counts what it holds
+
+
+def test_abort_refuses_records_and_returns_every_incomplete_batch() -> None:
+    acc = make(Clock())
+    acc.append("t", b"open", partition=0)
+    acc.append("t", b"queued", partition=1)
+    acc.seal_all()
+    acc.append("t", b"open2", partition=2)
+    aborted = acc.abort()
+    assert len(aborted) == 3
+    with pytest.raises(ProducerClosedError):
+        acc.append("t", b"late", partition=0)
+    assert acc.drain(leaders({0: 1, 1: 1, 2: 1}), 1 << 20)[0] == {}
+
+
+def test_an_unencodable_batch_is_set_aside_with_its_error() -> None:
+    acc = make(Clock())
+    acc.append("t", {1, 2}, partition=0)  # msgpack has no sets
+    acc.seal_all()
+    (bad,) = acc.unencodable
+    assert isinstance(bad.error, TypeError)
+    assert acc.sealed("t", 0) == []
