@@ -359,10 +359,11 @@ class Producer:
         n = len(values)
         per_batch = max(1, n * self.batch_size // max(total, 1))
         for start in range(0, n, per_batch):
-            end = start + per_batch
+            end = min(start + per_batch, n)
             part_keys = keys[start:end] if keys is not None else None
-            size = total * len(values[start:end]) // n
-            acc.append_columns(t, partition, values[start:end], part_keys, size)
+            acc.append_columns(
+                t, partition, values[start:end], part_keys, total * (end - start) // n
+            )
             if acc.buffered >= acc.buffer_memory:
                 await self._sender.wait_for_space()
 
