@@ -33,8 +33,8 @@ from rillet.client.wire import records
 RECORD_OVERHEAD_BYTES = 3  # msgpack type bytes per value; batch_size counts approximately
 KEY_CACHE_MAX = 65_536  # keys -> partition memo (murmur2 in Python costs ~1 us per key)
 
-# A held record: (value, key, headers, partition, timestamp, handle or None).
-Record = tuple[Any, Any, Any, int | None, int | None, Any]
+# A record held outside any batch: (value, key, headers, partition, timestamp, handle).
+HeldRecord = tuple[Any, Any, Any, int | None, int | None, Any]
 
 
 class ProducerClosedError(RuntimeError):
@@ -144,7 +144,7 @@ def _no_wakeup() -> None:
     return None
 
 
-def _unknown_topic(topic: str, record: Record) -> None:
+def _unknown_topic(topic: str, record: HeldRecord) -> None:
     raise KeyError(f"unknown topic {topic!r}: add_topic() it first")
 
 
@@ -194,8 +194,8 @@ class RecordAccumulator:
         self.delivery_timeout_s = delivery_timeout_s
         self.compression = compression
         self.max_in_flight_per_partition = max_in_flight_per_partition or 1 << 30
-        self._clock = clock
-        self._wall_clock_ms = wall_clock_ms
+        self.clock = clock
+        self.wall_clock_ms = wall_clock_ms
         self._sticky = partitioner or StickyPartitioner()
         self.topics: dict[str, TopicQueues] = {}
         self.buffered = 0  # bytes of records not yet completed
@@ -206,7 +206,7 @@ class RecordAccumulator:
         self._next_linger = math.inf  # no open batch lingers out before this
         self._queued: dict[PartitionQueue, None] = {}  # partitions with sealed batches
         self.wakeup: Callable[[], None] = _no_wakeup
-        self.on_unknown_topic: Callable[[str, Record], None] = _unknown_topic
+        self.on_unknown_topic: Callable[[str, HeldRecord], None] = _unknown_topic
         self.not_full: Any = True
         self.when_full: Callable[[], Any] = bool  # bool() is False
 
@@ -376,8 +376,8 @@ class RecordAccumulator:
     # --- sealing -------------------------------------------------------------------
 
     def _open_batch(self, tp: PartitionQueue) -> ProducerBatch:
-        now = self._clock()
-        b = ProducerBatch(tp.topic, tp.partition, tp.next_seq, now, self._wall_clock_ms())
+        now = self.clock()
+        b = ProducerBatch(tp.topic, tp.partition, tp.next_seq, now, self.wall_clock_ms())
         b.deadline = now + self.delivery_timeout_s
         tp.next_seq += 1
         tp.open = b

@@ -28,9 +28,9 @@ from typing import Any
 
 from rillet.client.accumulator import (
     RECORD_OVERHEAD_BYTES,
+    HeldRecord,
     ProducerBatch,
     ProducerClosedError,
-    Record,
     RecordAccumulator,
     TopicQueues,
     record_size,
@@ -173,7 +173,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms,
         )
         # records for topics whose metadata is on its way: (resolved future, records)
-        self._pending: dict[str, tuple[asyncio.Future[None], list[Record]]] = {}
+        self._pending: dict[str, tuple[asyncio.Future[None], list[HeldRecord]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.stats = self._sender.stats
@@ -199,13 +199,13 @@ class Producer:
         done: asyncio.Future[None] = loop.create_future()
         done.set_result(None)
         acc = self._accumulator
-        acc._clock = loop.time
+        acc.clock = loop.time  # the sender's deadlines use it too
         acc.not_full = done
         acc.when_full = self._sender.wait_for_space
         self._sender.start(loop)
+        acc.closed = self._closed
         self._meta.listeners.append(self._on_metadata)
         await self._meta.refresh(force=True)
-        acc.closed = self._closed
         return self
 
     async def __aenter__(self) -> Producer:
@@ -303,7 +303,7 @@ class Producer:
     ) -> RecordMetadata:
         return await self.send(topic, value, key, **kw)
 
-    def _append(self, topic: str, rec: Record) -> None:
+    def _append(self, topic: str, rec: HeldRecord) -> None:
         """Append (or hold, while the topic's metadata is on its way) one record."""
         self._check_open()
         t = self._accumulator.topics.get(topic)
@@ -390,7 +390,7 @@ class Producer:
             known.set_result(None)
         return t
 
-    def _defer(self, topic: str, rec: Record) -> None:
+    def _defer(self, topic: str, rec: HeldRecord) -> None:
         """Hold a record for a topic whose metadata is not known yet, in order."""
         handle: RecordHandle | None = rec[5]
         entry = self._pending.get(topic)
