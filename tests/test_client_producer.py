@@ -231,3 +231,13 @@ def test_bad_configuration_is_a_value_error() -> None:
         Producer(acks=2)
     with pytest.raises(ValueError):
         Producer(compression="gzip")
+
+
+async def test_an_unencodable_value_fails_its_batch_only(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, linger_ms=1) as p:
+        bad = p.send("t", {1, 2}, partition=0)  # msgpack has no sets
+        with pytest.raises(TypeError, match="cannot encode records for t"):
+            await bad
+        with pytest.raises(DeliveryError):
+            await p.flush()
+        assert (await p.send("t", b"good", partition=0)).offset == 0
