@@ -228,11 +228,11 @@ class Log:
                 raise
             if done is not None:
                 last, count = done
+                if leader_epoch != epoch:  # before a flush captures the epochs
+                    self.epochs.assign(leader_epoch, base)
                 if self._flush_policy:  # counted only when flush.messages / flush.ms ask
                     self._unflushed_messages += count
                     self._maybe_flush_by_policy()
-                if leader_epoch != epoch:
-                    self.epochs.assign(leader_epoch, base)
                 return base, last
         return self._append_many(batches, leader_epoch)
 
@@ -259,6 +259,8 @@ class Log:
         self._write(buf, entries, count)
         if leader_epoch != self.epochs.latest_epoch:
             self.epochs.assign(leader_epoch, first)
+        if self._flush_policy:  # after the epochs: a flush captures them
+            self._maybe_flush_by_policy()
         return first, next_offset - 1
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> tuple[int, int]:
@@ -289,6 +291,8 @@ class Log:
         for h in headers:
             if h.partition_leader_epoch > self.epochs.latest_epoch:
                 self.epochs.assign(h.partition_leader_epoch, h.base_offset)
+        if self._flush_policy:  # after the epochs: a flush captures them
+            self._maybe_flush_by_policy()
         return headers[0].base_offset, headers[-1].last_offset
 
     def _validate(
@@ -329,8 +333,6 @@ class Log:
             self._write_failed(seg, exc)
             raise
         self._unflushed_messages += count
-        if self._flush_policy:
-            self._maybe_flush_by_policy()
 
     def _write_failed(self, seg: LogSegment, exc: OSError) -> None:
         """A write raised: cut whatever part of it reached the file, so the next append

@@ -84,6 +84,9 @@ class LogManager:
         with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
             opened = pool.map(lambda d: Log.open(d[1], self.default_config, clock=self.clock), dirs)
             for (tp, _), log in zip(dirs, opened, strict=True):
+                # Unknown until the replica opens it (Kafka starts the HW at the log
+                # start): no retention or compaction before that.
+                log.high_watermark = log.log_start_offset
                 self.logs[tp] = log
         for path in doomed:  # deletes interrupted by a crash
             shutil.rmtree(path, ignore_errors=True)

@@ -47,8 +47,10 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     log._install(segments, log_start, end)
     if not epochs_sound:
         _rebuild_epochs(log)
-    log.epochs.truncate_from_end(end)
+    # From the start first: moved up to the start, an entry below it must still go when
+    # no record is left at or after the start (an empty log after truncate_fully).
     log.epochs.truncate_from_start(log_start)
+    log.epochs.truncate_from_end(end)
     _persist_after_load(log, clean)
     log._epochs_on_disk = log.epochs.entries()  # the file now holds exactly these
     log._epochs_durable_end = end
@@ -164,6 +166,14 @@ def close_log(log) -> None:
     """Persist everything, then leave the marker that lets the next open skip recovery."""
     d: Path = log.directory
     segments = list(log.segments)
+    if log.failure is not None:
+        # An fsync or write failed: what the page cache held may never reach the disk
+        # (a later fsync can succeed without writing it). No checkpoint, no marker: the
+        # next open recovers (Kafka takes the log dir offline).
+        for seg in segments:
+            seg.close()
+        log.closed = True
+        return
     for seg in segments:
         if seg.index.mutable:  # the active one, and rolled ones whose job has not run
             seg.write_indexes(seg.index_snapshot(), fsync=True)
