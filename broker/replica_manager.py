@@ -1,19 +1,21 @@
-"""``ReplicaManager``: this broker's partitions, each a local log plus its replication core
-(``PartitionState``), driven from metadata deltas, produce/fetch handlers and a tick.
+"""``ReplicaManager``: this broker's partitions (``Replica``: a local log, its replication
+core and the ``PartitionDriver`` running it), driven from metadata deltas, the Produce
+and Fetch handlers, and a tick.
 
-This is the thin asyncio driver around broker/replication/partition_state.py
-(docs/design.md, "Cores and drivers"): it feeds the core events (metadata, appends,
-follower fetches, AlterPartition answers, time) and applies the effects each call returns,
-in order:
+It owns the whole produce and fetch sequences, as Kafka's ReplicaManager does, so the API
+handlers only decode, call and encode:
 
-| effect | what the driver does |
-|---|---|
-| AssignEpochStartOffset | record the epoch in the log's leader-epoch cache |
-| UpdateHighWatermark | set `log.high_watermark` (retention, compaction stop there); wake fetches |
-| ProposeAlterPartition | send AlterPartition to the controller, feed the answer back |
-| CompleteProduce / FailProduce | resolve the acks=all produce's future with the code |
-| Truncate / TruncateFullyAndStartAt | cut the follower's log |
-| AppendFetched | append the fetched bytes as follower (the fetcher passes them in) |
+- ``append_records``: per partition, find the replica, let its driver check the produce
+  with the core, append, move the HW; then wait for acks=all produces in the core's
+  purgatory. Every append happens before its first ``await`` (Produce pipelining).
+- ``fetch_messages``: per partition, check or record the fetcher's position through the
+  core, read a byte range of the log (broker/replica_fetch.py), long-poll until
+  ``min_bytes`` or ``max_wait_ms``; returns the ranges for zero-copy sending.
+
+Effects the cores return are carried out by ``PartitionDriver.apply``
+(broker/replication/driver.py), the interpreter the simulator runs too; this module
+supplies its I/O: the storage.Log, the controller channel for AlterPartition, the
+futures of acks=all produces and the parked fetches (``Replica`` is the driver's network).
 
 Followers fetch through broker/replication/fetcher.py (one fetcher per source broker); after every
 metadata change ``on_roles_changed`` (the FetcherManager's ``sync``) moves partitions
@@ -30,27 +32,23 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rillet.broker.config import BrokerConfig, topic_log_config
+from rillet.broker.replica import Replica
+from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader, FetchResult
 from rillet.broker.replication import hw_checkpoint
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import (
+    ACKS_ALL,
     AlterPartitionResponse,
-    AppendFetched,
-    AssignEpochStartOffset,
-    CompleteProduce,
-    Effect,
-    FailProduce,
     ProposeAlterPartition,
     ReplicationConfig,
-    Truncate,
-    TruncateFullyAndStartAt,
-    UpdateHighWatermark,
 )
 from rillet.client.runtime.tasks import on_death_fatal
 from rillet.client.wire import errors
+from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     NO_LEADER,
@@ -60,7 +58,10 @@ from rillet.controller.metadata.image import (
     Partition,
     TopicPartition,
 )
-from rillet.storage import Log, LogManager
+from rillet.storage import LogManager
+
+if TYPE_CHECKING:
+    from rillet.broker.metrics import BrokerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -70,29 +71,25 @@ AlterPartitionSender = Callable[
 REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 
 
-@dataclass(slots=True, eq=False)
-class Replica:
-    """One partition on this broker: its log, its replication core, and the fetches
-    waiting for it to grow."""
+NONE = errors.NONE
+NOT_ENOUGH_REPLICAS = errors.code_of("NOT_ENOUGH_REPLICAS")
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = errors.code_of("NOT_ENOUGH_REPLICAS_AFTER_APPEND")
+STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """One partition's Produce outcome (Kafka: PartitionResponse). ``base_offset`` is -1
+    unless the records were appended and, for acks=all, replicated (or written below
+    min.insync.replicas: NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
 
     topic: str
     partition: int
-    topic_id: str
-    log: Log
-    state: PartitionState
-    min_insync_replicas: int
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-
-    @property
-    def is_leader(self) -> bool:
-        return self.state.is_leader
-
-    def wake(self) -> None:
-        """Wake every fetch waiting on this partition (new data, HW move, role change)."""
-        waiters, self.waiters = self.waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+    error_code: int
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
 
 
 class ReplicaManager:
@@ -109,8 +106,12 @@ class ReplicaManager:
         self.image: MetadataImage = EMPTY_IMAGE
         self.replicas: dict[TopicPartition, Replica] = {}
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
-        self._produce_waiters: dict[int, asyncio.Future[int]] = {}
         self._produce_ids = itertools.count(1)
+        self.metrics: BrokerMetrics | None = None  # set by the server once built
+        self._reader = FetchReader(
+            self.broker_id, self.replicas, lambda: self.image, self.partition_error
+        )
+        self._refusal_logged_ms: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._metadata_waiters: list[asyncio.Future[None]] = []
         self.on_roles_changed: Callable[[], None] | None = None  # the fetchers' sync
@@ -135,12 +136,11 @@ class ReplicaManager:
         if delta.changed_brokers:
             changed = delta.changed_brokers.keys()
             for replica in self.replicas.values():
-                replica.state.on_brokers_changed(changed)
-        now = self.now_ms()
+                replica.driver.on_brokers_changed(changed)
         for tp, p in sorted(changes.leaders.items()):
-            self._become(tp, p, image, now)
+            self._become(tp, p, image)
         for tp, p in sorted(changes.followers.items()):
-            self._become(tp, p, image, now)
+            self._become(tp, p, image)
         self._apply_config_changes(delta, image)
         self._roles_changed()
         waiters, self._metadata_waiters = self._metadata_waiters, []
@@ -172,20 +172,20 @@ class ReplicaManager:
                 return endpoint.host, endpoint.port
         return None
 
-    def _become(self, tp: TopicPartition, p: Partition, image: MetadataImage, now: int) -> None:
+    def _become(self, tp: TopicPartition, p: Partition, image: MetadataImage) -> None:
         replica = self.replicas.get(tp)
         if replica is not None and replica.topic_id != p.topic_id:
             # A re-created topic under the same name: its deletes ran first; be safe.
-            self.apply_effects(replica, replica.state.shutdown())
+            replica.driver.shutdown()
             replica = None
         if replica is None:
             replica = self._open(tp, p.topic_id, image)
         state = replica.state
         if p.leader == self.broker_id:
-            effects = state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now)
+            replica.driver.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
             role = "leader"
         else:
-            effects = state.become_follower(
+            replica.driver.become_follower(
                 p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr
             )
             role = f"follower of {p.leader}"
@@ -205,7 +205,6 @@ class ReplicaManager:
             list(state.isr),
             _pending_str(state),
         )
-        self.apply_effects(replica, effects)
         replica.wake()  # waiting fetches re-check their role and epoch
 
     def _open(self, tp: TopicPartition, topic_id: str, image: MetadataImage) -> Replica:
@@ -228,7 +227,16 @@ class ReplicaManager:
             high_watermark=hw,
             is_isr_eligible=self.is_isr_eligible,
         )
-        replica = Replica(tp.topic, tp.partition, topic_id, log, state, self._min_isr(topic_config))
+        replica = Replica(
+            tp.topic,
+            tp.partition,
+            topic_id,
+            log,
+            state,
+            self._min_isr(topic_config),
+            self.now_ms,
+            self._send_alter_partition,
+        )
         self.replicas[tp] = replica
         return replica
 
@@ -258,7 +266,7 @@ class ReplicaManager:
     async def remove(self, tp: TopicPartition, *, delete_log: bool) -> None:
         replica = self.replicas.pop(tp, None)
         if replica is not None:
-            self.apply_effects(replica, replica.state.shutdown())
+            replica.driver.shutdown()
             replica.wake()
         self._checkpointed_hw.pop(tp, None)
         self._roles_changed()
@@ -283,45 +291,19 @@ class ReplicaManager:
     def under_replicated_count(self) -> int:
         return sum(1 for r in self.leaders() if len(r.state.isr) < len(r.state.replicas))
 
-    # -- effects ---------------------------------------------------------------------------
+    # -- AlterPartition (the driver's network sends it here) --------------------------------
 
-    def apply_effects(
-        self, replica: Replica, effects: Sequence[Effect], fetched: memoryview | None = None
-    ) -> None:
-        """Carry out a core call's effects, in order (docs/replication.md, "Effects")."""
-        for effect in effects:
-            match effect:
-                case AssignEpochStartOffset(epoch, start):
-                    replica.log.epochs.assign(epoch, start)
-                case UpdateHighWatermark(hw):
-                    replica.log.high_watermark = hw  # bounds retention and compaction
-                    replica.wake()
-                case CompleteProduce(pid, code) | FailProduce(pid, code):
-                    future = self._produce_waiters.pop(pid, None)  # type: ignore[arg-type]
-                    if future is not None and not future.done():
-                        future.set_result(code)
-                case ProposeAlterPartition(_, _, leader_epoch, partition_epoch, new_isr):
-                    logger.info(
-                        "%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
-                        replica.log.name,
-                        list(new_isr),
-                        leader_epoch,
-                        partition_epoch,
-                    )
-                    self._spawn(self._send_alter_partition(replica, effect))
-                case Truncate(offset):
-                    replica.log.truncate_to(offset)  # also drops empty epochs at the end
-                case TruncateFullyAndStartAt(offset):
-                    replica.log.truncate_fully_and_start_at(offset)
-                case AppendFetched():
-                    if fetched is None:
-                        raise ValueError("AppendFetched without the fetched bytes")
-                    replica.log.append_as_follower(fetched)
-                    replica.wake()
+    def _send_alter_partition(self, replica: Replica, proposal: ProposeAlterPartition) -> None:
+        logger.info(
+            "%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
+            replica.log.name,
+            list(proposal.new_isr),
+            proposal.leader_epoch,
+            proposal.partition_epoch,
+        )
+        self._spawn(self._alter_partition(replica, proposal))
 
-    async def _send_alter_partition(
-        self, replica: Replica, proposal: ProposeAlterPartition
-    ) -> None:
+    async def _alter_partition(self, replica: Replica, proposal: ProposeAlterPartition) -> None:
         try:
             if self.alter_partition is None:
                 raise errors.RequestTimedOutError("no controller channel")
@@ -340,9 +322,7 @@ class ReplicaManager:
         )
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
             state = replica.state
-            self.apply_effects(
-                replica, state.on_alter_partition_response(proposal.proposal_id, response)
-            )
+            replica.driver.on_alter_partition_response(proposal.proposal_id, response)
             logger.info(
                 "%s: after AlterPartition %d: core leader epoch %d, partition epoch "
                 "%d, isr %s, pending %s",
@@ -369,33 +349,145 @@ class ReplicaManager:
 
     # -- produce -----------------------------------------------------------------------------
 
-    def after_append(self, replica: Replica, now: int) -> None:
-        """The leader appended: the HW may move (single-replica ISR: at once)."""
-        self.apply_effects(replica, replica.state.on_leader_append(replica.log.log_end_offset, now))
-        replica.wake()  # follower fetches read up to the log end, not the HW
+    async def append_records(
+        self,
+        entries: Sequence[tuple[TopicPartition, memoryview]],
+        acks: int,
+        timeout_ms: int,
+    ) -> list[AppendResult]:
+        """Append each partition's batches as leader, in order, and answer per partition
+        (Kafka: appendRecords). Every append is done before the first ``await``, so
+        produces pipelined on one connection reach the log in the order they were sent
+        when the handler awaits this first. acks=0 and acks=1 return at once; acks=all
+        waits until the HW passes each partition's batches (the core's purgatory) or
+        ``timeout_ms``."""
+        deadline = self.now_ms() + timeout_ms
+        results: list[AppendResult] = []
+        waits: list[tuple[AppendResult, asyncio.Future[int]]] = []
+        for tp, data in entries:
+            result, future = self._append_one(tp, data, acks, deadline)
+            results.append(result)
+            if future is not None:
+                waits.append((result, future))
+        # ---- every append is done; from here on this may wait ----
+        if waits:
+            await _wait_acks(waits, timeout_ms)
+        return results
 
-    def await_produce(
-        self, replica: Replica, required_offset: int, deadline_ms: int
-    ) -> asyncio.Future[int]:
-        """A future for an appended acks=all produce: its error code once the HW passes
-        ``required_offset`` (or REQUEST_TIMED_OUT / NOT_LEADER_OR_FOLLOWER)."""
-        pid = next(self._produce_ids)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._produce_waiters[pid] = future
-        effects = replica.state.await_produce(
-            pid, required_offset, replica.min_insync_replicas, deadline_ms
+    def _append_one(
+        self, tp: TopicPartition, data: memoryview, acks: int, deadline_ms: int
+    ) -> tuple[AppendResult, asyncio.Future[int] | None]:
+        topic, partition = tp
+        replica = self.replicas.get(tp)
+        if replica is None:
+            return AppendResult(topic, partition, self.partition_error(topic, partition)), None
+        log = replica.log
+        pid = future = None
+        if acks == ACKS_ALL:
+            pid = next(self._produce_ids)
+            future = asyncio.get_running_loop().create_future()
+            replica.produce_waiters[pid] = future
+        try:
+            outcome = replica.driver.append_as_leader(
+                data, acks, replica.min_insync_replicas, pid, deadline_ms
+            )
+        except RilletError as e:
+            replica.produce_waiters.pop(pid, None)
+            message = e.message or str(e)
+            return AppendResult(
+                topic, partition, e.code, -1, -1, log.log_start_offset, message
+            ), None
+        except OSError as e:  # disk full, I/O error: the log is unusable, the broker is not
+            replica.produce_waiters.pop(pid, None)
+            logger.error("%s: append failed: %r", log.name, e)
+            return (
+                AppendResult(
+                    topic, partition, STORAGE_ERROR, -1, -1, log.log_start_offset, repr(e)
+                ),
+                None,
+            )
+        if outcome.error_code != NONE:
+            replica.produce_waiters.pop(pid, None)
+            if outcome.error_code == NOT_ENOUGH_REPLICAS:
+                self._log_not_enough_replicas(replica)
+            return AppendResult(
+                topic, partition, outcome.error_code, -1, -1, log.log_start_offset
+            ), None
+        if self.metrics is not None:
+            self.metrics.record_append(len(data), outcome.last_offset - outcome.first_offset + 1)
+        result = AppendResult(
+            topic, partition, NONE, outcome.first_offset, -1, log.log_start_offset
         )
-        self.apply_effects(replica, effects)
-        return future
+        return result, future
+
+    def _log_not_enough_replicas(self, replica: Replica) -> None:
+        """Say which ISR refused (at most once a second per partition): the core's
+        committed ISR, which may differ from what metadata shows."""
+        now = self.now_ms()
+        last = self._refusal_logged_ms.get(replica.log.name)
+        if last is not None and now - last < 1000:
+            return
+        self._refusal_logged_ms[replica.log.name] = now
+        state = replica.state
+        p = self.image.partition(replica.topic, replica.partition)
+        metadata_isr = (
+            "unknown"
+            if p is None
+            else f"{list(p.isr)} (leader {p.leader}, epochs {p.leader_epoch}/{p.partition_epoch})"
+        )
+        logger.warning(
+            "%s: NOT_ENOUGH_REPLICAS: core isr %s (leader epoch %d, partition "
+            "epoch %d) < min.insync.replicas %d; metadata isr %s",
+            replica.log.name,
+            list(state.isr),
+            state.leader_epoch,
+            state.partition_epoch,
+            replica.min_insync_replicas,
+            metadata_isr,
+        )
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    async def fetch_messages(
+        self, params: FetchParams, partitions: list[FetchPartition]
+    ) -> FetchResult:
+        """Read every partition and answer per partition (Kafka: fetchMessages). With
+        fewer than ``min_bytes`` available it parks one future on each partition it read;
+        appends, HW moves and role changes wake it (``Replica.wake``), it reads again, and
+        it returns once ``min_bytes`` is there, a partition has an error or a redirect,
+        or ``max_wait_ms`` has passed. Nothing polls.
+
+        The last read and the return happen in one step (no ``await`` between them):
+        a caller that encodes the result without awaiting first pins the byte ranges
+        before retention or truncation can touch them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, params.max_wait_ms) / 1000
+        first = True
+        while True:
+            result = self._reader.read_all(params, partitions, first)
+            first = False
+            remaining = deadline - loop.time()
+            done = result.nbytes >= params.min_bytes or result.error or result.redirect
+            if done or remaining <= 0:
+                return result
+            waiter: asyncio.Future[None] = loop.create_future()
+            for replica in result.touched:  # none touched (no partitions): wait it out
+                replica.waiters.append(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=remaining)
+            finally:
+                waiter.cancel()
+                for replica in result.touched:  # a timed-out waiter must not pile up
+                    if waiter in replica.waiters:
+                        replica.waiters.remove(waiter)
 
     # -- time --------------------------------------------------------------------------------
 
     def tick(self) -> None:
         """Expire acks=all waiters, resend AlterPartitions, propose ISR shrinks."""
-        now = self.now_ms()
         for replica in list(self.replicas.values()):
             if replica.is_leader or replica.state.pending_produce_count:
-                self.apply_effects(replica, replica.state.tick(now))
+                replica.driver.tick()
 
     async def run_ticks(self) -> None:
         """Tick forever. No catch here: a tick that raises has left some core waiting on
@@ -453,7 +545,7 @@ class ReplicaManager:
         """Stop every partition (pending acks=all produces fail NOT_LEADER_OR_FOLLOWER)
         and write the final high-watermark checkpoint."""
         for replica in list(self.replicas.values()):
-            self.apply_effects(replica, replica.state.shutdown())
+            replica.driver.shutdown()
             replica.wake()
         for task in list(self._tasks):
             task.cancel()
@@ -472,3 +564,19 @@ def _pending_str(state: PartitionState) -> str:
     if pending is None:
         return "none"
     return f"{pending.kind} to {list(pending.proposal.new_isr)}"
+
+
+async def _wait_acks(
+    waits: list[tuple[AppendResult, asyncio.Future[int]]], timeout_ms: int
+) -> None:
+    """Fill in each acks=all result's code once its future resolves. The purgatory times
+    them out on the replica tick; the extra second here only guards against a lost wake."""
+    await asyncio.wait([f for _, f in waits], timeout=timeout_ms / 1000 + 1.0)
+    for result, future in waits:
+        if future.done():
+            result.error_code = future.result()
+        else:
+            future.cancel()
+            result.error_code = REQUEST_TIMED_OUT
+        if result.error_code not in (NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND):
+            result.base_offset = -1  # no offset promised: the records may or may not survive

@@ -131,6 +131,7 @@ class BrokerServer:
         self.metrics = BrokerMetrics(
             self.replicas.under_replicated_count, self.fetchers.failed_count
         )
+        self.replicas.metrics = self.metrics  # bytes and messages in, per append
         self.rpc = RpcServer(
             self._handlers(link),
             max_request_bytes=cfg["socket.request.max.bytes"],
@@ -174,7 +175,7 @@ class BrokerServer:
         assert self.replicas is not None and self.metrics is not None
         meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
         by_api: list[tuple[schemas.Api, Handler]] = [
-            (schemas.PRODUCE, ProduceHandler(self.replicas, self.metrics)),
+            (schemas.PRODUCE, ProduceHandler(self.replicas)),
             (schemas.FETCH, FetchHandler(self.replicas, self.metrics)),
             (schemas.LIST_OFFSETS, ListOffsetsHandler(self.replicas)),
             (schemas.METADATA, meta.metadata),

@@ -7,8 +7,9 @@ thin driver; every decision lives in the partition's sans-I/O core:
     req = replica.state.fetch_request()                 # fetch_offset, last_fetched_epoch,
                                                         # current_leader_epoch
     ... one Fetch for all partitions, long poll (replica.fetch.wait.max.ms, min_bytes 1) ...
-    effects = replica.state.on_fetch_response(resp)     # Truncate / AppendFetched / HW
-    replica_manager.apply_effects(replica, effects, fetched=bytes)
+    effects = replica.driver.on_fetch_response(resp, bytes)
+                                          # Truncate / AppendFetched / HW, carried out
+                                          # by the partition's driver (driver.py)
 
 What the driver does itself: CRC-check every fetched batch before the core sees it (a
 corrupt batch never reaches the log, and the core never advances the HW over it),
@@ -399,8 +400,7 @@ class SourceFetcher:
             batches=batches,
         )
         try:
-            effects = replica.state.on_fetch_response(response)
-            self.manager.replicas.apply_effects(replica, effects, fetched=data)
+            effects = replica.driver.on_fetch_response(response, data)
         except (ReplicationInvariantError, RilletError, OSError) as e:
             # Known failure kinds: back off and let a fresh fetch (or new metadata) decide
             # again from what the log now holds. Anything else marks the partition failed

@@ -1,0 +1,118 @@
+"""``Replica``: one partition on this broker — its log, its replication core, the
+``PartitionDriver`` that runs the core, and the fetches and acks=all produces waiting on
+it — plus ``LogStorage``, the storage.Log side of the driver.
+
+A Replica is the broker's ``ReplicaNetwork`` for its own partition (what the driver
+calls to get things out of the partition): it wakes parked fetches, resolves acks=all
+futures, and hands AlterPartition proposals to the ReplicaManager, which owns the
+controller channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from rillet.broker.replication.driver import Clock, PartitionDriver
+from rillet.broker.replication.partition_state import PartitionState
+from rillet.broker.replication.types import AppendFetched, ProposeAlterPartition
+from rillet.storage import Log
+
+
+class LogStorage:
+    """storage.Log as the driver's ``ReplicaStorage``."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        self.log.epochs.assign(epoch, start_offset)
+
+    def set_high_watermark(self, high_watermark: int) -> None:
+        self.log.high_watermark = high_watermark  # bounds retention and compaction
+
+    def append_as_leader(self, data: Any, leader_epoch: int) -> tuple[int, int]:
+        return self.log.append(data, leader_epoch)
+
+    def append_fetched(self, effect: AppendFetched, fetched: Any) -> None:
+        # The bytes carry their own offsets, checked by the log against its end.
+        self.log.append_as_follower(fetched)
+
+    def truncate_to(self, offset: int) -> None:
+        self.log.truncate_to(offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self.log.truncate_fully_and_start_at(offset)
+
+
+class Replica:
+    """One partition on this broker."""
+
+    __slots__ = (
+        "topic",
+        "partition",
+        "topic_id",
+        "log",
+        "state",
+        "driver",
+        "min_insync_replicas",
+        "waiters",
+        "produce_waiters",
+        "_send_alter",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        topic_id: str,
+        log: Log,
+        state: PartitionState,
+        min_insync_replicas: int,
+        clock: Clock,
+        send_alter: Callable[[Replica, ProposeAlterPartition], None],
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.topic_id = topic_id
+        self.log = log
+        self.state = state
+        self.min_insync_replicas = min_insync_replicas
+        self.waiters: list[asyncio.Future[None]] = []  # parked (long-poll) fetches
+        self.produce_waiters: dict[Hashable, asyncio.Future[int]] = {}  # acks=all
+        self._send_alter = send_alter
+        self.driver = PartitionDriver(state, LogStorage(log), self, clock)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    def wake(self) -> None:
+        """Wake every fetch waiting on this partition (new data, HW move, role change)."""
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    # -- ReplicaNetwork ------------------------------------------------------------------
+
+    def send_alter_partition(self, proposal: ProposeAlterPartition) -> None:
+        self._send_alter(self, proposal)
+
+    def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
+        future = self.produce_waiters.pop(produce_id, None)
+        if future is not None and not future.done():
+            future.set_result(error_code)
+
+    def high_watermark_updated(self, high_watermark: int) -> None:
+        self.wake()
+
+    def log_appended(self) -> None:
+        self.wake()
