@@ -1,9 +1,11 @@
 """In-memory fakes for the replication core's tests, and tests that the fakes keep
 Kafka's semantics (LeaderEpochFileCache.endOffsetFor, truncateTo).
 
-FakeLog is a list of (epoch, value) records plus an epoch cache; Replica wraps a FakeLog
-and a PartitionState and applies effects the way a broker driver would. Other test
-modules import these.
+FakeLog is a list of (epoch, value) records plus an epoch cache, and is the storage a
+``PartitionDriver`` writes to; Replica runs a PartitionState through the production
+``PartitionDriver`` (broker/replication/driver.py) with FakeLog as storage, itself as the
+network (it records what leaves the partition) and a manual clock. Other test modules
+import these.
 """
 
 from __future__ import annotations
@@ -13,23 +15,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from rillet.broker.replication.driver import PartitionDriver
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import (
+    ACKS_ALL,
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     AppendFetched,
-    AssignEpochStartOffset,
     BatchInfo,
-    CompleteProduce,
     Effect,
-    FailProduce,
     FetchRequest,
     FetchResponse,
     ProposeAlterPartition,
     ReplicationConfig,
-    Truncate,
-    TruncateFullyAndStartAt,
-    UpdateHighWatermark,
 )
 from rillet.client.wire import errors
 
@@ -43,6 +41,7 @@ class FakeLog:
         self.log_start_offset = 0
         self.records: list[Record] = []
         self.epochs: list[tuple[int, int]] = []  # (epoch, start offset), ascending
+        self.high_watermark = 0  # as storage.Log: what the driver last stored
 
     @property
     def log_end_offset(self) -> int:
@@ -75,6 +74,21 @@ class FakeLog:
                 self.epochs.append((epoch, self.log_end_offset))
             self.records.append((epoch, value))
 
+    # -- ReplicaStorage: what the PartitionDriver writes --------------------------------
+
+    def set_high_watermark(self, high_watermark: int) -> None:
+        self.high_watermark = high_watermark
+
+    def append_as_leader(self, values: Sequence[object], leader_epoch: int) -> tuple[int, int]:
+        first = self.log_end_offset
+        self.append([(leader_epoch, v) for v in values])
+        return first, self.log_end_offset - 1
+
+    def append_fetched(self, effect: AppendFetched, fetched: Sequence[Record]) -> None:
+        assert effect.base_offset == self.log_end_offset, (effect, self.log_end_offset)
+        assert len(fetched) == effect.next_offset - effect.base_offset, (effect, len(fetched))
+        self.append(fetched)
+
     def read(self, start: int, end: int | None = None) -> list[Record]:
         end = self.log_end_offset if end is None else end
         return self.records[start - self.log_start_offset : end - self.log_start_offset]
@@ -106,8 +120,8 @@ def batches_of(start: int, records: Sequence[Record]) -> tuple[BatchInfo, ...]:
 
 @dataclass
 class Replica:
-    """One broker's copy of the partition: a FakeLog, its PartitionState, and what the
-    driver saw come out of it."""
+    """One broker's copy of the partition: a FakeLog, its PartitionState run by the
+    production PartitionDriver, and what the driver sent out of it (the network)."""
 
     broker_id: int
     lag_ms: int = 30_000
@@ -115,42 +129,48 @@ class Replica:
     proposals: list[ProposeAlterPartition] = field(default_factory=list)
     results: dict[Hashable, int] = field(default_factory=dict)
     hw_updates: list[int] = field(default_factory=list)
-    state: PartitionState = field(init=False)
+    now_ms: int = 0  # the driver's clock, set by the helpers that take a time
+    driver: PartitionDriver = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = PartitionState(self.broker_id, self.log, ReplicationConfig(self.lag_ms))
 
+    @property
+    def state(self) -> PartitionState:
+        return self.driver.state
+
+    @state.setter
+    def state(self, state: PartitionState) -> None:
+        """A test may swap in a core built its own way; the driver follows."""
+        self.driver = PartitionDriver(state, self.log, self, lambda: self.now_ms)
+
     def apply(self, effects: Sequence[Effect], fetched: Sequence[Record] = ()) -> None:
-        for effect in effects:
-            match effect:
-                case AssignEpochStartOffset(epoch, start):
-                    self.log.assign_epoch_start_offset(epoch, start)
-                case UpdateHighWatermark(hw):
-                    self.hw_updates.append(hw)
-                case ProposeAlterPartition():
-                    self.proposals.append(effect)
-                case CompleteProduce(pid, code) | FailProduce(pid, code):
-                    assert pid not in self.results, f"produce {pid} answered twice"
-                    self.results[pid] = code
-                case Truncate(offset):
-                    self.log.truncate_to(offset)
-                case TruncateFullyAndStartAt(offset):
-                    self.log.truncate_fully_and_start_at(offset)
-                case AppendFetched(base, next_offset):
-                    assert base == self.log.log_end_offset
-                    assert len(fetched) == next_offset - base
-                    self.log.append(fetched)
-                case _:
-                    raise AssertionError(f"unknown effect {effect!r}")
+        self.driver.apply(effects, fetched)
+
+    # --- ReplicaNetwork: record what leaves the partition --------------------------
+
+    def send_alter_partition(self, proposal: ProposeAlterPartition) -> None:
+        self.proposals.append(proposal)
+
+    def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
+        assert produce_id not in self.results, f"produce {produce_id} answered twice"
+        self.results[produce_id] = error_code
+
+    def high_watermark_updated(self, high_watermark: int) -> None:
+        self.hw_updates.append(high_watermark)
+
+    def log_appended(self) -> None:
+        pass
 
     # --- leader-side helpers -------------------------------------------------------
 
     def append(self, values: Sequence[object], now_ms: int = 0) -> int:
         """Append as leader; returns required_offset (last offset + 1)."""
-        epoch = self.state.leader_epoch
-        self.log.append([(epoch, v) for v in values])
-        self.apply(self.state.on_leader_append(self.log.log_end_offset, now_ms))
-        return self.log.log_end_offset
+        self.now_ms = now_ms
+        outcome = self.driver.append_as_leader(values, 1, 1)
+        if outcome.error_code != errors.NONE:
+            raise ValueError(f"broker {self.broker_id} may not append: {outcome}")
+        return outcome.last_offset + 1
 
     def produce(
         self,
@@ -161,16 +181,15 @@ class Replica:
         timeout_ms: int = 30_000,
     ) -> int | None:
         """An acks=all produce, as a driver runs it. Returns the refusal code or None."""
-        error = self.state.check_produce(-1, min_isr)
-        if error is not None:
-            return error
-        required = self.append(values, now_ms)
-        self.apply(self.state.await_produce(produce_id, required, min_isr, now_ms + timeout_ms))
-        return None
+        self.now_ms = now_ms
+        outcome = self.driver.append_as_leader(
+            values, ACKS_ALL, min_isr, produce_id, now_ms + timeout_ms
+        )
+        return outcome.error_code if outcome.error_code != errors.NONE else None
 
     def serve(self, request: FetchRequest, now_ms: int) -> tuple[FetchResponse, list[Record]]:
-        decision = self.state.on_fetch_request(request, now_ms)
-        self.apply(decision.effects)
+        self.now_ms = now_ms
+        decision = self.driver.on_follower_fetch(request)
         records: list[Record] = []
         if decision.error_code == errors.NONE and decision.diverging_epoch is None:
             records = self.log.read(request.fetch_offset)
@@ -188,7 +207,7 @@ class Replica:
     # --- follower-side helpers -----------------------------------------------------
 
     def receive(self, response: FetchResponse, records: Sequence[Record]) -> None:
-        self.apply(self.state.on_fetch_response(response), records)
+        self.driver.on_fetch_response(response, records)
 
     def fetch_from(self, leader: Replica, now_ms: int = 0) -> None:
         """One complete fetch round trip (request, leader decision, response)."""

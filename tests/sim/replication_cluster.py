@@ -1,5 +1,6 @@
 """Partition replication in the deterministic simulator: three brokers driven by the real
-``PartitionState`` core (leader, follower, ISR, HW, acks=all) with in-memory logs, and
+``PartitionState`` core (leader, follower, ISR, HW, acks=all) run by the production
+``PartitionDriver`` (the effect interpreter the broker uses) over in-memory logs, and
 one controller actor running the real ``QuorumController`` (registration, heartbeats,
 session fencing, election from the ISR, AlterPartition with partition epochs) over the
 real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
@@ -20,24 +21,21 @@ simulation, tests/sim/raft_cluster.py).
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from test_replication_fakes import FakeLog, batches_of
+from test_replication_fakes import FakeLog, Record, batches_of
 
+from rillet.broker.replication.driver import PartitionDriver
 from rillet.broker.replication.partition_state import PartitionState, Role
 from rillet.broker.replication.types import (
+    ACKS_ALL,
     AlterPartitionResponse,
     AppendFetched,
-    AssignEpochStartOffset,
-    CompleteProduce,
-    Effect,
-    FailProduce,
     FetchRequest,
     FetchResponse,
     ProposeAlterPartition,
     ReplicationConfig,
-    Truncate,
-    TruncateFullyAndStartAt,
 )
 from rillet.client.wire import errors
 from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
@@ -195,8 +193,43 @@ class ControllerActor:
 # a broker with one partition
 
 
+class SimStorage:
+    """The broker's FakeLog as the driver's storage. A cut also tells the invariants
+    which part of the log they have to compare again."""
+
+    def __init__(self, broker: BrokerActor) -> None:
+        self.broker = broker
+        self.log = broker.log
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        self.log.assign_epoch_start_offset(epoch, start_offset)
+
+    def set_high_watermark(self, high_watermark: int) -> None:
+        self.log.set_high_watermark(high_watermark)
+
+    def append_as_leader(self, values: Sequence[object], leader_epoch: int) -> tuple[int, int]:
+        return self.log.append_as_leader(values, leader_epoch)
+
+    def append_fetched(self, effect: AppendFetched, fetched: Sequence[Record]) -> None:
+        self.log.append_fetched(effect, fetched)
+
+    def truncate_to(self, offset: int) -> None:
+        self.log.truncate_to(offset)
+        self.broker.checked_end = min(self.broker.checked_end, self.log.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self.log.truncate_fully_and_start_at(offset)
+        self.broker.checked_end = offset
+
+
 class BrokerActor:
-    """A short driver around one PartitionState, like ReplicaManager + fetcher."""
+    """One broker: its PartitionState run by the production PartitionDriver, with the
+    simulated network (this actor), storage (SimStorage) and clock; the rest is what
+    ReplicaManager and the fetcher do around it (fetch loop, AlterPartition timeouts)."""
 
     def __init__(self, cluster: ReplicationCluster, broker_id: int) -> None:
         self.actor_id = broker_id
@@ -204,6 +237,7 @@ class BrokerActor:
         self.log = FakeLog()  # survives crashes: the page cache outlives kill -9
         self.hw_checkpoint = 0  # survives crashes too: written now and then
         self.state: PartitionState | None = None
+        self.driver: PartitionDriver | None = None  # with the state: lost in a crash
         self.incarnation = 0
         self.broker_epoch = -1
         self.image: MetadataImage = EMPTY_IMAGE
@@ -231,6 +265,8 @@ class BrokerActor:
             high_watermark=hw,
             is_isr_eligible=lambda b: self.image.is_unfenced(b),
         )
+        clock = self.cluster.clock
+        self.driver = PartitionDriver(self.state, SimStorage(self), self, lambda: clock.now_ms)
         self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
         self.fetch_out, self.alter_out = None, {}
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
@@ -259,7 +295,7 @@ class BrokerActor:
         if self.state is None:
             return
         self.cluster.trace.add(self.cluster.clock.now_ms, f"broker {self.actor_id} crashes")
-        self.state = None
+        self.state = self.driver = None
 
     def send(self, dst: int, payload: object) -> None:
         self.cluster.network.send(self.actor_id, dst, payload)
@@ -287,8 +323,8 @@ class BrokerActor:
             if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
                 timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
                 self.on_alter_answer(pid, timed_out)
-        if self.state is not None:
-            self.apply(self.state.tick(now))
+        if self.driver is not None:
+            self.driver.tick()
             self.maybe_fetch(now)
         if self.cluster.rng.random() < 0.05:
             self.hw_checkpoint = self.state.high_watermark if self.state else self.hw_checkpoint
@@ -356,7 +392,8 @@ class BrokerActor:
                 # A duplicated or late answer still reaches the core (it ignores answers
                 # that no longer fit the log) but only the awaited one starts the next
                 # fetch: else each duplicate would start a fetch chain of its own.
-                self.apply(self.state.on_fetch_response(response), records)
+                assert self.driver is not None
+                self.driver.on_fetch_response(response, records)
                 if fetch_id == self.fetch_out:
                     self.fetch_out = None
                     self.maybe_fetch(self.cluster.clock.now_ms)
@@ -366,40 +403,31 @@ class BrokerActor:
             return
         old, self.image = self.image, image
         p = image.partition(TOPIC, 0)
-        state = self.state
-        if state is not None:  # as ReplicaManager does with delta.changed_brokers
+        state, driver = self.state, self.driver
+        if driver is not None:  # as ReplicaManager does with delta.changed_brokers
             changed = [
                 b
                 for b in set(old.brokers) | set(image.brokers)
                 if old.brokers.get(b) != image.brokers.get(b)
             ]
             if changed:
-                state.on_brokers_changed(changed)
-        if p is None or state is None or self.actor_id not in p.replicas:
+                driver.on_brokers_changed(changed)
+        if p is None or state is None or driver is None or self.actor_id not in p.replicas:
             return
-        now = self.cluster.clock.now_ms
         if p.leader == self.actor_id:
-            self.apply(
-                state.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr, now)
-            )
+            driver.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
             self.cluster.invariants.on_become_leader(self)
         else:
-            self.apply(
-                state.become_follower(
-                    p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr
-                )
-            )
+            driver.become_follower(p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
 
     def on_alter_answer(self, pid: int, response: AlterPartitionResponse) -> None:
         del self.alter_out[pid]
-        if self.state is not None:
-            self.apply(self.state.on_alter_partition_response(pid, response))
+        if self.driver is not None:
+            self.driver.on_alter_partition_response(pid, response)
 
     def serve_fetch(self, src: int, incarnation: int, fetch_id: int, request: FetchRequest) -> None:
-        state = self.state
-        assert state is not None
-        decision = state.on_fetch_request(request, self.cluster.clock.now_ms)
-        self.apply(decision.effects)
+        assert self.driver is not None
+        decision = self.driver.on_follower_fetch(request)
         records: list = []
         if decision.error_code == errors.NONE and decision.diverging_epoch is None:
             records = self.log.read(request.fetch_offset)[:FETCH_MAX_RECORDS]
@@ -416,38 +444,33 @@ class BrokerActor:
 
     def produce(self, value: object) -> None:
         """An acks=all produce from a client: refused, or appended and awaited."""
-        state = self.state
-        if state is None or state.check_produce(-1, MIN_ISR) is not None:
+        if self.driver is None:
             return
-        now = self.cluster.clock.now_ms
-        base = self.log.log_end_offset
-        self.log.append([(state.leader_epoch, value)])
-        self.apply(state.on_leader_append(self.log.log_end_offset, now))
-        self.cluster.pending[value] = (self.actor_id, base)
-        self.apply(state.await_produce(value, base + 1, MIN_ISR, now + 1000))
+        # Registered first: the driver may answer it before append_as_leader returns.
+        self.cluster.pending[value] = (self.actor_id, self.log.log_end_offset)
+        outcome = self.driver.append_as_leader(
+            [value], ACKS_ALL, MIN_ISR, value, self.cluster.clock.now_ms + 1000
+        )
+        if outcome.error_code != errors.NONE:
+            del self.cluster.pending[value]
 
-    # -- effects ------------------------------------------------------------------------
+    # -- ReplicaNetwork: what the driver sends out of the partition --------------------
 
-    def apply(self, effects: tuple[Effect, ...], fetched: tuple = ()) -> None:
-        for effect in effects:
-            match effect:
-                case AssignEpochStartOffset(epoch, start):
-                    self.log.assign_epoch_start_offset(epoch, start)
-                case ProposeAlterPartition(pid):
-                    self.alter_out[pid] = self.cluster.clock.now_ms
-                    self.send(CONTROLLER_ID, AlterIsr(self.incarnation, self.broker_epoch, effect))
-                case CompleteProduce(value, code) if code == errors.NONE:
-                    self.cluster.invariants.on_ack(value, *self.cluster.pending.pop(value))
-                case CompleteProduce(value) | FailProduce(value):
-                    self.cluster.pending.pop(value, None)
-                case Truncate(offset):
-                    self.log.truncate_to(offset)
-                    self.checked_end = min(self.checked_end, self.log.log_end_offset)
-                case TruncateFullyAndStartAt(offset):
-                    self.log.truncate_fully_and_start_at(offset)
-                    self.checked_end = offset
-                case AppendFetched(base, next_offset):
-                    self.log.append(list(fetched[: next_offset - base]))
+    def send_alter_partition(self, proposal: ProposeAlterPartition) -> None:
+        self.alter_out[proposal.proposal_id] = self.cluster.clock.now_ms
+        self.send(CONTROLLER_ID, AlterIsr(self.incarnation, self.broker_epoch, proposal))
+
+    def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
+        if error_code == errors.NONE:
+            self.cluster.invariants.on_ack(produce_id, *self.cluster.pending.pop(produce_id))
+        else:
+            self.cluster.pending.pop(produce_id, None)
+
+    def high_watermark_updated(self, high_watermark: int) -> None:
+        pass  # nothing parks on the HW here: the invariants read it after every event
+
+    def log_appended(self) -> None:
+        pass  # followers fetch on their own tick and after each answer
 
 
 # ---------------------------------------------------------------------------
