@@ -1,0 +1,122 @@
+"""ReplicaManager's produce and fetch entry points, called directly as the handlers call
+them: ``append_records`` and ``fetch_messages`` take decoded per-partition inputs and
+answer with typed per-partition results (the handlers only decode and encode)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from test_replication_checkpoint import broker_config
+
+from rillet.broker.replica_fetch import FetchParams, FetchPartition
+from rillet.broker.replica_manager import AppendResult, ReplicaManager
+from rillet.client.wire import errors, records
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    MetadataDelta,
+    MetadataImage,
+    TopicPartition,
+)
+from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
+from rillet.storage import LogManager
+
+E = errors.code_of
+TP = TopicPartition("t", 0)
+
+
+async def commit(manager: ReplicaManager, image: MetadataImage, recs: list) -> MetadataImage:
+    delta = MetadataDelta(image)
+    delta.replay_all(recs, image.offset + 1, 1)
+    image = delta.apply()
+    await manager.on_metadata(delta, image)
+    return image
+
+
+@pytest.fixture
+async def manager(tmp_path: Path) -> AsyncIterator[ReplicaManager]:
+    """Broker 1 leads ``t-0``, its only replica."""
+    logs = LogManager(tmp_path)
+    logs.startup()
+    manager = ReplicaManager(broker_config(tmp_path), logs)
+    quorum = QuorumController(ControllerConfig())
+    image = EMPTY_IMAGE
+    reg = quorum.register_broker(image, 1, "inc", [("BROKER", "h", 1)], None, 0)
+    image = await commit(manager, image, reg.records)
+    epoch = reg.response.broker_epoch
+    image = await commit(
+        manager,
+        image,
+        quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0).records,
+    )
+    image = await commit(manager, image, quorum.create_topics(image, [("t", 1, 1, {})]).records)
+    assert manager.replicas[TP].is_leader
+    yield manager
+    await manager.shutdown()
+    logs.close()
+
+
+def batch(*values: bytes) -> memoryview:
+    return memoryview(bytearray(records.encode_batch(list(values), timestamp_ms=1000)))
+
+
+async def test_append_records_answers_each_partition_in_request_order(
+    manager: ReplicaManager,
+) -> None:
+    results = await manager.append_records(
+        [(TP, batch(b"a", b"b")), (TopicPartition("nope", 0), batch(b"x")), (TP, batch(b"c"))],
+        acks=1,
+        timeout_ms=1000,
+    )
+    assert results == [
+        AppendResult("t", 0, errors.NONE, base_offset=0, log_start_offset=0),
+        AppendResult("nope", 0, E("UNKNOWN_TOPIC_OR_PARTITION")),
+        AppendResult("t", 0, errors.NONE, base_offset=2, log_start_offset=0),
+    ]
+
+
+async def test_append_records_acks_all_waits_for_the_high_watermark(
+    manager: ReplicaManager,
+) -> None:
+    (result,) = await manager.append_records([(TP, batch(b"a"))], acks=-1, timeout_ms=1000)
+    assert result.error_code == errors.NONE and result.base_offset == 0
+    assert manager.replicas[TP].state.high_watermark == 1  # a one-replica ISR commits at once
+    assert manager.replicas[TP].produce_waiters == {}
+
+
+async def test_append_records_refusal_and_min_insync_replicas(manager: ReplicaManager) -> None:
+    manager.replicas[TP].min_insync_replicas = 2
+    (refused,) = await manager.append_records([(TP, batch(b"a"))], acks=-1, timeout_ms=1000)
+    assert refused == AppendResult("t", 0, E("NOT_ENOUGH_REPLICAS"), log_start_offset=0)
+    (bad,) = await manager.append_records([(TP, batch(b"a"))], acks=2, timeout_ms=1000)
+    assert bad.error_code == E("INVALID_REQUIRED_ACKS")
+    assert manager.replicas[TP].log.log_end_offset == 0  # neither was written
+
+
+async def test_fetch_messages_returns_a_byte_range_per_partition(manager: ReplicaManager) -> None:
+    await manager.append_records([(TP, batch(b"a", b"b"))], acks=1, timeout_ms=1000)
+    params = FetchParams(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20)
+    result = await manager.fetch_messages(
+        params,
+        [FetchPartition("t", 0, 0, -1, None, 1 << 20), FetchPartition("gone", 0, 0, -1, None, 10)],
+    )
+    ok, missing = result.partitions
+    assert (ok.error_code, ok.high_watermark, ok.log_start_offset) == (errors.NONE, 2, 0)
+    assert ok.records is not None and result.nbytes == ok.nbytes == ok.records.length > 0
+    data = manager.replicas[TP].log.read_bytes(0, 1 << 20)
+    assert [r.value for r in records.decode_all(data)] == [b"a", b"b"]
+    assert missing.error_code == E("UNKNOWN_TOPIC_OR_PARTITION") and missing.records is None
+
+
+async def test_fetch_messages_long_polls_until_an_append(manager: ReplicaManager) -> None:
+    params = FetchParams(replica_id=-1, max_wait_ms=30_000, min_bytes=1, max_bytes=1 << 20)
+    fetch = asyncio.ensure_future(
+        manager.fetch_messages(params, [FetchPartition("t", 0, 0, -1, None, 1 << 20)])
+    )
+    await asyncio.sleep(0)
+    assert not fetch.done()  # parked on the partition
+    await manager.append_records([(TP, batch(b"a"))], acks=1, timeout_ms=1000)
+    (p,) = (await fetch).partitions
+    assert p.high_watermark == 1 and p.nbytes > 0
