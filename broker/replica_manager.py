@@ -387,36 +387,29 @@ class ReplicaManager:
             pid = next(self._produce_ids)
             future = asyncio.get_running_loop().create_future()
             replica.produce_waiters[pid] = future
+        message: str | None = None
         try:
             outcome = replica.driver.append_as_leader(
                 data, acks, replica.min_insync_replicas, pid, deadline_ms
             )
-        except RilletError as e:
-            replica.produce_waiters.pop(pid, None)
-            message = e.message or str(e)
-            return AppendResult(
-                topic, partition, e.code, -1, -1, log.log_start_offset, message
-            ), None
+            code = outcome.error_code
+        except RilletError as e:  # a batch refused (CRC, size): nothing was written
+            code, message = e.code, e.message or str(e)
         except OSError as e:  # disk full, I/O error: the log is unusable, the broker is not
-            replica.produce_waiters.pop(pid, None)
             logger.error("%s: append failed: %r", log.name, e)
-            return (
-                AppendResult(
-                    topic, partition, STORAGE_ERROR, -1, -1, log.log_start_offset, repr(e)
-                ),
-                None,
-            )
-        if outcome.error_code != NONE:
+            code, message = STORAGE_ERROR, repr(e)
+        if code != NONE:
             replica.produce_waiters.pop(pid, None)
-            if outcome.error_code == NOT_ENOUGH_REPLICAS:
+            if code == NOT_ENOUGH_REPLICAS:
                 self._log_not_enough_replicas(replica)
-            return AppendResult(
-                topic, partition, outcome.error_code, -1, -1, log.log_start_offset
-            ), None
+            refused = AppendResult(
+                topic, partition, code, log_start_offset=log.log_start_offset, error_message=message
+            )
+            return refused, None
         if self.metrics is not None:
             self.metrics.record_append(len(data), outcome.last_offset - outcome.first_offset + 1)
         result = AppendResult(
-            topic, partition, NONE, outcome.first_offset, -1, log.log_start_offset
+            topic, partition, NONE, outcome.first_offset, log_start_offset=log.log_start_offset
         )
         return result, future
 
