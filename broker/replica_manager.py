@@ -137,6 +137,8 @@ class ReplicaManager:
             changed = delta.changed_brokers.keys()
             for replica in self.replicas.values():
                 replica.driver.on_brokers_changed(changed)
+        for tp, p in sorted({**changes.leaders, **changes.followers}.items()):
+            await self._remove_if_recreated(tp, p.topic_id)
         for tp, p in sorted(changes.leaders.items()):
             self._become(tp, p, image)
         for tp, p in sorted(changes.followers.items()):
@@ -172,12 +174,28 @@ class ReplicaManager:
                 return endpoint.host, endpoint.port
         return None
 
+    async def _remove_if_recreated(self, tp: TopicPartition, topic_id: str) -> None:
+        """Delete a replica or log of a topic deleted and re-created under the same name
+        whose delete this broker never saw (down meanwhile, then restarted from a
+        metadata snapshot that already holds the new topic). Through the one async
+        delete path: it waits for the old log's background work, which addresses files
+        by the path the new log is about to take."""
+        replica = self.replicas.get(tp)
+        if (replica is None or replica.topic_id == topic_id) and not self.logs.is_stale(
+            tp.topic, tp.partition, topic_id
+        ):
+            return
+        logger.warning(
+            "%s-%d: the local replica belongs to a deleted topic of the same name "
+            "(metadata now names topic id %s): deleting it",
+            tp.topic,
+            tp.partition,
+            topic_id,
+        )
+        await self.remove(tp, delete_log=True)
+
     def _become(self, tp: TopicPartition, p: Partition, image: MetadataImage) -> None:
         replica = self.replicas.get(tp)
-        if replica is not None and replica.topic_id != p.topic_id:
-            # A re-created topic under the same name: its deletes ran first; be safe.
-            replica.driver.shutdown()
-            replica = None
         if replica is None:
             replica = self._open(tp, p.topic_id, image)
         state = replica.state
@@ -209,7 +227,7 @@ class ReplicaManager:
 
     def _open(self, tp: TopicPartition, topic_id: str, image: MetadataImage) -> Replica:
         topic_config = image.topic_config(tp.topic)
-        # The topic id: a directory left by a deleted topic of the same name is replaced.
+        # Records the topic id in a new directory (on_metadata removed a stale one).
         log = self.logs.get_or_create(
             tp.topic,
             tp.partition,

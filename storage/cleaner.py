@@ -76,6 +76,8 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         return CleanStats()
     now = log.clock() if now_ms is None else now_ms
     async with log.maintenance_lock:
+        if log.closed:  # deleted while this round waited for the lock
+            return CleanStats()
         await log.wait_background()  # rolled segments' index writes must land first
         segments = plan(log, now)
         if not segments:

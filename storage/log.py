@@ -464,11 +464,19 @@ class Log:
         self._prepare_flush()()
 
     async def flush_async(self) -> None:
-        """``flush`` with the blocking part in the default executor."""
+        """``flush`` with the blocking part in the default executor. Tracked with the
+        other background jobs, so ``wait_background`` (and a delete) waits for it."""
+        if self.closed:
+            return
         self._unflushed_messages = 0
         self._last_flush_ms = self.clock()
         job = self._prepare_flush()
-        await asyncio.get_running_loop().run_in_executor(None, job)
+        future = asyncio.get_running_loop().run_in_executor(None, job)
+        self._pending.add(future)
+        try:
+            await future
+        finally:
+            self._pending.discard(future)
 
     def _background(self, job: Callable[[], None], after: Callable[[], None] | None) -> None:
         """Run blocking ``job`` in the default executor (inline with no running loop);

@@ -25,6 +25,7 @@ from typing import Any
 from rillet.client.wire.errors import InvalidTopicError
 from rillet.storage import checkpoints, cleaner, retention
 from rillet.storage.config import LogConfig
+from rillet.storage.invariants import invariant
 from rillet.storage.log import Clock, Log, wall_clock_ms
 
 logger = logging.getLogger(__name__)
@@ -123,83 +124,49 @@ class LogManager:
         """The log of a topic-partition, created empty if new. A given ``config`` (Kafka
         names over the manager's defaults) replaces the log's current one.
 
-        With ``topic_id``, a log whose directory belongs to another topic id (a topic
-        deleted and re-created under the same name while this broker did not see the
-        delete) is deleted and replaced by an empty one; a directory with no id yet
-        records this one. Blocks (mkdir, fsyncs, closing a stale log)."""
+        With ``topic_id``, a directory with no id yet records this one, and a directory
+        of another id is refused: it belongs to a topic deleted and re-created under the
+        same name, and the caller deletes it first (``is_stale``, then ``delete``, which
+        waits for the old log's background work; replacing it here, synchronously,
+        would let that work write into the new directory). Blocks (mkdir, fsyncs)."""
         log = self.logs.get((topic, partition))
         cfg = _as_config(config, self.default_config) if config is not None else None
-        if log is not None and topic_id is not None and self._stale(log, topic_id):
-            self._discard(topic, partition, log)
-            log = None
         if log is None:
             path = self.data_dir / partition_dir_name(topic, partition)
             log = Log.open(path, cfg or self.default_config, clock=self.clock)
             self.logs[(topic, partition)] = log
-            if topic_id is not None and self._stale(log, topic_id):
-                self._discard(topic, partition, log)
-                log = Log.open(path, cfg or self.default_config, clock=self.clock)
-                self.logs[(topic, partition)] = log
         elif cfg is not None:
             log.config = cfg
-        if topic_id is not None and log.topic_id is None:
-            checkpoints.write_topic_id(log.directory, topic_id)
-            log.topic_id = topic_id
+        if topic_id is not None:
+            invariant(
+                log.topic_id in (None, topic_id),
+                f"{log.name}: directory belongs to topic id {log.topic_id}, not {topic_id}",
+            )
+            if log.topic_id is None:
+                checkpoints.write_topic_id(log.directory, topic_id)
+                log.topic_id = topic_id
         return log
 
-    def _stale(self, log: Log, topic_id: str) -> bool:
-        on_disk = log.topic_id
-        if on_disk is None or on_disk == topic_id:
-            return False
-        logger.warning(
-            "%s: the log on disk belongs to topic id %s, metadata names %s (the topic "
-            "was deleted and re-created): deleting the old log (%d records up to %d)",
-            log.name,
-            on_disk,
-            topic_id,
-            log.log_end_offset - log.log_start_offset,
-            log.log_end_offset,
-        )
-        return True
-
-    def _discard(self, topic: str, partition: int, log: Log) -> None:
-        """Close a stale log and delete its directory, as ``delete`` does (rename aside
-        first, so a crash midway leaves a ``-delete`` dir that start-up removes)."""
-        self.logs.pop((topic, partition), None)
-        target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
-        _close_and_rename(log, target)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            shutil.rmtree(target, ignore_errors=True)
-        else:  # a big log takes a while to unlink; start-up removes what a crash leaves
-            loop.run_in_executor(None, shutil.rmtree, target, True)
-
-    async def get_or_create_async(
-        self, topic: str, partition: int, config: LogConfig | Mapping[str, Any] | None = None
-    ) -> Log:
-        """``get_or_create`` with a new log's creation (mkdir, fsyncs) in the executor."""
-        if (topic, partition) not in self.logs:
-            cfg = _as_config(config, self.default_config)
-            path = self.data_dir / partition_dir_name(topic, partition)
-            log = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: Log.open(path, cfg, clock=self.clock)
-            )
-            existing = self.logs.setdefault((topic, partition), log)
-            if existing is not log:  # created concurrently: keep the first
-                await log.close_async()
-            return existing
-        return self.get_or_create(topic, partition, config)
+    def is_stale(self, topic: str, partition: int, topic_id: str) -> bool:
+        """Whether the local log of this name belongs to another topic id: the topic was
+        deleted and re-created while this broker did not see the delete."""
+        log = self.logs.get((topic, partition))
+        return log is not None and log.topic_id not in (None, topic_id)
 
     async def delete(self, topic: str, partition: int) -> None:
-        """Remove a partition's log: rename the dir aside at once, delete it later."""
+        """Remove a partition's log: rename the dir aside, then delete it.
+
+        Background work on the log (retention, compaction, rolls, flushes) addresses its
+        files by path; it finishes first, under the maintenance lock, so none of it can
+        land in a new log created at the same path afterwards."""
         log = self.logs.pop((topic, partition), None)
         if log is None:
             return
-        await log.wait_background()
         loop = asyncio.get_running_loop()
         target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
-        await loop.run_in_executor(None, _close_and_rename, log, target)
+        async with log.maintenance_lock:
+            await log.wait_background()
+            await loop.run_in_executor(None, _close_and_rename, log, target)
         await loop.run_in_executor(None, shutil.rmtree, target, True)
 
     # -- maintenance ----------------------------------------------------------------------

@@ -57,6 +57,8 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
         return 0
     now = log.clock() if now_ms is None else now_ms
     async with log.maintenance_lock:
+        if log.closed:  # deleted while this round waited for the lock
+            return 0
         count, reason = segments_to_delete(log.segments, log.config, now, log.removable_end)
         if count == 0:
             return 0

@@ -7,12 +7,23 @@ reuses the dead topic's records at overlapping offsets (issue 11, finding 3).
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
-from helpers import log_records
+from helpers import log_records, wait_until_async
 
 from rillet.client.wire import records
-from rillet.storage import LogManager, checkpoints
+from rillet.storage import InvariantError, LogManager, checkpoints, retention
 from rillet.storage.manager import DELETE_SUFFIX
+from rillet.storage.segment import LogSegment
+
+SMALL = {"segment.bytes": 1024, "retention.bytes": 0, "file.delete.delay.ms": 0}
+
+
+def queued_on(lock: asyncio.Lock) -> bool:
+    """Some task waits for ``lock`` (asyncio keeps its waiters in ``_waiters``)."""
+    return bool(lock._waiters)
 
 
 def batch(n: int, tag: bytes = b"r") -> bytes:
@@ -30,7 +41,7 @@ def test_first_open_records_the_topic_id_durably(tmp_path):
     manager.close()
 
 
-def test_a_log_of_a_deleted_topic_is_not_reused_for_its_successor(tmp_path):
+async def test_a_log_of_a_deleted_topic_is_not_reused_for_its_successor(tmp_path):
     manager = LogManager(tmp_path)
     manager.startup()
     old = manager.get_or_create("t", 0, topic_id="id-A")
@@ -38,15 +49,19 @@ def test_a_log_of_a_deleted_topic_is_not_reused_for_its_successor(tmp_path):
     manager.close()
     # The broker was down while "t" was deleted and re-created with a new id.
     manager = LogManager(tmp_path)
-    manager.startup()
+    await manager.start(schedule=False)
     assert manager.get("t", 0).log_end_offset == 5  # opened by name at start-up
+    assert manager.is_stale("t", 0, "id-B") and not manager.is_stale("t", 0, "id-A")
+    with pytest.raises(InvariantError, match="belongs to topic id id-A"):
+        manager.get_or_create("t", 0, topic_id="id-B")  # never handed out under id-B
+    await manager.delete("t", 0)
     new = manager.get_or_create("t", 0, topic_id="id-B")
     assert (new.log_start_offset, new.log_end_offset) == (0, 0)
     assert checkpoints.read_topic_id(new.directory) == "id-B"
     new.append(batch(3, b"new"), 4)
     assert [r.value for r in log_records(new)] == [b"new%04d" % i for i in range(3)]
     assert not list(tmp_path.glob(f"*{DELETE_SUFFIX}"))  # the old dir is gone
-    manager.close()
+    await manager.close_async()
     manager = LogManager(tmp_path)  # and it stays the new topic's after a restart
     manager.startup()
     again = manager.get_or_create("t", 0, topic_id="id-B")
@@ -54,15 +69,75 @@ def test_a_log_of_a_deleted_topic_is_not_reused_for_its_successor(tmp_path):
     manager.close()
 
 
-def test_an_open_log_under_a_new_id_is_replaced(tmp_path):
-    # The broker stayed up, but missed the delete (it only saw the successor's records).
-    manager = LogManager(tmp_path)
-    manager.startup()
-    manager.get_or_create("t", 0, topic_id="id-A").append(batch(5), 1)
+async def test_delete_waits_for_retention_in_flight(tmp_path, monkeypatch):
+    # Retention holds the log across an executor hop (renaming segment files by path).
+    # A delete arriving meanwhile must wait for it: a new log created at the same path
+    # right after the delete would otherwise have its files renamed by the old job.
+    manager = LogManager(tmp_path, SMALL)
+    await manager.start(schedule=False)
+    old = manager.get_or_create("t", 0, topic_id="id-A")
+    for _ in range(30):
+        old.append(batch(5, b"old"), 1)
+    await old.wait_background()
+    entered, gate = threading.Event(), threading.Event()
+    real = retention._rename_and_checkpoint
+
+    def slow(log, gone, start):  # widens the executor hop's window
+        entered.set()
+        gate.wait(10)
+        real(log, gone, start)
+
+    monkeypatch.setattr(retention, "_rename_and_checkpoint", slow)
+    task = asyncio.create_task(retention.apply_retention(old))
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    deleting = asyncio.create_task(manager.delete("t", 0))
+    await wait_until_async(lambda: deleting.done() or queued_on(old.maintenance_lock))
+    assert not deleting.done(), "the delete went ahead while retention held the log"
+    gate.set()
+    await task
+    await deleting
     new = manager.get_or_create("t", 0, topic_id="id-B")
-    assert new.log_end_offset == 0
-    assert manager.get("t", 0) is new
+    new.append(batch(3, b"new"), 4)
+    await manager.close_async()
+    manager = LogManager(tmp_path, SMALL)
+    manager.startup()
+    again = manager.get_or_create("t", 0, topic_id="id-B")
+    assert [r.value for r in log_records(again)] == [b"new%04d" % i for i in range(3)]
     manager.close()
+
+
+async def test_delete_waits_for_a_flush_in_flight(tmp_path, monkeypatch):
+    # A maintenance flush (flush_async) of the old log is in its executor job, which
+    # writes the leader epochs and the recovery point by path; the new log at the same
+    # path must not receive them.
+    manager = LogManager(tmp_path)
+    await manager.start(schedule=False)
+    old = manager.get_or_create("t", 0, topic_id="id-A")
+    old.append(batch(5, b"old"), 7)
+    entered, gate = threading.Event(), threading.Event()
+    seg = old.active_segment
+    real_fsync = LogSegment.fsync
+
+    def slow_fsync(self):  # widens the window of the job's first step
+        if self is seg and not entered.is_set():
+            entered.set()
+            gate.wait(10)
+        real_fsync(self)
+
+    monkeypatch.setattr(LogSegment, "fsync", slow_fsync)
+    flush = asyncio.create_task(old.flush_async())
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    deleting = asyncio.create_task(manager.delete("t", 0))
+    # The delete takes the maintenance lock, then waits for the tracked flush job.
+    await wait_until_async(lambda: deleting.done() or old.maintenance_lock.locked())
+    assert not deleting.done(), "the delete went ahead while a flush was writing"
+    assert old._pending, "the flush job is not tracked as background work"
+    gate.set()
+    await asyncio.gather(flush, deleting)
+    new = manager.get_or_create("t", 0, topic_id="id-B")
+    assert not checkpoints.read_entries(new.directory / checkpoints.LEADER_EPOCH, 2)
+    assert checkpoints.read_offset(new.directory / checkpoints.RECOVERY_POINT) == 0
+    await manager.close_async()
 
 
 def test_a_log_from_before_topic_ids_adopts_the_first_id(tmp_path):
