@@ -1,23 +1,23 @@
-"""The controller node: Raft driver + metadata state machine + RPC, in one event loop.
+"""The controller node: the I/O around the Raft driver and the controller state machine.
 
 ``ControllerServer(config)`` with ``await start()`` / ``await stop()`` runs in-process, so
 a combined-mode node runs it beside a broker in the same loop. Pieces:
 
-- `raft_driver.RaftDriver` around `RaftNode` (persist -> send -> apply -> advance);
-- `raft_transport.RaftTransport`: one-way RaftMessage frames between voters;
-- the state machine (`_apply`): committed entries decode to metadata records, replayed
-  into `PendingImages`; the operation waiting on an entry is answered once it commits;
-- snapshots: every `metadata.snapshot.max.records` records (or `.max.bytes`) the image
-  is encoded (`encode_snapshot`), handed to `RaftNode.compact` and saved by the store;
+- `raft.driver.RaftDriver` around `RaftNode`, given the real network
+  (`raft.transport.RaftTransport`), storage (`raft.store.RaftStore`) and clock, and
+  scheduled by `raft.driver.AsyncRaftLoop` (fsyncs in the default executor);
+- `state_machine.ControllerStateMachine`, the sans-I/O core the driver applies to:
+  images, leadership, cluster id, snapshot policy, pending proposals (the Raft
+  simulation runs the same object);
 - the RPC handlers (`controller/handlers.py`) that turn requests into `QuorumController`
-  operations on the active controller and answer NOT_CONTROLLER elsewhere.
+  operations on the active controller and answer NOT_CONTROLLER elsewhere;
+- ``meta.properties`` in ``metadata.log.dir``: it remembers node id and cluster id and
+  refuses a directory of another node or cluster.
 
 The cluster id is written once, as the first record of a new quorum's first active
 controller: ``Config(RESOURCE_BROKER, "", "cluster.id", id)`` (Kafka keeps cluster-wide
 broker settings under the empty broker name). It lives in the image and in snapshots, so
-a controller that lost its disk learns it again; ``meta.properties`` in
-``metadata.log.dir`` remembers node id and cluster id and refuses a directory of
-another node or cluster.
+a controller that lost its disk learns it again.
 """
 
 from __future__ import annotations
@@ -40,31 +40,13 @@ from rillet.client.wire.errors import (
     code_of,
 )
 from rillet.controller.config import parse_listeners, parse_voters, require_node_id
-from rillet.controller.metadata.describe import CLUSTER_ID_KEY, cluster_id_of
-from rillet.controller.metadata.image import (
-    EMPTY_IMAGE,
-    RESOURCE_BROKER,
-    Config,
-    MetadataImage,
-    MetadataRecord,
-    decode_records,
-    decode_snapshot,
-    encode_records,
-    encode_snapshot,
-)
+from rillet.controller.metadata.image import MetadataImage, MetadataRecord
 from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
-from rillet.controller.raft.core import (
-    EntryKind,
-    NotLeader,
-    RaftConfig,
-    RaftNode,
-    Ready,
-    Role,
-    TooManyUncommitted,
-)
-from rillet.controller.raft.driver import RaftDriver, monotonic_ms
+from rillet.controller.raft.core import RaftConfig, RaftNode, Role
+from rillet.controller.raft.driver import AsyncRaftLoop, RaftDriver, monotonic_ms
 from rillet.controller.raft.store import RaftStore
 from rillet.controller.raft.transport import RaftTransport
+from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +66,13 @@ def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
     )
 
 
+def snapshot_policy_of(config: Mapping[str, Any]) -> SnapshotPolicy:
+    return SnapshotPolicy(
+        max_records=config["metadata.snapshot.max.records"],
+        max_bytes=config["metadata.snapshot.max.bytes"],
+    )
+
+
 class ControllerServer:
     """One controller quorum member. Public API documented in docs/controller.md."""
 
@@ -97,23 +86,43 @@ class ControllerServer:
         self.bind_address = listeners.get("CONTROLLER", self.voters[self.node_id])
         self.log_dir = Path(config["metadata.log.dir"])
         self.controller_config = controller_config_of(config)
-        self.images = PendingImages(EMPTY_IMAGE)
-        self.ctl: QuorumController | None = None
-        self.active = False  # the Raft leader that has applied its own term's first entry
-        self.cluster_id: str | None = None
+        self.machine = ControllerStateMachine(
+            self.node_id,
+            self.controller_config,
+            snapshot_policy_of(config),
+            new_cluster_id=lambda: config["cluster.id"] or uuid.uuid4().hex[:22],
+            rng=random.Random(),
+            on_applied=self._notify_applied,
+            on_cluster_id=self._on_cluster_id,
+        )
         self.failure: asyncio.Future[BaseException] | None = None
-        self._leader_term: int | None = None
-        self._last_leader: int | None = None
-        self._waiters: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._applied: asyncio.Future[None] | None = None  # resolved and replaced per apply
-        self._since_snapshot_records = 0
-        self._since_snapshot_bytes = 0
+        self._meta_cluster_id: str | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self.node: RaftNode
         self.store: RaftStore
-        self.driver: RaftDriver
         self.transport: RaftTransport
+        self.driver: RaftDriver
+        self.raft_loop: AsyncRaftLoop
         self.rpc: RpcServer
+
+    # The state machine's view, as the handlers read it.
+
+    @property
+    def images(self) -> PendingImages:
+        return self.machine.images
+
+    @property
+    def ctl(self) -> QuorumController | None:
+        return self.machine.ctl
+
+    @property
+    def active(self) -> bool:
+        return self.machine.active
+
+    @property
+    def cluster_id(self) -> str | None:
+        return self.machine.cluster_id
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -124,9 +133,7 @@ class ControllerServer:
         self._check_meta_properties()
         self.store = await loop.run_in_executor(None, RaftStore, self.log_dir)
         state = await loop.run_in_executor(None, self.store.load)
-        if state.snapshot is not None:
-            self.images = PendingImages(decode_snapshot(state.snapshot.data))
-            self._learn_cluster_id()
+        self.machine.restore(state.snapshot)
         raft_config = RaftConfig(
             node_id=self.node_id,
             voters=tuple(sorted(self.voters)),
@@ -141,12 +148,10 @@ class ControllerServer:
             timeout_ms=self.config["quorum.fetch.timeout.ms"],
         )
         self.transport.cluster_id = self.cluster_id
-        self.driver = RaftDriver(
-            self.node,
-            self.store,
-            self.transport.send,
-            self._apply,
-            self._after_advance,
+        self.driver = RaftDriver(self.node, self.store, self.transport, self.machine, monotonic_ms)
+        self.machine.bind(self.node, self.driver.propose)
+        self.raft_loop = AsyncRaftLoop(
+            self.driver,
             tick_interval_ms=self.config["quorum.tick.interval.ms"],
             on_failure=self._fail,
         )
@@ -160,7 +165,7 @@ class ControllerServer:
         )
         await self.rpc.start(*self.bind_address)
         self.transport.start()
-        self.driver.start()
+        self.raft_loop.start()
         self._tick_task = loop.create_task(self._controller_ticker(), name="controller-ticker")
         # Policy fatal (for the controller): without it sessions never expire.
         self._tick_task.add_done_callback(self._on_ticker_done)
@@ -175,14 +180,14 @@ class ControllerServer:
 
     async def stop(self, transfer_leadership: bool = True) -> None:
         """Hand leadership over (TimeoutNow) if leading, then stop everything and flush."""
-        if transfer_leadership and self.driver.failure is None:
+        if transfer_leadership and self.raft_loop.failure is None:
             await self._transfer_leadership()
         if self._tick_task is not None:
             self._tick_task.cancel()
         await self.rpc.stop()
-        await self.driver.stop()
+        await self.raft_loop.stop()
         await self.transport.stop()
-        self._fail_waiters("controller stopped")
+        self.machine.fail_waiters("controller stopped")
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("controller %d: stopped", self.node_id)
 
@@ -255,110 +260,10 @@ class ControllerServer:
     def _on_raft_message(self, msg: Any) -> None:
         self.driver.step(msg)
 
-    def _apply(self, ready: Ready) -> None:
-        """Step 3 of the loop: restore a snapshot, replay committed entries, answer waiters."""
-        if ready.snapshot is not None:
-            self.images = PendingImages(decode_snapshot(ready.snapshot.data))
-            self._fail_waiters("a snapshot replaced this controller's state")
-            self._since_snapshot_records = self._since_snapshot_bytes = 0
-            log.info(
-                "controller %d: loaded snapshot at offset %d", self.node_id, ready.snapshot.index
-            )
-        entries = []
-        for e in ready.committed_entries:
-            records = decode_records(e.data) if e.kind == EntryKind.NORMAL else []
-            entries.append((e.index, e.term, records))
-            self._since_snapshot_records += len(records)
-            self._since_snapshot_bytes += len(e.data)
-        if entries:
-            self.images.commit(entries)
-            for index, term, _ in entries:
-                waiter = self._waiters.pop(index, None)
-                if waiter is not None and not waiter[1].done():
-                    if waiter[0] == term:
-                        waiter[1].set_result(None)
-                    else:
-                        waiter[1].set_exception(NotControllerError("the proposal was replaced"))
-        if entries or ready.snapshot is not None:
-            self._learn_cluster_id()
-            self._notify_applied()
-
-    async def _after_advance(self) -> None:
-        self._track_leadership()
-        await self._maybe_snapshot()
-
-    def _track_leadership(self) -> None:
-        node = self.node
-        if node.leader_id != self._last_leader:
-            self._last_leader = node.leader_id
-            log.info(
-                "controller %d: quorum leader is now %s (term %d)",
-                self.node_id,
-                node.leader_id,
-                node.term,
-            )
-        if node.role is Role.LEADER and self._leader_term != node.term:
-            self._leader_term = node.term
-            self.active = False
-            self.images.reset()
-            self.ctl = QuorumController(self.controller_config, rng=random.Random())
-        elif node.role is not Role.LEADER and self._leader_term is not None:
-            log.info(
-                "controller %d: no longer the active controller (term %d)", self.node_id, node.term
-            )
-            self._leader_term, self.active, self.ctl = None, False, None
-            self._fail_waiters("leadership lost")
-            self.images.reset()
-            self._notify_applied()
-        if (
-            node.role is Role.LEADER
-            and not self.active
-            and node.applied_index >= node.term_start_index
-        ):
-            self.active = True
-            log.info(
-                "controller %d: active controller for term %d at offset %d",
-                self.node_id,
-                node.term,
-                self.images.committed.offset,
-            )
-            if cluster_id_of(self.images.pending) is None:
-                self._write_cluster_id()
-
-    def _write_cluster_id(self) -> None:
-        new_id = self.config["cluster.id"] or uuid.uuid4().hex[:22]
-        record = Config(RESOURCE_BROKER, CLUSTER_ID_KEY[0], CLUSTER_ID_KEY[1], new_id)
-        self.propose([record])
-        log.info("controller %d: writing cluster id %s", self.node_id, new_id)
-
-    def _learn_cluster_id(self) -> None:
-        cid = cluster_id_of(self.images.committed)
-        if cid is None or cid == self.cluster_id:
-            return
-        self.cluster_id = cid
-        if hasattr(self, "transport"):
-            self.transport.cluster_id = cid
+    def _on_cluster_id(self, cluster_id: str) -> None:
+        if hasattr(self, "transport"):  # not yet when restoring the stored snapshot
+            self.transport.cluster_id = cluster_id
         self._write_meta_properties()
-
-    async def _maybe_snapshot(self) -> None:
-        if (
-            self._since_snapshot_records < self.config["metadata.snapshot.max.records"]
-            and self._since_snapshot_bytes < self.config["metadata.snapshot.max.bytes"]
-        ):
-            return
-        image = self.images.committed
-        if image.offset <= self.node.log.snapshot_index or image.offset > self.node.applied_index:
-            return
-        snapshot = self.node.compact(image.offset, encode_snapshot(image))
-        await asyncio.get_running_loop().run_in_executor(None, self.store.save_snapshot, snapshot)
-        log.info(
-            "controller %d: snapshot at offset %d (%d bytes) after %d records",
-            self.node_id,
-            snapshot.index,
-            len(snapshot.data),
-            self._since_snapshot_records,
-        )
-        self._since_snapshot_records = self._since_snapshot_bytes = 0
 
     # -- proposals and waiting -----------------------------------------------------
 
@@ -367,15 +272,17 @@ class ControllerServer:
 
         Raises NotControllerError when this node cannot propose.
         """
-        if not self.active:
-            raise NotControllerError(f"controller {self.node_id} is not active")
-        try:
-            index = self.driver.propose(encode_records(records))
-        except (NotLeader, TooManyUncommitted) as e:
-            raise NotControllerError(str(e)) from None
-        self.images.propose(records, index, self.node.term)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[index] = (self.node.term, future)
+
+        def settle(error: Exception | None) -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        self.machine.propose(records, settle)
         return future
 
     async def commit(self, records: list[MetadataRecord]) -> None:
@@ -406,23 +313,13 @@ class ControllerServer:
             self._applied.set_result(None)
         self._applied = asyncio.get_running_loop().create_future()
 
-    def _fail_waiters(self, reason: str) -> None:
-        waiters, self._waiters = self._waiters, {}
-        for _, future in waiters.values():
-            if not future.done():
-                future.set_exception(NotControllerError(reason))
-
     async def _controller_ticker(self) -> None:
         """Session expiry and leader rebalance, on the active controller only."""
         interval_s = self.config["controller.tick.interval.ms"] / 1000
         while True:
             await asyncio.sleep(interval_s)
-            if not self.active or self.ctl is None:
-                continue
-            records, _ = self.ctl.tick(self.images.pending, monotonic_ms())
-            if records:
-                with contextlib.suppress(NotControllerError):
-                    self.propose(records).add_done_callback(_ignore_result)
+            with contextlib.suppress(NotControllerError):
+                self.machine.tick(monotonic_ms())
 
     def not_controller(self) -> Response:
         """NOT_CONTROLLER with where to go instead (leader id, host, port; -1/"" unknown)."""
@@ -456,7 +353,7 @@ class ControllerServer:
         self._meta_cluster_id = meta.get("cluster.id")
 
     def _write_meta_properties(self) -> None:
-        known = getattr(self, "_meta_cluster_id", None)
+        known = self._meta_cluster_id
         if known and known != self.cluster_id:
             raise InvalidConfigError(
                 f"{self.log_dir} belongs to cluster {known}, but the "
@@ -467,11 +364,6 @@ class ControllerServer:
         tmp.write_text(f"node.id={self.node_id}\ncluster.id={self.cluster_id}\nversion=1\n")
         tmp.replace(self.log_dir / META_PROPERTIES)
         self._meta_cluster_id = self.cluster_id
-
-
-def _ignore_result(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a lost leadership is not worth a warning here
 
 
 def request_handler_guard(server: ControllerServer, request: Request) -> Response | None:

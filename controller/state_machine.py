@@ -1,0 +1,251 @@
+"""The controller's replicated state machine, without I/O: what the Raft log means.
+
+`ControllerStateMachine` is the `StateMachine` the shared `RaftDriver` applies Ready to,
+in production (`ControllerServer`) and in the Raft simulation alike. It owns:
+
+- the images (`PendingImages`): committed entries decode to metadata records and replay
+  into the committed image through `MetadataDelta`; a snapshot replaces it;
+- leadership: on becoming Raft leader it starts a fresh `QuorumController` for the term
+  (its in-memory state, heartbeats and sessions, belongs to one term) and drops the
+  uncommitted proposals of an earlier term; it becomes *active* only once it has applied
+  its own term's first entry, so every operation reads an image that holds everything
+  an earlier leader committed;
+- the cluster id: written by the first active controller of a new quorum, learned from
+  the image by everyone else;
+- the snapshot policy: a snapshot after so many records or bytes since the last one;
+- pending proposals: each proposal's callback fires once its entry commits, or fails
+  when leadership or the log moved under it.
+
+Callbacks, not futures, report outcomes, so the asyncio server and the simulator wrap the
+same object.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rillet.client.wire.errors import NotControllerError
+from rillet.controller.metadata.describe import CLUSTER_ID_KEY, cluster_id_of
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    RESOURCE_BROKER,
+    Config,
+    MetadataImage,
+    MetadataRecord,
+    decode_records,
+    decode_snapshot,
+    encode_records,
+    encode_snapshot,
+)
+from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
+from rillet.controller.raft.core import (
+    EntryKind,
+    NotLeader,
+    RaftNode,
+    Ready,
+    Role,
+    Snapshot,
+    TooManyUncommitted,
+)
+
+log = logging.getLogger(__name__)
+
+# Called with None once the proposal commits, or with the error that ends its wait.
+OnCommit = Callable[[Exception | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPolicy:
+    """Snapshot once this many records or bytes were applied since the last snapshot."""
+
+    max_records: int = 20_000
+    max_bytes: int = 64 * 1024 * 1024
+
+
+class ControllerStateMachine:
+    def __init__(
+        self,
+        node_id: int,
+        controller_config: ControllerConfig,
+        snapshot_policy: SnapshotPolicy,
+        *,
+        new_cluster_id: Callable[[], str],
+        rng: random.Random,
+        on_applied: Callable[[], None] = lambda: None,
+        on_cluster_id: Callable[[str], None] = lambda cid: None,
+    ) -> None:
+        self.node_id = node_id
+        self.controller_config = controller_config
+        self.snapshot_policy = snapshot_policy
+        self.new_cluster_id = new_cluster_id
+        self.rng = rng
+        self.on_applied = on_applied  # after every apply and every loss of leadership
+        self.on_cluster_id = on_cluster_id
+        self.images = PendingImages(EMPTY_IMAGE)
+        self.ctl: QuorumController | None = None
+        self.active = False  # the Raft leader that has applied its own term's first entry
+        self.cluster_id: str | None = None
+        self._propose_entry: Callable[[bytes], int] | None = None
+        self._node: RaftNode | None = None
+        self._leader_term: int | None = None
+        self._last_leader: int | None = None
+        self._waiters: dict[int, tuple[int, OnCommit]] = {}
+        self._since_snapshot_records = 0
+        self._since_snapshot_bytes = 0
+
+    def restore(self, snapshot: Snapshot | None) -> None:
+        """At start, from the stored snapshot (the node re-delivers the entries after it)."""
+        if snapshot is not None:
+            self.images = PendingImages(decode_snapshot(snapshot.data))
+            self._learn_cluster_id()
+
+    def bind(self, node: RaftNode, propose_entry: Callable[[bytes], int]) -> None:
+        """The node whose log this is, and how to propose to it (the driver's `propose`)."""
+        self._node = node
+        self._propose_entry = propose_entry
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.images.committed
+
+    # -- StateMachine: step 3 and after advance ----------------------------------------
+
+    def apply(self, ready: Ready) -> None:
+        """Restore a snapshot, replay committed entries, settle the proposals they answer."""
+        if ready.snapshot is not None:
+            self.images = PendingImages(decode_snapshot(ready.snapshot.data))
+            self.fail_waiters("a snapshot replaced this controller's state")
+            self._since_snapshot_records = self._since_snapshot_bytes = 0
+            log.info(
+                "controller %d: loaded snapshot at offset %d", self.node_id, ready.snapshot.index
+            )
+        entries = []
+        for e in ready.committed_entries:
+            records = decode_records(e.data) if e.kind == EntryKind.NORMAL else []
+            entries.append((e.index, e.term, records))
+            self._since_snapshot_records += len(records)
+            self._since_snapshot_bytes += len(e.data)
+        if entries:
+            self.images.commit(entries)
+            for index, term, _ in entries:
+                waiter = self._waiters.pop(index, None)
+                if waiter is not None:
+                    proposed_term, on_commit = waiter
+                    replaced = proposed_term != term
+                    on_commit(NotControllerError("the proposal was replaced") if replaced else None)
+        if entries or ready.snapshot is not None:
+            self._learn_cluster_id()
+            self.on_applied()
+
+    def after_advance(self, node: RaftNode) -> tuple[int, bytes] | None:
+        self._track_leadership(node)
+        return self._snapshot_due(node)
+
+    def _track_leadership(self, node: RaftNode) -> None:
+        if node.leader_id != self._last_leader:
+            self._last_leader = node.leader_id
+            log.info(
+                "controller %d: quorum leader is now %s (term %d)",
+                self.node_id,
+                node.leader_id,
+                node.term,
+            )
+        if node.role is Role.LEADER and self._leader_term != node.term:
+            self._become_leader(node.term)
+        elif node.role is not Role.LEADER and self._leader_term is not None:
+            self._lose_leadership(node.term)
+        if (
+            node.role is Role.LEADER
+            and not self.active
+            and node.applied_index >= node.term_start_index
+        ):
+            self._become_active(node.term)
+
+    def _become_leader(self, term: int) -> None:
+        """Raft leader, not yet active: a new QuorumController; proposals start afresh."""
+        self._leader_term = term
+        self.active = False
+        self.images.reset()
+        self.ctl = QuorumController(self.controller_config, rng=self.rng)
+
+    def _lose_leadership(self, term: int) -> None:
+        """Uncommitted proposals may be truncated by the next leader: forget them."""
+        log.info("controller %d: no longer the active controller (term %d)", self.node_id, term)
+        self._leader_term, self.active, self.ctl = None, False, None
+        self.fail_waiters("leadership lost")
+        self.images.reset()
+        self.on_applied()
+
+    def _become_active(self, term: int) -> None:
+        self.active = True
+        log.info(
+            "controller %d: active controller for term %d at offset %d",
+            self.node_id,
+            term,
+            self.images.committed.offset,
+        )
+        if cluster_id_of(self.images.pending) is None:
+            new_id = self.new_cluster_id()
+            self.propose([Config(RESOURCE_BROKER, CLUSTER_ID_KEY[0], CLUSTER_ID_KEY[1], new_id)])
+            log.info("controller %d: writing cluster id %s", self.node_id, new_id)
+
+    def _learn_cluster_id(self) -> None:
+        cid = cluster_id_of(self.images.committed)
+        if cid is None or cid == self.cluster_id:
+            return
+        self.cluster_id = cid
+        self.on_cluster_id(cid)
+
+    def _snapshot_due(self, node: RaftNode) -> tuple[int, bytes] | None:
+        policy = self.snapshot_policy
+        if (
+            self._since_snapshot_records < policy.max_records
+            and self._since_snapshot_bytes < policy.max_bytes
+        ):
+            return None
+        image = self.images.committed
+        if image.offset <= node.log.snapshot_index or image.offset > node.applied_index:
+            return None
+        log.info(
+            "controller %d: snapshot at offset %d after %d records",
+            self.node_id,
+            image.offset,
+            self._since_snapshot_records,
+        )
+        self._since_snapshot_records = self._since_snapshot_bytes = 0
+        return image.offset, encode_snapshot(image)
+
+    # -- proposals ---------------------------------------------------------------------
+
+    def propose(self, records: list[MetadataRecord], on_commit: OnCommit | None = None) -> int:
+        """Propose one operation's records as one entry; returns its log index.
+
+        Raises NotControllerError when this node cannot propose.
+        """
+        if not self.active or self._propose_entry is None or self._node is None:
+            raise NotControllerError(f"controller {self.node_id} is not active")
+        try:
+            index = self._propose_entry(encode_records(records))
+        except (NotLeader, TooManyUncommitted) as e:
+            raise NotControllerError(str(e)) from None
+        term = self._node.term
+        self.images.propose(records, index, term)
+        if on_commit is not None:
+            self._waiters[index] = (term, on_commit)
+        return index
+
+    def tick(self, now_ms: int) -> None:
+        """Session expiry and leader rebalance, on the active controller only."""
+        if not self.active or self.ctl is None:
+            return
+        records, _ = self.ctl.tick(self.images.pending, now_ms)
+        if records:
+            self.propose(records)
+
+    def fail_waiters(self, reason: str) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for _, on_commit in waiters.values():
+            on_commit(NotControllerError(reason))
