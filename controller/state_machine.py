@@ -181,16 +181,23 @@ class ControllerStateMachine:
 
     def _become_active(self, term: int) -> None:
         self.active = True
+        if cluster_id_of(self.images.pending) is None:
+            new_id = self.new_cluster_id()
+            record = Config(RESOURCE_BROKER, CLUSTER_ID_KEY[0], CLUSTER_ID_KEY[1], new_id)
+            try:
+                self.propose([record])
+            except NotControllerError:
+                # A leadership transfer began before this term's first entry applied: stay
+                # inactive; the next Ready retries, or the transfer ends the term.
+                self.active = False
+                return
+            log.info("controller %d: writing cluster id %s", self.node_id, new_id)
         log.info(
             "controller %d: active controller for term %d at offset %d",
             self.node_id,
             term,
             self.images.committed.offset,
         )
-        if cluster_id_of(self.images.pending) is None:
-            new_id = self.new_cluster_id()
-            self.propose([Config(RESOURCE_BROKER, CLUSTER_ID_KEY[0], CLUSTER_ID_KEY[1], new_id)])
-            log.info("controller %d: writing cluster id %s", self.node_id, new_id)
 
     def _learn_cluster_id(self) -> None:
         cid = cluster_id_of(self.images.committed)

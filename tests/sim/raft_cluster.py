@@ -1,54 +1,72 @@
 """Raft controller nodes as actors of the simulation, with invariants checked after every event.
 
-Each `RaftActor` is a short driver around a real `RaftNode`, like the production one:
-persist the Ready to its simulated durable store, send, apply, advance. A crash throws
-away the node and its state machine; a restart rebuilds both from the durable store only,
-so anything the driver did not persist from a Ready is lost, as after kill -9.
+Each `RaftActor` runs the production pieces: the shared `RaftDriver` around a real
+`RaftNode`, applying to a real `ControllerStateMachine`, so proposals are metadata
+records (brokers, topics, partitions, configs, the cluster id) and the checkers compare
+metadata images. The actor itself is the driver's storage (a simulated durable store),
+network (the seeded `SimNetwork`) and a checking wrapper of the state machine. A crash
+throws away node, state machine and driver; a restart rebuilds them from the durable
+store only, so anything the driver did not persist from a Ready is lost, as after kill -9.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgpack
 
+from rillet.client.wire.errors import NotControllerError
+from rillet.controller.metadata.image import (
+    RESOURCE_BROKER,
+    Config,
+    MetadataImage,
+    MetadataRecord,
+    decode_snapshot,
+)
+from rillet.controller.metadata.quorum import ControllerConfig
 from rillet.controller.raft.core import (
     AppendRequest,
     AppendResponse,
     Entry,
-    EntryKind,
     HardState,
-    NotLeader,
+    Message,
     PreVoteRequest,
     PreVoteResponse,
     RaftConfig,
     RaftError,
+    RaftEvent,
     RaftNode,
     Ready,
     Role,
     Snapshot,
     StorageState,
-    TooManyUncommitted,
     VoteRequest,
     VoteResponse,
     message_from_dict,
 )
+from rillet.controller.raft.driver import RaftDriver
+from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
 
 REPLAY_COMMAND = "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_raft_sim.py -k replay -s"
+MAX_READIES_PER_RUN = 1000  # a Ready loop that does not settle is a bug of the core
 
 
 class SimulationFailure(AssertionError):
     """An invariant broke; the message carries the seed's replay command and a trace."""
 
 
+class SimCrash(Exception):
+    """The simulated process dies in the middle of a Ready (raised by its own store)."""
+
+
 # ---------------------------------------------------------------------------
-# Durable store and state machine of one simulated node
+# Durable store of one simulated node
 
 
 @dataclass(slots=True)
@@ -89,34 +107,6 @@ class SimDurableStore:
         return StorageState(self.hard_state, self.snapshot, tuple(self.entries))
 
 
-def _digest_step(digest: bytes, entry: Entry) -> bytes:
-    if entry.kind == EntryKind.NOOP:
-        return digest
-    return hashlib.blake2b(digest + entry.data, digest_size=16).digest()
-
-
-@dataclass(slots=True)
-class DigestStateMachine:
-    """The application: a running hash of every applied payload, so replicas compare cheaply."""
-
-    applied_index: int = 0
-    digest: bytes = b""
-
-    def apply(self, entry: Entry) -> None:
-        if entry.index != self.applied_index + 1:
-            raise SimulationFailure(f"applied entry {entry.index} after {self.applied_index}")
-        self.digest = _digest_step(self.digest, entry)
-        self.applied_index = entry.index
-
-    def to_bytes(self) -> bytes:
-        return msgpack.packb([self.applied_index, self.digest])
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DigestStateMachine:
-        index, digest = msgpack.unpackb(data)
-        return cls(index, digest)
-
-
 # ---------------------------------------------------------------------------
 # Invariants shared by the whole cluster
 
@@ -124,12 +114,14 @@ class DigestStateMachine:
 class RaftInvariants:
     """Everything any node ever persisted, committed or applied, checked against the rest."""
 
-    def __init__(self, fail: callable) -> None:  # type: ignore[valid-type]
+    def __init__(self, fail: Callable[[str], None]) -> None:
         self.fail = fail
         self.leader_of_term: dict[int, int] = {}
         self.entry_by_key: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.committed: dict[int, Entry] = {}
-        self.digest_at: dict[int, bytes] = {}
+        self.image_at: dict[int, MetadataImage] = {}
+        self.snapshot_at: dict[int, bytes] = {}
+        self.cluster_id: str | None = None
         self.checked_leaders: set[tuple[int, int]] = set()
 
     def on_persist(self, node: RaftNode, ready: Ready) -> None:
@@ -152,10 +144,30 @@ class RaftInvariants:
                 f"{entry.index}, committed earlier as {seen}"
             )
 
-    def on_apply(self, node_id: int, sm: DigestStateMachine) -> None:
-        seen = self.digest_at.setdefault(sm.applied_index, sm.digest)
-        if seen != sm.digest:
-            self.fail(f"state machines diverge: node {node_id} at index {sm.applied_index}")
+    def on_image(self, node_id: int, image: MetadataImage) -> None:
+        """Replicas that applied the same offset hold the same metadata image."""
+        seen = self.image_at.setdefault(image.offset, image)
+        if seen != image:
+            self.fail(
+                f"metadata images diverge: node {node_id} at offset {image.offset}:\n"
+                f"{image}\nearlier: {seen}"
+            )
+
+    def on_snapshot(self, node_id: int, snapshot: Snapshot) -> None:
+        """Snapshots of one offset are the same bytes, and hold the image of that offset."""
+        seen = self.snapshot_at.setdefault(snapshot.index, snapshot.data)
+        if seen != snapshot.data:
+            self.fail(f"node {node_id}: snapshot at {snapshot.index} differs from another's")
+        image = decode_snapshot(snapshot.data)
+        if image.offset != snapshot.index:
+            self.fail(f"snapshot at {snapshot.index} holds the image of offset {image.offset}")
+        self.on_image(node_id, image)
+
+    def on_cluster_id(self, node_id: int, cluster_id: str) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = cluster_id
+        elif cluster_id != self.cluster_id:
+            self.fail(f"node {node_id} learns cluster id {cluster_id}, not {self.cluster_id}")
 
     def check_leader(self, node: RaftNode) -> None:
         term = node.term
@@ -184,10 +196,13 @@ class RaftInvariants:
 
 
 # ---------------------------------------------------------------------------
-# The driver of one simulated controller
+# One simulated controller: the production driver and state machine, simulated I/O
 
 
 class RaftActor:
+    """A controller node. For its `RaftDriver` it is the storage, the network and a
+    checking wrapper of the `ControllerStateMachine`."""
+
     def __init__(self, cluster: RaftCluster, node_id: int, voters: tuple[int, ...]) -> None:
         self.actor_id = node_id
         self.cluster = cluster
@@ -201,10 +216,12 @@ class RaftActor:
         )
         self.durable = SimDurableStore()
         self.node: RaftNode | None = None
-        self.sm: DigestStateMachine | None = None
+        self.machine: ControllerStateMachine | None = None
+        self.driver: RaftDriver | None = None
         self.incarnation = 0
         self.seen_term = 0
         self.seen_commit = 0
+        self.readies = 0
 
     # -- lifecycle ------------------------------------------------------
 
@@ -214,10 +231,21 @@ class RaftActor:
         state = self.durable.load()
         rng = random.Random(cluster.rng.getrandbits(64))
         self.node = RaftNode(self.config, state, rng=rng, now_ms=cluster.clock.now_ms)
-        self.sm = DigestStateMachine()
+        self.machine = ControllerStateMachine(
+            self.actor_id,
+            ControllerConfig(),
+            SnapshotPolicy(max_records=cluster.options.snapshot_every_records),
+            new_cluster_id=lambda: f"sim-{cluster.options.seed}",
+            rng=random.Random(cluster.rng.getrandbits(64)),
+            on_cluster_id=lambda cid: cluster.invariants.on_cluster_id(self.actor_id, cid),
+        )
+        self.machine.restore(state.snapshot)
+        self.driver = RaftDriver(
+            self.node, self, self, self, lambda: cluster.clock.now_ms, on_event=self.on_event
+        )
+        self.machine.bind(self.node, self.driver.propose)
         if state.snapshot is not None:
-            self.sm = DigestStateMachine.from_bytes(state.snapshot.data)
-            cluster.invariants.on_apply(self.actor_id, self.sm)
+            cluster.invariants.on_image(self.actor_id, self.machine.image)
         self.seen_term = self.node.term
         self.seen_commit = self.node.commit_index
         cluster.trace.add(
@@ -225,14 +253,13 @@ class RaftActor:
             f"node {self.actor_id} starts (incarnation {self.incarnation}): {self.node.status()}",
         )
         self.schedule_tick()
-        self.process_ready()
+        self.run_ready()
 
     def crash(self, why: str) -> None:
         if self.node is None:
             return
         self.cluster.trace.add(self.cluster.clock.now_ms, f"node {self.actor_id} crashes ({why})")
-        self.node = None
-        self.sm = None
+        self.node = self.machine = self.driver = None
 
     def schedule_tick(self) -> None:
         incarnation = self.incarnation
@@ -244,117 +271,121 @@ class RaftActor:
     # -- inputs ---------------------------------------------------------
 
     def on_tick(self, incarnation: int) -> None:
-        if self.node is None or incarnation != self.incarnation:
+        if self.driver is None or incarnation != self.incarnation:
             return
-        self.node.tick(self.cluster.clock.now_ms)
-        self.process_ready()
+        self.driver.tick()
+        self.run_ready()
         self.schedule_tick()
 
     def deliver(self, src: int, payload: object) -> None:
-        if self.node is None:
+        if self.driver is None:
             return
-        msg = message_from_dict(msgpack.unpackb(payload))  # type: ignore[arg-type]
-        self.node.step(msg)
-        self.process_ready()
+        self.driver.step(message_from_dict(msgpack.unpackb(payload)))  # type: ignore[arg-type]
+        self.run_ready()
 
-    def propose(self, data: bytes) -> int | None:
-        if self.node is None:
+    def propose(self, records: list[MetadataRecord]) -> int | None:
+        """Through the controller state machine, as a request handler would."""
+        if self.machine is None:
             return None
         try:
-            index = self.node.propose(data)
-        except (NotLeader, TooManyUncommitted):
+            index = self.machine.propose(records)
+        except NotControllerError:
             return None
-        self.process_ready()
+        self.run_ready()
         return index
 
-    # -- the driver loop --------------------------------------------------
+    def run_ready(self) -> None:
+        driver = self.driver
+        if driver is None:
+            return
+        self.readies = 0
+        try:
+            driver.process_ready()
+        except SimCrash:
+            return
+        except SimulationFailure:
+            raise
+        except Exception as e:  # the driver or the state machine broke: report the seed
+            self.cluster.fail(f"node {self.actor_id}: the driver failed: {e!r}")
 
-    def process_ready(self) -> None:
+    def on_event(self, event: RaftEvent) -> None:
+        self.cluster.trace.add(self.cluster.clock.now_ms, event.text)
+
+    # -- RaftStorage ------------------------------------------------------
+
+    def persist_ready(self, ready: Ready) -> None:
         node = self.node
-        for _ in range(1000):
-            if self.node is not node or node is None or not node.has_ready():
-                return
-            ready = node.ready()
-            self.persist(node, ready)
-            if self.cluster.maybe_crash_between_persist_and_send(self):
-                return
-            for msg in ready.messages:
-                self.cluster.network.send(self.actor_id, msg.dst, msgpack.packb(msg.to_dict()))
-            self.apply(ready)
-            node.advance(ready)
-            for event in ready.events:
-                self.cluster.trace.add(self.cluster.clock.now_ms, event.text)
-            self.maybe_compact(node)
-        self.cluster.fail(f"node {self.actor_id}: Ready loop did not settle")
-
-    def persist(self, node: RaftNode, ready: Ready) -> None:
-        invariants = self.cluster.invariants
-        invariants.on_persist(node, ready)
+        assert node is not None
+        self.readies += 1
+        if self.readies > MAX_READIES_PER_RUN:
+            self.cluster.fail(f"node {self.actor_id}: Ready loop did not settle")
+        self.cluster.invariants.on_persist(node, ready)
         if ready.hard_state is not None and ready.hard_state.term < self.durable.hard_state.term:
             self.cluster.fail(f"node {self.actor_id}: durable term goes back")
         # A store may write a commit-only hard state lazily: sometimes "forget" to.
         lazy = not ready.must_sync and self.cluster.rng.random() < 0.3
         self.durable.persist(ready, write_hard_state=not lazy)
-        self.check_persisted_before_send(ready)
+        if self.cluster.maybe_crash_after_persist(self):
+            raise SimCrash
 
-    def check_persisted_before_send(self, ready: Ready) -> None:
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        self.cluster.invariants.on_snapshot(self.actor_id, snapshot)
+        self.durable.save_snapshot(snapshot)
+
+    # -- RaftNetwork ------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        self.check_persisted_before_send(msg)
+        self.cluster.network.send(self.actor_id, msg.dst, msgpack.packb(msg.to_dict()))
+
+    def check_persisted_before_send(self, msg: Message) -> None:
         """The Ready ordering rule, checked on every message: its cause is durable."""
         hard = self.durable.hard_state
-        for msg in ready.messages:
-            # A pre-vote asks about term + 1 without entering it.
-            prospective = isinstance(msg, PreVoteRequest | PreVoteResponse)
-            if msg.term > hard.term and not prospective:
-                self.cluster.fail(f"node {self.actor_id} sends {msg} in a term not yet durable")
-            if isinstance(msg, VoteResponse) and msg.granted and hard.vote != msg.dst:
-                self.cluster.fail(f"node {self.actor_id} grants a vote not yet durable: {msg}")
-            if isinstance(msg, VoteRequest) and hard.vote != self.actor_id:
-                self.cluster.fail(f"node {self.actor_id} campaigns before its self-vote is durable")
-            if (
-                isinstance(msg, AppendResponse)
-                and msg.success
-                and (msg.match_index > self.durable.last_index())
-            ):
-                self.cluster.fail(
-                    f"node {self.actor_id} acknowledges {msg.match_index} but "
-                    f"persisted only up to {self.durable.last_index()}"
-                )
-            if (
-                isinstance(msg, AppendRequest)
-                and msg.entries
-                and (msg.entries[-1].index > self.durable.last_index())
-            ):
-                self.cluster.fail(f"leader {self.actor_id} sends entries it has not persisted")
+        # A pre-vote asks about term + 1 without entering it.
+        prospective = isinstance(msg, PreVoteRequest | PreVoteResponse)
+        if msg.term > hard.term and not prospective:
+            self.cluster.fail(f"node {self.actor_id} sends {msg} in a term not yet durable")
+        if isinstance(msg, VoteResponse) and msg.granted and hard.vote != msg.dst:
+            self.cluster.fail(f"node {self.actor_id} grants a vote not yet durable: {msg}")
+        if isinstance(msg, VoteRequest) and hard.vote != self.actor_id:
+            self.cluster.fail(f"node {self.actor_id} campaigns before its self-vote is durable")
+        if (
+            isinstance(msg, AppendResponse)
+            and msg.success
+            and (msg.match_index > self.durable.last_index())
+        ):
+            self.cluster.fail(
+                f"node {self.actor_id} acknowledges {msg.match_index} but "
+                f"persisted only up to {self.durable.last_index()}"
+            )
+        if (
+            isinstance(msg, AppendRequest)
+            and msg.entries
+            and (msg.entries[-1].index > self.durable.last_index())
+        ):
+            self.cluster.fail(f"leader {self.actor_id} sends entries it has not persisted")
+
+    # -- StateMachine: the controller's, checked after every apply --------------
 
     def apply(self, ready: Ready) -> None:
-        sm = self.sm
-        if sm is None:
-            return
+        machine = self.machine
+        assert machine is not None
         invariants = self.cluster.invariants
-        if ready.snapshot is not None:
-            sm = self.sm = DigestStateMachine.from_bytes(ready.snapshot.data)
-            if sm.applied_index != ready.snapshot.index:
-                self.cluster.fail(
-                    f"snapshot at {ready.snapshot.index} holds state of {sm.applied_index}"
-                )
-            invariants.on_apply(self.actor_id, sm)
+        machine.apply(ready)
         for entry in ready.committed_entries:
             invariants.on_commit(self.actor_id, entry)
-            sm.apply(entry)
-            invariants.on_apply(self.actor_id, sm)
+        if ready.snapshot is not None or ready.committed_entries:
+            invariants.on_image(self.actor_id, machine.image)
 
-    def maybe_compact(self, node: RaftNode) -> None:
-        sm = self.sm
-        every = self.cluster.options.compact_every_entries
-        if sm is None or sm.applied_index - node.log.snapshot_index < every:
-            return
-        snapshot = node.compact(sm.applied_index, sm.to_bytes())
-        self.durable.save_snapshot(snapshot)
+    def after_advance(self, node: RaftNode) -> tuple[int, bytes] | None:
+        assert self.machine is not None
+        return self.machine.after_advance(node)
 
     # -- per-event checks -----------------------------------------------
 
     def check(self, now_ms: int) -> None:
-        node = self.node
-        if node is None:
+        node, machine = self.node, self.machine
+        if node is None or machine is None:
             return
         invariants = self.cluster.invariants
         if node.term < self.seen_term:
@@ -370,6 +401,13 @@ class RaftActor:
             entry = node.log.slice(index, 1)[0]
             invariants.on_commit(self.actor_id, entry)
         self.seen_term, self.seen_commit = node.term, node.commit_index
+        if max(machine.image.offset, 0) != node.applied_index:
+            self.cluster.fail(
+                f"node {self.actor_id}: image at offset {machine.image.offset}, "
+                f"Raft applied {node.applied_index}"
+            )
+        if machine.active and (node.role is not Role.LEADER or machine.ctl is None):
+            self.cluster.fail(f"node {self.actor_id}: active controller but {node.role}")
         if node.role is Role.LEADER:
             invariants.check_leader(node)
             invariants.check_lease(node, now_ms)
@@ -389,7 +427,8 @@ class SimOptions:
     heartbeat_interval_ms: int = 100
     tick_ms: int = 10
     max_entries_per_append: int = 8
-    compact_every_entries: int = 30
+    snapshot_every_records: int = 30
+    controller_tick_ms: int = 250
     echo_trace: bool = False
 
     @classmethod
@@ -401,7 +440,7 @@ class SimOptions:
             voters=3 + 2 * (seed % 2),
             echo_trace=echo_trace,
             max_entries_per_append=rng.choice([1, 2, 8, 64]),
-            compact_every_entries=rng.choice([5, 30, 200]),
+            snapshot_every_records=rng.choice([5, 30, 200]),
         )
 
 
@@ -447,7 +486,8 @@ class RaftCluster:
     def leaders(self) -> list[RaftActor]:
         return [a for a in self.actors.values() if a.node is not None and a.node.is_leader]
 
-    def maybe_crash_between_persist_and_send(self, actor: RaftActor) -> bool:
+    def maybe_crash_after_persist(self, actor: RaftActor) -> bool:
+        """Sometimes the process dies right after a write, before anything is sent."""
         if self.chaos and self.rng.random() < 0.0005:
             actor.crash("between persist and send")
             self.scheduler.after(self.rng.randint(50, 2000), actor.start, "restart")
@@ -461,17 +501,61 @@ class RaftCluster:
             actor.start()
         self.scheduler.after(self.rng.randint(200, 1500), self.inject_fault, "fault")
         self.scheduler.after(self.rng.randint(5, 80), self.propose_some, "propose")
+        self.scheduler.after(self.options.controller_tick_ms, self.tick_controllers, "ctl tick")
         self.scheduler.run_until(self.options.chaos_ms, self.check_all)
         self.heal()
         self.check_liveness()
 
+    def active_controllers(self) -> list[RaftActor]:
+        return [a for a in self.actors.values() if a.machine is not None and a.machine.active]
+
     def propose_some(self) -> None:
-        leaders = self.leaders()
-        if leaders:
+        active = self.active_controllers()
+        if active:
             self.proposals += 1
-            self.rng.choice(leaders).propose(f"p{self.proposals}".encode())
+            actor = self.rng.choice(active)
+            assert actor.machine is not None
+            records = self.metadata_operation(actor.machine)
+            if records:
+                actor.propose(records)
         gap_ms = self.rng.randint(5, 80) if self.chaos else 200
         self.scheduler.after(gap_ms, self.propose_some, "propose")
+
+    def metadata_operation(self, machine: ControllerStateMachine) -> list[MetadataRecord]:
+        """What brokers and admins ask of the active controller, on its pending image."""
+        ctl, image, now_ms, rng = machine.ctl, machine.images.pending, self.clock.now_ms, self.rng
+        assert ctl is not None
+        op = rng.choice(["register", "heartbeat", "heartbeat", "create", "alter", "delete"])
+        topics = sorted(image.topics_by_name)
+        if op == "register":
+            broker = rng.randint(1, 4)
+            endpoint = ("PLAINTEXT", f"broker-{broker}", 9092)
+            incarnation = f"incarnation-{self.proposals}"
+            return ctl.register_broker(image, broker, incarnation, [endpoint], None, now_ms)[0]
+        if op == "heartbeat" and image.brokers:
+            reg = image.brokers[rng.choice(sorted(image.brokers))]
+            args = (reg.broker_id, reg.broker_epoch, image.offset, False, False, now_ms)
+            return ctl.broker_heartbeat(image, *args)[0]
+        if op == "create":
+            topic = (f"topic-{self.proposals % 7}", rng.randint(1, 3), 1, {}, None)
+            return ctl.create_topics(image, [topic])[0]
+        if op == "alter" and topics:
+            change = {"retention.ms": str(rng.randint(1, 10**6))}
+            return ctl.alter_topic_configs(image, rng.choice(topics), change)[0]
+        if op == "delete" and topics:
+            return ctl.delete_topics(image, [rng.choice(topics)])[0]
+        return []
+
+    def tick_controllers(self) -> None:
+        """Session expiry and leader rebalance on active controllers (the server's ticker)."""
+        for actor in self.active_controllers():
+            assert actor.machine is not None
+            try:
+                actor.machine.tick(self.clock.now_ms)
+            except NotControllerError:
+                continue
+            actor.run_ready()
+        self.scheduler.after(self.options.controller_tick_ms, self.tick_controllers, "ctl tick")
 
     def inject_fault(self) -> None:
         if not self.chaos:
@@ -527,7 +611,7 @@ class RaftCluster:
             leader.node.transfer_leadership(target)
         except RaftError:
             return
-        leader.process_ready()
+        leader.run_ready()
 
     def restart(self, actor: RaftActor) -> None:
         if actor.node is None:
@@ -548,12 +632,13 @@ class RaftCluster:
         while self.clock.now_ms < deadline_ms:
             if any(self.everyone_applied(index, term) for term, index in marker_index.items()):
                 return
-            leaders = self.leaders()
-            if leaders:
-                leader = max(leaders, key=lambda a: a.node.term if a.node else 0)
+            active = self.active_controllers()
+            if active:
+                leader = max(active, key=lambda a: a.node.term if a.node else 0)
                 term = leader.node.term if leader.node else 0
                 if term not in marker_index:
-                    index = leader.propose(f"marker-{term}".encode())
+                    marker = Config(RESOURCE_BROKER, "", "sim.marker", str(term))
+                    index = leader.propose([marker])
                     if index is not None:
                         marker_index[term] = index
             self.scheduler.run_until(self.clock.now_ms + 50, self.check_all)
@@ -567,7 +652,9 @@ class RaftCluster:
         entry = self.invariants.committed.get(index)
         if entry is None or entry.term != term:
             return False
-        return all(a.sm is not None and a.sm.applied_index >= index for a in self.actors.values())
+        return all(
+            a.machine is not None and a.machine.image.offset >= index for a in self.actors.values()
+        )
 
 
 def run_seed(seed: int, echo_trace: bool = False) -> RaftCluster:
