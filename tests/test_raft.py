@@ -22,19 +22,49 @@ from rillet.controller.raft.core import (
     RaftConfig,
     RaftNode,
     RaftUsageError,
+    Ready,
     Role,
+    Snapshot,
     StorageState,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
     message_from_dict,
 )
+from rillet.controller.raft.driver import RaftDriver
 
 T_MS = 1000
 
 
+class AppliedPayloads:
+    """The state machine of these tests: the payloads of applied entries, in order."""
+
+    def __init__(self) -> None:
+        self.payloads: list[bytes] = []
+
+    def apply(self, ready: Ready) -> None:
+        self.payloads.extend(e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL)
+
+    def after_advance(self, node: RaftNode) -> tuple[int, bytes] | None:
+        return None  # these tests compact by hand
+
+
+class MemoryStorage:
+    """Durable enough for scenarios without crashes."""
+
+    def __init__(self) -> None:
+        self.readies: list[Ready] = []
+
+    def persist_ready(self, ready: Ready) -> None:
+        self.readies.append(ready)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        pass
+
+
 class Harness:
-    """Nodes wired by hand: `run(ms)` ticks every 10 ms and delivers messages instantly."""
+    """Nodes wired by hand, each run by the production `RaftDriver`: `run(ms)` ticks every
+    10 ms and delivers messages instantly."""
 
     def __init__(self, voters: int = 3, states: dict[int, StorageState] | None = None) -> None:
         ids = tuple(range(1, voters + 1))
@@ -49,10 +79,26 @@ class Harness:
             for i in ids
         }
         self.blocked: set[tuple[int, int]] = set()
-        self.applied: dict[int, list[bytes]] = {i: [] for i in ids}
+        self.machines = {i: AppliedPayloads() for i in ids}
+        self.applied: dict[int, list[bytes]] = {i: m.payloads for i, m in self.machines.items()}
         self.sent: list[Message] = []
         self.events: list[str] = []
         self.queue: list[Message] = []
+        self.drivers = {
+            i: RaftDriver(
+                node,
+                MemoryStorage(),
+                self,
+                self.machines[i],
+                lambda: self.now_ms,
+                on_event=lambda e: self.events.append(e.text),
+            )
+            for i, node in self.nodes.items()
+        }
+
+    def send(self, msg: Message) -> None:
+        self.sent.append(msg)
+        self.queue.append(msg)
 
     def isolate(self, node_id: int) -> None:
         for other in self.nodes:
@@ -63,16 +109,7 @@ class Harness:
         self.blocked.clear()
 
     def flush(self, node_id: int) -> None:
-        node = self.nodes[node_id]
-        while node.has_ready():
-            ready = node.ready()
-            self.sent.extend(ready.messages)
-            self.queue.extend(ready.messages)
-            self.events.extend(e.text for e in ready.events)
-            self.applied[node_id].extend(
-                e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL
-            )
-            node.advance(ready)
+        self.drivers[node_id].process_ready()
 
     def deliver(self, keep: Callable[[Message], bool] = lambda m: True) -> None:
         for _ in range(10_000):
@@ -89,8 +126,8 @@ class Harness:
         end_ms = self.now_ms + duration_ms
         while self.now_ms < end_ms:
             self.now_ms += 10
-            for node in self.nodes.values():
-                node.tick(self.now_ms)
+            for driver in self.drivers.values():
+                driver.tick()
             self.deliver(keep)
 
     def leader(self) -> int:

@@ -6,9 +6,16 @@ A failure prints the one command line that replays its seed:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+
 import pytest
 from sim.raft_cluster import SimulationFailure, run_seed
 from sim.seeds import replay, run_block, run_many, seeds_from_env
+
+from rillet.controller.raft.core import RaftNode, Role
+from rillet.controller.raft.driver import BlockingWrite, RaftDriver
+from rillet.controller.state_machine import ControllerStateMachine
 
 # make test: each seed is ~10 s of simulated chaos then <= 20 s of healing, ~0.07 s of CPU.
 QUICK_SEEDS = 320
@@ -29,3 +36,73 @@ def test_random_faults_many_seeds() -> None:
 def test_replay() -> None:
     """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it)."""
     replay(run_seed)
+
+
+# The simulation runs the production driver and controller state machine: a known-bad
+# variant of either, patched into the shared class, must fail some seed.
+
+MUTANT_SEEDS = 40
+
+
+def first_failing_seed() -> str:
+    for seed in range(MUTANT_SEEDS):
+        try:
+            run_seed(seed)
+        except SimulationFailure as failure:
+            return str(failure)
+    raise AssertionError(f"no seed of {MUTANT_SEEDS} caught the bad variant")
+
+
+def sends_before_persisting(
+    self: RaftDriver, stopping: Callable[[], bool] = lambda: False
+) -> Iterator[BlockingWrite]:
+    node = self.node
+    while not stopping() and node.has_ready():
+        ready = node.ready()
+        for msg in ready.messages:
+            self.network.send(msg)
+        yield functools.partial(self.storage.persist_ready, ready)
+        self.machine.apply(ready)
+        node.advance(ready)
+        wanted = self.machine.after_advance(node)
+        if wanted is not None:
+            yield functools.partial(self.storage.save_snapshot, node.compact(*wanted))
+
+
+def test_a_driver_that_sends_before_persisting_fails_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(RaftDriver, "ready_steps", sends_before_persisting)
+    assert "not yet durable" in first_failing_seed()
+
+
+def test_a_controller_that_keeps_its_proposals_after_losing_leadership_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the image reset, the next term's operations read records Raft truncated."""
+
+    def lose_leadership_keeping_proposals(self: ControllerStateMachine, term: int) -> None:
+        self.active, self.ctl = False, None
+        self._leader_term = None
+        self.fail_waiters("leadership lost")
+
+    monkeypatch.setattr(
+        ControllerStateMachine, "_lose_leadership", lose_leadership_keeping_proposals
+    )
+    assert "the driver failed: MetadataInvariantError" in first_failing_seed()
+
+
+def test_a_controller_active_before_its_term_start_applied_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Serving before the new term's no-op applied reads an image without the last
+    leader's committed records."""
+    track = ControllerStateMachine._track_leadership
+
+    def activate_at_once(self: ControllerStateMachine, node: RaftNode) -> None:
+        track(self, node)
+        if node.role is Role.LEADER and not self.active:
+            self._become_active(node.term)
+
+    monkeypatch.setattr(ControllerStateMachine, "_track_leadership", activate_at_once)
+    assert "the driver failed: MetadataInvariantError" in first_failing_seed()
