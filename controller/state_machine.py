@@ -62,7 +62,7 @@ class SnapshotPolicy:
     """Snapshot once this many records or bytes were applied since the last snapshot."""
 
     max_records: int = 20_000
-    max_bytes: int = 64 * 1024 * 1024
+    max_bytes: int = 16 * 1024 * 1024
 
 
 class ControllerStateMachine:
