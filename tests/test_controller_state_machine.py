@@ -1,0 +1,205 @@
+"""The controller state machine under the shared Raft driver, scenarios driven by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rillet.client.wire.errors import NotControllerError
+from rillet.controller.metadata.describe import cluster_id_of
+from rillet.controller.metadata.image import decode_snapshot
+from rillet.controller.metadata.quorum import ControllerConfig
+from rillet.controller.raft.core import Message, RaftConfig, RaftNode, Ready, Role, Snapshot
+from rillet.controller.raft.driver import RaftDriver
+from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
+
+T_MS = 1000
+
+
+class Storage:
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def persist_ready(self, ready: Ready) -> None:
+        pass
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+
+class Quorum:
+    """Three controllers; messages are delivered at once unless a link is blocked."""
+
+    def __init__(self, snapshot_policy: SnapshotPolicy = SnapshotPolicy()) -> None:
+        ids = (1, 2, 3)
+        self.now_ms = 0
+        self.queue: list[Message] = []
+        self.blocked: set[tuple[int, int]] = set()
+        self.cluster_ids: dict[int, str] = {}
+        self.nodes: dict[int, RaftNode] = {}
+        self.machines: dict[int, ControllerStateMachine] = {}
+        self.storages: dict[int, Storage] = {}
+        self.drivers: dict[int, RaftDriver] = {}
+        for i in ids:
+            node = RaftNode(RaftConfig(node_id=i, voters=ids), rng=random.Random(i), now_ms=0)
+            machine = ControllerStateMachine(
+                i,
+                ControllerConfig(),
+                snapshot_policy,
+                new_cluster_id=lambda: "the-cluster",
+                rng=random.Random(i),
+                on_cluster_id=lambda cid, i=i: self.cluster_ids.__setitem__(i, cid),
+            )
+            self.storages[i] = Storage()
+            driver = RaftDriver(node, self.storages[i], self, machine, lambda: self.now_ms)
+            machine.bind(node, driver.propose)
+            self.nodes[i], self.machines[i], self.drivers[i] = node, machine, driver
+
+    def send(self, msg: Message) -> None:
+        self.queue.append(msg)
+
+    def deliver(self) -> None:
+        for _ in range(10_000):
+            for driver in self.drivers.values():
+                driver.process_ready()
+            if not self.queue:
+                return
+            msg = self.queue.pop(0)
+            if (msg.src, msg.dst) not in self.blocked:
+                self.drivers[msg.dst].step(msg)
+        raise AssertionError("messages did not settle")
+
+    def run(self, duration_ms: int) -> None:
+        end_ms = self.now_ms + duration_ms
+        while self.now_ms < end_ms:
+            self.now_ms += 10
+            for driver in self.drivers.values():
+                driver.tick()
+            self.deliver()
+
+    def elect(self, node_id: int) -> None:
+        self.now_ms = max(self.now_ms, T_MS)
+        for other, node in self.nodes.items():
+            node.election_deadline_ms = self.now_ms + (0 if other == node_id else 2 * T_MS)
+        self.run(10)
+        assert self.nodes[node_id].role is Role.LEADER
+
+    def isolate(self, node_id: int) -> None:
+        for other in self.nodes:
+            if other != node_id:
+                self.blocked |= {(node_id, other), (other, node_id)}
+
+
+def register(machine: ControllerStateMachine, broker_id: int) -> list[object]:
+    assert machine.ctl is not None
+    records, _ = machine.ctl.register_broker(
+        machine.images.pending, broker_id, f"inc-{broker_id}", [("B", "h", 1)], None, 0
+    )
+    return records
+
+
+def test_first_active_controller_writes_the_cluster_id_and_everyone_learns_it() -> None:
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    assert q.machines[1].active and not q.machines[2].active
+    assert q.cluster_ids == {1: "the-cluster", 2: "the-cluster", 3: "the-cluster"}
+    assert all(cluster_id_of(m.image) == "the-cluster" for m in q.machines.values())
+
+
+def test_a_proposal_is_answered_when_it_commits_and_replicas_apply_it() -> None:
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    outcomes: list[Exception | None] = []
+    index = q.machines[1].propose(register(q.machines[1], 7), outcomes.append)
+    assert q.machines[1].images.pending.brokers.keys() == {7}
+    q.run(100)
+    assert outcomes == [None]
+    assert all(m.image.offset >= index and 7 in m.image.brokers for m in q.machines.values())
+
+
+def test_losing_leadership_fails_waiters_and_drops_uncommitted_proposals() -> None:
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    old = q.machines[1]
+    q.isolate(1)
+    outcomes: list[Exception | None] = []
+    old.propose(register(old, 7), outcomes.append)
+    q.run(3 * T_MS)
+    assert not old.active and old.ctl is None
+    assert len(outcomes) == 1 and isinstance(outcomes[0], NotControllerError)
+    assert old.images.pending == old.images.committed and 7 not in old.images.pending.brokers
+    with pytest.raises(NotControllerError):
+        old.propose([])
+
+
+def test_a_new_leader_is_active_only_after_applying_its_term_start() -> None:
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    q.isolate(1)
+    q.run(3 * T_MS)
+    new = next(i for i in (2, 3) if q.nodes[i].role is Role.LEADER)
+    assert q.machines[new].active
+    assert q.nodes[new].applied_index >= q.nodes[new].term_start_index
+    assert q.machines[new].ctl is not q.machines[1].ctl
+
+
+def test_a_transfer_begun_before_the_term_start_applied_leaves_it_inactive() -> None:
+    """The cluster id proposal would raise NotLeader inside the driver: stay inactive."""
+    q = Quorum()
+    q.now_ms = T_MS + 10
+    for other, node in q.nodes.items():
+        node.election_deadline_ms = q.now_ms + (0 if other == 1 else 2 * T_MS)
+    for driver in q.drivers.values():
+        driver.tick()
+    while q.nodes[1].role is not Role.LEADER:  # votes only: the no-op is not yet applied
+        q.drivers[1].process_ready()
+        msg = q.queue.pop(0)
+        q.drivers[msg.dst].step(msg)
+        q.drivers[msg.dst].process_ready()
+    q.nodes[1].transfer_leadership(2)
+    q.deliver()  # raises if the driver fails
+    assert not q.machines[1].active
+    q.run(100)
+    assert q.nodes[2].role is Role.LEADER and q.machines[2].active
+    assert q.cluster_ids[1] == "the-cluster"
+
+
+def test_snapshot_after_the_record_threshold_holds_the_committed_image() -> None:
+    q = Quorum(SnapshotPolicy(max_records=3))
+    q.elect(1)
+    q.run(100)
+    for broker in (7, 8, 9):
+        q.machines[1].propose(register(q.machines[1], broker))
+        q.run(20)
+    (snapshot, *_) = q.storages[1].snapshots
+    image = decode_snapshot(snapshot.data)
+    assert image.offset == snapshot.index and set(image.brokers) <= {7, 8, 9}
+    assert q.nodes[1].log.snapshot_index == snapshot.index
+
+
+def test_tick_fences_a_silent_broker_on_the_active_controller_only() -> None:
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    active = q.machines[1]
+    active.propose(register(active, 7))
+    q.run(200)
+    assert active.ctl is not None
+    epoch = active.image.brokers[7].broker_epoch
+    records, _ = active.ctl.broker_heartbeat(
+        active.images.pending, 7, epoch, active.image.offset, False, False, 0
+    )
+    active.propose(records)
+    q.run(200)
+    assert not q.machines[3].image.brokers[7].fenced
+    q.machines[2].tick(10**9)  # a follower has no sessions to expire
+    q.run(200)
+    assert not q.machines[3].image.brokers[7].fenced
+    active.tick(10**9)
+    q.run(200)
+    assert q.machines[3].image.brokers[7].fenced
