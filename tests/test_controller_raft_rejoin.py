@@ -4,22 +4,12 @@ the entries it needs were compacted. Driven by hand with the Raft tests' harness
 
 from __future__ import annotations
 
-import random
-
 from test_raft import T_MS, Harness
-
-from rillet.controller.raft.core import RaftConfig, RaftNode
 
 
 def wipe(h: Harness, node_id: int) -> None:
     """The node restarts with empty storage (as a controller whose dir was deleted)."""
-    h.nodes[node_id] = RaftNode(
-        RaftConfig(node_id=node_id, voters=tuple(h.nodes)),
-        None,
-        rng=random.Random(node_id),
-        now_ms=h.now_ms,
-    )
-    h.applied[node_id] = []
+    h.restart(node_id, None)
 
 
 def test_wiped_follower_is_replicated_again_from_the_start() -> None:

@@ -84,17 +84,29 @@ class Harness:
         self.sent: list[Message] = []
         self.events: list[str] = []
         self.queue: list[Message] = []
-        self.drivers = {
-            i: RaftDriver(
-                node,
-                MemoryStorage(),
-                self,
-                self.machines[i],
-                lambda: self.now_ms,
-                on_event=lambda e: self.events.append(e.text),
-            )
-            for i, node in self.nodes.items()
-        }
+        self.drivers = {i: self.driver(i) for i in ids}
+
+    def driver(self, node_id: int) -> RaftDriver:
+        return RaftDriver(
+            self.nodes[node_id],
+            MemoryStorage(),
+            self,
+            self.machines[node_id],
+            lambda: self.now_ms,
+            on_event=lambda e: self.events.append(e.text),
+        )
+
+    def restart(self, node_id: int, state: StorageState | None) -> None:
+        """The node restarts from ``state`` (None: an empty disk), with an empty state machine."""
+        self.nodes[node_id] = RaftNode(
+            RaftConfig(node_id=node_id, voters=tuple(self.nodes)),
+            state,
+            rng=random.Random(node_id),
+            now_ms=self.now_ms,
+        )
+        self.machines[node_id] = AppliedPayloads()
+        self.applied[node_id] = self.machines[node_id].payloads
+        self.drivers[node_id] = self.driver(node_id)
 
     def send(self, msg: Message) -> None:
         self.sent.append(msg)
