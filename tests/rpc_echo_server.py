@@ -10,7 +10,7 @@ APIs served (besides the built-in ApiVersions):
   ``fetch_offset``, sent as a FileRange;
 - ListOffsets: waits ``timestamp`` ms of its first partition (at most ``--max-delay-ms``),
   then echoes, so tests can make later requests finish first;
-- Heartbeat: raises, to exercise UNKNOWN_SERVER_ERROR.
+- DescribeCluster: raises, to exercise UNKNOWN_SERVER_ERROR.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def make_list_offsets(max_delay_ms: int) -> Handler:
     return list_offsets
 
 
-async def heartbeat(request: Request) -> Response:
-    raise RuntimeError("heartbeat handler fails on purpose")
+async def describe_cluster(request: Request) -> Response:
+    raise RuntimeError("describe cluster handler fails on purpose")
 
 
 def make_handlers(data_path: str, max_delay_ms: int = 60_000) -> dict[int, Handler]:
@@ -79,7 +79,7 @@ def make_handlers(data_path: str, max_delay_ms: int = 60_000) -> dict[int, Handl
         schemas.PRODUCE.key: produce,
         schemas.FETCH.key: make_fetch(data_path),
         schemas.LIST_OFFSETS.key: make_list_offsets(max_delay_ms),
-        schemas.HEARTBEAT.key: heartbeat,
+        schemas.DESCRIBE_CLUSTER.key: describe_cluster,
     }
 
 

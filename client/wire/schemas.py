@@ -25,9 +25,12 @@ raises ``InvalidRequestError`` naming the path of the first bad value, e.g.
 
 from __future__ import annotations
 
+import json
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
+from pathlib import Path
 from typing import Any
 
 from rillet.client.wire.errors import InvalidRequestError, UnsupportedVersionError
@@ -224,14 +227,39 @@ class F:
     def required(self) -> bool:
         return self.default is _REQUIRED
 
+    def fill(self) -> Any:
+        """The value of this field when a peer did not send it: its default, else its
+        type's zero (Kafka's rule for fields a version does not hold)."""
+        return _zero(self.type) if self.default is _REQUIRED else self.default
+
+
+def _zero(t: Type) -> Any:
+    if isinstance(t, Scalar):
+        return t.python_types[0]()
+    if isinstance(t, Array):
+        return []
+    if isinstance(t, Map):
+        return {}
+    return None  # Opt, and a missing struct
+
+
+Converter = Callable[[Any], Any]
+_new = tuple.__new__
+
 
 class Struct(Type):
-    """A msgpack array with named positions (fields may only be appended over versions)."""
+    """A msgpack array with named positions (fields may only be appended over versions).
 
-    __slots__ = ("fields",)
+    ``name`` is the name of its typed class in client/wire/messages.py (a NamedTuple, so
+    msgpack packs it as the array it is on the wire, at no cost).
+    """
 
-    def __init__(self, *fields: F) -> None:
+    __slots__ = ("name", "fields", "cls")
+
+    def __init__(self, name: str, *fields: F) -> None:
+        self.name = name
         self.fields = fields
+        self.cls: type | None = None  # bound by messages.py
 
     def checker(self, version: int) -> Checker:
         live = [f for f in self.fields if f.since <= version]
@@ -253,11 +281,77 @@ class Struct(Type):
 
         return check
 
+    def converter(self, version: int) -> Converter:
+        """Array -> this struct's class: extra trailing items (a newer peer's) dropped,
+        missing ones (an older peer's, or a field this version lacks) filled in."""
+        cls, fields, count = self.cls, self.fields, len(self.fields)
+        assert cls is not None, f"{self.name}: messages.py is not imported"
+        inner = [(i, c) for i, f in enumerate(fields) if (c := _converter(f.type, version))]
+
+        def fit(value: Any) -> list[Any]:
+            row = list(value[:count])
+            row += [f.fill() for f in fields[len(row) :]]
+            return row
+
+        if not inner:
+
+            def convert(value: Any) -> Any:
+                return _new(cls, value) if len(value) == count else _new(cls, fit(value))
+
+            return convert
+
+        def convert_nested(value: Any) -> Any:
+            row = value if len(value) == count and type(value) is list else fit(value)
+            for i, c in inner:
+                row[i] = c(row[i])
+            return _new(cls, row)
+
+        return convert_nested
+
     def render(self) -> str:
         return "[" + ", ".join(f"{f.name}: {f.type.render()}" for f in self.fields) + "]"
 
     def __repr__(self) -> str:
         return f"Struct{self.render()}"
+
+
+def _converter(t: Type, version: int) -> Converter | None:
+    """What turns a decoded value of ``t`` into its typed form; None when nothing does
+    (no struct inside)."""
+    if isinstance(t, Struct):
+        return t.converter(version)
+    if isinstance(t, Opt):
+        inner = _converter(t.of, version)
+        if inner is None:
+            return None
+        return lambda value: None if value is None else inner(value)
+    if isinstance(t, Array):
+        item = _converter(t.of, version)
+        if item is None:
+            return None
+        if isinstance(t.of, Struct) and not any(_converter(f.type, 0) for f in t.of.fields):
+            return _flat_array_converter(t.of, item)
+        return lambda value: list(map(item, value))
+    if isinstance(t, Map):
+        conv = _converter(t.value, version)
+        if conv is None:
+            return None
+        return lambda value: {k: conv(v) for k, v in value.items()}
+    return None
+
+
+def _flat_array_converter(struct: Struct, item: Converter) -> Converter:
+    # The bulk of Produce and Fetch headers: every row becomes its class in C, and one
+    # C-level pass over the lengths finds the rare row that needs fitting.
+    cls, count = struct.cls, len(struct.fields)
+
+    def convert(value: Any) -> list[Any]:
+        rows = list(map(_new, repeat(cls), value))
+        if set(map(len, rows)) <= {count}:
+            return rows
+        return list(map(item, value))
+
+    return convert
 
 
 # --- APIs ------------------------------------------------------------------------------
@@ -290,6 +384,14 @@ class Api:
     def response_fields(self, version: int) -> tuple[F, ...]:
         return tuple(f for f in self.response if f.since <= version)
 
+    @property
+    def request_class(self) -> str:
+        return f"{self.name}Request"
+
+    @property
+    def response_class(self) -> str:
+        return f"{self.name}Response"
+
 
 APIS: dict[int, Api] = {}
 APIS_BY_NAME: dict[str, Api] = {}
@@ -316,11 +418,17 @@ def declare(
         if f.name in RESPONSE_HEADER_KEYS:
             raise ValueError(f"{name}: response field {f.name!r} clashes with a header key")
     api = Api(
-        key, name, versions[0], versions[1], tuple(request), tuple(response),
+        key,
+        name,
+        versions[0],
+        versions[1],
+        tuple(request),
+        tuple(response),
         request_payload=payload in ("request", "both"),
         response_payload=payload in ("response", "both"),
-        scope=scope, doc=doc,
-    )  # fmt: skip
+        scope=scope,
+        doc=doc,
+    )
     APIS[key] = api
     APIS_BY_NAME[name] = api
     return api
@@ -405,19 +513,185 @@ def _validate(api: Api, version: int, direction: str, header: dict) -> None:
         ) from None
 
 
+# --- Typed messages ---------------------------------------------------------------------
+# client/wire/messages.py holds one NamedTuple per struct and per request and response,
+# generated from the declarations below (``render_messages``) and bound back to them when
+# it is imported (``bind``), which also checks that it is not stale. A header is a map, so
+# a message class lists its required fields first (a NamedTuple's defaults come last);
+# a struct keeps its wire order.
+
+REQUEST, RESPONSE = "request", "response"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One generated request or response class."""
+
+    name: str
+    fields: tuple[F, ...]  # in class order
+    api: Api | None  # None for ErrorResponse
+    direction: str
+    doc: str = ""
+
+
+def _class_order(fields: tuple[F, ...]) -> tuple[F, ...]:
+    return tuple(f for f in fields if f.required) + tuple(f for f in fields if not f.required)
+
+
+def message_specs() -> list[Message]:
+    """Every message class, in generation order (each response before its request)."""
+    specs = [Message("ErrorResponse", _class_order(ERROR_RESPONSE), None, RESPONSE)]
+    for api in sorted(APIS.values(), key=lambda a: a.key):
+        specs.append(Message(api.response_class, _class_order(api.response), api, RESPONSE))
+        specs.append(Message(api.request_class, _class_order(api.request), api, REQUEST, api.doc))
+    return specs
+
+
+def struct_specs() -> list[Struct]:
+    """Every struct, inner ones before the structs holding them (ValueError on a name
+    two different structs share)."""
+    out: dict[str, Struct] = {}
+
+    def walk(t: Type) -> None:
+        if isinstance(t, Opt | Array):
+            walk(t.of)
+        elif isinstance(t, Map):
+            walk(t.key)
+            walk(t.value)
+        elif isinstance(t, Struct):
+            for f in t.fields:
+                walk(f.type)
+            seen = out.setdefault(t.name, t)
+            if seen is not t and seen.render() != t.render():
+                raise ValueError(f"two different structs are named {t.name}")
+
+    for spec in message_specs():
+        for f in spec.fields:
+            walk(f.type)
+    return list(out.values())
+
+
+_BOUND: dict[type, Message] = {}
+_CLASSES: dict[tuple[int, str], type] = {}  # (api key, direction) -> class
+_DECODERS: dict[tuple[type, int], Callable[[dict], Any]] = {}
+
+
+class StaleMessagesError(ImportError):
+    """client/wire/messages.py does not match the declarations."""
+
+
+def bind(namespace: dict[str, Any]) -> None:
+    """Attach messages.py's classes to the declarations, checking every field name, order
+    and default (messages.py calls this as it is imported)."""
+
+    def check(name: str, fields: tuple[F, ...]) -> type:
+        cls = namespace.get(name)
+        defaults = {f.name: f.default for f in fields if not f.required}
+        if (
+            cls is None
+            or getattr(cls, "_fields", None) != tuple(f.name for f in fields)
+            or cls._field_defaults != defaults
+        ):
+            raise StaleMessagesError(
+                f"client/wire/messages.py is stale at {name}: "
+                "run `python -m rillet.client.wire.schemas` to regenerate it"
+            )
+        return cls
+
+    for struct in struct_specs():
+        # A struct's optional fields are positional too: only trailing ones may default.
+        struct.cls = check(struct.name, tuple(struct.fields))
+    for spec in message_specs():
+        cls = check(spec.name, spec.fields)
+        _BOUND[cls] = spec
+        if spec.api is not None:
+            _CLASSES[spec.api.key, spec.direction] = cls
+    _DECODERS.clear()
+
+
+def api_of(message: Any) -> Api:
+    """The API a request message belongs to (KeyError for anything else)."""
+    spec = _BOUND[type(message)]
+    assert spec.api is not None and spec.direction == REQUEST, spec.name
+    return spec.api
+
+
+def message_class(api: Api, direction: str) -> type:
+    return _CLASSES[api.key, direction]
+
+
+def decode(cls: type, header: dict[str, Any], version: int = 0) -> Any:
+    """A header map as its typed message. A request is validated first (as
+    ``validate_request``, InvalidRequestError naming the bad path); a response is trusted
+    (it comes from the server the client chose): fields it lacks get their default or
+    zero, so an error-only answer decodes too."""
+    try:
+        decoder = _DECODERS[cls, version]
+    except KeyError:
+        decoder = _DECODERS[cls, version] = _compile_decoder(_BOUND[cls], cls, version)
+    return decoder(header)
+
+
+def decode_request(api: Api, version: int, header: dict[str, Any]) -> Any:
+    """``validate_request`` and the typed request in one call (the server's path)."""
+    return decode(_CLASSES[api.key, REQUEST], header, version)
+
+
+def decode_response(api: Api, version: int, header: dict[str, Any]) -> Any:
+    return decode(_CLASSES[api.key, RESPONSE], header, version)
+
+
+def _compile_decoder(spec: Message, cls: type, version: int) -> Callable[[dict], Any]:
+    plan = [(f.name, _converter(f.type, version), f) for f in spec.fields]
+    missing: Any = object()
+
+    def convert(header: dict[str, Any]) -> Any:
+        values = []
+        for name, conv, f in plan:
+            value = header.get(name, missing)
+            if value is missing:
+                value = f.fill()
+            elif conv is not None:
+                value = conv(value)
+            values.append(value)
+        return _new(cls, values)
+
+    if spec.direction == RESPONSE or spec.api is None:
+        return convert
+    api = spec.api
+
+    def validate_and_convert(header: dict[str, Any]) -> Any:
+        validate_request(api, version, header)
+        return convert(header)
+
+    return validate_and_convert
+
+
 # --- Declarations ----------------------------------------------------------------------
 # Kafka's names and numbers where Kafka has the API. -1 means "none" for ids and epochs.
-# Defaults must be immutable (they are shared between requests).
+# Defaults must be immutable (they are shared between requests). Every struct is named:
+# the name is its class in client/wire/messages.py.
 
 ERROR_CODE = F("error_code", INT, default=0)
 ERROR_MESSAGE = F("error_message", Opt(STR), default=None)
 THROTTLE = F("throttle_time_ms", INT, default=0)
 INT_LIST = Array(INT)
 STR_MAP = Map(STR, STR)
-EPOCH_END = Struct(F("epoch", INT), F("end_offset", INT))
+EPOCH_END = Struct("EpochEndOffset", F("epoch", INT), F("end_offset", INT))
 
-PRODUCE_PARTITION = Struct(F("partition", INT), F("nbytes", INT))
+# What any request may be answered with instead of its response: a request-level error.
+# NOT_CONTROLLER also says where the active controller is, when known.
+ERROR_RESPONSE = (
+    ERROR_CODE,
+    ERROR_MESSAGE,
+    F("leader_id", INT, default=-1, doc="NOT_CONTROLLER: the active controller"),
+    F("leader_host", STR, default=""),
+    F("leader_port", INT, default=-1),
+)
+
+PRODUCE_PARTITION = Struct("ProducePartition", F("partition", INT), F("nbytes", INT))
 PRODUCE_RESULT = Struct(
+    "ProducePartitionResult",
     F("partition", INT),
     F("error_code", INT),
     F("base_offset", INT),
@@ -426,23 +700,38 @@ PRODUCE_RESULT = Struct(
     F("error_message", Opt(STR)),
 )
 PRODUCE = declare(
-    0, "Produce", (0, 0),
+    0,
+    "Produce",
+    (0, 0),
     request=[
         F("acks", INT, doc="0: no response, 1: leader append, -1: all in-sync replicas"),
         F("timeout_ms", INT),
         F("transactional_id", Opt(STR), default=None),
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(PRODUCE_PARTITION))))),
+        F(
+            "topics",
+            Array(
+                Struct("ProduceTopic", F("topic", STR), F("partitions", Array(PRODUCE_PARTITION)))
+            ),
+        ),
     ],
     response=[
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(PRODUCE_RESULT))))),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "ProduceTopicResult", F("topic", STR), F("partitions", Array(PRODUCE_RESULT))
+                )
+            ),
+        ),
         THROTTLE,
         ERROR_CODE,
     ],
     payload="request",
     doc="Append batches; the payload is each partition's batches back to back, in order.",
-)  # fmt: skip
+)
 
 FETCH_PARTITION = Struct(
+    "FetchPartition",
     F("partition", INT),
     F("fetch_offset", INT),
     F("last_fetched_epoch", INT),
@@ -451,6 +740,7 @@ FETCH_PARTITION = Struct(
     F("partition_max_bytes", INT),
 )
 FETCH_RESULT = Struct(
+    "FetchPartitionResult",
     F("partition", INT),
     F("error_code", INT),
     F("high_watermark", INT),
@@ -461,7 +751,9 @@ FETCH_RESULT = Struct(
     F("nbytes", INT),
 )
 FETCH = declare(
-    1, "Fetch", (0, 0),
+    1,
+    "Fetch",
+    (0, 0),
     request=[
         F("replica_id", INT, doc="-1 for consumers, the broker id for followers"),
         F("replica_epoch", INT, default=-1, doc="the follower's broker epoch"),
@@ -469,43 +761,78 @@ FETCH = declare(
         F("min_bytes", INT),
         F("max_bytes", INT),
         F("isolation_level", INT, default=0),
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(FETCH_PARTITION))))),
+        F(
+            "topics",
+            Array(Struct("FetchTopic", F("topic", STR), F("partitions", Array(FETCH_PARTITION)))),
+        ),
         F("rack_id", STR, default=""),
     ],
     response=[
         THROTTLE,
         ERROR_CODE,
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(FETCH_RESULT))))),
+        F(
+            "topics",
+            Array(
+                Struct("FetchTopicResult", F("topic", STR), F("partitions", Array(FETCH_RESULT)))
+            ),
+        ),
     ],
     payload="response",
     doc="Read batches; the payload is each partition's `nbytes` of batches, in order.",
-)  # fmt: skip
+)
 
+LIST_OFFSETS_PARTITION = Struct(
+    "ListOffsetsPartition",
+    F("partition", INT),
+    F("current_leader_epoch", INT),
+    F("timestamp", INT, doc="-1 latest, -2 earliest, else a timestamp in ms"),
+)
+LIST_OFFSETS_RESULT = Struct(
+    "ListOffsetsPartitionResult",
+    F("partition", INT),
+    F("error_code", INT),
+    F("timestamp", INT),
+    F("offset", INT),
+    F("leader_epoch", INT),
+)
 LIST_OFFSETS = declare(
-    2, "ListOffsets", (0, 0),
+    2,
+    "ListOffsets",
+    (0, 0),
     request=[
         F("replica_id", INT, default=-1),
         F("isolation_level", INT, default=0),
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("current_leader_epoch", INT),
-            F("timestamp", INT, doc="-1 latest, -2 earliest, else a timestamp in ms"),
-        )))))),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "ListOffsetsTopic",
+                    F("topic", STR),
+                    F("partitions", Array(LIST_OFFSETS_PARTITION)),
+                )
+            ),
+        ),
     ],
     response=[
         THROTTLE,
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("error_code", INT),
-            F("timestamp", INT),
-            F("offset", INT),
-            F("leader_epoch", INT),
-        )))))),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "ListOffsetsTopicResult",
+                    F("topic", STR),
+                    F("partitions", Array(LIST_OFFSETS_RESULT)),
+                )
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 
-METADATA_BROKER = Struct(F("node_id", INT), F("host", STR), F("port", INT), F("rack", Opt(STR)))
+METADATA_BROKER = Struct(
+    "MetadataBroker", F("node_id", INT), F("host", STR), F("port", INT), F("rack", Opt(STR))
+)
 METADATA_PARTITION = Struct(
+    "MetadataPartition",
     F("error_code", INT),
     F("partition", INT),
     F("leader_id", INT),
@@ -514,8 +841,17 @@ METADATA_PARTITION = Struct(
     F("isr", INT_LIST),
     F("offline_replicas", INT_LIST),
 )
+METADATA_TOPIC = Struct(
+    "MetadataTopic",
+    F("error_code", INT),
+    F("name", STR),
+    F("is_internal", BOOL),
+    F("partitions", Array(METADATA_PARTITION)),
+)
 METADATA = declare(
-    3, "Metadata", (0, 0),
+    3,
+    "Metadata",
+    (0, 0),
     request=[
         F("topics", Opt(Array(STR)), doc="nil for all topics"),
         F("allow_auto_topic_creation", BOOL, default=False),
@@ -525,267 +861,167 @@ METADATA = declare(
         F("cluster_id", Opt(STR)),
         F("controller_id", INT),
         F("brokers", Array(METADATA_BROKER)),
-        F("topics", Array(Struct(
-            F("error_code", INT),
-            F("name", STR),
-            F("is_internal", BOOL),
-            F("partitions", Array(METADATA_PARTITION)),
-        ))),
+        F("topics", Array(METADATA_TOPIC)),
     ],
-)  # fmt: skip
+)
 
 CONTROLLED_SHUTDOWN = declare(
-    7, "ControlledShutdown", (0, 0),
+    7,
+    "ControlledShutdown",
+    (0, 0),
     request=[F("broker_id", INT), F("broker_epoch", INT)],
     response=[
         ERROR_CODE,
-        F("remaining_partitions", Array(Struct(F("topic", STR), F("partition", INT)))),
+        F(
+            "remaining_partitions",
+            Array(Struct("RemainingPartition", F("topic", STR), F("partition", INT))),
+        ),
     ],
     scope=SCOPE_CLUSTER,
-)  # fmt: skip
-
-OFFSET_COMMIT = declare(
-    8, "OffsetCommit", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("generation_id", INT, default=-1),
-        F("member_id", STR, default=""),
-        F("group_instance_id", Opt(STR), default=None),
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("committed_offset", INT),
-            F("committed_leader_epoch", INT),
-            F("committed_metadata", Opt(STR)),
-        )))))),
-    ],
-    response=[
-        THROTTLE,
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("error_code", INT),
-        )))))),
-    ],
-)  # fmt: skip
-
-OFFSET_FETCH = declare(
-    9, "OffsetFetch", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("topics", Opt(Array(Struct(F("topic", STR), F("partitions", INT_LIST)))),
-          doc="nil for every partition the group has committed"),
-        F("require_stable", BOOL, default=False),
-    ],
-    response=[
-        THROTTLE,
-        ERROR_CODE,
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("committed_offset", INT),
-            F("committed_leader_epoch", INT),
-            F("metadata", Opt(STR)),
-            F("error_code", INT),
-        )))))),
-    ],
-)  # fmt: skip
-
-FIND_COORDINATOR = declare(
-    10, "FindCoordinator", (0, 0),
-    request=[F("key", STR), F("key_type", INT, default=0, doc="0 group")],
-    response=[
-        THROTTLE,
-        ERROR_CODE,
-        ERROR_MESSAGE,
-        F("node_id", INT),
-        F("host", STR),
-        F("port", INT),
-    ],
-)  # fmt: skip
-
-JOIN_GROUP = declare(
-    11, "JoinGroup", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("session_timeout_ms", INT),
-        F("rebalance_timeout_ms", INT),
-        F("member_id", STR),
-        F("group_instance_id", Opt(STR), default=None),
-        F("protocol_type", STR),
-        F("protocols", Array(Struct(F("name", STR), F("metadata", BYTES)))),
-        F("reason", Opt(STR), default=None),
-    ],
-    response=[
-        THROTTLE,
-        ERROR_CODE,
-        F("generation_id", INT),
-        F("protocol_type", Opt(STR)),
-        F("protocol_name", Opt(STR)),
-        F("leader", STR),
-        F("skip_assignment", BOOL, default=False),
-        F("member_id", STR),
-        F("members", Array(Struct(
-            F("member_id", STR),
-            F("group_instance_id", Opt(STR)),
-            F("metadata", BYTES),
-        ))),
-    ],
-)  # fmt: skip
-
-HEARTBEAT = declare(
-    12, "Heartbeat", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("generation_id", INT),
-        F("member_id", STR),
-        F("group_instance_id", Opt(STR), default=None),
-    ],
-    response=[THROTTLE, ERROR_CODE],
-)  # fmt: skip
-
-LEAVE_GROUP = declare(
-    13, "LeaveGroup", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("members", Array(Struct(
-            F("member_id", STR),
-            F("group_instance_id", Opt(STR)),
-            F("reason", Opt(STR)),
-        ))),
-    ],
-    response=[
-        THROTTLE,
-        ERROR_CODE,
-        F("members", Array(Struct(
-            F("member_id", STR),
-            F("group_instance_id", Opt(STR)),
-            F("error_code", INT),
-        ))),
-    ],
-)  # fmt: skip
-
-SYNC_GROUP = declare(
-    14, "SyncGroup", (0, 0),
-    request=[
-        F("group_id", STR),
-        F("generation_id", INT),
-        F("member_id", STR),
-        F("group_instance_id", Opt(STR), default=None),
-        F("protocol_type", Opt(STR), default=None),
-        F("protocol_name", Opt(STR), default=None),
-        F("assignments", Array(Struct(F("member_id", STR), F("assignment", BYTES)))),
-    ],
-    response=[
-        THROTTLE,
-        ERROR_CODE,
-        F("protocol_type", Opt(STR)),
-        F("protocol_name", Opt(STR)),
-        F("assignment", BYTES),
-    ],
-)  # fmt: skip
+)
 
 API_VERSIONS = declare(
-    18, "ApiVersions", (0, 0),
+    18,
+    "ApiVersions",
+    (0, 0),
     request=[
         F("client_software_name", STR, default=""),
         F("client_software_version", STR, default=""),
     ],
     response=[
         ERROR_CODE,
-        F("api_keys", Array(Struct(
-            F("api_key", INT),
-            F("min_version", INT),
-            F("max_version", INT),
-        ))),
+        F(
+            "api_keys",
+            Array(
+                Struct(
+                    "ApiVersionRange",
+                    F("api_key", INT),
+                    F("min_version", INT),
+                    F("max_version", INT),
+                )
+            ),
+        ),
         THROTTLE,
     ],
     doc="Built into every RpcServer: the APIs and versions this node serves.",
-)  # fmt: skip
+)
 
+CREATABLE_TOPIC = Struct(
+    "CreatableTopic",
+    F("name", STR),
+    F("num_partitions", INT, doc="-1: the broker default"),
+    F("replication_factor", INT, doc="-1: the broker default"),
+    F(
+        "assignments",
+        Array(Struct("ReplicaAssignment", F("partition", INT), F("broker_ids", INT_LIST))),
+    ),
+    F("configs", STR_MAP),
+)
 CREATE_TOPICS = declare(
-    19, "CreateTopics", (0, 0),
+    19,
+    "CreateTopics",
+    (0, 0),
     request=[
-        F("topics", Array(Struct(
-            F("name", STR),
-            F("num_partitions", INT, doc="-1: the broker default"),
-            F("replication_factor", INT, doc="-1: the broker default"),
-            F("assignments", Array(Struct(F("partition", INT), F("broker_ids", INT_LIST)))),
-            F("configs", STR_MAP),
-        ))),
+        F("topics", Array(CREATABLE_TOPIC)),
         F("timeout_ms", INT),
         F("validate_only", BOOL, default=False),
     ],
     response=[
         THROTTLE,
-        F("topics", Array(Struct(
-            F("name", STR),
-            F("error_code", INT),
-            F("error_message", Opt(STR)),
-            F("num_partitions", INT),
-            F("replication_factor", INT),
-        ))),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "CreatableTopicResult",
+                    F("name", STR),
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                    F("num_partitions", INT),
+                    F("replication_factor", INT),
+                )
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 
 DELETE_TOPICS = declare(
-    20, "DeleteTopics", (0, 0),
+    20,
+    "DeleteTopics",
+    (0, 0),
     request=[F("topic_names", Array(STR)), F("timeout_ms", INT)],
     response=[
         THROTTLE,
-        F("responses", Array(Struct(
-            F("name", STR),
-            F("error_code", INT),
-            F("error_message", Opt(STR)),
-        ))),
+        F(
+            "responses",
+            Array(
+                Struct(
+                    "DeletableTopicResult",
+                    F("name", STR),
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                )
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 
-VOTE = declare(
-    52, "Vote", (0, 0),
-    request=[
-        F("cluster_id", Opt(STR), default=None),
-        F("candidate_id", INT),
-        F("candidate_epoch", INT, doc="the candidate's term (for a pre-vote: term + 1)"),
-        F("last_offset_epoch", INT, doc="term of the candidate's last log entry"),
-        F("last_offset", INT, doc="index of the candidate's last log entry"),
-        F("pre_vote", BOOL, default=False),
-    ],
-    response=[
-        ERROR_CODE,
-        F("leader_id", INT),
-        F("leader_epoch", INT),
-        F("vote_granted", BOOL),
-    ],
-    scope=SCOPE_RAFT,
-)  # fmt: skip
-
+ISR_PROPOSAL = Struct(
+    "IsrProposal",
+    F("partition", INT),
+    F("leader_epoch", INT),
+    F("new_isr", INT_LIST),
+    F("partition_epoch", INT),
+)
+ISR_RESULT = Struct(
+    "IsrResult",
+    F("partition", INT),
+    F("error_code", INT),
+    F("leader_id", INT),
+    F("leader_epoch", INT),
+    F("isr", INT_LIST),
+    F("partition_epoch", INT),
+)
 ALTER_PARTITION = declare(
-    56, "AlterPartition", (0, 0),
+    56,
+    "AlterPartition",
+    (0, 0),
     request=[
         F("broker_id", INT),
         F("broker_epoch", INT),
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("leader_epoch", INT),
-            F("new_isr", INT_LIST),
-            F("partition_epoch", INT),
-        )))))),
+        F(
+            "topics",
+            Array(
+                Struct("AlterPartitionTopic", F("topic", STR), F("partitions", Array(ISR_PROPOSAL)))
+            ),
+        ),
     ],
     response=[
         THROTTLE,
         ERROR_CODE,
-        F("topics", Array(Struct(F("topic", STR), F("partitions", Array(Struct(
-            F("partition", INT),
-            F("error_code", INT),
-            F("leader_id", INT),
-            F("leader_epoch", INT),
-            F("isr", INT_LIST),
-            F("partition_epoch", INT),
-        )))))),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "AlterPartitionTopicResult", F("topic", STR), F("partitions", Array(ISR_RESULT))
+                )
+            ),
+        ),
     ],
     scope=SCOPE_CLUSTER,
-)  # fmt: skip
+)
 
+DESCRIBE_CLUSTER_BROKER = Struct(
+    "DescribeClusterBroker",
+    F("broker_id", INT),
+    F("host", STR),
+    F("port", INT),
+    F("rack", Opt(STR)),
+    F("is_fenced", BOOL),
+)
 DESCRIBE_CLUSTER = declare(
-    60, "DescribeCluster", (0, 0),
+    60,
+    "DescribeCluster",
+    (0, 0),
     request=[],
     response=[
         THROTTLE,
@@ -793,32 +1029,31 @@ DESCRIBE_CLUSTER = declare(
         ERROR_MESSAGE,
         F("cluster_id", STR),
         F("controller_id", INT),
-        F("brokers", Array(Struct(
-            F("broker_id", INT),
-            F("host", STR),
-            F("port", INT),
-            F("rack", Opt(STR)),
-            F("is_fenced", BOOL),
-        ))),
+        F("brokers", Array(DESCRIBE_CLUSTER_BROKER)),
     ],
-)  # fmt: skip
+)
 
+LISTENER = Struct("Listener", F("name", STR), F("host", STR), F("port", INT))
 BROKER_REGISTRATION = declare(
-    62, "BrokerRegistration", (0, 0),
+    62,
+    "BrokerRegistration",
+    (0, 0),
     request=[
         F("broker_id", INT),
         F("cluster_id", STR),
         F("incarnation_id", STR, doc="a fresh uuid per process start"),
-        F("listeners", Array(Struct(F("name", STR), F("host", STR), F("port", INT)))),
+        F("listeners", Array(LISTENER)),
         F("rack", Opt(STR), default=None),
         F("previous_broker_epoch", INT, default=-1, doc="-1, or the epoch before a clean stop"),
     ],
     response=[THROTTLE, ERROR_CODE, F("broker_epoch", INT)],
     scope=SCOPE_CLUSTER,
-)  # fmt: skip
+)
 
 BROKER_HEARTBEAT = declare(
-    63, "BrokerHeartbeat", (0, 0),
+    63,
+    "BrokerHeartbeat",
+    (0, 0),
     request=[
         F("broker_id", INT),
         F("broker_epoch", INT),
@@ -834,33 +1069,12 @@ BROKER_HEARTBEAT = declare(
         F("should_shut_down", BOOL),
     ],
     scope=SCOPE_CLUSTER,
-)  # fmt: skip
-
-RAFT_APPEND = declare(
-    1000, "RaftAppend", (0, 0),
-    request=[
-        F("cluster_id", Opt(STR), default=None),
-        F("leader_id", INT),
-        F("leader_epoch", INT, doc="the leader's term"),
-        F("prev_log_offset", INT),
-        F("prev_log_epoch", INT),
-        F("leader_commit", INT),
-        F("entries", Array(Struct(F("epoch", INT), F("data", BYTES)))),
-    ],
-    response=[
-        ERROR_CODE,
-        F("leader_epoch", INT, doc="the responder's current term"),
-        F("success", BOOL),
-        F("match_offset", INT, doc="last offset known to match the leader's log"),
-        F("conflict_epoch", INT, default=-1),
-        F("conflict_offset", INT, default=-1),
-    ],
-    scope=SCOPE_RAFT,
-    doc="Raft AppendEntries (also the heartbeat, with no entries).",
-)  # fmt: skip
+)
 
 FETCH_METADATA = declare(
-    1001, "FetchMetadata", (0, 0),
+    1001,
+    "FetchMetadata",
+    (0, 0),
     request=[
         F("broker_id", INT),
         F("broker_epoch", INT),
@@ -876,42 +1090,22 @@ FETCH_METADATA = declare(
         F("high_watermark", INT, doc="the committed metadata offset"),
         F("log_start_offset", INT),
         F("diverging_epoch", Opt(EPOCH_END)),
-        F("snapshot_id", Opt(Struct(F("end_offset", INT), F("epoch", INT))),
-          doc="set when the broker must load this snapshot first"),
+        F(
+            "snapshot_id",
+            Opt(Struct("SnapshotId", F("end_offset", INT), F("epoch", INT))),
+            doc="set when the broker must load this snapshot first",
+        ),
         F("nbytes", INT),
     ],
     payload="response",
     scope=SCOPE_CLUSTER,
     doc="Brokers follow the committed metadata log (long poll); records in the payload.",
-)  # fmt: skip
-
-RAFT_INSTALL_SNAPSHOT = declare(
-    1002, "RaftInstallSnapshot", (0, 0),
-    request=[
-        F("leader_id", INT),
-        F("leader_epoch", INT),
-        F("snapshot_end_offset", INT, doc="last offset the snapshot includes"),
-        F("snapshot_epoch", INT, doc="term of that entry"),
-        F("position", INT, doc="byte position of this chunk in the snapshot"),
-        F("done", BOOL),
-    ],
-    response=[ERROR_CODE, F("leader_epoch", INT)],
-    payload="request",
-    scope=SCOPE_RAFT,
-    doc="One chunk of a snapshot, in the payload.",
-)  # fmt: skip
-
-RAFT_TIMEOUT_NOW = declare(
-    1003, "RaftTimeoutNow", (0, 0),
-    request=[F("leader_id", INT), F("leader_epoch", INT)],
-    response=[ERROR_CODE, F("leader_epoch", INT)],
-    scope=SCOPE_RAFT,
-    doc="Leadership transfer: the receiver starts an election at once.",
-)  # fmt: skip
-
+)
 
 RAFT_MESSAGE = declare(
-    1004, "RaftMessage", (0, 0),
+    1004,
+    "RaftMessage",
+    (0, 0),
     request=[
         F("cluster_id", Opt(STR), default=None, doc="nil until the cluster id is known"),
         F("src", INT, doc="sending voter"),
@@ -921,43 +1115,58 @@ RAFT_MESSAGE = declare(
     payload="request",
     scope=SCOPE_RAFT,
     doc="One-way (never answered): one message of the Raft core, msgpack of "
-        "`Message.to_dict()` in the payload. Replies travel as RaftMessages the other way.",
-)  # fmt: skip
+    "`Message.to_dict()` in the payload. Replies travel as RaftMessages the other way.",
+)
 
-PARTITION_ERROR = Struct(
-    F("topic", STR), F("partition", INT), F("error_code", INT), F("error_message", Opt(STR))
+PARTITION_RESULT = Struct(
+    "PartitionResult",
+    F("topic", STR),
+    F("partition", INT),
+    F("error_code", INT),
+    F("error_message", Opt(STR)),
 )
 
 ELECT_LEADERS = declare(
-    43, "ElectLeaders", (0, 0),
+    43,
+    "ElectLeaders",
+    (0, 0),
     request=[
         F("election_type", INT, default=0, doc="0: preferred leader (the only type)"),
         F("topics", Opt(Array(STR)), default=None, doc="nil for every topic"),
         F("timeout_ms", INT, default=30_000),
     ],
-    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_RESULT))],
     scope=SCOPE_CLUSTER,
     doc="Served by the active controller: move leadership to each partition's first replica.",
-)  # fmt: skip
+)
 
 ALTER_PARTITION_REASSIGNMENTS = declare(
-    45, "AlterPartitionReassignments", (0, 0),
+    45,
+    "AlterPartitionReassignments",
+    (0, 0),
     request=[
         F("timeout_ms", INT, default=30_000),
-        F("partitions", Array(Struct(
-            F("topic", STR),
-            F("partition", INT),
-            F("replicas", Opt(INT_LIST), doc="target replicas; nil cancels"),
-        ))),
+        F(
+            "partitions",
+            Array(
+                Struct(
+                    "ReassignablePartition",
+                    F("topic", STR),
+                    F("partition", INT),
+                    F("replicas", Opt(INT_LIST), doc="target replicas; nil cancels"),
+                )
+            ),
+        ),
     ],
-    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_ERROR))],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("results", Array(PARTITION_RESULT))],
     scope=SCOPE_CLUSTER,
     doc="Served by the active controller (KIP-455).",
-)  # fmt: skip
-
+)
 
 DESCRIBE_QUORUM = declare(
-    55, "DescribeQuorum", (0, 0),
+    55,
+    "DescribeQuorum",
+    (0, 0),
     request=[],
     response=[
         ERROR_CODE,
@@ -974,8 +1183,8 @@ DESCRIBE_QUORUM = declare(
     ],
     scope=SCOPE_RAFT,
     doc="Any controller answers with its own view of the quorum (rillet's shape, not "
-        "Kafka's): for tooling, tests and status pages.",
-)  # fmt: skip
+    "Kafka's): for tooling, tests and status pages.",
+)
 
 
 def render_markdown() -> str:
@@ -1021,6 +1230,100 @@ def _render_field(f: F) -> str:
     return text
 
 
+# --- Code generation ----------------------------------------------------------------------
+
+MESSAGES_HEADER = '''"""Typed wire messages, generated from client/wire/schemas.py: do not edit.
+
+Regenerate with `python -m rillet.client.wire.schemas` (tests/test_schemas.py fails when
+this file is stale, and importing it checks it against the declarations).
+
+Every struct is a NamedTuple in wire order, so msgpack packs it as the array it is on the
+wire; every request and response is a NamedTuple of its header fields, required fields
+first. ``to_header()`` gives the header map; ``from_header(header, version)`` the message
+(a request is validated first, see ``schemas.decode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Self
+
+from rillet.client.wire import schemas
+'''
+
+
+def _py_type(t: Type) -> str:
+    if isinstance(t, Scalar):
+        return t.python_types[0].__name__
+    if isinstance(t, Opt):
+        return f"{_py_type(t.of)} | None"
+    if isinstance(t, Array):
+        return f"list[{_py_type(t.of)}]"
+    if isinstance(t, Map):
+        return f"dict[{_py_type(t.key)}, {_py_type(t.value)}]"
+    assert isinstance(t, Struct)
+    return t.name
+
+
+def _py_literal(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _field_lines(fields: tuple[F, ...]) -> list[str]:
+    lines = []
+    for f in fields:
+        if f.doc:
+            lines += [f"    # {line}" for line in textwrap.wrap(f.doc, 90)]
+        default = "" if f.required else f" = {_py_literal(f.default)}"
+        lines.append(f"    {f.name}: {_py_type(f.type)}{default}")
+    return lines
+
+
+def _docstring(text: str) -> list[str]:
+    wrapped = textwrap.wrap(text, 88)
+    if len(wrapped) == 1:
+        return [f'    """{wrapped[0]}"""', ""]
+    return [f'    """{wrapped[0]}', *(f"    {line}" for line in wrapped[1:]), '    """', ""]
+
+
+def render_messages() -> str:
+    """The source of client/wire/messages.py."""
+    out = [MESSAGES_HEADER]
+    for struct in struct_specs():
+        fields = struct.fields
+        optional = [i for i, f in enumerate(fields) if not f.required]
+        if optional and optional != list(range(optional[0], len(fields))):
+            raise ValueError(f"{struct.name}: only trailing struct fields may have defaults")
+        out += ["", f"class {struct.name}(NamedTuple):"]
+        names = ", ".join(f.name for f in fields)
+        out += _docstring(f"On the wire: ``[{names}]``.")
+        out += _field_lines(fields)
+        out.append("")
+    for spec in message_specs():
+        name, api = spec.name, spec.api
+        what = f"{api.name} {spec.direction} (key {api.key})." if api else "A request-level error."
+        out += ["", f"class {name}(NamedTuple):"]
+        out += _docstring(f"{what} {spec.doc}".strip())
+        out += _field_lines(spec.fields) or ["    pass"]
+        out += [
+            "",
+            "    def to_header(self) -> dict[str, Any]:",
+            "        return self._asdict()",
+            "",
+            "    @classmethod",
+            "    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:",
+            "        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]",
+        ]
+        if spec.direction == REQUEST and api is not None:
+            out += [
+                "",
+                f"    def response_type(self) -> type[{api.response_class}]:",
+                f"        return {api.response_class}",
+            ]
+        out.append("")
+    out += ["", "schemas.bind(globals())", ""]
+    return "\n".join(out)
+
+
 def _update_doc(path: str) -> None:
     """Rewrite the generated API table between its markers in ``path``."""
     begin, end = "<!-- BEGIN API TABLE (generated) -->", "<!-- END API TABLE -->"
@@ -1032,7 +1335,11 @@ def _update_doc(path: str) -> None:
         f.write(f"{head}{begin}\n\n{render_markdown()}\n{end}{tail}")
 
 
+MESSAGES_PATH = Path(__file__).with_name("messages.py")
+
+
 if __name__ == "__main__":  # python -m rillet.client.wire.schemas [docs/protocol.md]
     import sys
 
     _update_doc(sys.argv[1] if len(sys.argv) > 1 else "docs/protocol.md")
+    MESSAGES_PATH.write_text(render_messages(), encoding="utf-8")

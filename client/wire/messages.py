@@ -1,0 +1,930 @@
+"""Typed wire messages, generated from client/wire/schemas.py: do not edit.
+
+Regenerate with `python -m rillet.client.wire.schemas` (tests/test_schemas.py fails when
+this file is stale, and importing it checks it against the declarations).
+
+Every struct is a NamedTuple in wire order, so msgpack packs it as the array it is on the
+wire; every request and response is a NamedTuple of its header fields, required fields
+first. ``to_header()`` gives the header map; ``from_header(header, version)`` the message
+(a request is validated first, see ``schemas.decode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Self
+
+from rillet.client.wire import schemas
+
+
+class ProducePartitionResult(NamedTuple):
+    """On the wire: ``[partition, error_code, base_offset, log_append_time, log_start_offset,
+    error_message]``.
+    """
+
+    partition: int
+    error_code: int
+    base_offset: int
+    log_append_time: int
+    log_start_offset: int
+    error_message: str | None
+
+
+class ProduceTopicResult(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[ProducePartitionResult]
+
+
+class ProducePartition(NamedTuple):
+    """On the wire: ``[partition, nbytes]``."""
+
+    partition: int
+    nbytes: int
+
+
+class ProduceTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[ProducePartition]
+
+
+class EpochEndOffset(NamedTuple):
+    """On the wire: ``[epoch, end_offset]``."""
+
+    epoch: int
+    end_offset: int
+
+
+class FetchPartitionResult(NamedTuple):
+    """On the wire: ``[partition, error_code, high_watermark, last_stable_offset,
+    log_start_offset, diverging_epoch, preferred_read_replica, nbytes]``.
+    """
+
+    partition: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    diverging_epoch: EpochEndOffset | None
+    preferred_read_replica: int
+    nbytes: int
+
+
+class FetchTopicResult(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[FetchPartitionResult]
+
+
+class FetchPartition(NamedTuple):
+    """On the wire: ``[partition, fetch_offset, last_fetched_epoch, current_leader_epoch,
+    log_start_offset, partition_max_bytes]``.
+    """
+
+    partition: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    current_leader_epoch: int
+    log_start_offset: int
+    partition_max_bytes: int
+
+
+class FetchTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[FetchPartition]
+
+
+class ListOffsetsPartitionResult(NamedTuple):
+    """On the wire: ``[partition, error_code, timestamp, offset, leader_epoch]``."""
+
+    partition: int
+    error_code: int
+    timestamp: int
+    offset: int
+    leader_epoch: int
+
+
+class ListOffsetsTopicResult(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[ListOffsetsPartitionResult]
+
+
+class ListOffsetsPartition(NamedTuple):
+    """On the wire: ``[partition, current_leader_epoch, timestamp]``."""
+
+    partition: int
+    current_leader_epoch: int
+    # -1 latest, -2 earliest, else a timestamp in ms
+    timestamp: int
+
+
+class ListOffsetsTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[ListOffsetsPartition]
+
+
+class MetadataBroker(NamedTuple):
+    """On the wire: ``[node_id, host, port, rack]``."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+class MetadataPartition(NamedTuple):
+    """On the wire: ``[error_code, partition, leader_id, leader_epoch, replicas, isr,
+    offline_replicas]``.
+    """
+
+    error_code: int
+    partition: int
+    leader_id: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    offline_replicas: list[int]
+
+
+class MetadataTopic(NamedTuple):
+    """On the wire: ``[error_code, name, is_internal, partitions]``."""
+
+    error_code: int
+    name: str
+    is_internal: bool
+    partitions: list[MetadataPartition]
+
+
+class RemainingPartition(NamedTuple):
+    """On the wire: ``[topic, partition]``."""
+
+    topic: str
+    partition: int
+
+
+class ApiVersionRange(NamedTuple):
+    """On the wire: ``[api_key, min_version, max_version]``."""
+
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+class CreatableTopicResult(NamedTuple):
+    """On the wire: ``[name, error_code, error_message, num_partitions, replication_factor]``."""
+
+    name: str
+    error_code: int
+    error_message: str | None
+    num_partitions: int
+    replication_factor: int
+
+
+class ReplicaAssignment(NamedTuple):
+    """On the wire: ``[partition, broker_ids]``."""
+
+    partition: int
+    broker_ids: list[int]
+
+
+class CreatableTopic(NamedTuple):
+    """On the wire: ``[name, num_partitions, replication_factor, assignments, configs]``."""
+
+    name: str
+    # -1: the broker default
+    num_partitions: int
+    # -1: the broker default
+    replication_factor: int
+    assignments: list[ReplicaAssignment]
+    configs: dict[str, str]
+
+
+class DeletableTopicResult(NamedTuple):
+    """On the wire: ``[name, error_code, error_message]``."""
+
+    name: str
+    error_code: int
+    error_message: str | None
+
+
+class PartitionResult(NamedTuple):
+    """On the wire: ``[topic, partition, error_code, error_message]``."""
+
+    topic: str
+    partition: int
+    error_code: int
+    error_message: str | None
+
+
+class ReassignablePartition(NamedTuple):
+    """On the wire: ``[topic, partition, replicas]``."""
+
+    topic: str
+    partition: int
+    # target replicas; nil cancels
+    replicas: list[int] | None
+
+
+class IsrResult(NamedTuple):
+    """On the wire: ``[partition, error_code, leader_id, leader_epoch, isr, partition_epoch]``."""
+
+    partition: int
+    error_code: int
+    leader_id: int
+    leader_epoch: int
+    isr: list[int]
+    partition_epoch: int
+
+
+class AlterPartitionTopicResult(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[IsrResult]
+
+
+class IsrProposal(NamedTuple):
+    """On the wire: ``[partition, leader_epoch, new_isr, partition_epoch]``."""
+
+    partition: int
+    leader_epoch: int
+    new_isr: list[int]
+    partition_epoch: int
+
+
+class AlterPartitionTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[IsrProposal]
+
+
+class DescribeClusterBroker(NamedTuple):
+    """On the wire: ``[broker_id, host, port, rack, is_fenced]``."""
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+    is_fenced: bool
+
+
+class Listener(NamedTuple):
+    """On the wire: ``[name, host, port]``."""
+
+    name: str
+    host: str
+    port: int
+
+
+class SnapshotId(NamedTuple):
+    """On the wire: ``[end_offset, epoch]``."""
+
+    end_offset: int
+    epoch: int
+
+
+class ErrorResponse(NamedTuple):
+    """A request-level error."""
+
+    error_code: int = 0
+    error_message: str | None = None
+    # NOT_CONTROLLER: the active controller
+    leader_id: int = -1
+    leader_host: str = ""
+    leader_port: int = -1
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ProduceResponse(NamedTuple):
+    """Produce response (key 0)."""
+
+    topics: list[ProduceTopicResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ProduceRequest(NamedTuple):
+    """Produce request (key 0). Append batches; the payload is each partition's batches back to
+    back, in order.
+    """
+
+    # 0: no response, 1: leader append, -1: all in-sync replicas
+    acks: int
+    timeout_ms: int
+    topics: list[ProduceTopic]
+    transactional_id: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ProduceResponse]:
+        return ProduceResponse
+
+
+class FetchResponse(NamedTuple):
+    """Fetch response (key 1)."""
+
+    topics: list[FetchTopicResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class FetchRequest(NamedTuple):
+    """Fetch request (key 1). Read batches; the payload is each partition's `nbytes` of
+    batches, in order.
+    """
+
+    # -1 for consumers, the broker id for followers
+    replica_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    topics: list[FetchTopic]
+    # the follower's broker epoch
+    replica_epoch: int = -1
+    isolation_level: int = 0
+    rack_id: str = ""
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[FetchResponse]:
+        return FetchResponse
+
+
+class ListOffsetsResponse(NamedTuple):
+    """ListOffsets response (key 2)."""
+
+    topics: list[ListOffsetsTopicResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ListOffsetsRequest(NamedTuple):
+    """ListOffsets request (key 2)."""
+
+    topics: list[ListOffsetsTopic]
+    replica_id: int = -1
+    isolation_level: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ListOffsetsResponse]:
+        return ListOffsetsResponse
+
+
+class MetadataResponse(NamedTuple):
+    """Metadata response (key 3)."""
+
+    cluster_id: str | None
+    controller_id: int
+    brokers: list[MetadataBroker]
+    topics: list[MetadataTopic]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class MetadataRequest(NamedTuple):
+    """Metadata request (key 3)."""
+
+    # nil for all topics
+    topics: list[str] | None
+    allow_auto_topic_creation: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[MetadataResponse]:
+        return MetadataResponse
+
+
+class ControlledShutdownResponse(NamedTuple):
+    """ControlledShutdown response (key 7)."""
+
+    remaining_partitions: list[RemainingPartition]
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ControlledShutdownRequest(NamedTuple):
+    """ControlledShutdown request (key 7)."""
+
+    broker_id: int
+    broker_epoch: int
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ControlledShutdownResponse]:
+        return ControlledShutdownResponse
+
+
+class ApiVersionsResponse(NamedTuple):
+    """ApiVersions response (key 18)."""
+
+    api_keys: list[ApiVersionRange]
+    error_code: int = 0
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ApiVersionsRequest(NamedTuple):
+    """ApiVersions request (key 18). Built into every RpcServer: the APIs and versions this
+    node serves.
+    """
+
+    client_software_name: str = ""
+    client_software_version: str = ""
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ApiVersionsResponse]:
+        return ApiVersionsResponse
+
+
+class CreateTopicsResponse(NamedTuple):
+    """CreateTopics response (key 19)."""
+
+    topics: list[CreatableTopicResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class CreateTopicsRequest(NamedTuple):
+    """CreateTopics request (key 19)."""
+
+    topics: list[CreatableTopic]
+    timeout_ms: int
+    validate_only: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[CreateTopicsResponse]:
+        return CreateTopicsResponse
+
+
+class DeleteTopicsResponse(NamedTuple):
+    """DeleteTopics response (key 20)."""
+
+    responses: list[DeletableTopicResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DeleteTopicsRequest(NamedTuple):
+    """DeleteTopics request (key 20)."""
+
+    topic_names: list[str]
+    timeout_ms: int
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DeleteTopicsResponse]:
+        return DeleteTopicsResponse
+
+
+class ElectLeadersResponse(NamedTuple):
+    """ElectLeaders response (key 43)."""
+
+    results: list[PartitionResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ElectLeadersRequest(NamedTuple):
+    """ElectLeaders request (key 43). Served by the active controller: move leadership to each
+    partition's first replica.
+    """
+
+    # 0: preferred leader (the only type)
+    election_type: int = 0
+    # nil for every topic
+    topics: list[str] | None = None
+    timeout_ms: int = 30000
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ElectLeadersResponse]:
+        return ElectLeadersResponse
+
+
+class AlterPartitionReassignmentsResponse(NamedTuple):
+    """AlterPartitionReassignments response (key 45)."""
+
+    results: list[PartitionResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class AlterPartitionReassignmentsRequest(NamedTuple):
+    """AlterPartitionReassignments request (key 45). Served by the active controller (KIP-455)."""
+
+    partitions: list[ReassignablePartition]
+    timeout_ms: int = 30000
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[AlterPartitionReassignmentsResponse]:
+        return AlterPartitionReassignmentsResponse
+
+
+class DescribeQuorumResponse(NamedTuple):
+    """DescribeQuorum response (key 55)."""
+
+    node_id: int
+    # follower, pre-candidate, candidate or leader
+    role: str
+    term: int
+    # -1 when unknown
+    leader_id: int
+    # this node is the active controller
+    active: bool
+    cluster_id: str | None
+    commit_index: int
+    # offset of the newest record in this node's image
+    applied_offset: int
+    # last index of the local snapshot, 0 if none
+    snapshot_index: int
+    last_index: int
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DescribeQuorumRequest(NamedTuple):
+    """DescribeQuorum request (key 55). Any controller answers with its own view of the quorum
+    (rillet's shape, not Kafka's): for tooling, tests and status pages.
+    """
+
+    pass
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DescribeQuorumResponse]:
+        return DescribeQuorumResponse
+
+
+class AlterPartitionResponse(NamedTuple):
+    """AlterPartition response (key 56)."""
+
+    topics: list[AlterPartitionTopicResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class AlterPartitionRequest(NamedTuple):
+    """AlterPartition request (key 56)."""
+
+    broker_id: int
+    broker_epoch: int
+    topics: list[AlterPartitionTopic]
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[AlterPartitionResponse]:
+        return AlterPartitionResponse
+
+
+class DescribeClusterResponse(NamedTuple):
+    """DescribeCluster response (key 60)."""
+
+    cluster_id: str
+    controller_id: int
+    brokers: list[DescribeClusterBroker]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DescribeClusterRequest(NamedTuple):
+    """DescribeCluster request (key 60)."""
+
+    pass
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DescribeClusterResponse]:
+        return DescribeClusterResponse
+
+
+class BrokerRegistrationResponse(NamedTuple):
+    """BrokerRegistration response (key 62)."""
+
+    broker_epoch: int
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class BrokerRegistrationRequest(NamedTuple):
+    """BrokerRegistration request (key 62)."""
+
+    broker_id: int
+    cluster_id: str
+    # a fresh uuid per process start
+    incarnation_id: str
+    listeners: list[Listener]
+    rack: str | None = None
+    # -1, or the epoch before a clean stop
+    previous_broker_epoch: int = -1
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[BrokerRegistrationResponse]:
+        return BrokerRegistrationResponse
+
+
+class BrokerHeartbeatResponse(NamedTuple):
+    """BrokerHeartbeat response (key 63)."""
+
+    is_caught_up: bool
+    is_fenced: bool
+    should_shut_down: bool
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class BrokerHeartbeatRequest(NamedTuple):
+    """BrokerHeartbeat request (key 63)."""
+
+    broker_id: int
+    broker_epoch: int
+    current_metadata_offset: int
+    want_fence: bool = False
+    want_shut_down: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[BrokerHeartbeatResponse]:
+        return BrokerHeartbeatResponse
+
+
+class FetchMetadataResponse(NamedTuple):
+    """FetchMetadata response (key 1001)."""
+
+    leader_id: int
+    leader_epoch: int
+    # the committed metadata offset
+    high_watermark: int
+    log_start_offset: int
+    diverging_epoch: EpochEndOffset | None
+    # set when the broker must load this snapshot first
+    snapshot_id: SnapshotId | None
+    nbytes: int
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class FetchMetadataRequest(NamedTuple):
+    """FetchMetadata request (key 1001). Brokers follow the committed metadata log (long poll);
+    records in the payload.
+    """
+
+    broker_id: int
+    broker_epoch: int
+    # the next metadata log offset the broker needs
+    fetch_offset: int
+    last_fetched_epoch: int
+    max_wait_ms: int
+    max_bytes: int
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[FetchMetadataResponse]:
+        return FetchMetadataResponse
+
+
+class RaftMessageResponse(NamedTuple):
+    """RaftMessage response (key 1004)."""
+
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class RaftMessageRequest(NamedTuple):
+    """RaftMessage request (key 1004). One-way (never answered): one message of the Raft core,
+    msgpack of `Message.to_dict()` in the payload. Replies travel as RaftMessages the other
+    way.
+    """
+
+    # sending voter
+    src: int
+    # receiving voter
+    dst: int
+    # nil until the cluster id is known
+    cluster_id: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[RaftMessageResponse]:
+        return RaftMessageResponse
+
+
+schemas.bind(globals())
