@@ -20,52 +20,68 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
 
 import uvloop
 
 from rillet.client.runtime.rpc_server import FileRange, Handler, Request, Response, RpcServer
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
 from rillet.client.wire.errors import UnknownTopicOrPartitionError
 
 
 async def produce(request: Request) -> Response | None:
-    if request.fields["acks"] == 0:
+    req: m.ProduceRequest = request.message
+    if req.acks == 0:
         return None
     topics = [
-        [topic, [[p, 0, nbytes, -1, 0, None] for p, nbytes in parts]]
-        for topic, parts in request.fields["topics"]
+        m.ProduceTopicResult(
+            t.topic,
+            [m.ProducePartitionResult(p.partition, 0, p.nbytes, -1, 0, None) for p in t.partitions],
+        )
+        for t in req.topics
     ]
-    return Response({"topics": topics, "throttle_time_ms": 0, "error_code": 0})
+    return Response(m.ProduceResponse(topics))
 
 
 def make_fetch(data_path: str) -> Handler:
     size = os.path.getsize(data_path)
 
     async def fetch(request: Request) -> Response:
-        topics: list[Any] = []
-        parts: list[Any] = []
-        for topic, partitions in request.fields["topics"]:
+        req: m.FetchRequest = request.message
+        topics: list[m.FetchTopicResult] = []
+        parts: list[FileRange] = []
+        for t in req.topics:
             results = []
-            for p, offset, _epoch, _leader_epoch, _start, max_bytes in partitions:
-                if offset > size:
-                    raise UnknownTopicOrPartitionError(f"{topic}-{p}: offset {offset} past end")
-                n = min(max_bytes, size - offset)
-                results.append([p, 0, size, size, 0, None, -1, n])
-                parts.append(FileRange(data_path, offset, n))
-            topics.append([topic, results])
-        return Response({"throttle_time_ms": 0, "error_code": 0, "topics": topics}, parts)
+            for p in t.partitions:
+                if p.fetch_offset > size:
+                    raise UnknownTopicOrPartitionError(
+                        f"{t.topic}-{p.partition}: offset {p.fetch_offset} past end"
+                    )
+                n = min(p.partition_max_bytes, size - p.fetch_offset)
+                results.append(m.FetchPartitionResult(p.partition, 0, size, size, 0, None, -1, n))
+                parts.append(FileRange(data_path, p.fetch_offset, n))
+            topics.append(m.FetchTopicResult(t.topic, results))
+        return Response(m.FetchResponse(topics), parts)
 
     return fetch
 
 
 def make_list_offsets(max_delay_ms: int) -> Handler:
     async def list_offsets(request: Request) -> Response:
-        topics = request.fields["topics"]
-        delay_ms = topics[0][1][0][2] if topics and topics[0][1] else 0
+        topics = request.message.topics
+        delay_ms = topics[0].partitions[0].timestamp if topics and topics[0].partitions else 0
         await asyncio.sleep(min(delay_ms, max_delay_ms) / 1000)
-        answer = [[t, [[p[0], 0, p[2], p[2], 0] for p in ps]] for t, ps in topics]
-        return Response({"throttle_time_ms": 0, "topics": answer})
+        answer = [
+            m.ListOffsetsTopicResult(
+                t.topic,
+                [
+                    m.ListOffsetsPartitionResult(p.partition, 0, p.timestamp, p.timestamp, 0)
+                    for p in t.partitions
+                ],
+            )
+            for t in topics
+        ]
+        return Response(m.ListOffsetsResponse(answer))
 
     return list_offsets
 

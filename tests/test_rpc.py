@@ -13,7 +13,7 @@ from helpers import python_command, start_server_process, wait_until_async
 from rpc_echo_server import make_handlers
 
 from rillet.client.runtime.rpc_server import FileRange, Request, Response, RpcServer
-from rillet.client.wire import schemas
+from rillet.client.wire import messages, schemas
 from rillet.client.wire.connection import Connection, connect_any, parse_address
 from rillet.client.wire.errors import (
     InvalidRequestError,
@@ -70,6 +70,21 @@ def list_offsets(delay_ms: int) -> dict:
     return {"topics": [["t", [[0, -1, delay_ms]]]]}
 
 
+async def test_typed_requests_get_typed_responses(conn: Connection) -> None:
+    request = messages.ProduceRequest(
+        acks=1,
+        timeout_ms=1000,
+        topics=[messages.ProduceTopic("t", [messages.ProducePartition(3, 5)])],
+    )
+    response, payload = await conn.call(request, b"x" * 5)
+    assert isinstance(response, messages.ProduceResponse) and not payload
+    assert response.topics == [
+        messages.ProduceTopicResult("t", [messages.ProducePartitionResult(3, 0, 5, -1, 0, None)])
+    ]
+    conn.post(request._replace(acks=0), b"y" * 5)  # one-way: no answer to wait for
+    assert (await conn.api_versions())[0] == (0, 0)
+
+
 async def test_api_versions_lists_served_apis(conn: Connection) -> None:
     versions = await conn.api_versions()
     assert versions == {k: (0, 0) for k in (0, 1, 2, 18, 60)}
@@ -101,9 +116,9 @@ async def test_handlers_start_in_arrival_order(data_file: Path) -> None:
     started: list[int] = []
 
     async def record(request: Request) -> Response:
-        started.append(request.fields["topics"][0][1][0][1])  # before any await
+        started.append(request.message.topics[0].partitions[0].nbytes)  # before any await
         await asyncio.sleep(0)
-        return Response({"topics": [], "throttle_time_ms": 0, "error_code": 0})
+        return Response(messages.ProduceResponse(topics=[]))
 
     async with RpcServer({schemas.PRODUCE.key: record}) as srv:
         await srv.start()

@@ -1,10 +1,12 @@
 """The server side of the wire protocol, shared by brokers and controllers.
 
 ``RpcServer(handlers)`` maps API keys to ``async def handler(request) -> Response | None``.
-Per connection it decodes frames, checks each header against client/wire/schemas.py, starts
+Per connection it decodes frames, checks each header against client/wire/schemas.py and
+decodes it into its typed request (``Request.message``, client/wire/messages.py), starts
 handlers in arrival order (each as a task, so their first steps run in that order: a
 handler that must order side effects does them before its first ``await``), runs them
-concurrently and writes responses strictly in arrival order.
+concurrently and writes responses strictly in arrival order. A handler answers with a
+``Response`` holding a typed response message (or a bare header map) and payload parts.
 
 What a peer can do wrong, and what happens (nothing a peer sends may crash the node):
 
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.client.wire import schemas
+from rillet.client.wire import messages, schemas
 from rillet.client.wire.errors import (
     InvalidRequestError,
     RilletError,
@@ -86,7 +88,9 @@ PayloadPart = Buffer | FileRange
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    fields: dict[str, Any]
+    # A response class of client/wire/messages.py; a bare header map for request-level
+    # errors (and tests that send what no schema allows).
+    message: Any
     payload: Sequence[PayloadPart] = ()
 
 
@@ -99,6 +103,7 @@ class Request:
     fields: dict[str, Any]  # the whole decoded header, defaults filled in
     payload: memoryview
     peer: str
+    message: Any = None  # the typed request (client/wire/messages.py), validated
 
 
 Handler = Callable[[Request], Awaitable[Response | None]]
@@ -153,7 +158,13 @@ def _unpin(parts: list[Any]) -> None:
 
 
 def _error_response(error: RilletError) -> Response:
+    # error_code and error_message only: ErrorResponse's controller hints are NOT_CONTROLLER's
     return Response({"error_code": error.code, "error_message": error.message or str(error)})
+
+
+def _header_of(message: Any) -> dict[str, Any]:
+    """A response's header map: a message's fields, or a bare map's copy."""
+    return dict(message) if type(message) is dict else message.to_header()
 
 
 class RpcServer:
@@ -211,11 +222,11 @@ class RpcServer:
 
     async def _api_versions(self, request: Request) -> Response:
         keys = [
-            [key, api.min_version, api.max_version]
+            messages.ApiVersionRange(key, api.min_version, api.max_version)
             for key in sorted(self.handlers)
             for api in (schemas.APIS[key],)
         ]
-        return Response({"error_code": 0, "api_keys": keys, "throttle_time_ms": 0})
+        return Response(messages.ApiVersionsResponse(api_keys=keys))
 
 
 class _ServerProtocol(asyncio.Protocol):
@@ -338,18 +349,19 @@ class _ServerProtocol(asyncio.Protocol):
         api = schemas.APIS.get(api_key)
         if api is None or api_key not in self.server.handlers:
             raise UnsupportedVersionError(f"API {api_key} is not served by {self.server.name}")
-        schemas.validate_request(api, version, header)
+        message = schemas.decode_request(api, version, header)  # validates first
         if len(payload) and not api.request_payload:
             raise InvalidRequestError(f"{api.name} requests carry no payload")
         return Request(
-            api, version, header["correlation_id"], client_id, header, payload, self.peer
+            api, version, header["correlation_id"], client_id, header, payload, self.peer, message
         )
 
     async def run(self, request: Request, slot: _Slot) -> Response | None:
         response = await self.server.handlers[request.api.key](request)
         if response is not None:
             if self.server.validate_responses:
-                schemas.validate_response(request.api, request.version, dict(response.fields))
+                header = _header_of(response.message)
+                schemas.validate_response(request.api, request.version, header)
             # Pin files in the same step the handler returned in, before anything else runs.
             slot.parts = _pin_parts(response.payload)
         return response
@@ -397,7 +409,9 @@ class _ServerProtocol(asyncio.Protocol):
 
     def frame_head(self, slot: _Slot, response: Response) -> bytes:
         """Prefix and header; the size counts every part, files included."""
-        header = encode_header({"correlation_id": slot.correlation_id, **response.fields})
+        fields = _header_of(response.message)
+        fields["correlation_id"] = slot.correlation_id
+        header = encode_header(fields)
         payload = sum(p.length if type(p) is _Pinned else _nbytes(p) for p in slot.parts)
         return PREFIX.pack(SIZE_FIELD + len(header) + payload, len(header)) + header
 

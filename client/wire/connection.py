@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from rillet.client.wire import schemas
+from rillet.client.wire import messages, schemas
 from rillet.client.wire.errors import NetworkError, RequestTimedOutError, RilletError, error_for
 from rillet.client.wire.framing import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -28,6 +28,17 @@ from rillet.client.wire.framing import (
 )
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", covariant=True)
+
+
+class RequestMessage(Protocol[R]):
+    """A request class of client/wire/messages.py, answered by an ``R``."""
+
+    def to_header(self) -> dict[str, Any]: ...
+
+    def response_type(self) -> type[R]: ...
+
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000  # Kafka's request.timeout.ms
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
@@ -154,6 +165,36 @@ class Connection:
             raise error_for(code, header.get("error_message") or "")
         return header, body
 
+    async def call(
+        self,
+        message: RequestMessage[R],
+        payload: Payload = b"",
+        *,
+        version: int | None = None,
+        timeout_ms: int | None = None,
+        raise_errors: bool = True,
+    ) -> tuple[R, memoryview]:
+        """Send a typed request (client/wire/messages.py) and wait for its typed response
+        and payload. With ``raise_errors=False`` a request-level error decodes too: the
+        response's fields other than ``error_code``/``error_message`` are then defaults."""
+        api = schemas.api_of(message)
+        header, body = await self.request(
+            api,
+            message.to_header(),
+            payload,
+            version=version,
+            timeout_ms=timeout_ms,
+            raise_errors=raise_errors,
+        )
+        used = api.max_version if version is None else version
+        return schemas.decode_response(api, used, header), body
+
+    def post(
+        self, message: RequestMessage[Any], payload: Payload = b"", *, version: int | None = None
+    ) -> int:
+        """``send_oneway`` for a typed request (acks=0 produce, Raft messages)."""
+        return self._send(schemas.api_of(message), message.to_header(), payload, version)
+
     def send_oneway(
         self,
         api: schemas.Api | int | str,
@@ -182,8 +223,8 @@ class Connection:
 
     async def api_versions(self) -> dict[int, tuple[int, int]]:
         """The peer's APIs: ``{api_key: (min_version, max_version)}``."""
-        header, _ = await self.request(schemas.API_VERSIONS, {})
-        return {key: (lo, hi) for key, lo, hi, *_ in header["api_keys"]}
+        response, _ = await self.call(messages.ApiVersionsRequest())
+        return {v.api_key: (v.min_version, v.max_version) for v in response.api_keys}
 
     def close(self) -> None:
         """Close: bytes already written (one-way sends) are flushed first; pending
@@ -290,4 +331,4 @@ async def connect_any(addresses: Iterable[str], **kwargs: Any) -> Connection:
     raise NetworkError("no bootstrap address reachable: " + "; ".join(failures or ["none given"]))
 
 
-__all__ = ["Connection", "Buffer", "connect_any", "parse_address"]
+__all__ = ["Connection", "Buffer", "RequestMessage", "connect_any", "parse_address"]
