@@ -16,12 +16,21 @@ partition's purgatory until the high watermark passes the batch, or ``timeout_ms
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import Request, Response
+from rillet.client.wire import messages as m
 from rillet.client.wire.errors import InvalidRequestError
 from rillet.controller.metadata.image import TopicPartition
+
+# ProducePartitionResult from a tuple of its fields, in C: one per partition per produce,
+# where the class call (a Python-level __new__) costs ~150 ns more.
+_result: Callable[[tuple[Any, ...]], m.ProducePartitionResult] = partial(
+    tuple.__new__, m.ProducePartitionResult
+)
 
 
 class ProduceHandler:
@@ -29,36 +38,36 @@ class ProduceHandler:
         self.replicas = replicas
 
     async def __call__(self, request: Request) -> Response | None:
-        fields = request.fields
-        acks = fields["acks"]
-        topics = fields["topics"]
-        entries = _slice_payload(topics, request.payload)
-        results = await self.replicas.append_records(entries, acks, fields["timeout_ms"])
+        req: m.ProduceRequest = request.message
+        acks = req.acks
+        entries = _slice_payload(req.topics, request.payload)
+        results = await self.replicas.append_records(entries, acks, req.timeout_ms)
         if acks == 0:
             return None
         # Results come back in request order: regroup them under their topics.
-        out: list[list[Any]] = []
+        out: list[m.ProduceTopicResult] = []
         i = 0
-        for topic, partitions in topics:
-            rows = []
-            for r in results[i : i + len(partitions)]:
-                rows.append(
-                    [
+        for t in req.topics:
+            rows = [
+                _result(
+                    (
                         r.partition,
                         r.error_code,
                         r.base_offset,
                         r.log_append_time,
                         r.log_start_offset,
                         r.error_message,
-                    ]
+                    )
                 )
-            i += len(partitions)
-            out.append([topic, rows])
-        return Response({"topics": out, "throttle_time_ms": 0, "error_code": 0})
+                for r in results[i : i + len(t.partitions)]
+            ]
+            i += len(t.partitions)
+            out.append(m.ProduceTopicResult(t.topic, rows))
+        return Response(m.ProduceResponse(out))
 
 
 def _slice_payload(
-    topics: list[list[Any]], payload: memoryview
+    topics: Sequence[m.ProduceTopic], payload: memoryview
 ) -> list[tuple[TopicPartition, memoryview]]:
     """Each partition's bytes, by the ``nbytes`` the header lists, in order."""
     out: list[tuple[TopicPartition, memoryview]] = []

@@ -53,7 +53,8 @@ from rillet.broker.replication.types import (
     ReplicationInvariantError,
 )
 from rillet.client.runtime.tasks import on_death_log
-from rillet.client.wire import errors, records, schemas
+from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import NO_LEADER, TopicPartition
@@ -261,14 +262,14 @@ class SourceFetcher:
     async def _fetch_loop(self) -> None:
         backoff_s = RECONNECT_BACKOFF_MIN_S
         while True:
-            fields, sent = self._build_request()
+            request, sent = self._build_request()
             if not sent:
                 await self._wait_for_work()
                 continue
             try:
                 conn = await self._connect()
                 timeout_ms = self.manager.config.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
-                header, payload = await conn.request(schemas.FETCH, fields, timeout_ms=timeout_ms)
+                response, payload = await conn.call(request, timeout_ms=timeout_ms)
             except (RilletError, OSError) as e:
                 logger.info("fetcher from %d: %s; retrying in %.2fs", self.source_id, e, backoff_s)
                 self._close()
@@ -276,7 +277,7 @@ class SourceFetcher:
                 backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
                 continue
             backoff_s = RECONNECT_BACKOFF_MIN_S
-            self._handle_response(header, payload, sent)
+            self._handle_response(response, payload, sent)
 
     async def _wait_for_work(self) -> None:
         """Until partitions are added, or the first backed-off partition may fetch."""
@@ -299,11 +300,11 @@ class SourceFetcher:
         self._conn = await Connection.open(*address, client_id=f"replica-{config.broker_id}")
         return self._conn
 
-    def _build_request(self) -> tuple[dict[str, Any], Sent]:
+    def _build_request(self) -> tuple[m.FetchRequest, Sent]:
         config = self.manager.config
         now = asyncio.get_running_loop().time()
         sent: Sent = {}
-        by_topic: dict[str, list[list[int]]] = {}
+        by_topic: dict[str, list[m.FetchPartition]] = {}
         for tp, not_before in list(self.partitions.items()):
             replica = self.manager.replicas.replicas.get(tp)
             if not_before > now or replica is None or source_of(replica) != self.source_id:
@@ -317,54 +318,50 @@ class SourceFetcher:
                 continue
             sent[tp] = (replica, req)
             by_topic.setdefault(tp.topic, []).append(
-                [
+                m.FetchPartition(
                     tp.partition,
                     req.fetch_offset,
                     req.last_fetched_epoch,
                     req.current_leader_epoch,
                     replica.log.log_start_offset,
                     config.partition_max_bytes,
-                ]
+                )
             )
-        fields = {
-            "replica_id": config.broker_id,
-            "max_wait_ms": config.max_wait_ms,
-            "min_bytes": 1,
-            "max_bytes": config.response_max_bytes,
-            "topics": [[topic, parts] for topic, parts in by_topic.items()],
-        }
-        return fields, sent
+        request = m.FetchRequest(
+            replica_id=config.broker_id,
+            max_wait_ms=config.max_wait_ms,
+            min_bytes=1,
+            max_bytes=config.response_max_bytes,
+            topics=[m.FetchTopic(topic, parts) for topic, parts in by_topic.items()],
+        )
+        return request, sent
 
-    def _handle_response(
-        self,
-        header: dict[str, Any],
-        payload: memoryview,
-        sent: Sent,
-    ) -> None:
+    def _handle_response(self, response: m.FetchResponse, payload: memoryview, sent: Sent) -> None:
         """Feed every partition's answer to its core and apply the effects, with no
         await in between (the log cannot change under a decision)."""
         position = 0
-        for topic, rows in header["topics"]:
-            for row in rows:
-                nbytes = row[7]
+        for t in response.topics:
+            for result in t.partitions:
+                nbytes = result.nbytes
                 data = payload[position : position + nbytes]
                 position += nbytes
-                entry = sent.get(TopicPartition(topic, row[0]))
+                tp = TopicPartition(t.topic, result.partition)
+                entry = sent.get(tp)
                 if entry is not None:
-                    self._handle_partition(TopicPartition(topic, row[0]), entry, row, data)
+                    self._handle_partition(tp, entry, result, data)
 
     def _handle_partition(
         self,
         tp: TopicPartition,
         entry: tuple[Replica, FetchRequest],
-        row: list[Any],
+        result: m.FetchPartitionResult,
         data: memoryview,
     ) -> None:
         replica, req = entry
         if self.manager.replicas.replicas.get(tp) is not replica or tp not in self.partitions:
             return  # removed, re-created or marked failed while the fetch was out
         try:
-            self._process_partition(tp, replica, req, row, data)
+            self._process_partition(tp, replica, req, result, data)
         except Exception as e:
             # Unexpected (a storage invariant, a core bug): this partition's log or state
             # may be half-updated, so stop fetching it; the others carry on.
@@ -375,10 +372,10 @@ class SourceFetcher:
         tp: TopicPartition,
         replica: Replica,
         req: FetchRequest,
-        row: list[Any],
+        result: m.FetchPartitionResult,
         data: memoryview,
     ) -> None:
-        code, hw, log_start, diverging = row[1], row[2], row[4], row[5]
+        code, diverging = result.error_code, result.diverging_epoch
         try:
             batches = _checked_batches(data) if code == errors.NONE else ()
         except RilletError as e:
@@ -394,8 +391,8 @@ class SourceFetcher:
             fetch_offset=req.fetch_offset,
             leader_epoch=req.current_leader_epoch,
             error_code=code,
-            high_watermark=hw,
-            log_start_offset=log_start,
+            high_watermark=result.high_watermark,
+            log_start_offset=result.log_start_offset,
             diverging_epoch=EpochEndOffset(*diverging) if diverging else None,
             batches=batches,
         )
