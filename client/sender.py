@@ -19,13 +19,13 @@ from typing import Any
 
 from rillet.client.accumulator import PartitionQueue, ProducerBatch, RecordAccumulator
 from rillet.client.metadata import MetadataClient
-from rillet.client.wire import schemas
+from rillet.client.wire import messages as m
 from rillet.client.wire.errors import NetworkError, RilletError, error_for, error_name
 
 log = logging.getLogger(__name__)
 
 # What an acks=0 request "answers" for each batch: no error, no offset, no time.
-_ACKS0 = [0, 0, -1, -1, -1, None]
+_ACKS0 = m.ProducePartitionResult(0, 0, -1, -1, -1, None)
 
 
 def delivery_future(b: ProducerBatch) -> asyncio.Future[None]:
@@ -140,26 +140,27 @@ class Sender:
     # --- requests ------------------------------------------------------------------
 
     async def _run_request(self, node: int, batches: list[ProducerBatch]) -> None:
-        by_topic: dict[str, list[list[int]]] = {}
+        by_topic: dict[str, list[m.ProducePartition]] = {}
         for b in batches:
             b.attempts += 1
-            by_topic.setdefault(b.topic, []).append([b.partition, len(b.payload)])  # type: ignore[arg-type]
-        fields = {
-            "acks": self.acks,
-            "timeout_ms": self.request_timeout_ms,
-            "topics": [[t, parts] for t, parts in by_topic.items()],
-        }
+            nbytes = len(b.payload)  # type: ignore[arg-type]
+            by_topic.setdefault(b.topic, []).append(m.ProducePartition(b.partition, nbytes))
+        request = m.ProduceRequest(
+            acks=self.acks,
+            timeout_ms=self.request_timeout_ms,
+            topics=[m.ProduceTopic(t, parts) for t, parts in by_topic.items()],
+        )
         payload = [b.payload for b in batches]
         self.stats["requests"] += 1
         try:
             conn = await self._meta.connection(node)
             if self.acks == 0:
-                conn.send_oneway(schemas.PRODUCE, fields, payload)  # type: ignore[arg-type]
+                conn.post(request, payload)  # type: ignore[arg-type]
                 await conn.drain()
-                results: dict[tuple[str, int], list] = {}
+                results: dict[tuple[str, int], m.ProducePartitionResult] = {}
             else:
-                header, _ = await conn.request(schemas.PRODUCE, fields, payload)  # type: ignore[arg-type]
-                results = {(topic, r[0]): r for topic, parts in header["topics"] for r in parts}
+                response, _ = await conn.call(request, payload)  # type: ignore[arg-type]
+                results = {(t.topic, r.partition): r for t in response.topics for r in t.partitions}
         except RilletError as e:
             if isinstance(e, NetworkError):
                 self._meta.request_update()
@@ -180,16 +181,14 @@ class Sender:
             self.wakeup()
 
     def _on_result(
-        self, b: ProducerBatch, error: BaseException | None, result: list | None
+        self, b: ProducerBatch, error: BaseException | None, result: m.ProducePartitionResult | None
     ) -> None:
-        # result: a PRODUCE_RESULT row (partition, error_code, base_offset,
-        # log_append_time, log_start_offset, error_message)
-        if error is None and result is not None and result[1]:
-            msg = result[5] if len(result) > 5 and result[5] else error_name(result[1])
-            error = error_for(result[1], f"{b.topic}-{b.partition}: {msg}")
+        if error is None and result is not None and result.error_code:
+            msg = result.error_message or error_name(result.error_code)
+            error = error_for(result.error_code, f"{b.topic}-{b.partition}: {msg}")
         if error is None:
-            b.base_offset = result[2] if result is not None else -1  # type: ignore[index]
-            b.log_append_time = result[3] if result is not None else -1  # type: ignore[index]
+            b.base_offset = result.base_offset if result is not None else -1
+            b.log_append_time = result.log_append_time if result is not None else -1
             requeued = self._acc.delivered(b)
             self.complete(b, None)
         elif self._may_retry(b, error):

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import msgpack
-
 import pytest
 
 from rillet.client.wire import messages, schemas
