@@ -35,7 +35,8 @@ from itertools import repeat
 from typing import NamedTuple
 
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
-from rillet.client.wire import records, schemas
+from rillet.client.wire import messages as m
+from rillet.client.wire import records
 from rillet.client.wire.errors import (
     CorruptRecordError,
     OffsetOutOfRangeError,
@@ -373,28 +374,28 @@ class Consumer:
         self, node: int, tps: list[TopicPartition], where: int
     ) -> tuple[dict[TopicPartition, int], list[TopicPartition]]:
         snap = self._meta.snapshot
-        by_topic: dict[str, list[list[int]]] = {}
+        by_topic: dict[str, list[m.ListOffsetsPartition]] = {}
         for t, p in tps:
-            by_topic.setdefault(t, []).append([p, snap.topics[t][p].leader_epoch, where])
+            epoch = snap.topics[t][p].leader_epoch
+            by_topic.setdefault(t, []).append(m.ListOffsetsPartition(p, epoch, where))
+        request = m.ListOffsetsRequest([m.ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])
         try:
             conn = await self._meta.connection(node)
-            header, _ = await conn.request(
-                schemas.LIST_OFFSETS, {"topics": [[t, ps] for t, ps in by_topic.items()]}
-            )
+            response, _ = await conn.call(request)
         except RilletError as e:
             if not e.retriable:
                 raise
             return {}, tps
         got: dict[TopicPartition, int] = {}
         failed: list[TopicPartition] = []
-        for topic, parts in header["topics"]:
-            for p, code, _ts, offset, *_ in parts:
-                if code == 0:
-                    got[TopicPartition(topic, p)] = offset
-                elif error_for(code).retriable:
-                    failed.append(TopicPartition(topic, p))
+        for t in response.topics:
+            for r in t.partitions:
+                if r.error_code == 0:
+                    got[TopicPartition(t.topic, r.partition)] = r.offset
+                elif error_for(r.error_code).retriable:
+                    failed.append(TopicPartition(t.topic, r.partition))
                 else:
-                    raise error_for(code, f"ListOffsets {topic}-{p}")
+                    raise error_for(r.error_code, f"ListOffsets {t.topic}-{r.partition}")
         return got, failed
 
     # --- fetching ------------------------------------------------------------------
@@ -488,34 +489,37 @@ class Consumer:
     async def _fetch_from(self, node: int, tps: list[TopicPartition]) -> None:
         snap = self._meta.snapshot
         generations = {tp: self._generations.get(tp, 0) for tp in tps}
-        by_topic: dict[str, list[list[int]]] = {}
+        by_topic: dict[str, list[m.FetchPartition]] = {}
         for tp in tps:
             epoch = snap.topics[tp.topic][tp.partition].leader_epoch
             by_topic.setdefault(tp.topic, []).append(
-                [
-                    tp.partition,
-                    self._fetch_positions[tp],
-                    -1,
-                    epoch,
-                    -1,
-                    self.max_partition_fetch_bytes,
-                ]
+                m.FetchPartition(
+                    partition=tp.partition,
+                    fetch_offset=self._fetch_positions[tp],
+                    last_fetched_epoch=-1,
+                    current_leader_epoch=epoch,
+                    log_start_offset=-1,
+                    partition_max_bytes=self.max_partition_fetch_bytes,
+                )
             )
-        fields = {
-            "replica_id": -1,
-            "max_wait_ms": self.fetch_max_wait_ms,
-            "min_bytes": self.fetch_min_bytes,
-            "max_bytes": self.fetch_max_bytes - self._buffered_bytes,
-            "topics": [[t, ps] for t, ps in by_topic.items()],
-            "rack_id": self.client_rack,
-        }
+        request = m.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=self.fetch_max_wait_ms,
+            min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes - self._buffered_bytes,
+            topics=[m.FetchTopic(t, ps) for t, ps in by_topic.items()],
+            rack_id=self.client_rack,
+        )
         conn = await self._meta.connection(node)
-        header, payload = await conn.request(schemas.FETCH, fields)
+        response, payload = await conn.call(request)
         self.stats["fetches"] += 1
         self.bytes_by_node[node] = self.bytes_by_node.get(node, 0) + len(payload)
         pos = 0
-        for topic, parts in header["topics"]:
-            for p, code, _hw, _lso, _start, _div, preferred, nbytes, *_ in parts:
+        for t in response.topics:
+            topic = t.topic
+            for r in t.partitions:
+                p, code, nbytes = r.partition, r.error_code, r.nbytes
+                preferred = r.preferred_read_replica
                 tp = TopicPartition(topic, p)
                 data = payload[pos : pos + nbytes]
                 pos += nbytes
