@@ -33,6 +33,7 @@ from rillet.broker.link.controller_client import (
     ControllerChannel,
     MetadataFollower,
 )
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
@@ -213,11 +214,9 @@ async def build_image(q: Quorum, partitions: int) -> list:
     admin = ControllerChannel(q.voters)
     per_topic = 100
     for t in range(partitions // per_topic):
-        header = await admin.forward(
-            schemas.CREATE_TOPICS,
-            {"topics": [[f"topic-{t}", per_topic, 3, [], {}]], "timeout_ms": 5000},
-        )
-        assert header["topics"][0][1] == 0, header
+        topic = m.CreatableTopic(f"topic-{t}", per_topic, 3, [], {})
+        created, _ = await admin.call(m.CreateTopicsRequest([topic], timeout_ms=5000))
+        assert created.topics[0].error_code == 0, created
     await admin.close()
     return keep
 

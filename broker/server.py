@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
 from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
@@ -49,6 +49,7 @@ from rillet.client.runtime.config import Config
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
 from rillet.client.runtime.tasks import on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
+from rillet.client.wire.connection import R, RequestMessage
 from rillet.controller.metadata.image import MetadataDelta, MetadataImage
 from rillet.storage import LogManager
 
@@ -70,8 +71,9 @@ class ControllerLink(Protocol):
     def controller_id(self) -> int:
         """The active controller's id, -1 when unknown."""
 
-    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
-        """Send a request to the active controller; its response header."""
+    async def forward(self, message: RequestMessage[R]) -> R:
+        """Send a typed request to the active controller; its typed response (a
+        request-level error is raised)."""
 
     async def alter_partition(
         self, topic: str, partition: int, proposal: ProposeAlterPartition

@@ -22,6 +22,7 @@ from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.broker.server import BrokerServer, MetadataListener
 from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.controller.metadata.image import (
     Config,
@@ -81,29 +82,32 @@ class FakeLink:
     def controller_id(self) -> int:
         return 100
 
-    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
-        if api == "CreateTopics":
-            out = []
-            for name, n, _rf, _assign, configs in fields["topics"]:
-                if self.image.topic(name) is not None:
-                    out.append([name, errors.code_of("TOPIC_ALREADY_EXISTS"), "exists", n, 1])
+    async def forward(self, message: Any) -> Any:
+        if isinstance(message, m.CreateTopicsRequest):
+            created = []
+            for t in message.topics:
+                n = t.num_partitions
+                if self.image.topic(t.name) is not None:
+                    exists = errors.code_of("TOPIC_ALREADY_EXISTS")
+                    created.append(m.CreatableTopicResult(t.name, exists, "exists", n, 1))
                     continue
                 await self.create_topic(
-                    name, max(n, 1), **{k.replace(".", "_"): v for k, v in configs.items()}
+                    t.name, max(n, 1), **{k.replace(".", "_"): v for k, v in t.configs.items()}
                 )
-                out.append([name, 0, None, n, 1])
-            return {"topics": out, "throttle_time_ms": 0}
-        if api == "DeleteTopics":
-            out = []
-            for name in fields["topic_names"]:
+                created.append(m.CreatableTopicResult(t.name, 0, None, n, 1))
+            return m.CreateTopicsResponse(topics=created)
+        if isinstance(message, m.DeleteTopicsRequest):
+            deleted = []
+            for name in message.topic_names:
                 t = self.image.topic(name)
                 if t is None:
-                    out.append([name, errors.code_of("UNKNOWN_TOPIC_OR_PARTITION"), None])
+                    unknown = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+                    deleted.append(m.DeletableTopicResult(name, unknown, None))
                     continue
                 await self.commit([RemoveTopic(t.topic_id)])
-                out.append([name, 0, None])
-            return {"responses": out, "throttle_time_ms": 0}
-        raise AssertionError(api)
+                deleted.append(m.DeletableTopicResult(name, 0, None))
+            return m.DeleteTopicsResponse(responses=deleted)
+        raise AssertionError(message)
 
     async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
         return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))

@@ -26,6 +26,7 @@ from rillet.broker.link.controller_client import (
     ControllerChannel,
     MetadataFollower,
 )
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
@@ -282,12 +283,11 @@ async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leadership
             await lifecycles[b].start()
         for b in ids:  # unfenced once their metadata caught up with their registration
             await asyncio.wait_for(lifecycles[b].wait_for(lambda s: not s.fenced), DEADLINE_S)
-        assignments = [[p, list(ids[p:] + ids[:p])] for p in range(3)]  # each leads one
-        created = await admin.forward(
-            schemas.CREATE_TOPICS,
-            {"topics": [["fencing", -1, -1, assignments, {}]], "timeout_ms": 5000},
-        )
-        assert created["topics"][0][1] == 0, created
+        # each leads one partition
+        assignments = [m.ReplicaAssignment(p, list(ids[p:] + ids[:p])) for p in range(3)]
+        topic = m.CreatableTopic("fencing", -1, -1, assignments, {})
+        created, _ = await admin.call(m.CreateTopicsRequest([topic], timeout_ms=5000))
+        assert created.topics[0].error_code == 0, created
         victim = ids[0]
         await lifecycles[victim].stop()  # silent from now on: the session expires
 

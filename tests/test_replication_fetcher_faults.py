@@ -78,8 +78,8 @@ class Link:
     def controller_id(self) -> int:
         return 100
 
-    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
-        raise AssertionError(api)
+    async def forward(self, message: Any) -> Any:
+        raise AssertionError(message)
 
     async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
         return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
@@ -27,12 +27,21 @@ from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors
-from rillet.controller.metadata.describe import cluster_id_of, describe_cluster, describe_topics
+from rillet.client.wire import messages as m
+from rillet.controller.metadata.describe import (
+    ClusterDescription,
+    cluster_id_of,
+    describe_cluster,
+    describe_cluster_brokers,
+    describe_topics,
+    metadata_brokers,
+    metadata_topic,
+)
 from rillet.controller.metadata.image import MetadataImage
 
 logger = logging.getLogger(__name__)
 
-Forward = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Forward = Callable[[Any], Awaitable[Any]]  # a typed request -> its typed response
 UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 LEADER_NOT_AVAILABLE = errors.code_of("LEADER_NOT_AVAILABLE")
 DEFAULT_TIMEOUT_MS = 30_000
@@ -64,70 +73,47 @@ class MetadataHandlers:
     def cluster_id(self) -> str:
         return self.config.cluster_id or cluster_id_of(self.image) or ""
 
-    def _brokers(self, include_fenced: bool = False) -> list[Any]:
+    def _cluster(self, include_fenced: bool = False) -> ClusterDescription:
         # DescribeCluster lists fenced brokers too, flagged: tooling waits on that flag.
-        desc = describe_cluster(
+        return describe_cluster(
             self.image, self.cluster_id, self.controller_id(), BROKER_LISTENER, include_fenced
         )
-        return desc.brokers
 
     async def metadata(self, request: Request) -> Response:
-        names = request.fields["topics"]
-        topics = describe_topics(self.image, names)
-        auto = (
-            request.fields["allow_auto_topic_creation"] and self.config["auto.create.topics.enable"]
-        )
+        req: m.MetadataRequest = request.message
+        auto = req.allow_auto_topic_creation and self.config["auto.create.topics.enable"]
         out = []
-        for t in topics:
-            code = t.error_code
-            if code == UNKNOWN_TOPIC and auto:
+        for t in describe_topics(self.image, req.topics):
+            code = None
+            if t.error_code == UNKNOWN_TOPIC and auto:
                 self._auto_create(t.name)
                 code = LEADER_NOT_AVAILABLE
-            parts = [
-                [
-                    p.error_code,
-                    p.partition,
-                    p.leader,
-                    p.leader_epoch,
-                    list(p.replicas),
-                    list(p.isr),
-                    list(p.offline_replicas),
-                ]
-                for p in t.partitions
-            ]
-            out.append([code, t.name, False, parts])
-        brokers = [[b.broker_id, b.host, b.port, b.rack] for b in self._brokers()]
+            out.append(metadata_topic(t, code))
         return Response(
-            {
-                "throttle_time_ms": 0,
-                "cluster_id": self.cluster_id,
-                "controller_id": self.controller_id(),
-                "brokers": brokers,
-                "topics": out,
-            }
+            m.MetadataResponse(
+                cluster_id=self.cluster_id,
+                controller_id=self.controller_id(),
+                brokers=metadata_brokers(self._cluster()),
+                topics=out,
+            )
         )
 
     def _auto_create(self, name: str) -> None:
         if name in self._creating:
             return
         self._creating.add(name)
-        fields = {
-            "topics": [
-                [
-                    name,
-                    self.config["num.partitions"],
-                    self.config["default.replication.factor"],
-                    [],
-                    {},
-                ]
-            ],
-            "timeout_ms": DEFAULT_TIMEOUT_MS,
-            "validate_only": False,
-        }
+        topic = m.CreatableTopic(
+            name=name,
+            num_partitions=self.config["num.partitions"],
+            replication_factor=self.config["default.replication.factor"],
+            assignments=[],
+            configs={},
+        )
+        request = m.CreateTopicsRequest(topics=[topic], timeout_ms=DEFAULT_TIMEOUT_MS)
 
         async def create() -> None:
             try:
-                await self.forward("CreateTopics", fields)
+                await self.forward(request)
             except Exception as e:  # the client retries Metadata; log why it failed
                 logger.warning("auto-creating topic %s failed: %r", name, e)
             finally:
@@ -140,62 +126,53 @@ class MetadataHandlers:
         on_death_log(task, f"auto-creating topic {name}")
 
     async def describe_cluster(self, request: Request) -> Response:
-        brokers = [
-            [b.broker_id, b.host, b.port, b.rack, b.fenced]
-            for b in self._brokers(include_fenced=True)
-        ]
         return Response(
-            {
-                "throttle_time_ms": 0,
-                "error_code": 0,
-                "error_message": None,
-                "cluster_id": self.cluster_id,
-                "controller_id": self.controller_id(),
-                "brokers": brokers,
-            }
+            m.DescribeClusterResponse(
+                cluster_id=self.cluster_id,
+                controller_id=self.controller_id(),
+                brokers=describe_cluster_brokers(self._cluster(include_fenced=True)),
+            )
         )
 
     async def create_topics(self, request: Request) -> Response:
-        fields = _request_fields(request)
-        header = await self.forward("CreateTopics", fields)
-        if not fields.get("validate_only"):
-            created = [t[0] for t in header.get("topics", ()) if t[1] == errors.NONE]
+        req: m.CreateTopicsRequest = request.message
+        response: m.CreateTopicsResponse = await self.forward(req)
+        if not req.validate_only:
+            created = [t.name for t in response.topics if t.error_code == errors.NONE]
             await self._wait_image(
-                lambda im: all(_has_leaders(im, n) for n in created), fields["timeout_ms"]
+                lambda im: all(_has_leaders(im, n) for n in created), req.timeout_ms
             )
-        return Response(_response_fields(header))
+        return Response(response)
 
     async def delete_topics(self, request: Request) -> Response:
-        fields = _request_fields(request)
-        header = await self.forward("DeleteTopics", fields)
-        deleted = [t[0] for t in header.get("responses", ()) if t[1] == errors.NONE]
-        await self._wait_image(
-            lambda im: all(im.topic(n) is None for n in deleted), fields["timeout_ms"]
-        )
-        return Response(_response_fields(header))
+        req: m.DeleteTopicsRequest = request.message
+        response: m.DeleteTopicsResponse = await self.forward(req)
+        deleted = [t.name for t in response.responses if t.error_code == errors.NONE]
+        await self._wait_image(lambda im: all(im.topic(n) is None for n in deleted), req.timeout_ms)
+        return Response(response)
 
     async def elect_leaders(self, request: Request) -> Response:
-        fields = _request_fields(request)
+        req: m.ElectLeadersRequest = request.message
         # Epochs before the election: an elected partition's leader epoch grows.
-        before = _leader_epochs(self.image, fields.get("topics"))
-        header = await self.forward("ElectLeaders", fields)
-        elected = [(t, p) for t, p, code, *_ in header.get("results", ()) if code == errors.NONE]
+        before = _leader_epochs(self.image, req.topics)
+        response: m.ElectLeadersResponse = await self.forward(req)
+        elected = [(r.topic, r.partition) for r in response.results if r.error_code == errors.NONE]
         await self._wait_image(
             lambda im: all(_leader_epoch(im, t, p) > before.get((t, p), -1) for t, p in elected),
-            min(fields["timeout_ms"], IMAGE_WAIT_MAX_MS),
+            min(req.timeout_ms, IMAGE_WAIT_MAX_MS),
         )
-        return Response(_response_fields(header))
+        return Response(response)
 
     async def alter_partition_reassignments(self, request: Request) -> Response:
-        fields = _request_fields(request)
-        header = await self.forward("AlterPartitionReassignments", fields)
-        ok = {(t, p) for t, p, code, *_ in header.get("results", ()) if code == errors.NONE}
-        targets = [(t, p, r) for t, p, r in fields["partitions"] if (t, p) in ok]
+        req: m.AlterPartitionReassignmentsRequest = request.message
+        response: m.AlterPartitionReassignmentsResponse = await self.forward(req)
+        ok = {(r.topic, r.partition) for r in response.results if r.error_code == errors.NONE}
+        targets = [p for p in req.partitions if (p.topic, p.partition) in ok]
         await self._wait_image(
-            lambda im: all(_shows_reassignment(im, t, p, r) for t, p, r in targets),
-            min(fields["timeout_ms"], IMAGE_WAIT_MAX_MS),
+            lambda im: all(_shows_reassignment(im, p) for p in targets),
+            min(req.timeout_ms, IMAGE_WAIT_MAX_MS),
         )
-        return Response(_response_fields(header))
+        return Response(response)
 
     async def _wait_image(self, done: Callable[[MetadataImage], bool], timeout_ms: int) -> None:
         """Until this broker's image satisfies ``done`` or the timeout (then answer
@@ -212,7 +189,7 @@ def _has_leaders(image: MetadataImage, name: str) -> bool:
     return t is not None and all(p.leader >= 0 for p in t.partitions.values())
 
 
-def _leader_epochs(image: MetadataImage, names: list[str] | None) -> dict[tuple[str, int], int]:
+def _leader_epochs(image: MetadataImage, names: Sequence[str] | None) -> dict[tuple[str, int], int]:
     wanted = sorted(image.topics_by_name) if names is None else names
     out: dict[tuple[str, int], int] = {}
     for name in wanted:
@@ -227,24 +204,13 @@ def _leader_epoch(image: MetadataImage, topic: str, partition: int) -> int:
     return -1 if p is None else p.leader_epoch
 
 
-def _shows_reassignment(
-    image: MetadataImage, topic: str, partition: int, target: list[int] | None
-) -> bool:
+def _shows_reassignment(image: MetadataImage, move: m.ReassignablePartition) -> bool:
     """The image holds the target replicas (started or done), or no reassignment (cancel)."""
-    p = image.partition(topic, partition)
+    target = move.replicas
+    p = image.partition(move.topic, move.partition)
     if p is None:
         return True  # deleted meanwhile: nothing to wait for
     if target is None:
         return not p.is_reassigning
     # KIP-455 layout: replicas = target + the ones being removed (just target once done).
     return tuple(p.replicas[: len(target)]) == tuple(target)
-
-
-def _request_fields(request: Request) -> dict[str, Any]:
-    """The request's own fields, without the framing header keys."""
-    skip = ("api", "version", "correlation_id", "client_id")
-    return {k: v for k, v in request.fields.items() if k not in skip}
-
-
-def _response_fields(header: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in header.items() if k != "correlation_id"}

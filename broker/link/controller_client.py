@@ -8,8 +8,8 @@
   fenced / caught-up / should-shut-down, and runs a controlled shutdown.
 - `MetadataFollower`: long-polls FetchMetadata, applies records (or a snapshot) to a
   `MetadataImage` through `MetadataDelta`, and calls ``listener(delta, image)`` per batch.
-- `ControllerChannel.forward(api, fields)`: what a broker uses to forward CreateTopics,
-  DeleteTopics, AlterPartition... to the active controller.
+- `ControllerChannel.call(message)`: a typed request to the active controller (what a
+  broker uses to forward CreateTopics, DeleteTopics, AlterPartition...).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any
 import msgpack
 
 from rillet.client.runtime.tasks import FatalHandler, fatal_fault, on_death_fatal
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
-from rillet.client.wire.connection import Connection
+from rillet.client.wire.connection import Connection, R, RequestMessage
 from rillet.client.wire.errors import (
     NetworkError,
     NotControllerError,
@@ -140,10 +141,11 @@ class ControllerChannel:
                 header, payload = await conn.request(
                     api, dict(fields), raise_errors=False, timeout_ms=timeout_ms
                 )
-                code = header.get("error_code", 0)
+                answer = m.ErrorResponse.from_header(header)
+                code = answer.error_code
                 if code == NOT_CONTROLLER:
-                    error: RilletError = error_for(code, header.get("error_message") or "")
-                    leader = header.get("leader_id", -1)
+                    error: RilletError = error_for(code, answer.error_message or "")
+                    leader = answer.leader_id
                     if leader in self.voters and leader != target:
                         self.leader_id = leader
                         redirects += 1
@@ -159,9 +161,9 @@ class ControllerChannel:
                     else:
                         self._next_voter(target)  # no leader known: ask the next voter
                 elif code and is_retriable(code):
-                    error = error_for(code, header.get("error_message") or "")
+                    error = error_for(code, answer.error_message or "")
                 elif code:
-                    raise error_for(code, header.get("error_message") or "")
+                    raise error_for(code, answer.error_message or "")
                 else:
                     self.leader_id = target
                     return header, payload
@@ -176,17 +178,20 @@ class ControllerChannel:
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
 
-    async def forward(
+    async def call(
         self,
-        api: schemas.Api | int | str,
-        fields: dict[str, Any],
+        message: RequestMessage[R],
         *,
         deadline_ms: int = DEFAULT_DEADLINE_MS,
-    ) -> dict[str, Any]:
-        """Forward a broker's CreateTopics / DeleteTopics / AlterPartition / ElectLeaders...
-        to the active controller; returns the response header (per-item errors inside)."""
-        header, _ = await self.request(api, fields, deadline_ms=deadline_ms)
-        return header
+        timeout_ms: int | None = None,
+    ) -> tuple[R, memoryview]:
+        """``request`` for a typed message: its typed response (per-item errors inside)
+        and payload."""
+        api = schemas.api_of(message)
+        header, payload = await self.request(
+            api, message.to_header(), deadline_ms=deadline_ms, timeout_ms=timeout_ms
+        )
+        return schemas.decode_response(api, api.max_version, header), payload
 
 
 # -- broker lifecycle ---------------------------------------------------------------------
@@ -224,7 +229,7 @@ class BrokerLifecycle:
     ) -> None:
         self.channel = channel
         self.broker_id = broker_id
-        self.listeners = [list(listener) for listener in listeners]
+        self.listeners = [m.Listener(*listener) for listener in listeners]
         self.metadata_offset = metadata_offset
         self.cluster_id = cluster_id
         self.rack = rack
@@ -238,17 +243,16 @@ class BrokerLifecycle:
 
     async def register(self) -> int:
         """Register (fenced) and return the broker epoch; retries until it succeeds."""
-        header, _ = await self.channel.request(
-            schemas.BROKER_REGISTRATION,
-            {
-                "broker_id": self.broker_id,
-                "cluster_id": self.cluster_id,
-                "incarnation_id": self.incarnation_id,
-                "listeners": self.listeners,
-                "rack": self.rack,
-            },
+        response, _ = await self.channel.call(
+            m.BrokerRegistrationRequest(
+                broker_id=self.broker_id,
+                cluster_id=self.cluster_id,
+                incarnation_id=self.incarnation_id,
+                listeners=self.listeners,
+                rack=self.rack,
+            )
         )
-        self.state.broker_epoch = header["broker_epoch"]
+        self.state.broker_epoch = response.broker_epoch
         self.state.registered = True
         log.info("broker %d: registered with epoch %d", self.broker_id, self.state.broker_epoch)
         return self.state.broker_epoch
@@ -273,21 +277,20 @@ class BrokerLifecycle:
             self._task = None
 
     async def heartbeat(self) -> LifecycleState:
-        header, _ = await self.channel.request(
-            schemas.BROKER_HEARTBEAT,
-            {
-                "broker_id": self.broker_id,
-                "broker_epoch": self.state.broker_epoch,
-                "current_metadata_offset": self.metadata_offset(),
-                "want_fence": False,
-                "want_shut_down": self._want_shutdown,
-            },
+        response, _ = await self.channel.call(
+            m.BrokerHeartbeatRequest(
+                broker_id=self.broker_id,
+                broker_epoch=self.state.broker_epoch,
+                current_metadata_offset=self.metadata_offset(),
+                want_fence=False,
+                want_shut_down=self._want_shutdown,
+            ),
             deadline_ms=max(self.heartbeat_interval_ms * 4, 2000),
         )
         s = self.state
         before = (s.fenced, s.should_shut_down)
-        s.fenced, s.caught_up = header["is_fenced"], header["is_caught_up"]
-        s.should_shut_down = header["should_shut_down"]
+        s.fenced, s.caught_up = response.is_fenced, response.is_caught_up
+        s.should_shut_down = response.should_shut_down
         if (s.fenced, s.should_shut_down) != before:
             log.info(
                 "broker %d: fenced=%s should_shut_down=%s",
@@ -398,20 +401,19 @@ class MetadataFollower:
 
     async def fetch_once(self) -> int:
         """One FetchMetadata round trip; returns how many entries (or 1 snapshot) applied."""
-        header, payload = await self.channel.request(
-            schemas.FETCH_METADATA,
-            {
-                "broker_id": self.broker_id,
-                "broker_epoch": self.broker_epoch(),
-                "fetch_offset": self.image.offset + 1,
-                "last_fetched_epoch": self.image.epoch,
-                "max_wait_ms": self.max_wait_ms,
-                "max_bytes": self.max_bytes,
-            },
+        response, payload = await self.channel.call(
+            m.FetchMetadataRequest(
+                broker_id=self.broker_id,
+                broker_epoch=self.broker_epoch(),
+                fetch_offset=self.image.offset + 1,
+                last_fetched_epoch=self.image.epoch,
+                max_wait_ms=self.max_wait_ms,
+                max_bytes=self.max_bytes,
+            ),
             timeout_ms=self.max_wait_ms + 5000,
         )
-        self.high_watermark = header["high_watermark"]
-        if header.get("snapshot_id") is not None:
+        self.high_watermark = response.high_watermark
+        if response.snapshot_id is not None:
             image = decode_snapshot(bytes(payload))
             delta = MetadataDelta(EMPTY_IMAGE)
             delta.replay_all(image_to_records(image), -1, -1)

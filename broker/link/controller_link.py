@@ -29,7 +29,8 @@ from rillet.broker.link.controller_client import (
 )
 from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.client.runtime.tasks import on_death_fatal
-from rillet.client.wire import schemas
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import R, RequestMessage
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import MetadataDelta, MetadataImage
 
@@ -121,36 +122,28 @@ class QuorumLink:
         leader = self.channel.leader_id
         return -1 if leader is None else leader
 
-    async def forward(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
-        header = await self.channel.forward(api, fields)
-        return {k: v for k, v in header.items() if k != "correlation_id"}
+    async def forward(self, message: RequestMessage[R]) -> R:
+        response, _ = await self.channel.call(message)
+        return response
 
     async def alter_partition(
         self, topic: str, partition: int, proposal: ProposeAlterPartition
     ) -> AlterPartitionResponse:
         assert self.lifecycle is not None
-        header = await self.channel.forward(
-            schemas.ALTER_PARTITION,
-            {
-                "broker_id": self.config.node_id,
-                "broker_epoch": self.lifecycle.state.broker_epoch,
-                "topics": [
-                    [
-                        topic,
-                        [
-                            [
-                                partition,
-                                proposal.leader_epoch,
-                                list(proposal.new_isr),
-                                proposal.partition_epoch,
-                            ]
-                        ],
-                    ]
-                ],
-            },
+        item = m.IsrProposal(
+            partition=partition,
+            leader_epoch=proposal.leader_epoch,
+            new_isr=list(proposal.new_isr),
+            partition_epoch=proposal.partition_epoch,
         )
-        _, code, _leader, leader_epoch, isr, partition_epoch = header["topics"][0][1][0][:6]
-        return AlterPartitionResponse(code, tuple(isr), leader_epoch, partition_epoch)
+        request = m.AlterPartitionRequest(
+            broker_id=self.config.node_id,
+            broker_epoch=self.lifecycle.state.broker_epoch,
+            topics=[m.AlterPartitionTopic(topic, [item])],
+        )
+        response = await self.forward(request)
+        r = response.topics[0].partitions[0]
+        return AlterPartitionResponse(r.error_code, tuple(r.isr), r.leader_epoch, r.partition_epoch)
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         if self.lifecycle is None or not self.lifecycle.state.registered:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rillet.client.wire import messages as m
 from rillet.client.wire.errors import code_of
 from rillet.controller.metadata.image import NO_LEADER, RESOURCE_BROKER, MetadataImage
 
@@ -95,3 +96,31 @@ def describe_topics(
             )
         out.append(TopicMetadata(name, NONE, t.topic_id, tuple(parts)))
     return out
+
+
+def metadata_topic(t: TopicMetadata, error_code: int | None = None) -> m.MetadataTopic:
+    """One topic of a Metadata response (``error_code`` overrides the topic's own)."""
+    partitions = [
+        m.MetadataPartition(
+            error_code=p.error_code,
+            partition=p.partition,
+            leader_id=p.leader,
+            leader_epoch=p.leader_epoch,
+            replicas=list(p.replicas),
+            isr=list(p.isr),
+            offline_replicas=list(p.offline_replicas),
+        )
+        for p in t.partitions
+    ]
+    code = t.error_code if error_code is None else error_code
+    return m.MetadataTopic(code, t.name, False, partitions)
+
+
+def metadata_brokers(desc: ClusterDescription) -> list[m.MetadataBroker]:
+    return [m.MetadataBroker(b.broker_id, b.host, b.port, b.rack) for b in desc.brokers]
+
+
+def describe_cluster_brokers(desc: ClusterDescription) -> list[m.DescribeClusterBroker]:
+    return [
+        m.DescribeClusterBroker(b.broker_id, b.host, b.port, b.rack, b.fenced) for b in desc.brokers
+    ]
