@@ -18,9 +18,16 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from rillet.client.runtime.rpc_server import Request, Response
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
 from rillet.client.wire.errors import NotControllerError, code_of
-from rillet.controller.metadata.describe import describe_cluster, describe_topics
+from rillet.controller.metadata.describe import (
+    describe_cluster,
+    describe_cluster_brokers,
+    describe_topics,
+    metadata_brokers,
+    metadata_topic,
+)
 from rillet.controller.metadata.image import MetadataImage, MetadataRecord, replay_records
 from rillet.controller.metadata.quorum import (
     CreatableTopic,
@@ -32,9 +39,8 @@ if TYPE_CHECKING:
     from rillet.controller.server import ControllerServer
 
 Handler = Callable[[Request], Awaitable[Response | None]]
-ActiveHandler = Callable[
-    ["ControllerServer", QuorumController, dict[str, Any]], Awaitable[dict[str, Any]]
-]
+# (server, controller, typed request) -> typed response
+ActiveHandler = Callable[["ControllerServer", QuorumController, Any], Awaitable[Any]]
 
 INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
 FETCH_METADATA_MAX_WAIT_MS = 30_000
@@ -48,7 +54,7 @@ def _active(server: ControllerServer, op: ActiveHandler) -> Handler:
         if not server.active or ctl is None:
             return server.not_controller()
         try:
-            return Response(await op(server, ctl, request.fields))
+            return Response(await op(server, ctl, request.message))
         except NotControllerError:
             return server.not_controller()
 
@@ -59,218 +65,218 @@ def _active(server: ControllerServer, op: ActiveHandler) -> Handler:
 
 
 async def broker_registration(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
-    if f["cluster_id"] and server.cluster_id and f["cluster_id"] != server.cluster_id:
-        return {
-            "error_code": INCONSISTENT_CLUSTER_ID,
-            "broker_epoch": -1,
-            "error_message": f"cluster id is {server.cluster_id}, not {f['cluster_id']}",
-        }
-    endpoints = [tuple(e) for e in f["listeners"]]
+    server: ControllerServer, ctl: QuorumController, f: m.BrokerRegistrationRequest
+) -> m.BrokerRegistrationResponse:
+    if f.cluster_id and server.cluster_id and f.cluster_id != server.cluster_id:
+        message = f"cluster id is {server.cluster_id}, not {f.cluster_id}"
+        return m.BrokerRegistrationResponse(
+            error_code=INCONSISTENT_CLUSTER_ID, error_message=message, broker_epoch=-1
+        )
+    endpoints = [tuple(e) for e in f.listeners]
     records, resp = ctl.register_broker(
-        server.images.pending,
-        f["broker_id"],
-        f["incarnation_id"],
-        endpoints,
-        f["rack"],
-        monotonic_ms(),
+        server.images.pending, f.broker_id, f.incarnation_id, endpoints, f.rack, monotonic_ms()
     )
     await server.commit(records)
-    return {
-        "error_code": resp.error_code,
-        "error_message": resp.error_message,
-        "broker_epoch": resp.broker_epoch,
-    }
+    return m.BrokerRegistrationResponse(
+        error_code=resp.error_code,
+        error_message=resp.error_message,
+        broker_epoch=resp.broker_epoch,
+    )
 
 
 async def broker_heartbeat(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.BrokerHeartbeatRequest
+) -> m.BrokerHeartbeatResponse:
     records, resp = ctl.broker_heartbeat(
         server.images.pending,
-        f["broker_id"],
-        f["broker_epoch"],
-        f["current_metadata_offset"],
-        f["want_fence"],
-        f["want_shut_down"],
+        f.broker_id,
+        f.broker_epoch,
+        f.current_metadata_offset,
+        f.want_fence,
+        f.want_shut_down,
         monotonic_ms(),
     )
     await server.commit(records)
-    return {
-        "error_code": resp.error_code,
-        "error_message": resp.error_message,
-        "is_caught_up": resp.is_caught_up,
-        "is_fenced": resp.is_fenced,
-        "should_shut_down": resp.should_shut_down,
-    }
+    return m.BrokerHeartbeatResponse(
+        error_code=resp.error_code,
+        error_message=resp.error_message,
+        is_caught_up=resp.is_caught_up,
+        is_fenced=resp.is_fenced,
+        should_shut_down=resp.should_shut_down,
+    )
 
 
 async def controlled_shutdown(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.ControlledShutdownRequest
+) -> m.ControlledShutdownResponse:
     """Kafka's old API, as a want_shutdown heartbeat: moves leaderships off the broker and
     lists what it still leads. The broker finishes with heartbeats (BrokerLifecycle)."""
     records, resp = ctl.broker_heartbeat(
-        server.images.pending, f["broker_id"], f["broker_epoch"], -1, False, True, monotonic_ms()
+        server.images.pending, f.broker_id, f.broker_epoch, -1, False, True, monotonic_ms()
     )
     await server.commit(records)
-    led = server.images.committed.partitions_led_by(f["broker_id"])
-    return {
-        "error_code": resp.error_code,
-        "remaining_partitions": [[t.name, p.partition] for t, p in led],
-    }
+    led = server.images.committed.partitions_led_by(f.broker_id)
+    return m.ControlledShutdownResponse(
+        error_code=resp.error_code,
+        remaining_partitions=[m.RemainingPartition(t.name, p.partition) for t, p in led],
+    )
 
 
 # -- topics and partitions ---------------------------------------------------------------
 
 
 async def create_topics(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.CreateTopicsRequest
+) -> m.CreateTopicsResponse:
     topics = [
         CreatableTopic(
-            name, n, rf, configs, {p: tuple(b) for p, b in assignments} if assignments else None
+            t.name,
+            t.num_partitions,
+            t.replication_factor,
+            t.configs,
+            {a.partition: tuple(a.broker_ids) for a in t.assignments} if t.assignments else None,
         )
-        for name, n, rf, assignments, configs in f["topics"]
+        for t in f.topics
     ]
-    records, results = ctl.create_topics(server.images.pending, topics, f["validate_only"])
+    records, results = ctl.create_topics(server.images.pending, topics, f.validate_only)
     await server.commit(records)
-    return {
-        "topics": [
-            [r.name, r.error_code, r.error_message or None, r.num_partitions, r.replication_factor]
+    return m.CreateTopicsResponse(
+        topics=[
+            m.CreatableTopicResult(
+                name=r.name,
+                error_code=r.error_code,
+                error_message=r.error_message or None,
+                num_partitions=r.num_partitions,
+                replication_factor=r.replication_factor,
+            )
             for r in results
         ]
-    }
+    )
 
 
 async def delete_topics(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
-    records, results = ctl.delete_topics(server.images.pending, list(f["topic_names"]))
+    server: ControllerServer, ctl: QuorumController, f: m.DeleteTopicsRequest
+) -> m.DeleteTopicsResponse:
+    records, results = ctl.delete_topics(server.images.pending, list(f.topic_names))
     await server.commit(records)
-    return {"responses": [[r.name, r.error_code, r.error_message or None] for r in results]}
+    return m.DeleteTopicsResponse(
+        responses=[
+            m.DeletableTopicResult(r.name, r.error_code, r.error_message or None) for r in results
+        ]
+    )
 
 
 async def alter_partition(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.AlterPartitionRequest
+) -> m.AlterPartitionResponse:
     image: MetadataImage = server.images.pending
     records: list[MetadataRecord] = []
     out = []
-    for topic, partitions in f["topics"]:
+    for t in f.topics:
         results = []
-        for partition, leader_epoch, new_isr, partition_epoch in partitions:
+        for p in t.partitions:
             recs, r = ctl.alter_partition(
                 image,
-                f["broker_id"],
-                f["broker_epoch"],
-                topic,
-                partition,
-                leader_epoch,
-                partition_epoch,
-                new_isr,
+                f.broker_id,
+                f.broker_epoch,
+                t.topic,
+                p.partition,
+                p.leader_epoch,
+                p.partition_epoch,
+                p.new_isr,
             )
             if recs:  # a later item of the same request must see this one's effect
                 image = replay_records(image, recs)
                 records += recs
             results.append(
-                [partition, r.error_code, r.leader, r.leader_epoch, list(r.isr), r.partition_epoch]
+                m.IsrResult(
+                    partition=p.partition,
+                    error_code=r.error_code,
+                    leader_id=r.leader,
+                    leader_epoch=r.leader_epoch,
+                    isr=list(r.isr),
+                    partition_epoch=r.partition_epoch,
+                )
             )
-        out.append([topic, results])
+        out.append(m.AlterPartitionTopicResult(t.topic, results))
     await server.commit(records)
-    return {"error_code": 0, "topics": out}
+    return m.AlterPartitionResponse(topics=out)
 
 
 async def elect_leaders(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
-    records, results = ctl.elect_preferred_leaders(server.images.pending, f["topics"])
+    server: ControllerServer, ctl: QuorumController, f: m.ElectLeadersRequest
+) -> m.ElectLeadersResponse:
+    topics = None if f.topics is None else list(f.topics)
+    records, results = ctl.elect_preferred_leaders(server.images.pending, topics)
     await server.commit(records)
-    return {"error_code": 0, "results": _partition_results(results)}
+    return m.ElectLeadersResponse(results=_partition_results(results))
 
 
 async def alter_partition_reassignments(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
-    moves = [(t, p, tuple(r) if r is not None else None) for t, p, r in f["partitions"]]
+    server: ControllerServer, ctl: QuorumController, f: m.AlterPartitionReassignmentsRequest
+) -> m.AlterPartitionReassignmentsResponse:
+    moves = [
+        (p.topic, p.partition, tuple(p.replicas) if p.replicas is not None else None)
+        for p in f.partitions
+    ]
     records, results = ctl.reassign_partitions(server.images.pending, moves)
     await server.commit(records)
-    return {"error_code": 0, "results": _partition_results(results)}
+    return m.AlterPartitionReassignmentsResponse(results=_partition_results(results))
 
 
-def _partition_results(results: list[Any]) -> list[list[Any]]:
-    return [[r.topic, r.partition, r.error_code, r.error_message or None] for r in results]
+def _partition_results(results: list[Any]) -> list[m.PartitionResult]:
+    return [
+        m.PartitionResult(r.topic, r.partition, r.error_code, r.error_message or None)
+        for r in results
+    ]
 
 
 # -- reads ----------------------------------------------------------------------------------
 
 
 async def describe_cluster_op(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.DescribeClusterRequest
+) -> m.DescribeClusterResponse:
     desc = describe_cluster(
         server.images.committed, server.cluster_id or "", server.node_id, include_fenced=True
     )
-    return {
-        "error_code": 0,
-        "cluster_id": desc.cluster_id,
-        "controller_id": desc.controller_id,
-        "brokers": [[b.broker_id, b.host, b.port, b.rack, b.fenced] for b in desc.brokers],
-    }
+    return m.DescribeClusterResponse(
+        cluster_id=desc.cluster_id,
+        controller_id=desc.controller_id,
+        brokers=describe_cluster_brokers(desc),
+    )
 
 
 async def metadata(
-    server: ControllerServer, ctl: QuorumController, f: dict[str, Any]
-) -> dict[str, Any]:
+    server: ControllerServer, ctl: QuorumController, f: m.MetadataRequest
+) -> m.MetadataResponse:
     """Admin's view of topics, read off the committed image (brokers serve clients)."""
     image = server.images.committed
     desc = describe_cluster(image, server.cluster_id or "", server.node_id)
-    topics = describe_topics(image, f["topics"])
-    return {
-        "cluster_id": server.cluster_id,
-        "controller_id": server.node_id,
-        "brokers": [[b.broker_id, b.host, b.port, b.rack] for b in desc.brokers],
-        "topics": [
-            [
-                t.error_code,
-                t.name,
-                False,
-                [
-                    [
-                        p.error_code,
-                        p.partition,
-                        p.leader,
-                        p.leader_epoch,
-                        list(p.replicas),
-                        list(p.isr),
-                        list(p.offline_replicas),
-                    ]
-                    for p in t.partitions
-                ],
-            ]
-            for t in topics
-        ],
-    }
+    return m.MetadataResponse(
+        cluster_id=server.cluster_id,
+        controller_id=server.node_id,
+        brokers=metadata_brokers(desc),
+        topics=[metadata_topic(t) for t in describe_topics(image, f.topics)],
+    )
 
 
 def describe_quorum(server: ControllerServer) -> Handler:
     async def handle(request: Request) -> Response:
         s = server.status()
         return Response(
-            {
-                "error_code": 0,
-                "node_id": server.node_id,
-                "role": s["role"],
-                "term": s["term"],
-                "leader_id": -1 if s["leader_id"] is None else s["leader_id"],
-                "active": server.active,
-                "cluster_id": server.cluster_id,
-                "commit_index": s["commit_index"],
-                "applied_offset": s["applied_offset"],
-                "snapshot_index": s["snapshot_index"],
-                "last_index": s["last_index"],
-            }
+            m.DescribeQuorumResponse(
+                node_id=server.node_id,
+                role=s["role"],
+                term=s["term"],
+                leader_id=-1 if s["leader_id"] is None else s["leader_id"],
+                active=server.active,
+                cluster_id=server.cluster_id,
+                commit_index=s["commit_index"],
+                applied_offset=s["applied_offset"],
+                snapshot_index=s["snapshot_index"],
+                last_index=s["last_index"],
+            )
         )
 
     return handle
@@ -291,11 +297,11 @@ def fetch_metadata(server: ControllerServer) -> Handler:
     cap = server.config["metadata.fetch.max.bytes"]
 
     async def handle(request: Request) -> Response:
-        f = request.fields
-        offset = max(f["fetch_offset"], 1)  # Raft indexes start at 1
+        f: m.FetchMetadataRequest = request.message
+        offset = max(f.fetch_offset, 1)  # Raft indexes start at 1
         deadline = (
             asyncio.get_running_loop().time()
-            + min(max(f["max_wait_ms"], 0), FETCH_METADATA_MAX_WAIT_MS) / 1000
+            + min(max(f.max_wait_ms, 0), FETCH_METADATA_MAX_WAIT_MS) / 1000
         )
         while True:
             if not server.active:
@@ -303,9 +309,7 @@ def fetch_metadata(server: ControllerServer) -> Handler:
             node, committed = server.node, server.images.committed.offset
             if offset <= node.log.snapshot_index and node.snapshot is not None:
                 snap = node.snapshot
-                return _fetch_response(
-                    server, {"snapshot_id": [snap.index, snap.term]}, [snap.data]
-                )
+                return _fetch_response(server, m.SnapshotId(snap.index, snap.term), [snap.data])
             left = deadline - asyncio.get_running_loop().time()
             if offset <= committed or left <= 0:
                 break
@@ -313,33 +317,30 @@ def fetch_metadata(server: ControllerServer) -> Handler:
         entries = node.log.entries_between(offset, committed)
         out, size = [], 0
         for e in entries:
-            if out and size + len(e.data) > min(max(f["max_bytes"], 1), cap):
+            if out and size + len(e.data) > min(max(f.max_bytes, 1), cap):
                 break
             out.append([e.index, e.term, e.data if e.kind == 0 else b""])
             size += len(e.data) + 16
         payload = msgpack.packb(out, use_bin_type=True) if out else b""
-        return _fetch_response(server, {"snapshot_id": None}, [payload] if payload else [])
+        return _fetch_response(server, None, [payload] if payload else [])
 
     return handle
 
 
 def _fetch_response(
-    server: ControllerServer, extra: dict[str, Any], payload: list[bytes]
+    server: ControllerServer, snapshot_id: m.SnapshotId | None, payload: list[bytes]
 ) -> Response:
     node = server.node
-    return Response(
-        {
-            "error_code": 0,
-            "leader_id": server.node_id,
-            "leader_epoch": node.term,
-            "high_watermark": server.images.committed.offset,
-            "log_start_offset": node.log.snapshot_index + 1,
-            "diverging_epoch": None,
-            "nbytes": sum(len(p) for p in payload),
-            **extra,
-        },
-        payload,
+    response = m.FetchMetadataResponse(
+        leader_id=server.node_id,
+        leader_epoch=node.term,
+        high_watermark=server.images.committed.offset,
+        log_start_offset=node.log.snapshot_index + 1,
+        diverging_epoch=None,
+        snapshot_id=snapshot_id,
+        nbytes=sum(len(p) for p in payload),
     )
+    return Response(response, payload)
 
 
 def build_handlers(server: ControllerServer) -> dict[int, Handler]:

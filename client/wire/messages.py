@@ -775,6 +775,7 @@ class BrokerRegistrationResponse(NamedTuple):
     broker_epoch: int
     throttle_time_ms: int = 0
     error_code: int = 0
+    error_message: str | None = None
 
     def to_header(self) -> dict[str, Any]:
         return self._asdict()
@@ -815,6 +816,7 @@ class BrokerHeartbeatResponse(NamedTuple):
     should_shut_down: bool
     throttle_time_ms: int = 0
     error_code: int = 0
+    error_message: str | None = None
 
     def to_header(self) -> dict[str, Any]:
         return self._asdict()

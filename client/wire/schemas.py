@@ -1046,7 +1046,7 @@ BROKER_REGISTRATION = declare(
         F("rack", Opt(STR), default=None),
         F("previous_broker_epoch", INT, default=-1, doc="-1, or the epoch before a clean stop"),
     ],
-    response=[THROTTLE, ERROR_CODE, F("broker_epoch", INT)],
+    response=[THROTTLE, ERROR_CODE, ERROR_MESSAGE, F("broker_epoch", INT)],
     scope=SCOPE_CLUSTER,
 )
 
@@ -1064,6 +1064,7 @@ BROKER_HEARTBEAT = declare(
     response=[
         THROTTLE,
         ERROR_CODE,
+        ERROR_MESSAGE,
         F("is_caught_up", BOOL),
         F("is_fenced", BOOL),
         F("should_shut_down", BOOL),
