@@ -22,7 +22,8 @@ from rillet.client.metadata import (
     MetadataClient,
     PartitionInfo,
 )
-from rillet.client.wire import schemas
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import R, RequestMessage
 from rillet.client.wire.errors import (
     ElectionNotNeededError,
     RilletError,
@@ -233,8 +234,8 @@ class Admin:
                     raise
             await asyncio.sleep(self.retry_backoff_s)
 
-    async def _request(self, api: schemas.Api, fields: dict[str, Any]) -> dict[str, Any]:
-        return await self._retrying(lambda: self._meta.request_any(api, fields))
+    async def _request(self, message: RequestMessage[R]) -> R:
+        return await self._retrying(lambda: self._meta.request_any(message))
 
     # --- topics --------------------------------------------------------------------
 
@@ -246,23 +247,22 @@ class Admin:
         errors: dict[str, RilletError] = {}
         deadline = time.monotonic() + self.timeout_ms / 1000
         while todo:
-            header = await self._request(
-                schemas.CREATE_TOPICS,
-                {
-                    "topics": [_new_topic_fields(t) for t in todo.values()],
-                    "timeout_ms": self.timeout_ms,
-                    "validate_only": validate_only,
-                },
+            response = await self._request(
+                m.CreateTopicsRequest(
+                    topics=[_creatable(t) for t in todo.values()],
+                    timeout_ms=self.timeout_ms,
+                    validate_only=validate_only,
+                )
             )
             retry: dict[str, NewTopic] = {}
-            for name, code, message, *_ in header["topics"]:
-                if code == 0:
+            for r in response.topics:
+                if r.error_code == 0:
                     continue
-                error = error_for(code, message or "")
+                error = error_for(r.error_code, r.error_message or "")
                 if error.retriable and time.monotonic() < deadline:
-                    retry[name] = todo[name]
+                    retry[r.name] = todo[r.name]
                 else:
-                    errors[name] = error
+                    errors[r.name] = error
             todo = retry
             if todo:
                 await asyncio.sleep(self.retry_backoff_s)
@@ -271,20 +271,20 @@ class Admin:
 
     async def delete_topics(self, names: Iterable[str]) -> None:
         names = list(names)
-        header = await self._request(
-            schemas.DELETE_TOPICS, {"topic_names": names, "timeout_ms": self.timeout_ms}
+        response = await self._request(
+            m.DeleteTopicsRequest(topic_names=names, timeout_ms=self.timeout_ms)
         )
         errors = {
-            name: error_for(code, message or "")
-            for name, code, message, *_ in header["responses"]
-            if code
+            r.name: error_for(r.error_code, r.error_message or "")
+            for r in response.responses
+            if r.error_code
         }
         if errors:
             raise AdminError("delete topics", errors)
 
     async def _metadata(self, topics: list[str] | None) -> ClusterMetadata:
-        header = await self._request(schemas.METADATA, {"topics": topics})
-        return ClusterMetadata.from_response(header, time.monotonic())
+        response = await self._request(m.MetadataRequest(topics))
+        return ClusterMetadata.from_response(response, time.monotonic())
 
     async def list_topics(self) -> list[str]:
         return sorted((await self._metadata(None)).topics)
@@ -306,13 +306,11 @@ class Admin:
         return [TopicDescription(n, snap.topics[n]) for n in (wanted or sorted(snap.topics))]
 
     async def describe_cluster(self) -> ClusterDescription:
-        header = await self._request(schemas.DESCRIBE_CLUSTER, {})
-        brokers = tuple(
-            BrokerInfo(bid, host, port, rack)
-            for bid, host, port, rack, *_ in sorted(header["brokers"])
-        )
-        fenced = tuple(b[0] for b in header["brokers"] if len(b) > 4 and b[4])
-        return ClusterDescription(header["cluster_id"], header["controller_id"], brokers, fenced)
+        response = await self._request(m.DescribeClusterRequest())
+        listed = sorted(response.brokers)
+        brokers = tuple(BrokerInfo(b.broker_id, b.host, b.port, b.rack) for b in listed)
+        fenced = tuple(b.broker_id for b in listed if b.is_fenced)
+        return ClusterDescription(response.cluster_id, response.controller_id, brokers, fenced)
 
     # --- leaders and reassignments -------------------------------------------------
 
@@ -337,15 +335,10 @@ class Admin:
             names = sorted({t for t, _ in wanted} | set(topics or ()))
         else:
             names = sorted(set(topics)) if topics is not None else None
-        header = await self._request(
-            schemas.ELECT_LEADERS,
-            {
-                "election_type": 0,
-                "topics": names,
-                "timeout_ms": self.timeout_ms,
-            },
+        response = await self._request(
+            m.ElectLeadersRequest(election_type=0, topics=names, timeout_ms=self.timeout_ms)
         )
-        results = _partition_results(header["results"])
+        results = _partition_results(response.results)
         if wanted is None:
             return results
         by_key = {(r.topic, r.partition): r for r in results}
@@ -370,19 +363,18 @@ class Admin:
         AdminError names every partition that was refused, e.g. INVALID_REPLICA_ASSIGNMENT
         or NO_REASSIGNMENT_IN_PROGRESS (keys ``topic-partition``); the others went ahead.
         """
-        items = [[t, p, None if r is None else [int(b) for b in r]] for (t, p), r in moves.items()]
+        items = [
+            m.ReassignablePartition(t, p, None if r is None else [int(b) for b in r])
+            for (t, p), r in moves.items()
+        ]
         if not items:
             return
-        header = await self._request(
-            schemas.ALTER_PARTITION_REASSIGNMENTS,
-            {
-                "timeout_ms": self.timeout_ms,
-                "partitions": items,
-            },
+        response = await self._request(
+            m.AlterPartitionReassignmentsRequest(partitions=items, timeout_ms=self.timeout_ms)
         )
         errors = {
             f"{r.topic}-{r.partition}": r.error
-            for r in _partition_results(header["results"])
+            for r in _partition_results(response.results)
             if r.error is not None
         }
         if errors:
@@ -419,17 +411,19 @@ class Admin:
         return out
 
 
-def _new_topic_fields(t: NewTopic) -> list[Any]:
-    assignments = [[p, list(ids)] for p, ids in sorted((t.assignments or {}).items())]
+def _creatable(t: NewTopic) -> m.CreatableTopic:
+    assignments = [
+        m.ReplicaAssignment(p, list(ids)) for p, ids in sorted((t.assignments or {}).items())
+    ]
     configs = {str(k): str(v) for k, v in t.configs.items()}
-    return [t.name, t.num_partitions, t.replication_factor, assignments, configs]
+    return m.CreatableTopic(t.name, t.num_partitions, t.replication_factor, assignments, configs)
 
 
-def _partition_results(rows: Iterable[Sequence[Any]]) -> list[PartitionResult]:
+def _partition_results(rows: Iterable[m.PartitionResult]) -> list[PartitionResult]:
     out = []
-    for topic, partition, code, message, *_ in rows:
-        error = None if code == 0 else error_for(code, message or "")
-        out.append(PartitionResult(topic, partition, error))
+    for r in rows:
+        error = None if r.error_code == 0 else error_for(r.error_code, r.error_message or "")
+        out.append(PartitionResult(r.topic, r.partition, error))
     return out
 
 

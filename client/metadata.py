@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rillet.client.wire import schemas
-from rillet.client.wire.connection import Connection, parse_address
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
 from rillet.client.wire.errors import (
     NetworkError,
     RilletError,
@@ -91,28 +91,34 @@ class ClusterMetadata:
     created_at: float = 0.0  # time.monotonic() of the response
 
     @classmethod
-    def from_response(cls, header: dict[str, Any], now: float) -> ClusterMetadata:
+    def from_response(cls, response: m.MetadataResponse, now: float) -> ClusterMetadata:
         brokers = {
-            node_id: BrokerInfo(node_id, host, port, rack)
-            for node_id, host, port, rack, *_ in header["brokers"]
+            b.node_id: BrokerInfo(b.node_id, b.host, b.port, b.rack) for b in response.brokers
         }
         topics: dict[str, tuple[PartitionInfo, ...]] = {}
         errors: dict[str, int] = {}
-        for error_code, name, _internal, partitions, *_ in header["topics"]:
-            if error_code:
-                errors[name] = error_code
+        for t in response.topics:
+            if t.error_code:
+                errors[t.name] = t.error_code
                 continue
             infos = sorted(
                 (
-                    PartitionInfo(name, p, leader, epoch, tuple(reps), tuple(isr), tuple(off), err)
-                    for err, p, leader, epoch, reps, isr, off, *_ in partitions
+                    PartitionInfo(
+                        t.name,
+                        p.partition,
+                        p.leader_id,
+                        p.leader_epoch,
+                        tuple(p.replicas),
+                        tuple(p.isr),
+                        tuple(p.offline_replicas),
+                        p.error_code,
+                    )
+                    for p in t.partitions
                 ),
                 key=lambda i: i.partition,
             )
-            topics[name] = tuple(infos)
-        return cls(
-            header.get("cluster_id"), header.get("controller_id", -1), brokers, topics, errors, now
-        )
+            topics[t.name] = tuple(infos)
+        return cls(response.cluster_id, response.controller_id, brokers, topics, errors, now)
 
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...] | None:
         return self.topics.get(topic)
@@ -217,8 +223,8 @@ class MetadataClient:
     async def _fetch(self) -> ClusterMetadata:
         topics = None if self.all_topics else sorted(self.interests)
         self._stale = False
-        header = await self.request_any(schemas.METADATA, {"topics": topics})
-        snapshot = ClusterMetadata.from_response(header, time.monotonic())
+        response = await self.request_any(m.MetadataRequest(topics))
+        snapshot = ClusterMetadata.from_response(response, time.monotonic())
         self._apply(snapshot)
         wanted = snapshot.topics.keys() if topics is None else topics
         self._failures = 0
@@ -334,15 +340,14 @@ class MetadataClient:
                 failures.append(str(e))
         raise NetworkError("no broker reachable: " + "; ".join(failures))
 
-    async def request_any(
-        self, api: schemas.Api, fields: dict[str, Any], *, timeout_ms: int | None = None
-    ) -> dict[str, Any]:
-        """Send to any broker; one retry on another broker if the connection breaks."""
+    async def request_any(self, message: RequestMessage[R], *, timeout_ms: int | None = None) -> R:
+        """Send a typed request to any broker; one retry on another broker if the
+        connection breaks. Returns the typed response."""
         for attempt in range(2):
             conn = await self.any_connection()
             try:
-                header, _ = await conn.request(api, fields, timeout_ms=timeout_ms)
-                return header
+                response, _ = await conn.call(message, timeout_ms=timeout_ms)
+                return response
             except NetworkError:
                 conn.close()
                 if attempt == 1:

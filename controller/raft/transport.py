@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 import msgpack
 
 from rillet.client.runtime.rpc_server import Request
-from rillet.client.wire import schemas
+from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import NetworkError, RilletError
 from rillet.controller.raft.core import Message, message_from_dict
@@ -135,19 +135,20 @@ class _Peer:
             await asyncio.wait_for(self.wake.wait(), (backoff_ms - BACKOFF_MIN_MS) / 1000)
 
     async def pump(self, conn: Connection) -> None:
-        fields = {"src": self.transport.node_id, "dst": self.node_id}
         while True:
             while not self.queue:
                 self.wake.clear()
                 await self.wake.wait()
             if conn.closed:  # noticed only now: the peer restarted while we had nothing
                 raise NetworkError(f"connection to voter {self.node_id} closed")
-            fields["cluster_id"] = self.transport.cluster_id
+            header = m.RaftMessageRequest(
+                src=self.transport.node_id, dst=self.node_id, cluster_id=self.transport.cluster_id
+            )
             while self.queue:
                 # Pop only once written: a message that meets a dead connection stays queued
                 # for the next one (losing it cost a whole election timeout: a pre-vote
                 # answer to a restarted voter went nowhere).
-                conn.send_oneway(schemas.RAFT_MESSAGE, fields, self.queue[0])
+                conn.post(header, self.queue[0])
                 self.queue.popleft()
             async with asyncio.timeout(self.transport.timeout_ms / 1000):
                 await conn.drain()
@@ -193,15 +194,15 @@ class RaftTransport:
 
     async def handle(self, request: Request) -> None:
         """RpcServer handler for RaftMessage: step the message in, answer nothing."""
-        fields = request.fields
-        sender_cluster = fields.get("cluster_id")
-        if fields["dst"] != self.node_id or (
+        header: m.RaftMessageRequest = request.message
+        sender_cluster = header.cluster_id
+        if header.dst != self.node_id or (
             sender_cluster and self.cluster_id and sender_cluster != self.cluster_id
         ):
             self.dropped += 1
             log.warning(
                 "raft transport: dropping a message for %s of cluster %s from %s",
-                fields["dst"],
+                header.dst,
                 sender_cluster,
                 request.peer,
             )
@@ -212,7 +213,7 @@ class RaftTransport:
             self.dropped += 1
             log.warning("raft transport: bad message from %s: %s", request.peer, e)
             return None
-        if msg.src != fields["src"] or msg.dst != self.node_id:
+        if msg.src != header.src or msg.dst != self.node_id:
             self.dropped += 1
             return None
         self.on_message(msg)
