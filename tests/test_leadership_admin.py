@@ -25,6 +25,7 @@ from rillet.client.cli.leader import summarize_election
 from rillet.client.cli.partition import parse_plan, parse_replicas, plan_from_args, plan_json
 from rillet.client.cli.topic import filter_partitions, partition_counts
 from rillet.client.runtime.rpc_server import Request, Response, RpcServer
+from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
 from rillet.client.wire.errors import (
     ElectionNotNeededError,
@@ -268,19 +269,22 @@ def test_describe_filters_and_counts() -> None:
 
 
 def test_cluster_partition_summary_counts_from_metadata() -> None:
-    header = {
-        "controller_id": 101,
-        "topics": [
-            [
+    P = m.MetadataPartition
+    metadata = m.MetadataResponse(
+        cluster_id="c",
+        controller_id=101,
+        brokers=[],
+        topics=[
+            m.MetadataTopic(
                 0,
                 "a",
                 False,
-                [[0, 0, 1, 0, [1, 2, 3], [1, 2, 3], []], [0, 1, 2, 0, [2, 3, 1], [2, 1], [3]]],
-            ],
-            [0, "b", False, [[5, 0, -1, 3, [3], [3], [3]]]],
+                [P(0, 0, 1, 0, [1, 2, 3], [1, 2, 3], []), P(0, 1, 2, 0, [2, 3, 1], [2, 1], [3])],
+            ),
+            m.MetadataTopic(0, "b", False, [P(5, 0, -1, 3, [3], [3], [3])]),  # leaderless
         ],
-    }
-    assert summarize_partitions(header) == {
+    )
+    assert summarize_partitions(metadata) == {
         "controller_id": 101,
         "partitions": 3,
         "under_replicated": 1,

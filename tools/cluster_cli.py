@@ -107,7 +107,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 {
                     "bootstrap": cluster.bootstrap,
                     "nodes": cluster.status(),
-                    "cluster_id": described.get("cluster_id"),
+                    "cluster_id": described.cluster_id,
                 }
             )
         )

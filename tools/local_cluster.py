@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rillet.client.wire import schemas
-from rillet.client.wire.connection import Connection, parse_address
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
 
 T = TypeVar("T")
 
@@ -404,27 +404,26 @@ class LocalCluster:
     def bootstrap(self) -> str:
         return ",".join(n.listeners["BROKER"] for n in self.brokers() if "BROKER" in n.listeners)
 
-    def describe(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    def describe(self, timeout_s: float = 5.0) -> m.DescribeClusterResponse | None:
         """DescribeCluster from the first live broker that answers, or None."""
         return _run_sync(lambda: self.describe_async(timeout_s))
 
-    async def describe_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
-        return await self._ask_any_broker(schemas.DESCRIBE_CLUSTER, {}, timeout_s)
+    async def describe_async(self, timeout_s: float = 5.0) -> m.DescribeClusterResponse | None:
+        return await self._ask_any_broker(m.DescribeClusterRequest(), timeout_s)
 
-    def wait_ready(self, timeout_s: float = 90.0) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float = 90.0) -> m.DescribeClusterResponse:
         """Wait until every running broker is registered and unfenced."""
         return _run_sync(lambda: self.wait_ready_async(timeout_s))
 
-    async def wait_ready_async(self, timeout_s: float = 90.0) -> dict[str, Any]:
+    async def wait_ready_async(self, timeout_s: float = 90.0) -> m.DescribeClusterResponse:
         expected = {n.node_id for n in self.brokers() if pid_alive(n.pid)}
         deadline = time.monotonic() + timeout_s
-        last: dict[str, Any] | None = None
+        last: m.DescribeClusterResponse | None = None
         while time.monotonic() < deadline:
             last = await self.describe_async()
             if last is not None:
-                live = {b[0] if isinstance(b, list) else b["broker_id"]: b for b in last["brokers"]}
-                unfenced = {i for i, b in live.items() if not _is_fenced(b)}
-                if expected <= unfenced and last.get("controller_id", -1) >= 0:
+                unfenced = {b.broker_id for b in last.brokers if not b.is_fenced}
+                if expected <= unfenced and last.controller_id >= 0:
                     return last
             await asyncio.sleep(0.1)
         raise ClusterError(
@@ -439,14 +438,12 @@ class LocalCluster:
         return _run_sync(lambda: self.partition_health_async(timeout_s))
 
     async def partition_health_async(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
-        header = await self._ask_any_broker(schemas.METADATA, {"topics": None}, timeout_s)
-        if header is None:
+        response = await self._ask_any_broker(m.MetadataRequest(topics=None), timeout_s)
+        if response is None:
             return None
-        return summarize_partitions(header)
+        return summarize_partitions(response)
 
-    async def _ask_any_broker(
-        self, api: schemas.Api, fields: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any] | None:
+    async def _ask_any_broker(self, message: RequestMessage[R], timeout_s: float) -> R | None:
         for node in self.brokers():
             if not pid_alive(node.pid) or "BROKER" not in node.listeners:
                 continue
@@ -456,8 +453,8 @@ class LocalCluster:
                 async with await Connection.open(
                     host, port, client_id="rillet-cluster", connect_timeout_ms=timeout_ms
                 ) as conn:
-                    header, _ = await conn.request(api, fields, timeout_ms=timeout_ms)
-                    return header
+                    response, _ = await conn.call(message, timeout_ms=timeout_ms)
+                    return response
             except Exception:  # noqa: BLE001 - any broker may be down; try the next
                 continue
         return None
@@ -468,10 +465,8 @@ class LocalCluster:
         fenced: dict[int, bool] = {}
         controller_id = -1
         if described:
-            controller_id = described.get("controller_id", -1)
-            for b in described["brokers"]:
-                bid = b[0] if isinstance(b, list) else b["broker_id"]
-                fenced[bid] = _is_fenced(b)
+            controller_id = described.controller_id
+            fenced = {b.broker_id: b.is_fenced for b in described.brokers}
         rows = []
         for n in sorted(self.nodes.values(), key=lambda n: n.node_id):
             alive = pid_alive(n.pid)
@@ -508,17 +503,16 @@ class LocalCluster:
 _CHILDREN: dict[int, subprocess.Popen] = {}
 
 
-def summarize_partitions(metadata: dict[str, Any]) -> dict[str, Any]:
-    """Counts over a Metadata response's partitions (struct order: error_code, partition,
-    leader_id, leader_epoch, replicas, isr, offline_replicas)."""
+def summarize_partitions(metadata: m.MetadataResponse) -> dict[str, Any]:
+    """Counts over a Metadata response's partitions."""
     total = under = offline = 0
-    for _code, _name, _internal, partitions, *_ in metadata.get("topics", ()):
-        for _err, _p, leader, _epoch, replicas, isr, *_ in partitions:
+    for t in metadata.topics:
+        for p in t.partitions:
             total += 1
-            under += len(isr) < len(replicas)
-            offline += leader < 0
+            under += len(p.isr) < len(p.replicas)
+            offline += p.leader_id < 0
     return {
-        "controller_id": metadata.get("controller_id", -1),
+        "controller_id": metadata.controller_id,
         "partitions": total,
         "under_replicated": under,
         "offline": offline,
@@ -527,12 +521,6 @@ def summarize_partitions(metadata: dict[str, Any]) -> dict[str, Any]:
 
 def _rack(racks: list, i: int) -> str | None:
     return racks[i % len(racks)] if racks else None
-
-
-def _is_fenced(broker: Any) -> bool:
-    if isinstance(broker, dict):
-        return bool(broker.get("is_fenced"))
-    return bool(broker[-1])  # struct order ends with is_fenced
 
 
 def _read_from(path: Path, offset: int) -> list[str]:
