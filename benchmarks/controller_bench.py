@@ -34,7 +34,6 @@ from rillet.broker.link.controller_client import (
     MetadataFollower,
 )
 from rillet.client.wire import messages as m
-from rillet.client.wire import schemas
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
 
@@ -95,14 +94,14 @@ class Quorum:
         return -1.0
 
 
-async def status(port: int) -> dict | None:
+async def status(port: int) -> m.DescribeQuorumResponse | None:
     try:
         conn = await Connection.open("127.0.0.1", port, connect_timeout_ms=500)
     except RilletError:
         return None
     try:
-        header, _ = await conn.request(schemas.DESCRIBE_QUORUM, {}, timeout_ms=1000)
-        return header
+        response, _ = await conn.call(m.DescribeQuorumRequest(), timeout_ms=1000)
+        return response
     except RilletError:
         return None
     finally:
@@ -112,7 +111,7 @@ async def status(port: int) -> dict | None:
 async def active(q: Quorum) -> int:
     while True:
         views = [await status(q.ports[n]) for n in q.procs]
-        leaders = [v["node_id"] for v in views if v and v["active"]]
+        leaders = [v.node_id for v in views if v and v.active]
         if len(leaders) == 1:
             return leaders[0]
         await asyncio.sleep(0.02)
@@ -122,18 +121,18 @@ async def caught_up(q: Quorum, node: int) -> None:
     while True:
         leader = await active(q)
         mine, theirs = await status(q.ports[node]), await status(q.ports[leader])
-        if mine and theirs and mine["applied_offset"] >= theirs["applied_offset"]:
+        if mine and theirs and mine.applied_offset >= theirs.applied_offset:
             return
         await asyncio.sleep(0.05)
 
 
-def registration(broker_id: int) -> dict:
-    return {
-        "broker_id": broker_id,
-        "cluster_id": "",
-        "incarnation_id": f"b{broker_id}",
-        "listeners": [["BROKER", "127.0.0.1", 1]],
-    }
+def registration(broker_id: int) -> m.BrokerRegistrationRequest:
+    return m.BrokerRegistrationRequest(
+        broker_id=broker_id,
+        cluster_id="",
+        incarnation_id=f"b{broker_id}",
+        listeners=[m.Listener("BROKER", "127.0.0.1", 1)],
+    )
 
 
 async def measure_writes(q: Quorum, seconds: float, in_flight: int) -> float:
@@ -146,7 +145,7 @@ async def measure_writes(q: Quorum, seconds: float, in_flight: int) -> float:
         nonlocal next_id, done
         while time.monotonic() < end:
             next_id += 1
-            await channel.request(schemas.BROKER_REGISTRATION, registration(next_id))
+            await channel.call(registration(next_id))
             done += 1
 
     start = time.monotonic()
@@ -162,13 +161,8 @@ async def probe_write(port: int, broker_id: int) -> bool:
     except RilletError:
         return False
     try:
-        header, _ = await conn.request(
-            schemas.BROKER_REGISTRATION,
-            registration(broker_id),
-            raise_errors=False,
-            timeout_ms=3000,
-        )
-        return header.get("error_code", 0) == 0
+        response, _ = await conn.call(registration(broker_id), raise_errors=False, timeout_ms=3000)
+        return response.error_code == 0
     except RilletError:
         return False
     finally:
@@ -223,18 +217,17 @@ async def build_image(q: Quorum, partitions: int) -> list:
 
 async def follower_catch_up_ms(q: Quorum) -> tuple[float, int]:
     probe = ControllerChannel(q.voters)
-    header, _ = await probe.request(
-        schemas.FETCH_METADATA,
-        {
-            "broker_id": -1,
-            "broker_epoch": -1,
-            "fetch_offset": 10**12,
-            "last_fetched_epoch": -1,
-            "max_wait_ms": 0,
-            "max_bytes": 1,
-        },
+    response, _ = await probe.call(
+        m.FetchMetadataRequest(
+            broker_id=-1,
+            broker_epoch=-1,
+            fetch_offset=10**12,
+            last_fetched_epoch=-1,
+            max_wait_ms=0,
+            max_bytes=1,
+        )
     )
-    target = header["high_watermark"]
+    target = response.high_watermark
     follower = MetadataFollower(probe, max_wait_ms=0)
     start = time.monotonic()
     while follower.image.offset < target:

@@ -39,7 +39,8 @@ from typing import Any, TypeVar
 from rillet.client.metadata import NO_LEADER, MetadataClient
 from rillet.client.partitioner import partition_for_key
 from rillet.client.producer import Producer
-from rillet.client.wire import records, schemas
+from rillet.client.wire import messages as m
+from rillet.client.wire import records
 from rillet.client.wire.errors import (
     OffsetOutOfRangeError,
     RilletError,
@@ -289,12 +290,11 @@ async def leader_request(
     meta: MetadataClient,
     topic: str,
     partition: int,
-    api: schemas.Api,
-    fields: dict[str, Any],
+    message: m.FetchRequest | m.ListOffsetsRequest,
     *,
     deadline_s: float = REQUEST_DEADLINE_S,
-) -> tuple[list, memoryview]:
-    """Send a one-partition request to its leader, following leader changes.
+) -> tuple[Any, memoryview]:
+    """Send a one-partition Fetch or ListOffsets to its leader, following leader changes.
 
     Returns ``(partition result, payload)``; retriable errors (no leader, not leader,
     broken connection) refresh metadata and try again until ``deadline_s`` passes.
@@ -311,11 +311,10 @@ async def leader_request(
             if leader == NO_LEADER:
                 raise UnknownTopicOrPartitionError(f"{topic}-{partition} has no leader yet")
             conn = await meta.connection(leader)
-            header, body = await conn.request(api, fields)
-            result = header["topics"][0][1][0]
-            code = result[1]
-            if code:
-                raise error_for(code, f"{topic}-{partition}")
+            response, body = await conn.call(message)
+            result = response.topics[0].partitions[0]
+            if result.error_code:
+                raise error_for(result.error_code, f"{topic}-{partition}")
             return result, body
         except RilletError as e:
             if not e.retriable or time.monotonic() > deadline:
@@ -341,15 +340,17 @@ async def list_offsets(meta: MetadataClient, topic: str, timestamp: int) -> dict
     """
     parts = await topic_partitions(meta, topic)
 
+    def request(p: int, at: int) -> m.ListOffsetsRequest:
+        return m.ListOffsetsRequest(
+            [m.ListOffsetsTopic(topic, [m.ListOffsetsPartition(p, -1, at)])]
+        )
+
     async def one(p: int) -> tuple[int, int]:
-        fields = {"topics": [[topic, [[p, -1, timestamp]]]]}
-        result, _ = await leader_request(meta, topic, p, schemas.LIST_OFFSETS, fields)
-        offset = result[3]
+        result, _ = await leader_request(meta, topic, p, request(p, timestamp))
+        offset = result.offset
         if offset < 0:  # no record at or after the timestamp
-            latest, _ = await leader_request(
-                meta, topic, p, schemas.LIST_OFFSETS, {"topics": [[topic, [[p, -1, LATEST]]]]}
-            )
-            offset = latest[3]
+            latest, _ = await leader_request(meta, topic, p, request(p, LATEST))
+            offset = latest.offset
         return p, offset
 
     pairs = await asyncio.gather(*(one(info.partition) for info in parts[topic]))
@@ -364,21 +365,21 @@ async def fetch_chunks(
     first batch and at or after ``end`` in the last are cut off."""
     offset = rng.start
     while offset < rng.end:
-        fields = {
-            "replica_id": -1,
-            "max_wait_ms": 500,
-            "min_bytes": 1,
-            "max_bytes": max_bytes,
-            "isolation_level": 0,
-            "topics": [[rng.topic, [[rng.partition, offset, -1, -1, -1, max_bytes]]]],
-        }
-        result, body = await leader_request(meta, rng.topic, rng.partition, schemas.FETCH, fields)
-        if result[2] < rng.end:  # high watermark moved back: a leader lost data we planned
+        wanted = m.FetchPartition(rng.partition, offset, -1, -1, -1, max_bytes)
+        request = m.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=500,
+            min_bytes=1,
+            max_bytes=max_bytes,
+            topics=[m.FetchTopic(rng.topic, [wanted])],
+        )
+        result, body = await leader_request(meta, rng.topic, rng.partition, request)
+        if result.high_watermark < rng.end:  # moved back: a leader lost data we planned
             log.warning(
                 "%s-%d: high watermark %d below planned end %d",
                 rng.topic,
                 rng.partition,
-                result[2],
+                result.high_watermark,
                 rng.end,
             )
         progressed = False
@@ -397,10 +398,10 @@ async def fetch_chunks(
                 break
             offset = max(offset, h.next_offset)  # compaction may leave gaps: skip them
             progressed = True
-        if not progressed and result[2] <= offset:
+        if not progressed and result.high_watermark <= offset:
             raise OffsetOutOfRangeError(
                 f"{rng.topic}-{rng.partition}: planned to read to {rng.end} but the "
-                f"high watermark is {result[2]}"
+                f"high watermark is {result.high_watermark}"
             )
 
 
