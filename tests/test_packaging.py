@@ -101,3 +101,36 @@ def test_clean_venv_install_imports_every_component(tmp_path: Path, editable: bo
 
 def test_running_python_is_supported() -> None:
     assert sys.version_info >= (3, 11)
+
+
+# Dependencies no module imports, and why they stay: tools run by name or by config.
+USED_WITHOUT_IMPORT = {
+    "pytest-asyncio": "asyncio_mode in pyproject",
+    "pytest-timeout": "timeout in pyproject",
+    "ruff": "make lint / make format",
+}
+IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml"}
+
+
+def test_every_declared_dependency_is_used() -> None:
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        declared += extra
+    sources = "\n".join(
+        p.read_text()
+        for folder in ("client", "storage", "controller", "broker", "tools", "tests", "benchmarks")
+        for p in (ROOT / folder).rglob("*.py")
+    )
+    unused = []
+    for requirement in declared:
+        name = re.split(r"[<>=\[ ]", requirement, maxsplit=1)[0]
+        if name in USED_WITHOUT_IMPORT:
+            continue
+        module = IMPORT_NAMES.get(name, name.replace("-", "_"))
+        if not re.search(rf"^\s*(import|from) {module}\b", sources, re.MULTILINE):
+            unused.append(name)
+    assert not unused, f"declared but never imported: {unused}"
