@@ -155,23 +155,23 @@ def python_command(script: str, *args: str) -> list[str]:
 async def fetch_records(conn: Any, topic: str, partition: int = 0) -> list[Any]:
     """Every record a consumer may read (below the HW) from ``partition``, from offset 0,
     through raw Fetch requests on ``conn`` (a rillet.client.wire.connection.Connection)."""
+    from rillet.client.wire import messages as m
     from rillet.client.wire import records
 
     out: list[Any] = []
     offset = 0
     while True:
-        header, payload = await conn.request(
-            "Fetch",
-            {
-                "replica_id": -1,
-                "max_wait_ms": 0,
-                "min_bytes": 0,
-                "max_bytes": 1 << 22,
-                "topics": [[topic, [[partition, offset, -1, -1, 0, 1 << 22]]]],
-            },
+        wanted = m.FetchPartition(partition, offset, -1, -1, 0, 1 << 22)
+        request = m.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=1 << 22,
+            topics=[m.FetchTopic(topic, [wanted])],
         )
-        row = header["topics"][0][1][0]
-        assert row[1] == 0, row
+        response, payload = await conn.call(request)
+        result = response.topics[0].partitions[0]
+        assert result.error_code == 0, result
         recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
         if not recs:
             return out

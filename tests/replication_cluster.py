@@ -22,7 +22,8 @@ from typing import Any
 from helpers import fetch_records
 
 from rillet.client.wire import errors, records
-from rillet.client.wire.connection import Connection, parse_address
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
 from rillet.tools.local_cluster import ClusterError, LocalCluster
 
 BROKERS = (1, 2, 3)
@@ -84,23 +85,22 @@ class Client:
 
         return [n.node_id for n in self.cluster.brokers() if pid_alive(n.pid)]
 
-    async def any_request(self, api: str, fields: dict[str, Any]) -> dict[str, Any]:
+    async def any_request(self, message: RequestMessage[R]) -> R:
         last: Exception | None = None
         for node_id in self.live_brokers():
             try:
-                header, _ = await (await self.conn(node_id)).request(api, fields, timeout_ms=3000)
-                return header
+                response, _ = await (await self.conn(node_id)).call(message, timeout_ms=3000)
+                return response
             except errors.RilletError as e:
                 last = e
-        raise errors.NetworkError(f"no live broker answered {api}: {last}")
+        raise errors.NetworkError(f"no live broker answered {type(message).__name__}: {last}")
 
     async def create_topic(
         self, name: str, partitions: int, rf: int, configs: dict[str, str]
     ) -> None:
-        header = await self.any_request(
-            "CreateTopics", {"topics": [[name, partitions, rf, [], configs]], "timeout_ms": 20_000}
-        )
-        assert header["topics"][0][1] == 0, header
+        topic = m.CreatableTopic(name, partitions, rf, [], configs)
+        response = await self.any_request(m.CreateTopicsRequest([topic], timeout_ms=20_000))
+        assert response.topics[0].error_code == 0, response
 
     async def partitions(self, topic: str) -> dict[int, PartitionInfo]:
         """The topic's partitions as the first live broker's image shows them. A broker
@@ -108,11 +108,14 @@ class Client:
         registration) answers UNKNOWN_TOPIC_OR_PARTITION with no partitions; that is
         raised, not returned as an empty dict, so that "every ISR is full" cannot hold
         vacuously."""
-        header = await self.any_request("Metadata", {"topics": [topic]})
-        (t,) = header["topics"]
-        if t[0] != errors.NONE:
-            raise errors.error_for(t[0], f"Metadata for {topic!r}")
-        return {p[1]: PartitionInfo(p[2], p[3], list(p[4]), list(p[5])) for p in t[3]}
+        response = await self.any_request(m.MetadataRequest([topic]))
+        (t,) = response.topics
+        if t.error_code != errors.NONE:
+            raise errors.error_for(t.error_code, f"Metadata for {topic!r}")
+        return {
+            p.partition: PartitionInfo(p.leader_id, p.leader_epoch, list(p.replicas), list(p.isr))
+            for p in t.partitions
+        }
 
     async def produce(
         self,
@@ -125,18 +128,15 @@ class Client:
     ) -> tuple[int, int]:
         """(error code, base offset) of one batch sent to ``leader``."""
         data = records.encode_batch(values)
-        header, _ = await (await self.conn(leader)).request(
-            "Produce",
-            {
-                "acks": acks,
-                "timeout_ms": timeout_ms,
-                "topics": [[topic, [[partition, len(data)]]]],
-            },
-            data,
-            timeout_ms=timeout_ms + 5000,
+        request = m.ProduceRequest(
+            acks=acks,
+            timeout_ms=timeout_ms,
+            topics=[m.ProduceTopic(topic, [m.ProducePartition(partition, len(data))])],
         )
-        row = header["topics"][0][1][0]
-        return row[1], row[2]
+        conn = await self.conn(leader)
+        response, _ = await conn.call(request, data, timeout_ms=timeout_ms + 5000)
+        result = response.topics[0].partitions[0]
+        return result.error_code, result.base_offset
 
     async def read_all(self, node_id: int, topic: str, partition: int) -> list[records.Record]:
         """Every record below the leader's HW, from offset 0, as a consumer."""

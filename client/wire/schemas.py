@@ -310,10 +310,11 @@ class Struct(Type):
         return convert_nested
 
     def render(self) -> str:
-        return "[" + ", ".join(f"{f.name}: {f.type.render()}" for f in self.fields) + "]"
+        fields = ", ".join(f"{f.name}: {f.type.render()}" for f in self.fields)
+        return f"{self.name}[{fields}]"
 
     def __repr__(self) -> str:
-        return f"Struct{self.render()}"
+        return f"Struct {self.render()}"
 
 
 def _converter(t: Type, version: int) -> Converter | None:
