@@ -27,6 +27,7 @@ from rillet.broker.link.controller_client import (
 from rillet.broker.server import BrokerServer
 from rillet.client.runtime import tasks
 from rillet.client.wire import errors
+from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, parse_address
 from rillet.tools.local_cluster import _CHILDREN
 
@@ -142,14 +143,15 @@ class OneBatchChannel:
         self.fail_with = fail_with
         self.requests = 0
 
-    async def request(self, api: Any, fields: dict[str, Any], **_: Any) -> tuple[dict, Any]:
+    async def call(self, request: m.FetchMetadataRequest, **_: Any) -> tuple[Any, memoryview]:
         self.requests += 1
         if self.fail_with is not None:
             raise self.fail_with
-        if fields["fetch_offset"] == 0:
-            return {"high_watermark": 1}, memoryview(msgpack.packb([[0, 1, b""]]))
+        response = m.FetchMetadataResponse.from_header({"high_watermark": 1})
+        if request.fetch_offset == 0:
+            return response, memoryview(msgpack.packb([[0, 1, b""]]))
         await asyncio.sleep(0.01)  # an empty long poll
-        return {"high_watermark": 1}, memoryview(b"")
+        return response, memoryview(b"")
 
 
 @pytest.mark.parametrize(
@@ -195,10 +197,10 @@ async def test_metadata_follower_retries_fetch_errors_without_a_fault() -> None:
 
 async def test_an_unexpected_heartbeat_error_is_fatal(fatal: Recorder) -> None:
     class BadHeartbeats:
-        async def request(self, api: Any, fields: dict[str, Any], **_: Any) -> tuple[dict, Any]:
-            if "incarnation_id" in fields:
-                return {"broker_epoch": 5}, memoryview(b"")
-            return {"is_fenced": False}, memoryview(b"")  # fields missing: KeyError
+        async def call(self, request: Any, **_: Any) -> tuple[Any, memoryview]:
+            if isinstance(request, m.BrokerRegistrationRequest):
+                return m.BrokerRegistrationResponse(broker_epoch=5), memoryview(b"")
+            raise KeyError("is_caught_up")  # not a RilletError: nothing the loop expects
 
     lifecycle = BrokerLifecycle(
         BadHeartbeats(),
