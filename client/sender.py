@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from rillet.client.accumulator import PartitionQueue, ProducerBatch, RecordAccumulator
@@ -26,6 +27,11 @@ log = logging.getLogger(__name__)
 
 # What an acks=0 request "answers" for each batch: no error, no offset, no time.
 _ACKS0 = m.ProducePartitionResult(0, 0, -1, -1, -1, None)
+# ProducePartition from a tuple of its fields, in C: one per batch, where the class call
+# (a Python-level __new__) costs ~150 ns more.
+_partition: Callable[[tuple[int, int]], m.ProducePartition] = partial(
+    tuple.__new__, m.ProducePartition
+)
 
 
 def delivery_future(b: ProducerBatch) -> asyncio.Future[None]:
@@ -144,7 +150,7 @@ class Sender:
         for b in batches:
             b.attempts += 1
             nbytes = len(b.payload)  # type: ignore[arg-type]
-            by_topic.setdefault(b.topic, []).append(m.ProducePartition(b.partition, nbytes))
+            by_topic.setdefault(b.topic, []).append(_partition((b.partition, nbytes)))
         request = m.ProduceRequest(
             acks=self.acks,
             timeout_ms=self.request_timeout_ms,
