@@ -7,6 +7,7 @@ import os
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import python_command, start_server_process, wait_until_async
@@ -83,6 +84,27 @@ async def test_typed_requests_get_typed_responses(conn: Connection) -> None:
     ]
     conn.post(request._replace(acks=0), b"y" * 5)  # one-way: no answer to wait for
     assert (await conn.api_versions())[0] == (0, 0)
+
+
+async def test_debug_mode_validates_typed_responses_as_sent() -> None:
+    async def answer(request: Request) -> Response:
+        nbytes = request.message.topics[0].partitions[0].nbytes
+        code: Any = 0 if nbytes == 0 else "not an int"  # what the debug check must catch
+        row = messages.ProducePartitionResult(0, code, 0, -1, 0, None)
+        return Response(messages.ProduceResponse([messages.ProduceTopicResult("t", [row])]))
+
+    async with RpcServer({schemas.PRODUCE.key: answer}, validate_responses=True) as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            response, _ = await c.call(produce_message(nbytes=0))
+            assert response.topics[0].partitions[0].error_code == 0
+            with pytest.raises(InvalidRequestError, match=r"partitions\[0\].error_code"):
+                await c.call(produce_message(nbytes=1))
+
+
+def produce_message(nbytes: int) -> messages.ProduceRequest:
+    partition = messages.ProducePartition(0, nbytes)
+    return messages.ProduceRequest(1, 1000, [messages.ProduceTopic("t", [partition])])
 
 
 async def test_api_versions_lists_served_apis(conn: Connection) -> None:

@@ -47,6 +47,7 @@ from rillet.client.wire.framing import (
     Frame,
     FrameDecoder,
     FrameError,
+    decode_header,
     encode_header,
 )
 
@@ -360,7 +361,8 @@ class _ServerProtocol(asyncio.Protocol):
         response = await self.server.handlers[request.api.key](request)
         if response is not None:
             if self.server.validate_responses:
-                header = _header_of(response.message)
+                # As the peer will read it: nested messages are plain arrays on the wire.
+                header = decode_header(encode_header(_header_of(response.message)))
                 schemas.validate_response(request.api, request.version, header)
             # Pin files in the same step the handler returned in, before anything else runs.
             slot.parts = _pin_parts(response.payload)
