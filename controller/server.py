@@ -31,8 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rillet.client.runtime.rpc_server import Request, Response, RpcServer
-from rillet.client.wire import schemas
+from rillet.client.runtime.rpc_server import Response, RpcServer
 from rillet.client.wire.errors import (
     InvalidConfigError,
     NotControllerError,
@@ -366,11 +365,4 @@ class ControllerServer:
         self._meta_cluster_id = self.cluster_id
 
 
-def request_handler_guard(server: ControllerServer, request: Request) -> Response | None:
-    """NOT_CONTROLLER unless this node is the active controller (used by handlers)."""
-    if not server.active or server.ctl is None:
-        return server.not_controller()
-    return None
-
-
-__all__ = ["ControllerServer", "schemas"]
+__all__ = ["ControllerServer"]
