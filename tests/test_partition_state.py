@@ -77,6 +77,30 @@ def test_follower_hw_is_min_of_leader_hw_and_own_leo() -> None:
     assert c.state.high_watermark == 2
 
 
+def test_follower_hw_moves_only_after_its_append_succeeds() -> None:
+    # Kafka sets the follower HW after appending (min(leader HW, own LEO)). Set before,
+    # a failed append (full disk, a refused batch) left the HW above the log end, so
+    # consumers fetching from this follower were told of records it does not have.
+    a, b, c = trio(isr=(1, 2))  # c catches up from outside the ISR
+    a.append(["m0", "m1", "m2"])
+    b.fetch_from(a)
+    b.fetch_from(a)
+    assert a.state.high_watermark == 3
+
+    def failing_append(records: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    c.log.append = failing_append  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        c.fetch_from(a)  # m0-m2 and the leader's HW 3; the append fails
+    assert c.log.log_end_offset == 0
+    assert c.state.high_watermark == 0
+    assert c.hw_updates == []
+    del c.log.append  # the disk has room again: the same fetch now moves the HW
+    c.fetch_from(a)
+    assert (c.log.log_end_offset, c.state.high_watermark, c.hw_updates) == (3, 3, [3])
+
+
 def test_hw_never_moves_back_when_a_follower_reports_a_lower_offset() -> None:
     a, b, c = trio(isr=(1, 2))
     a.append(["m0", "m1"])

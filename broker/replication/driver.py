@@ -224,5 +224,7 @@ class PartitionDriver:
         """The leader answered our fetch: truncate, append ``fetched``, move the HW.
         Returns the effects applied (none: the answer changed nothing)."""
         effects = self.state.on_fetch_response(response)
-        self.apply(effects, fetched)
-        return effects
+        self.apply(effects, fetched)  # an append that raises leaves the HW where it was
+        moved = self.state.on_fetched_appended()
+        self.apply(moved)
+        return effects + moved

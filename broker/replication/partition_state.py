@@ -23,6 +23,7 @@ from rillet.broker.replication.types import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     AlterPartitionResponse,
+    AppendFetched,
     AssignEpochStartOffset,
     CompleteProduce,
     Effect,
@@ -154,6 +155,9 @@ class PartitionState:
         self._next_proposal_id = 1
         self._purgatory = ProducePurgatory()
         self._follower: FollowerState | None = None
+        # A fetch response's leader HW, held while its batches are being appended: the
+        # follower HW moves only once they are in the log (on_fetched_appended).
+        self._fetched_leader_hw: int | None = None
         self._is_isr_eligible = is_isr_eligible
         # Followers the controller refused as INELIGIBLE_REPLICA (e.g. in controlled
         # shutdown, which the metadata image does not show): not proposed again until
@@ -544,14 +548,34 @@ class PartitionState:
         return self._follower.fetch_request() if self._follower is not None else None
 
     def on_fetch_response(self, response: FetchResponse) -> tuple[Effect, ...]:
-        """The leader answered our fetch: truncate, append, move the HW."""
+        """The leader answered our fetch: truncate, append, move the HW.
+
+        With batches to append (``AppendFetched``), the HW waits for
+        ``on_fetched_appended``: moved now, a failed append would leave it above the log
+        end, and this follower would serve consumers records it does not have."""
+        self._fetched_leader_hw = None
         if self._follower is None:
             return ()
         effects, new_hw = self._follower.on_fetch_response(response, self.high_watermark)
+        if any(isinstance(effect, AppendFetched) for effect in effects):
+            self._fetched_leader_hw = response.high_watermark
+            return tuple(effects)
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
             effects.append(UpdateHighWatermark(new_hw))
         return tuple(effects)
+
+    def on_fetched_appended(self) -> tuple[Effect, ...]:
+        """The driver appended the batches of the last fetch response: the follower HW
+        becomes min(leader HW, own log end) (Kafka), and never moves back."""
+        leader_hw, self._fetched_leader_hw = self._fetched_leader_hw, None
+        if leader_hw is None or self._follower is None:
+            return ()
+        new_hw = max(self.high_watermark, min(leader_hw, self._log.log_end_offset))
+        if new_hw == self.high_watermark:
+            return ()
+        self.high_watermark = new_hw
+        return (UpdateHighWatermark(new_hw),)
 
     def _fetch_decision(
         self,
