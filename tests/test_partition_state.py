@@ -12,6 +12,7 @@ from test_replication_fakes import FakeLog, Replica, batches_of
 from rillet.broker.replication.partition_state import PartitionState, Role
 from rillet.broker.replication.types import (
     AlterPartitionResponse,
+    AppendFetched,
     EpochEndOffset,
     FetchResponse,
     ProposeAlterPartition,
@@ -448,11 +449,27 @@ def test_follower_ignores_a_response_to_an_older_request() -> None:
     assert b.log.log_end_offset == 1
 
 
-def test_follower_refuses_batches_that_do_not_continue_its_log() -> None:
+def test_follower_refuses_batches_that_overlap_its_log() -> None:
+    a, b, _ = trio()
+    a.append(["m0", "m1"])
+    b.fetch_from(a)  # b's log ends at 2
+    overlapping = FetchResponse(2, 1, NONE, 0, 0, None, batches_of(1, [(1, "x"), (1, "y")]))
+    with pytest.raises(ReplicationInvariantError, match="below 2"):
+        b.state.on_fetch_response(overlapping)
+    backwards = FetchResponse(
+        2, 1, NONE, 0, 0, None, batches_of(4, [(1, "x")]) + batches_of(3, [(1, "y")])
+    )
+    with pytest.raises(ReplicationInvariantError, match="below 5"):
+        b.state.on_fetch_response(backwards)
+
+
+def test_follower_accepts_the_offset_gaps_of_a_compacted_log() -> None:
+    # Compaction removes whole batches: the leader's next batch may start past the
+    # follower's log end (Kafka only requires offsets to increase).
     _, b, _ = trio()
-    bad = FetchResponse(0, 1, NONE, 0, 0, None, batches_of(5, [(1, "x")]))
-    with pytest.raises(ReplicationInvariantError):
-        b.state.on_fetch_response(bad)
+    gap = FetchResponse(0, 1, NONE, 0, 0, None, batches_of(5, [(1, "x"), (1, "y")]))
+    effects = b.state.on_fetch_response(gap)
+    assert effects == (AppendFetched(0, 7),)
 
 
 # ---- KIP-101 / KIP-279: truncation by leader epoch ----------------------------------
