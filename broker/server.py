@@ -47,11 +47,11 @@ from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
-from rillet.client.runtime.tasks import on_death_fatal, on_death_log, run_restarting
+from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
 from rillet.client.wire.connection import R, RequestMessage
 from rillet.controller.metadata.image import MetadataDelta, MetadataImage
-from rillet.storage import LogManager
+from rillet.storage import Log, LogManager
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class BrokerServer:
             cfg.log_defaults,
             retention_check_interval_ms=cfg["log.retention.check.interval.ms"],
             flush_check_interval_ms=cfg["log.flush.scheduler.interval.ms"],
+            on_log_failure=self._log_dir_failed,
         )
         await self.logs.start()
         link = self.link
@@ -209,6 +210,14 @@ class BrokerServer:
         while True:
             await asyncio.sleep(METRICS_SAMPLE_INTERVAL_S)
             self.metrics.sample()
+
+    def _log_dir_failed(self, log: Log, error: BaseException) -> None:
+        """A log turned read-only (a write or fsync failed). Kafka takes that log directory
+        offline and halts the broker once no directory is left; a broker has one here.
+        Serving on would keep this partition's leadership while refusing every produce,
+        and no controller would ever move it: exit, so the session expires, the
+        controller elects new leaders from the ISR, and a restart recovers from disk."""
+        fatal_fault(f"log directory {self.config.log_dir} failed ({log.name})", error)
 
     async def stop(self, controlled: bool = True) -> None:
         """Controlled shutdown (see the module docstring); safe to call twice."""

@@ -102,6 +102,9 @@ class Log:
         self._epochs_on_disk: list[tuple[int, int]] | None = None
         self._epochs_durable_end = 0
         self.failure: BaseException | None = None
+        # Told once when the log turns read-only (LogManager sets it; Kafka's
+        # LogDirFailureChannel): the owner decides what a failed log means for the node.
+        self.failure_listener: Callable[[Log, BaseException], None] | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
         # Set by the broker that replicates this log (Kafka keeps the HW on the log too).
@@ -341,7 +344,7 @@ class Log:
         try:
             os.ftruncate(seg.fd, seg.size)
         except OSError as cut_exc:
-            self.failure = cut_exc
+            self._fail(cut_exc)
             logger.error(
                 "%s: a write failed (%r) and its partial bytes could not be cut (%r); "
                 "the log is now read-only",
@@ -498,10 +501,18 @@ class Log:
             return
         exc = future.exception()
         if exc is not None:
-            self.failure = exc
             logger.error("%s: background flush failed; log is now read-only: %r", self.name, exc)
+            self._fail(exc)
         elif after is not None and not self.closed:
             after()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Turn read-only: what the files hold may no longer match what the log says."""
+        if self.failure is not None:
+            return
+        self.failure = exc
+        if self.failure_listener is not None:
+            self.failure_listener(self, exc)
 
     async def wait_background(self) -> None:
         """Wait for background fsyncs started so far (rolls, flush policy)."""

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ class LogManager:
         retention_check_interval_ms: int = 300_000,  # Kafka: log.retention.check.interval.ms
         flush_check_interval_ms: int = 1000,  # Kafka: log.flush.scheduler.interval.ms
         recovery_threads: int = 4,
+        on_log_failure: Callable[[Log, BaseException], None] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = _as_config(default_config, LogConfig())
@@ -63,6 +64,9 @@ class LogManager:
         self.retention_check_interval_ms = retention_check_interval_ms
         self.flush_check_interval_ms = flush_check_interval_ms
         self.recovery_threads = recovery_threads
+        # Called when any log turns read-only (a failed write or fsync): the broker treats
+        # it as its log directory failing.
+        self.on_log_failure = on_log_failure
         self.logs: dict[TopicPartition, Log] = {}
         self._lock_fd: int | None = None
         self._task: asyncio.Task | None = None
@@ -88,6 +92,7 @@ class LogManager:
                 # Unknown until the replica opens it (Kafka starts the HW at the log
                 # start): no retention or compaction before that.
                 log.high_watermark = log.log_start_offset
+                log.failure_listener = self._log_failed
                 self.logs[tp] = log
         for path in doomed:  # deletes interrupted by a crash
             shutil.rmtree(path, ignore_errors=True)
@@ -134,6 +139,7 @@ class LogManager:
         if log is None:
             path = self.data_dir / partition_dir_name(topic, partition)
             log = Log.open(path, cfg or self.default_config, clock=self.clock)
+            log.failure_listener = self._log_failed
             self.logs[(topic, partition)] = log
         elif cfg is not None:
             log.config = cfg
@@ -146,6 +152,10 @@ class LogManager:
                 checkpoints.write_topic_id(log.directory, topic_id)
                 log.topic_id = topic_id
         return log
+
+    def _log_failed(self, log: Log, error: BaseException) -> None:
+        if self.on_log_failure is not None:
+            self.on_log_failure(log, error)
 
     def is_stale(self, topic: str, partition: int, topic_id: str) -> bool:
         """Whether the local log of this name belongs to another topic id: the topic was

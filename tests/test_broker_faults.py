@@ -7,6 +7,7 @@ tasks, and a real broker process exiting non-zero when applying metadata fails.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import subprocess
 import sys
@@ -26,9 +27,10 @@ from rillet.broker.link.controller_client import (
 )
 from rillet.broker.server import BrokerServer
 from rillet.client.runtime import tasks
-from rillet.client.wire import errors
+from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, parse_address
+from rillet.storage.segment import LogSegment
 from rillet.tools.local_cluster import _CHILDREN
 
 
@@ -269,6 +271,35 @@ async def test_a_failing_metrics_sample_restarts_instead_of_ending(
 
 
 @pytest.mark.cluster
+async def test_a_log_that_turns_read_only_is_a_fatal_fault(
+    tmp_path: Path, fatal: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kafka takes a failed log directory offline and halts the broker when none is left,
+    # so the controller fences it and moves its leaderships. rillet has one log dir: a
+    # log that turned read-only must not keep its leadership, refusing every produce
+    # with KAFKA_STORAGE_ERROR until someone restarts the broker (issue 11, finding 6).
+    link = FakeLink(1)
+    server = BrokerServer(broker_config(tmp_path / "logs"), link=link)
+    await server.start()
+    try:
+        await link.create_topic("t", 1)
+        log = await wait_until_async(lambda: server.logs.get("t", 0))
+        log.append(records.encode_batch([b"v"]), 0)
+
+        def eio(self: Any) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(LogSegment, "fsync", eio)
+        log.roll()  # the closed segment's background fsync fails: the log is read-only
+        await wait_until_async(lambda: fatal.faults)
+        ((what, error),) = fatal.faults
+        assert "t-0" in what and "log directory" in what
+        assert isinstance(error, OSError) and error.errno == errno.EIO
+    finally:
+        monkeypatch.undo()
+        await server.stop(controlled=False)
+
+
 def test_broker_exits_non_zero_with_the_traceback_when_applying_metadata_fails(
     cluster_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
