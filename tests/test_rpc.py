@@ -14,7 +14,7 @@ from helpers import python_command, start_server_process, wait_until_async
 from rpc_echo_server import make_handlers
 
 from rillet.client.runtime.rpc_server import FileRange, Request, Response, RpcServer
-from rillet.client.wire import messages, schemas
+from rillet.client.wire import errors, messages, schemas
 from rillet.client.wire.connection import Connection, connect_any, parse_address
 from rillet.client.wire.errors import (
     InvalidRequestError,
@@ -178,6 +178,65 @@ async def test_file_range_from_an_fd_the_handler_closes_at_once(data_file: Path)
         async with await Connection.open("127.0.0.1", srv.port) as c:
             _, payload = await c.request("Fetch", fetch())
     assert payload == b"head" + DATA[10:30] + b"tail"
+
+
+async def test_a_queued_file_range_holds_the_bytes_of_when_its_handler_returned(
+    tmp_path: Path,
+) -> None:
+    # Responses go out in request order, so a Fetch answer can wait behind a slower one
+    # (a long poll). A log truncated and rewritten in place meanwhile (a follower
+    # diverging, a leader becoming a follower) must not change what the waiting answer
+    # sends: its header already describes the batches it read (issue 11, finding 8).
+    path = tmp_path / "segment"
+    path.write_bytes(b"A" * 100)
+    release = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await release.wait()
+        return Response(messages.ProduceResponse(topics=[]))
+
+    async def read(request: Request) -> Response:
+        fd = os.open(path, os.O_RDONLY)
+        asyncio.get_running_loop().call_soon(os.close, fd)
+        return Response(
+            {"throttle_time_ms": 0, "error_code": 0, "topics": []}, [FileRange(fd, 0, 100)]
+        )
+
+    async with RpcServer({schemas.PRODUCE.key: slow, schemas.FETCH.key: read}) as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            first = asyncio.create_task(c.request("Produce", produce([(0, 0)])))
+            second = asyncio.create_task(c.request("Fetch", fetch()))
+            await wait_until_async(lambda: srv.connections and _handlers_done(srv) >= 1)
+            with open(path, "r+b") as f:  # truncate and rewrite in place, same inode
+                f.truncate(0)
+                f.write(b"B" * 100)
+            release.set()
+            await first
+            _, payload = await second
+    assert payload == b"A" * 100
+
+
+async def test_a_file_range_past_the_end_of_its_file_is_an_error_answer(tmp_path: Path) -> None:
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 10)
+
+    async def read(request: Request) -> Response:
+        return Response(
+            {"throttle_time_ms": 0, "error_code": 0, "topics": []}, [FileRange(str(path), 0, 50)]
+        )
+
+    async with RpcServer({schemas.FETCH.key: read}) as srv:
+        await srv.start()
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            with pytest.raises(errors.UnknownServerError, match="short"):
+                await c.request("Fetch", fetch())
+            await c.request("ApiVersions", {})  # the connection stays usable
+
+
+def _handlers_done(srv: RpcServer) -> int:
+    """Answers ready and waiting in order behind an unfinished one, over all connections."""
+    return sum(1 for conn in srv.connections for s in conn.slots if s.task and s.task.done())
 
 
 @pytest.mark.parametrize("mode", ["pread", "sendfile"])

@@ -151,6 +151,23 @@ def _pin_parts(payload: Sequence[PayloadPart]) -> list[Any]:
     return pinned
 
 
+def _read_parts(payload: Sequence[PayloadPart]) -> list[Any]:
+    """The payload with every FileRange read into bytes (one pread each)."""
+    out: list[Any] = []
+    for p in payload:
+        if not isinstance(p, FileRange):
+            out.append(p)
+        elif isinstance(p.file, int):
+            out.append(_pread_exact(_Pinned(p.file, p.offset, p.length)))
+        else:
+            fd = os.open(p.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                out.append(_pread_exact(_Pinned(fd, p.offset, p.length)))
+            finally:
+                os.close(fd)
+    return out
+
+
 def _unpin(parts: list[Any]) -> None:
     for p in parts:
         if type(p) is _Pinned and p.fd >= 0:
@@ -364,8 +381,15 @@ class _ServerProtocol(asyncio.Protocol):
                 # As the peer will read it: nested messages are plain arrays on the wire.
                 header = decode_header(encode_header(_header_of(response.message)))
                 schemas.validate_response(request.api, request.version, header)
-            # Pin files in the same step the handler returned in, before anything else runs.
-            slot.parts = _pin_parts(response.payload)
+            # Take the file ranges in the same step the handler returned in, before anything
+            # else runs: the answer may wait behind a slower one (responses go out in
+            # order), and a log truncated and rewritten in place meanwhile must not change
+            # what it sends. pread: read the bytes now (the one copy it makes anyway);
+            # sendfile: pin an fd (safe from close and rename, not from a rewrite).
+            if self.server.file_send_mode == "pread":
+                slot.parts = _read_parts(response.payload)
+            else:
+                slot.parts = _pin_parts(response.payload)
         return response
 
     def on_handler_done(self, task: asyncio.Task) -> None:
