@@ -108,6 +108,7 @@ class PartitionQueue:
         "retrying",
         "failed",
         "next_seq",
+        "node",
     )
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -120,6 +121,7 @@ class PartitionQueue:
         self.retrying = False  # send one batch at a time until one succeeds
         self.failed: list[ProducerBatch] = []
         self.next_seq = 0
+        self.node = -1  # the leader its in-flight batches went to
 
 
 class TopicQueues:
@@ -253,6 +255,9 @@ class RecordAccumulator:
                     partition = self._partition_for_key(t, key)
         elif partition >= t.num_partitions or partition < 0:
             raise ValueError(f"{topic} has no partition {partition}")
+        # len() may raise (a value without one): before the batch is touched, so a
+        # refused record is not delivered anyway
+        size = len(value) + RECORD_OVERHEAD_BYTES if value is not None else 1
         tp = t.parts[partition]
         b = tp.open
         if b is None:
@@ -260,7 +265,6 @@ class RecordAccumulator:
         b.values.append(value)
         if key is not None or b.keys is not None:
             _append_key(b, key)
-        size = len(value) + RECORD_OVERHEAD_BYTES if value is not None else 1
         b.nbytes += size
         if b.nbytes >= self.batch_size:
             self._seal(tp)
@@ -309,6 +313,13 @@ class RecordAccumulator:
                     partition = self._partition_for_key(t, key)
         elif not 0 <= partition < t.num_partitions:
             raise ValueError(f"{t.name} has no partition {partition}")
+        # Everything that may raise comes before the batch is touched: a record the
+        # caller is told was refused must not be delivered anyway.
+        if headers is not None:
+            headers = list(headers)
+        if timestamp is not None:
+            timestamp = int(timestamp)
+        size = record_size(value, key, headers)
         tp = t.parts[partition]
         b = tp.open or self._open_batch(tp)
         index = len(b.values)
@@ -318,12 +329,11 @@ class RecordAccumulator:
         if headers is not None or b.headers is not None:
             if b.headers is None:
                 b.headers = [None] * index
-            b.headers.append(list(headers) if headers is not None else None)
+            b.headers.append(headers)
         if timestamp is not None or b.timestamps is not None:
             if b.timestamps is None:
                 b.timestamps = [b.timestamp_ms] * index
-            b.timestamps.append(b.timestamp_ms if timestamp is None else int(timestamp))
-        size = record_size(value, key, headers)
+            b.timestamps.append(b.timestamp_ms if timestamp is None else timestamp)
         b.nbytes += size
         self.buffered += size
         if b.nbytes >= self.batch_size:
@@ -456,7 +466,9 @@ class RecordAccumulator:
     ) -> tuple[dict[int, list[ProducerBatch]], bool]:
         """Take one request's worth of sealed batches per leader: at most one batch per
         partition, up to ``max_request_bytes`` (a first batch always fits), skipping
-        muted partitions, partitions at their in-flight limit and ``busy`` leaders.
+        muted partitions, partitions at their in-flight limit, ``busy`` leaders and
+        partitions whose leader moved while batches are in flight to the old one (they
+        come back, fail and are resent first: docs/client.md, "Ordering and retries").
 
         Returns {leader: batches in order} and whether some partition had no leader
         (``leader_of`` answered < 0). Drained batches count as in flight until
@@ -476,7 +488,9 @@ class RecordAccumulator:
             if node < 0:
                 leaderless = True
                 continue
-            if node in busy:
+            if node in busy or (tp.in_flight and node != tp.node):
+                # The leader moved while batches are in flight to the old one: they will
+                # fail and go back first; sending now would let this one overtake them.
                 continue
             b = tp.ready[0]
             size = sizes.get(node, 0)
@@ -484,6 +498,7 @@ class RecordAccumulator:
                 continue
             tp.ready.popleft()
             tp.in_flight += 1
+            tp.node = node
             sizes[node] = size + len(b.payload)  # type: ignore[arg-type]
             by_node.setdefault(node, []).append(b)
         return by_node, leaderless

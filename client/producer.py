@@ -178,8 +178,49 @@ class Producer:
         self._closed = False
         self.stats = self._sender.stats
         # The hot path is one call: the accumulator's append, which returns
-        # ``acc.not_full`` (an already-done future) or ``acc.when_full()``.
-        self.produce = acc.append  # type: ignore[method-assign]
+        # ``acc.not_full`` (an already-done future) or ``acc.when_full()``. Only when
+        # ``produce`` is ours: a subclass's override (or a patched class) must be called.
+        if type(self).produce is _PRODUCE:
+            self.produce = acc.append  # type: ignore[method-assign]
+
+    # --- settings, read-only (the accumulator and the sender hold them) -------------
+
+    @property
+    def linger_s(self) -> float:
+        return self._accumulator.linger_s
+
+    @property
+    def compression(self) -> int:
+        """The compression codec id (records.COMPRESSION_BY_NAME)."""
+        return self._accumulator.compression
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._sender.max_in_flight
+
+    @property
+    def max_in_flight_per_partition(self) -> int:
+        return self._accumulator.max_in_flight_per_partition
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self._sender.max_request_bytes
+
+    @property
+    def retries(self) -> int:
+        return self._sender.retries
+
+    @property
+    def retry_backoff_s(self) -> float:
+        return self._sender.retry_backoff_s
+
+    @property
+    def delivery_timeout_s(self) -> float:
+        return self._accumulator.delivery_timeout_s
+
+    @property
+    def request_timeout_ms(self) -> int:
+        return self._sender.request_timeout_ms
 
     @property
     def on_batch_done(self) -> Any:
@@ -384,10 +425,20 @@ class Producer:
         entry = self._pending.pop(topic, None)
         if entry is not None:
             known, held = entry
-            for rec in held:
-                self._accumulator.buffered -= record_size(rec[0], rec[1], rec[2])  # re-added
-                self._append(topic, rec)
-            known.set_result(None)
+            try:
+                for rec in held:
+                    self._accumulator.buffered -= _held_size(rec)  # re-added by _append
+                    try:
+                        self._append(topic, rec)
+                    except Exception as e:
+                        # This record alone fails, as it would have synchronously had
+                        # the topic been known; the ones held after it still go.
+                        self._sender.count_failure(1, e)
+                        if rec[5] is not None:
+                            rec[5]._batch = ProducerBatch.failed(e)
+            finally:
+                known.set_result(None)  # flush() and the handles wait on it
+                self._sender.release(0)  # failed records gave their bytes back
         return t
 
     def _defer(self, topic: str, rec: HeldRecord) -> None:
@@ -398,8 +449,9 @@ class Producer:
             assert self._loop is not None
             entry = self._pending[topic] = (self._loop.create_future(), [])
             self._sender.spawn(self._resolve_topic(topic))
+        size = _held_size(rec)  # may raise: before the record is held
         entry[1].append(rec)
-        self._accumulator.buffered += record_size(rec[0], rec[1], rec[2])  # bounded too
+        self._accumulator.buffered += size  # bounded too
         if handle is not None:
             handle._topic_known = entry[0]
 
@@ -408,16 +460,26 @@ class Producer:
             await self._await_topic(topic)
         except (RilletError, ValueError) as e:
             self._fail_pending(topic, e)
+        except Exception as e:  # a bug: fail the held records loudly rather than hang
+            log.exception("resolving topic %r failed", topic)
+            self._fail_pending(topic, e)
 
     def _fail_pending(self, topic: str, error: BaseException) -> None:
         known, held = self._pending.pop(topic, (None, []))
-        self._sender.release(sum(record_size(r[0], r[1], r[2]) for r in held))
+        self._sender.release(sum(map(_held_size, held)))
         self._sender.count_failure(len(held), error)
         for rec in held:
             if rec[5] is not None:
                 rec[5]._batch = ProducerBatch.failed(error)
         if known is not None and not known.done():
             known.set_result(None)
+
+
+_PRODUCE = Producer.produce  # see Producer.__init__: the fast path replaces only this
+
+
+def _held_size(rec: HeldRecord) -> int:
+    return record_size(rec[0], rec[1], rec[2])
 
 
 __all__ = [

@@ -239,17 +239,22 @@ class Sender:
         self._acc.deallocate(b)
         self._wake_space_waiters()
         n = b.count or len(b.values or ())
-        if error is None:
-            self.stats["batches"] += 1
-            self.stats["records"] += n
-            if self.on_batch_done is not None and self._loop is not None:
-                self.on_batch_done(n, self._loop.time() - b.created)
-        else:
-            self.count_failure(n, error)
-            log.debug("batch of %d records to %s-%d failed: %r", n, b.topic, b.partition, error)
         if b.future is not None and not b.future.done():
             b.future.set_result(None)
         b.payload = None
+        if error is not None:
+            self.count_failure(n, error)
+            log.debug("batch of %d records to %s-%d failed: %r", n, b.topic, b.partition, error)
+            return
+        self.stats["batches"] += 1
+        self.stats["records"] += n
+        if self.on_batch_done is not None and self._loop is not None:
+            # Last, and contained: a bug in the caller's callback must not leave this
+            # batch or the rest of its request unfinished (flush would hang).
+            try:
+                self.on_batch_done(n, self._loop.time() - b.created)
+            except Exception:
+                log.exception("on_batch_done raised; ignored")
 
     def count_failure(self, records: int, error: BaseException) -> None:
         self.failed_records += records

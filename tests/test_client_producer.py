@@ -4,13 +4,16 @@ backpressure, handles, acks=0, send_many, unknown topics. No real broker needed.
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
+from unittest import mock
 
 import pytest
 from test_client_fake_broker import FakeCluster
 
 from rillet.client.partitioner import partition_for_key
 from rillet.client.producer import DeliveryError, Producer, ProducerClosedError, RecordHandle
-from rillet.client.wire import records
+from rillet.client.wire import records, schemas
 from rillet.client.wire.errors import (
     InvalidRecordError,
     NotLeaderOrFollowerError,
@@ -241,3 +244,205 @@ async def test_an_unencodable_value_fails_its_batch_only(fake: FakeCluster) -> N
         with pytest.raises(DeliveryError):
             await p.flush()
         assert (await p.send("t", b"good", partition=0)).offset == 0
+
+
+# --- records held for a topic whose metadata is on its way ------------------------------
+
+
+async def test_a_bad_partition_in_a_first_send_fails_that_record_only(fake: FakeCluster) -> None:
+    # "t" has 6 partitions but the producer knows nothing of it yet: both records are
+    # held. The out-of-range one fails alone, as it would once the topic is known.
+    async with Producer(fake.bootstrap) as p:
+        bad = p.send("t", b"bad", partition=9)
+        good = p.send("t", b"good", partition=0)
+        assert (await asyncio.wait_for(_await(good), 10)).offset == 0
+        with pytest.raises(ValueError, match="no partition 9"):
+            await asyncio.wait_for(_await(bad), 10)
+        with pytest.raises(DeliveryError) as e:
+            await asyncio.wait_for(p.flush(), 10)
+        assert e.value.failed_records == 1
+        assert p._accumulator.buffered == 0
+    assert values_of(fake, "t", 0) == [b"good"]
+
+
+async def test_a_str_key_in_a_first_produce_does_not_hang_flush(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap) as p:
+        await p.produce("t", b"bad", key="not-bytes")
+        await p.produce("t", b"good", partition=0)
+        await asyncio.wait_for(p.flush(raise_errors=False), 10)
+        assert p._accumulator.buffered == 0
+    assert values_of(fake, "t", 0) == [b"good"]
+
+
+async def test_a_value_without_len_in_a_first_send_is_refused_at_once(
+    fake: FakeCluster,
+) -> None:
+    async with Producer(fake.bootstrap) as p:
+        with pytest.raises(TypeError):
+            p.send("t", 12345, partition=0)  # refused, as when the topic is known
+        h = p.send("t", b"good", partition=0)
+        assert (await asyncio.wait_for(_await(h), 10)).offset == 0
+        await asyncio.wait_for(p.flush(), 10)
+    assert values_of(fake, "t", 0) == [b"good"]
+
+
+async def test_a_bad_held_record_gives_its_buffer_memory_back(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, batch_size=1024, buffer_memory=1024) as p:
+        p.produce("t", b"bad", partition=9)
+        futs = [p.produce("t", b"x" * 100, partition=0) for _ in range(12)]  # all held
+        assert not futs[-1].done()  # at the bound: waits for space
+        await asyncio.wait_for(futs[-1], 10)
+        await asyncio.wait_for(p.produce("t", b"y", partition=0), 10)
+        await asyncio.wait_for(p.flush(raise_errors=False), 10)
+        assert p._accumulator.buffered == 0
+
+
+async def _await(h: Any) -> Any:
+    return await h
+
+
+# --- a leader change while batches are in flight to the old leader ---------------------
+
+
+class GatedFake(FakeCluster):
+    """Produce requests to ``gated`` brokers wait for ``gate`` (an acks=all request
+    waiting for its followers, say); ``arrived[node]`` counts the requests received."""
+
+    def __init__(self, brokers: int) -> None:
+        super().__init__(brokers)
+        self.gated: set[int] = set()
+        self.gate = asyncio.Event()
+        self.arrived = dict.fromkeys(self.broker_ids, 0)
+        self.arrival = asyncio.Condition()
+
+    def _handlers(self, node: int) -> dict[int, Any]:
+        handlers = super()._handlers(node)
+        answer = handlers[schemas.PRODUCE.key]
+
+        async def produce(request: Any) -> Any:
+            async with self.arrival:
+                self.arrived[node] += 1
+                self.arrival.notify_all()
+            if node in self.gated:
+                await self.gate.wait()
+            return await answer(request)  # the leader check happens now
+
+        handlers[schemas.PRODUCE.key] = produce
+        return handlers
+
+    async def until_arrived(self, node: int, n: int) -> None:
+        async with self.arrival:
+            await self.arrival.wait_for(lambda: self.arrived[node] >= n)
+
+
+async def test_a_batch_for_a_new_leader_waits_for_those_in_flight_to_the_old() -> None:
+    fake = await GatedFake(2).start()
+    fake.create("o", 1)  # leader: broker 1
+    try:
+        # batch_size=1: every record is a batch, sealed at once
+        async with Producer(fake.bootstrap, batch_size=1, retry_backoff_ms=1) as p:
+            await p.send("o", b"0", partition=0)
+            fake.gated.add(1)
+            h1 = p.send("o", b"1", partition=0)
+            await asyncio.wait_for(fake.until_arrived(1, 2), 10)  # batch 1 at broker 1
+            h2 = p.send("o", b"2", partition=0)
+            await asyncio.wait_for(fake.until_arrived(1, 3), 10)  # batch 2 too
+            fake.move_leader("o", 0, 2)
+            await p._meta.refresh(force=True)  # any refresh: another partition's error...
+            h3 = p.send("o", b"3", partition=0)
+            await asyncio.sleep(0)  # the sender's pass for batch 3 runs
+            if not p._accumulator.sealed("o", 0):  # batch 3 went: let it land first
+                await asyncio.wait_for(fake.until_arrived(2, 1), 10)
+            fake.gate.set()  # batches 1 and 2 fail with NOT_LEADER and are resent
+            await asyncio.wait_for(asyncio.gather(_await(h1), _await(h2), _await(h3)), 10)
+        assert values_of(fake, "o", 0) == [b"0", b"1", b"2", b"3"]
+    finally:
+        await fake.stop()
+
+
+# --- produce() overridden -----------------------------------------------------------------
+
+
+async def test_a_subclass_override_of_produce_is_called(fake: FakeCluster) -> None:
+    seen = []
+
+    class Counting(Producer):
+        def produce(self, topic, value, *a, **kw):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN002, ANN003, ANN202
+            seen.append(value)
+            return super().produce(topic, value, *a, **kw)
+
+    async with Counting(fake.bootstrap) as p:
+        await p.produce("t", b"v", partition=0)
+    assert seen == [b"v"]
+    assert values_of(fake, "t", 0) == [b"v"]
+
+
+def test_a_class_level_patch_of_produce_is_called() -> None:
+    with mock.patch.object(Producer, "produce") as patched:
+        Producer().produce("t", b"v")
+    patched.assert_called_once_with("t", b"v")
+
+
+# --- a record refused by produce() or send() ---------------------------------------------
+
+
+async def test_a_record_refused_with_an_exception_is_not_delivered(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap) as p:
+        await p.send("t", b"first", partition=0)  # the topic's metadata is known now
+        with pytest.raises(TypeError):
+            await p.produce("t", 12345, partition=0)  # no len()
+        with pytest.raises(TypeError):
+            p.send("t", 12345, partition=0)
+        with pytest.raises(ValueError):
+            p.send("t", b"bad-headers", partition=0, headers=[("h",)])
+        with pytest.raises(ValueError):
+            await p.produce("t", b"bad-timestamp", partition=0, timestamp="soon")  # type: ignore[arg-type]
+        await p.send("t", b"last", partition=0)
+        await asyncio.wait_for(p.flush(), 10)
+        assert p._accumulator.buffered == 0
+    assert values_of(fake, "t", 0) == [b"first", b"last"]
+
+
+# --- on_batch_done -----------------------------------------------------------------------
+
+
+async def test_a_raising_on_batch_done_leaves_no_batch_unfinished(
+    fake: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Producer(fake.bootstrap, linger_ms=10_000) as p:
+        calls = []
+
+        def on_done(n: int, seconds: float) -> None:
+            calls.append(n)
+            raise RuntimeError("a bug in the caller's callback")
+
+        p.on_batch_done = on_done
+        hs = [p.send("t", b"v", partition=q) for q in (0, 3)]  # one request: broker 1
+        with caplog.at_level(logging.ERROR, logger="rillet.client.sender"):
+            await asyncio.wait_for(p.flush(), 10)
+        assert [(await h).offset for h in hs] == [0, 0]
+        assert calls == [1, 1]
+    assert "on_batch_done raised" in caplog.text
+
+
+# --- settings -----------------------------------------------------------------------------
+
+
+def test_the_settings_are_readable_attributes() -> None:
+    p = Producer(
+        linger_ms=7,
+        compression="lz4",
+        max_in_flight=3,
+        max_in_flight_per_partition=1,
+        max_request_bytes=4096,
+        retries=4,
+        retry_backoff_ms=50,
+        delivery_timeout_ms=9000,
+        request_timeout_ms=1500,
+    )
+    assert (p.linger_s, p.compression) == (0.007, records.COMPRESSION_BY_NAME["lz4"])
+    assert (p.max_in_flight, p.max_in_flight_per_partition, p.max_request_bytes) == (3, 1, 4096)
+    assert (p.retries, p.retry_backoff_s, p.delivery_timeout_s) == (4, 0.05, 9.0)
+    assert p.request_timeout_ms == 1500
+    with pytest.raises(AttributeError):
+        p.retries = 5  # type: ignore[misc]
