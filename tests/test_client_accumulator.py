@@ -208,6 +208,32 @@ def test_retried_batches_go_back_in_front_of_newer_ones_in_their_order() -> None
     assert rest == [[b"b1"], [b"b2"], [b"b3"]]
 
 
+def test_a_partition_whose_leader_moved_waits_for_its_batches_in_flight_to_the_old() -> None:
+    # Batches 0 and 1 are in flight to broker 1 when the client learns that broker 2
+    # leads: batch 2 must wait until they are back (they fail and are resent first),
+    # or it lands ahead of them.
+    acc = make(Clock())
+    table = {0: 1}
+    leader = leaders(table)
+    in_flight = []
+    for v in (b"0", b"1"):
+        acc.append("t", v, partition=0)
+        acc.seal_all()
+        (b,) = acc.drain(leader, 1 << 20)[0][1]
+        in_flight.append(b)
+    table[0] = 2
+    acc.append("t", b"2", partition=0)
+    acc.seal_all()
+    assert acc.drain(leader, 1 << 20)[0] == {}
+    assert acc.retry(in_flight[0]) is None
+    tp = acc.retry(in_flight[1])
+    assert tp is not None
+    acc.unmute(tp)
+    assert [values(b) for b in acc.sealed("t", 0)] == [[b"0"], [b"1"], [b"2"]]
+    (again,) = acc.drain(leader, 1 << 20)[0][2]  # to the new leader, in order
+    assert values(again) == [b"0"]
+
+
 def test_a_batch_failed_for_good_still_lets_the_muted_partition_resume() -> None:
     acc = make(Clock())
     leader = leaders({0: 1})
@@ -220,6 +246,29 @@ def test_a_batch_failed_for_good_still_lets_the_muted_partition_resume() -> None
     tp = acc.failed(b)  # out of retries: the sender completes it with its error
     assert tp is not None
     assert [values(x) for x in acc.sealed("t", 0)] == [[b"a"]]
+
+
+def test_a_record_refused_with_an_exception_leaves_its_batch_untouched() -> None:
+    acc = make(Clock())
+    acc.append("t", b"first", partition=0)
+    buffered = acc.buffered
+    t = acc.topics["t"]
+    with pytest.raises(TypeError):
+        acc.append("t", 12345, partition=0)  # no len(): the hot path
+    with pytest.raises(TypeError):
+        acc.append_record(t, 12345, None, None, 0, None)
+    with pytest.raises(ValueError):
+        acc.append_record(t, b"v", None, [("h",)], 0, None)  # not (key, value) pairs
+    with pytest.raises(ValueError):
+        acc.append("t", b"v", partition=0, timestamp="soon")  # type: ignore[arg-type]
+    assert acc.buffered == buffered
+    acc.append_record(t, b"last", None, iter([("h", b"1")]), 0, None)  # any iterable
+    acc.seal_all()
+    (b,) = acc.sealed("t", 0)
+    assert [(r.value, r.headers) for r in records.decode_batch(b.payload)] == [  # type: ignore[arg-type]
+        (b"first", None),
+        (b"last", [["h", b"1"]]),
+    ]
 
 
 def test_the_memory_bound_applies_backpressure_until_batches_complete() -> None:
@@ -287,3 +336,111 @@ def test_an_unencodable_batch_is_set_aside_with_its_error() -> None:
     (bad,) = acc.unencodable
     assert isinstance(bad.error, TypeError)
     assert acc.sealed("t", 0) == []
+
+
+# --- a random model: many schedules, the same two promises -------------------------------
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_schedules_keep_each_partitions_order_and_complete_every_batch(
+    seed: int,
+) -> None:
+    """Appends, seals, drains, leader moves and answers in a random order; answers come
+    back in order per connection, but the connections interleave freely, so a new
+    leader's answer can come before the old leader's. A broker appends a batch only if
+    it leads the partition when the batch arrives, and a failure fails every later
+    in-flight batch of the partition on that connection (as a leader change or a dropped
+    connection does). Every batch completes exactly once, and each partition's delivered
+    batches are in their original order."""
+    rng = random.Random(seed)
+    clock = Clock()
+    acc = RecordAccumulator(
+        batch_size=rng.choice([20, 60, 1 << 20]),
+        linger_s=LINGER,
+        buffer_memory=1 << 30,
+        delivery_timeout_s=rng.choice([0.05, 1000.0]),
+        clock=clock,
+        wall_clock_ms=lambda: WALL_MS,
+        max_in_flight_per_partition=rng.choice([0, 1, 2, 5]),
+    )
+    acc.add_topic("t", 3)
+    table = {0: 1, 1: 2, 2: 1}
+    leader = leaders(table)
+    conns: dict[int, list[ProducerBatch]] = {1: [], 2: [], 3: []}  # in flight, in order
+    failing: set[tuple[int, int]] = set()  # (partition, node): the rest fail too
+    to_unmute: list = []
+    delivered: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    done: set[ProducerBatch] = set()
+
+    def finish(b: ProducerBatch) -> None:
+        assert b not in done
+        done.add(b)
+        acc.deallocate(b)
+
+    def send() -> None:
+        by_node, _ = acc.drain(leader, 100)
+        for node, batches in by_node.items():
+            assert node == table[batches[0].partition] > 0
+            conns[node] += batches
+
+    def answer(node: int) -> None:
+        b = conns[node].pop(0)
+        p = b.partition
+        if (p, node) in failing or table[p] != node or rng.random() < 0.1:
+            failing.add((p, node))
+            if rng.random() < 0.8:
+                tp = acc.retry(b)
+            else:
+                tp = acc.failed(b)
+                finish(b)
+        else:
+            tp = acc.delivered(b)
+            finish(b)
+            delivered[p].append(b.seq)
+        if not any(x.partition == p for x in conns[node]):
+            failing.discard((p, node))
+        if tp is not None:
+            to_unmute.append(tp)
+
+    for _step in range(400):
+        r = rng.random()
+        clock.now += rng.choice([0, 0.001, 0.01])
+        if r < 0.35:
+            acc.append("t", b"x" * rng.randrange(1, 10), partition=rng.randrange(3))
+        elif r < 0.45:
+            acc.ready(clock.now)
+        elif r < 0.5:
+            acc.seal_all()
+        elif r < 0.6:
+            send()
+        elif r < 0.65:
+            table[rng.randrange(3)] = rng.choice([1, 2, 3, -1])
+        elif r < 0.85:
+            busy = [n for n, q in conns.items() if q]
+            if busy:
+                answer(rng.choice(busy))  # any connection's answer may come first
+        elif r < 0.95:
+            if to_unmute:
+                acc.unmute(to_unmute.pop(rng.randrange(len(to_unmute))))
+        else:
+            for b in acc.expire(clock.now):
+                finish(b)
+    # no more moves: everything left is sent to broker 1 and delivered
+    for p in table:
+        table[p] = 1
+    acc.seal_all()
+    for _ in range(10_000):
+        for tp in to_unmute:
+            acc.unmute(tp)
+        to_unmute.clear()
+        send()
+        busy = [n for n, q in conns.items() if q]
+        if not busy:
+            break
+        for node in rng.sample(busy, len(busy)):
+            while conns[node]:
+                answer(node)
+    assert not acc.incomplete, "batches neither delivered nor failed"
+    assert acc.buffered == 0
+    for p in range(3):
+        assert delivered[p] == sorted(delivered[p]), (p, delivered[p])
