@@ -449,7 +449,7 @@ class Producer:
             assert self._loop is not None
             entry = self._pending[topic] = (self._loop.create_future(), [])
             self._sender.spawn(self._resolve_topic(topic))
-        size = _held_size(rec)  # may raise: before the record is held
+        size = record_size(rec[0], rec[1], rec[2])  # may raise: before it is held
         entry[1].append(rec)
         self._accumulator.buffered += size  # bounded too
         if handle is not None:
