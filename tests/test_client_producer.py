@@ -297,6 +297,21 @@ async def test_a_bad_held_record_gives_its_buffer_memory_back(fake: FakeCluster)
         assert p._accumulator.buffered == 0
 
 
+async def test_an_unexpected_error_resolving_a_topic_fails_its_held_records(
+    fake: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Producer(fake.bootstrap) as p:
+        bug = RuntimeError("a bug while waiting for metadata")
+        with mock.patch.object(p._meta, "wait_for_topics", side_effect=bug):
+            h = p.send("t", b"v", partition=0)
+            with pytest.raises(RuntimeError, match="a bug"):
+                await asyncio.wait_for(_await(h), 10)
+        with pytest.raises(DeliveryError):
+            await asyncio.wait_for(p.flush(), 10)
+        assert p._accumulator.buffered == 0
+    assert "resolving topic 't' failed" in caplog.text
+
+
 async def _await(h: Any) -> Any:
     return await h
 
