@@ -5,9 +5,11 @@
 - ``Client``: raw requests (records.encode_batch + client.connection), so every produce
   answer says exactly at which offset its records landed;
 - ``Writer``: produces acks=all continuously, in a thread of its own, while the test
-  injects faults; it records what was sent and what was acknowledged where;
+  injects faults; it records what was sent and what was acknowledged where (values
+  encode topic, incarnation, partition and sequence; keyed from a small key space if
+  asked, for compacted topics);
 - ``check_acknowledged``: reads every partition from the start and checks the writer's
-  acknowledgements against it.
+  acknowledgements against it (tests/chaos.py runs it after random fault schedules).
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ class Client:
         response = await self.any_request(m.CreateTopicsRequest([topic], timeout_ms=20_000))
         assert response.topics[0].error_code == 0, response
 
+    async def delete_topic(self, name: str) -> None:
+        response = await self.any_request(m.DeleteTopicsRequest([name], timeout_ms=20_000))
+        assert response.responses[0].error_code == 0, response
+
     async def partitions(self, topic: str) -> dict[int, PartitionInfo]:
         """The topic's partitions as the first live broker's image shows them. A broker
         that has not loaded metadata yet (just restarted: it serves before its
@@ -125,9 +131,10 @@ class Client:
         values: list[bytes],
         acks: int = -1,
         timeout_ms: int = 5000,
+        keys: list[bytes] | None = None,
     ) -> tuple[int, int]:
         """(error code, base offset) of one batch sent to ``leader``."""
-        data = records.encode_batch(values)
+        data = records.encode_batch(values, keys)
         request = m.ProduceRequest(
             acks=acks,
             timeout_ms=timeout_ms,
@@ -166,6 +173,14 @@ class Ack:
     partition: int
     base_offset: int
     values: list[bytes]
+    keys: list[bytes] | None = None
+    incarnation: int = 0
+
+
+def parse_value(value: bytes) -> tuple[int, int]:
+    """(incarnation, sequence) of a value the Writer made."""
+    _, incarnation, _, seq = value.rsplit(b"-", 3)
+    return int(incarnation), int(seq)
 
 
 @dataclass
@@ -179,9 +194,14 @@ class Writer:
     partitions: int
     batch: int = 5
     required_acks: int = -1
+    keys: int = 0  # > 0: record keys cycle through this many
+    # Bumped by a test that deletes and re-creates the topic once every broker serves
+    # the new one: acknowledgements of older incarnations are not expected afterwards.
+    incarnation: int = 0
     acks: list[Ack] = field(default_factory=list)
     sent: set[bytes] = field(default_factory=set)
     errors_seen: dict[str, int] = field(default_factory=dict)
+    attempts: int = 0  # produce requests answered (or failed), a measure of progress
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _failure: BaseException | None = None
@@ -223,14 +243,20 @@ class Writer:
             if leader < 0:
                 leader = await self._leader_of(client, p)
                 continue
-            values = [f"{self.topic}-{p}-{next(seq)}".encode() for _ in range(self.batch)]
+            incarnation = self.incarnation
+            seqs = [next(seq) for _ in range(self.batch)]
+            values = [f"{self.topic}-{incarnation}-{p}-{s}".encode() for s in seqs]
+            keys = [f"k{s % self.keys}".encode() for s in seqs] if self.keys else None
             self.sent.update(values)
             try:
-                code, base = await client.produce(leader, self.topic, p, values, self.required_acks)
+                code, base = await client.produce(
+                    leader, self.topic, p, values, self.required_acks, keys=keys
+                )
             except errors.RilletError as e:
                 code, base = e.code, -1
+            self.attempts += 1
             if code == errors.NONE:
-                self.acks.append(Ack(p, base, values))
+                self.acks.append(Ack(p, base, values, keys, incarnation))
                 continue
             name = errors.error_name(code)
             self.errors_seen[name] = self.errors_seen.get(name, 0) + 1
@@ -247,9 +273,14 @@ class Writer:
         return info.leader
 
 
-def check_acknowledged(cluster: LocalCluster, writer: Writer) -> dict[int, int]:
-    """Every acknowledged record sits exactly at its acknowledged offset, acknowledgements
-    of a partition come in offset order, and nothing that was never sent is in the log.
+def check_acknowledged(
+    cluster: LocalCluster, writer: Writer, *, compacted: bool = False
+) -> dict[int, int]:
+    """Every acknowledged record (of the writer's current incarnation) sits exactly at
+    its acknowledged offset, acknowledgements of a partition come in offset order,
+    nothing that was never sent is in the log, and each key's records are in the order
+    they were sent. On a ``compacted`` topic an acknowledged record may be gone if a
+    later record of its key is in the log (the cleaner removed it), never otherwise.
     Returns the record count read per partition."""
 
     async def body(client: Client) -> dict[int, int]:
@@ -262,15 +293,31 @@ def check_acknowledged(cluster: LocalCluster, writer: Writer) -> dict[int, int]:
             assert offsets == sorted(by_offset), f"partition {p}: offsets out of order"
             unknown = [r for r in log if r.value not in writer.sent]
             assert not unknown, f"partition {p}: records never sent: {unknown[:3]}"
+            last_of_key: dict[Any, tuple[int, int]] = {}  # key -> (seq, offset)
+            for r in log:
+                seq = parse_value(r.value)[1]
+                before = last_of_key.get(r.key)
+                assert before is None or before[0] < seq, (
+                    f"partition {p}: key {r.key!r} at offset {r.offset} (seq {seq}) after "
+                    f"offset {before[1]} (seq {before[0]})"
+                )
+                last_of_key[r.key] = (seq, r.offset)
             last_base = -1
-            for ack in (a for a in writer.acks if a.partition == p):
+            acks = [
+                a for a in writer.acks if a.partition == p and a.incarnation == writer.incarnation
+            ]
+            for ack in acks:
                 assert ack.base_offset > last_base, f"partition {p}: acks out of order at {ack}"
                 last_base = ack.base_offset
                 for i, value in enumerate(ack.values):
-                    found = by_offset.get(ack.base_offset + i)
+                    offset = ack.base_offset + i
+                    found = by_offset.get(offset)
+                    if found is None and compacted and ack.keys is not None:
+                        latest = last_of_key.get(ack.keys[i])
+                        if latest is not None and latest[1] > offset:
+                            continue  # superseded by a later record of its key
                     assert found == value, (
-                        f"partition {p}: offset {ack.base_offset + i} holds {found!r}, "
-                        f"acknowledged {value!r}"
+                        f"partition {p}: offset {offset} holds {found!r}, acknowledged {value!r}"
                     )
             counts[p] = len(log)
         return counts

@@ -1,0 +1,390 @@
+"""A randomized fault suite on real processes (tests/test_chaos.py, ``make chaos``).
+
+One seed fixes a schedule of faults (random.Random(seed)); the schedule runs against 3
+controllers and 3 brokers while Writers produce acks=all to three RF=3,
+min.insync.replicas=2 topics: a plain one, a compacted one, and one that the schedule
+may delete and re-create. Faults, one at a time, each held until the writers have
+made some progress (answered produce requests, not a guessed time):
+
+- ``kill``: kill -9 a broker, restart it;
+- ``pause``: SIGSTOP a broker, SIGCONT it;
+- ``bounce``: SIGTERM a broker (a controlled shutdown), restart it;
+- ``controller``: kill -9 the active controller, restart it;
+- ``two``: kill -9 two brokers at once (acks=all cannot succeed meanwhile), restart both;
+- ``recreate``: delete the re-creatable topic and create it again.
+
+Then the cluster heals (everything running, every ISR full, writes succeed again) and
+is checked, Jepsen-style: every acknowledged record is at its acknowledged offset
+with its value (on the compacted topic: or superseded by a later record of its key),
+no record that was never sent, each key's records in the order sent, and, once the
+cluster is stopped, every replica of a partition holds the same bytes below the high
+watermark (compacted partitions: the same latest record per key, since each replica
+runs its own cleaner).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers import log_records, wait_until
+from replication_cluster import (
+    BROKERS,
+    Client,
+    Writer,
+    check_acknowledged,
+    replication_cluster,
+    run,
+)
+
+from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import Connection
+from rillet.storage import Log
+from rillet.tools.local_cluster import LocalCluster
+
+PLAIN, COMPACT, RECREATED = "plain", "compact", "recreated"
+PARTITIONS = {PLAIN: 3, COMPACT: 2, RECREATED: 2}
+TOPIC_CONFIGS = {
+    PLAIN: {"min.insync.replicas": "2"},
+    COMPACT: {
+        "min.insync.replicas": "2",
+        "cleanup.policy": "compact",
+        "segment.bytes": "4096",  # small segments, so the cleaner has closed ones to clean
+        "min.compaction.lag.ms": "0",
+    },
+    RECREATED: {"min.insync.replicas": "2"},
+}
+KEYS = {PLAIN: 16, COMPACT: 8, RECREATED: 0}
+# The cleaner runs every maintenance round, so compaction happens within a schedule.
+BROKER_EXTRA = {"log.retention.check.interval.ms": 500}
+KINDS = ("kill", "pause", "bounce", "controller", "two", "recreate")
+WEIGHTS = (3, 2, 2, 2, 1, 1)
+REPLAY = "RILLET_CHAOS_SEED={seed} pytest -s tests/test_chaos.py::test_chaos_replay"
+
+
+class ChaosFailure(AssertionError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    kind: str
+    brokers: tuple[int, ...]  # the brokers it hits (none for controller/recreate)
+    hold: int  # produce answers the writers must get while the fault lasts
+    # Also hold until the cluster has acted on it (the victims fenced or out of every
+    # ISR, or a new active controller); otherwise the victims may be back before that.
+    acted_on: bool = False
+
+
+def schedule(seed: int, steps: int) -> list[Step]:
+    """The fault schedule of ``seed``: the same seed, the same schedule."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        count = {"two": 2, "controller": 0, "recreate": 0}.get(kind, 1)
+        brokers = tuple(sorted(rng.sample(BROKERS, count)))
+        # Two brokers down: only the survivor's refusals and timeouts answer.
+        hold = rng.randint(2, 4) if kind == "two" else rng.randint(10, 60)
+        out.append(Step(kind, brokers, hold, acted_on=rng.random() < 0.6))
+    return out
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    acked_checked: int = 0
+    records_read: int = 0
+    violations: int = 0
+    seconds: float = 0.0
+
+
+def run_seed(
+    cluster_factory: Callable[..., LocalCluster], seed: int, steps: int, *, keep: bool = False
+) -> ChaosResult:
+    """Run ``seed``'s schedule on a fresh cluster and check it; raises ChaosFailure with
+    the replay command. The cluster's directory is removed after a pass (unless
+    ``keep``); after a failure it stays, node logs included."""
+    print(f"chaos seed {seed}: {schedule(seed, steps)}", flush=True)
+    started = time.monotonic()
+    result = ChaosResult(seed)
+    cluster = replication_cluster(cluster_factory, **BROKER_EXTRA)
+    try:
+        _run(cluster, schedule(seed, steps), result)
+    except Exception as e:  # noqa: BLE001 - every failure is reported with its seed
+        result.violations += 1
+        raise ChaosFailure(
+            f"chaos seed {seed} failed: {type(e).__name__}: {e}\n"
+            f"node logs under {cluster.data_dir}\nreplay: {REPLAY.format(seed=seed)}"
+        ) from e
+    finally:
+        cluster.stop(kill=True, timeout_s=20)
+    result.seconds = time.monotonic() - started
+    print(
+        f"chaos seed {seed}: passed in {result.seconds:.0f}s, faults {dict(result.faults)}, "
+        f"{result.acked_checked} acknowledged records checked",
+        flush=True,
+    )
+    if not keep:
+        shutil.rmtree(cluster.data_dir, ignore_errors=True)
+    return result
+
+
+def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
+    for topic in PARTITIONS:
+        _create(cluster, topic)
+    writers = {t: Writer(cluster, t, PARTITIONS[t], keys=KEYS[t]).start() for t in PARTITIONS}
+    try:
+        _progress(writers, 20)
+        for step in steps:
+            _inject(cluster, step, writers)
+            result.faults[step.kind] += 1
+        _heal(cluster)
+        _acks_grow(writers)  # writes succeed again on every topic
+    finally:
+        for w in writers.values():
+            w.stop()
+    for topic, w in writers.items():
+        counts = check_acknowledged(cluster, w, compacted=topic == COMPACT)
+        result.records_read += sum(counts.values())
+        result.acked_checked += sum(len(a.values) for a in w.acks if a.incarnation == w.incarnation)
+    hws = _high_watermarks(cluster)
+    cluster.stop()  # SIGTERM: quiet, and the logs closed cleanly
+    _check_replicas(cluster, hws)
+
+
+def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> None:
+    if step.kind == "recreate":
+        _recreate(cluster, writers[RECREATED])
+        return
+    if step.kind == "controller":
+        active = wait_until(
+            lambda: max(_active_controller(cluster), 0), message="an active controller"
+        )
+        victims: tuple[int, ...] = (active,)
+    else:
+        victims = step.brokers
+    for node in victims:
+        if step.kind == "pause":
+            cluster.pause_node(node)
+        else:
+            cluster.stop_node(node, kill=step.kind != "bounce")
+    try:
+        if step.acted_on and step.kind == "controller":
+            wait_until(
+                lambda: _active_controller(cluster) not in (-1, *victims),
+                timeout=60,
+                message="a new active controller",
+            )
+        elif step.acted_on:
+            wait_until(
+                lambda: _acted_on(cluster, victims),
+                timeout=60,
+                message=f"brokers {victims} out of every ISR",
+            )
+        _progress(writers, step.hold)
+    finally:
+        for node in victims:
+            if step.kind == "pause":
+                cluster.resume_node(node)
+            else:
+                cluster.start_node(node)
+
+
+def _active_controller(cluster: LocalCluster) -> int:
+    described = cluster.describe()
+    return -1 if described is None else described.controller_id
+
+
+def _acted_on(cluster: LocalCluster, victims: tuple[int, ...]) -> bool:
+    """Every other broker sees no partition led by, or in sync with, the victims."""
+    for topic in PARTITIONS:
+        views = _broker_metadata(cluster, topic, skip=victims)
+        for t in views.values():
+            if t is None or t.error_code != errors.NONE:
+                return False
+            for p in t.partitions:
+                if p.leader_id in victims or set(p.isr) & set(victims):
+                    return False
+    return True
+
+
+def _progress(writers: dict[str, Writer], answers: int) -> None:
+    """Wait until the writers together have had ``answers`` more produce answers."""
+    target = sum(w.attempts for w in writers.values()) + answers
+    wait_until(
+        lambda: sum(w.attempts for w in writers.values()) >= target,
+        timeout=120,
+        message=lambda: (
+            f"{answers} produce answers; errors { {t: w.errors_seen for t, w in writers.items()} }"
+        ),
+    )
+
+
+def _acks_grow(writers: dict[str, Writer], by: int = 20) -> None:
+    targets = {t: w.acked_count() + by for t, w in writers.items()}
+    wait_until(
+        lambda: all(w.acked_count() >= targets[t] for t, w in writers.items()),
+        timeout=120,
+        message=lambda: (
+            f"{by} more acks on every topic; errors "
+            f"{ {t: w.errors_seen for t, w in writers.items()} }"
+        ),
+    )
+
+
+def _broker_metadata(
+    cluster: LocalCluster, topic: str, skip: tuple[int, ...] = ()
+) -> dict[int, m.MetadataTopic | None]:
+    """Each running broker's own view of ``topic`` (None: it did not answer), but
+    those in ``skip`` (a paused broker would not answer)."""
+
+    async def body(client: Client) -> dict[int, m.MetadataTopic | None]:
+        out: dict[int, m.MetadataTopic | None] = {}
+        for b in client.live_brokers():
+            if b in skip:
+                continue
+            try:
+                conn = await client.conn(b)
+                response, _ = await conn.call(m.MetadataRequest([topic]), timeout_ms=3000)
+                out[b] = response.topics[0]
+            except errors.RilletError:
+                out[b] = None
+        return out
+
+    return run(cluster, body)
+
+
+def _full(topic: str, t: m.MetadataTopic | None) -> bool:
+    return (
+        t is not None
+        and t.error_code == errors.NONE
+        and {p.partition for p in t.partitions} == set(range(PARTITIONS[topic]))
+        and all(p.leader_id >= 0 and sorted(p.isr) == sorted(p.replicas) for p in t.partitions)
+    )
+
+
+def _all_full(cluster: LocalCluster, topic: str) -> bool:
+    """Every broker is running and sees every partition of ``topic`` led, ISR full."""
+    views = _broker_metadata(cluster, topic)
+    return set(views) == set(BROKERS) and all(_full(topic, t) for t in views.values())
+
+
+def _create(cluster: LocalCluster, topic: str) -> None:
+    async def body(client: Client) -> bool:
+        try:
+            await client.create_topic(topic, PARTITIONS[topic], 3, TOPIC_CONFIGS[topic])
+        except AssertionError:  # e.g. the deletion not yet complete: try again
+            return False
+        return True
+
+    wait_until(lambda: run(cluster, body), timeout=60, message=f"{topic} created")
+    wait_until(lambda: _all_full(cluster, topic), timeout=60, message=f"{topic} on every broker")
+
+
+def _recreate(cluster: LocalCluster, writer: Writer) -> None:
+    """Delete the topic and create it again. Every broker must have seen the deletion
+    before the creation, and the creation before the writer's incarnation moves on:
+    then no broker can still acknowledge a record into the old incarnation's log."""
+    cluster.wait_ready()
+    run(cluster, lambda client: client.delete_topic(RECREATED))
+    wait_until(
+        lambda: all(
+            t is not None and t.error_code == errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+            for t in _broker_metadata(cluster, RECREATED).values()
+        ),
+        timeout=60,
+        message="the deletion seen by every broker",
+    )
+    _create(cluster, RECREATED)
+    writer.incarnation += 1
+
+
+def _heal(cluster: LocalCluster) -> None:
+    """Every node running and every partition's ISR full, as every broker sees it."""
+    from rillet.tools.local_cluster import pid_alive
+
+    for node in cluster.nodes.values():
+        if not pid_alive(node.pid):
+            cluster.start_node(node.node_id)
+    cluster.wait_ready()
+    for topic in PARTITIONS:
+        wait_until(lambda t=topic: _all_full(cluster, t), timeout=120, message=f"{topic} healed")
+
+
+def _high_watermarks(cluster: LocalCluster) -> dict[tuple[str, int], int]:
+    """Each partition's HW at its leader, once the leader's log end is committed (no
+    writes are in flight: the ISR's followers catch up and the HW reaches it)."""
+
+    async def body(client: Client) -> dict[tuple[str, int], int]:
+        out = {}
+        for topic, count in PARTITIONS.items():
+            info = await client.partitions(topic)
+            for p in range(count):
+                conn = await client.conn(info[p].leader)
+                hw = await _high_watermark(conn, topic, p)
+                out[topic, p] = hw
+        return out
+
+    return run(cluster, body)
+
+
+async def _high_watermark(conn: Connection, topic: str, partition: int) -> int:
+    wanted = m.FetchPartition(partition, 0, -1, -1, 0, 1)
+    request = m.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=1,
+        topics=[m.FetchTopic(topic, [wanted])],
+    )
+    response, _ = await conn.call(request)
+    result = response.topics[0].partitions[0]
+    assert result.error_code == 0, result
+    return result.high_watermark
+
+
+def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> None:
+    """Every replica of a partition holds the same bytes below the HW (compacted: the
+    same latest record of each key), read from the stopped brokers' log dirs."""
+    for (topic, p), hw in hws.items():
+        views = {}
+        for b in BROKERS:
+            path = Path(cluster.config_for(cluster.nodes[b])["log.dirs"]) / f"{topic}-{p}"
+            log = Log.open(path)
+            try:
+                assert log.log_end_offset >= hw, f"{topic}-{p} on broker {b}: ends below HW {hw}"
+                views[b] = _latest_per_key(log, hw) if topic == COMPACT else _bytes(log, hw)
+            finally:
+                log.close()
+        first = views[BROKERS[0]]
+        for b, view in views.items():
+            assert view == first, (
+                f"{topic}-{p}: broker {b} differs from broker {BROKERS[0]} below HW {hw}"
+            )
+
+
+def _bytes(log: Log, hw: int) -> bytes:
+    """The batches below ``hw``, as stored (base offset, epoch and CRC included)."""
+    out = bytearray()
+    offset = log.log_start_offset
+    while offset < hw:
+        data = log.read_bytes(offset, 1 << 20, max_offset=hw)
+        kept = [(pos, h) for pos, h in records.iter_batches(data) if h.base_offset < hw]
+        if not kept:
+            break
+        end = kept[-1][0] + kept[-1][1].size
+        out += data[:end]
+        offset = kept[-1][1].next_offset
+    return bytes(out)
+
+
+def _latest_per_key(log: Log, hw: int) -> dict[bytes | None, tuple[int, bytes | None]]:
+    return {r.key: (r.offset, r.value) for r in log_records(log) if r.offset < hw}
