@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long bench clean
+.PHONY: install up test lint format sim-long chaos bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: install lint
 # Long deterministic-simulator runs, kept out of `make test`.
 sim-long: install
 	RILLET_SIM_SEEDS=20000 $(BIN)/pytest -q -m slow tests
+
+# Seeded fault schedules on real processes (RILLET_CHAOS_SEEDS of them, default 100).
+chaos: install
+	$(BIN)/pytest -q -s -m slow tests/test_chaos.py
 
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install

@@ -102,6 +102,7 @@ class ChaosResult:
     faults: Counter[str] = field(default_factory=Counter)
     acked_checked: int = 0
     records_read: int = 0
+    bytes_compared: int = 0  # replica bytes found identical (all replicas together)
     violations: int = 0
     seconds: float = 0.0
 
@@ -129,7 +130,8 @@ def run_seed(
     result.seconds = time.monotonic() - started
     print(
         f"chaos seed {seed}: passed in {result.seconds:.0f}s, faults {dict(result.faults)}, "
-        f"{result.acked_checked} acknowledged records checked",
+        f"{result.acked_checked} acknowledged records checked, "
+        f"{result.bytes_compared} replica bytes compared",
         flush=True,
     )
     if not keep:
@@ -157,7 +159,7 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
         result.acked_checked += sum(len(a.values) for a in w.acks if a.incarnation == w.incarnation)
     hws = _high_watermarks(cluster)
     cluster.stop()  # SIGTERM: quiet, and the logs closed cleanly
-    _check_replicas(cluster, hws)
+    result.bytes_compared = _check_replicas(cluster, hws)
 
 
 def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> None:
@@ -351,9 +353,11 @@ async def _high_watermark(conn: Connection, topic: str, partition: int) -> int:
     return result.high_watermark
 
 
-def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> None:
+def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> int:
     """Every replica of a partition holds the same bytes below the HW (compacted: the
-    same latest record of each key), read from the stopped brokers' log dirs."""
+    same latest record of each key), read from the stopped brokers' log dirs. Returns
+    the bytes compared."""
+    compared = 0
     for (topic, p), hw in hws.items():
         views = {}
         for b in BROKERS:
@@ -369,6 +373,9 @@ def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> N
             assert view == first, (
                 f"{topic}-{p}: broker {b} differs from broker {BROKERS[0]} below HW {hw}"
             )
+        if isinstance(first, bytes):
+            compared += len(first) * len(views)
+    return compared
 
 
 def _bytes(log: Log, hw: int) -> bytes:

@@ -28,6 +28,7 @@ def test_short_chaos_schedule(cluster_factory, seed: int) -> None:
     assert result.violations == 0
     assert sum(result.faults.values()) == SHORT_STEPS
     assert result.acked_checked > 0
+    assert result.bytes_compared > 0
 
 
 @pytest.mark.slow
