@@ -37,8 +37,9 @@ def test_chaos_many_seeds(cluster_factory) -> None:
     first = int(os.environ.get("RILLET_CHAOS_FIRST", 1000))
     failures: list[str] = []
     faults: Counter[str] = Counter()
-    acked = 0
+    acked = ran = 0
     for seed in range(first, first + count):
+        ran += 1
         try:
             result = run_seed(cluster_factory, seed, LONG_STEPS)
         except ChaosFailure as e:
@@ -48,7 +49,10 @@ def test_chaos_many_seeds(cluster_factory) -> None:
             continue
         faults.update(result.faults)
         acked += result.acked_checked
-    print(f"chaos: {count} schedules, faults {dict(faults)}, {acked} acknowledged records checked")
+    print(
+        f"chaos: {ran} schedules, {len(failures)} failed, faults {dict(faults)}, "
+        f"{acked} acknowledged records checked"
+    )
     assert not failures, "\n\n".join(failures)
 
 
