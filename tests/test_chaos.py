@@ -32,6 +32,7 @@ def test_short_chaos_schedule(cluster_factory, seed: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # ~20 s a schedule: the suite-wide 300 s bound would cut it short
 def test_chaos_many_seeds(cluster_factory) -> None:
     count = int(os.environ.get("RILLET_CHAOS_SEEDS", 100))
     first = int(os.environ.get("RILLET_CHAOS_FIRST", 1000))
@@ -56,6 +57,7 @@ def test_chaos_many_seeds(cluster_factory) -> None:
     assert not failures, "\n\n".join(failures)
 
 
+@pytest.mark.timeout(0)
 def test_chaos_replay(cluster_factory) -> None:
     seed = os.environ.get("RILLET_CHAOS_SEED")
     if seed is None:
