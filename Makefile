@@ -38,9 +38,10 @@ test: install lint
 sim-long: install
 	RILLET_SIM_SEEDS=20000 $(BIN)/pytest -q -m slow tests
 
-# Seeded fault schedules on real processes (RILLET_CHAOS_SEEDS of them, default 100).
+# Seeded fault schedules on real processes (RILLET_CHAOS_SEEDS of them, default 100). A
+# failing seed's node logs stay in /tmp/rillet-chaos until the next run.
 chaos: install
-	$(BIN)/pytest -q -s -m slow tests/test_chaos.py
+	$(BIN)/pytest -q -s -m slow --basetemp=/tmp/rillet-chaos tests/test_chaos.py
 
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install

@@ -44,6 +44,7 @@ def test_chaos_many_seeds(cluster_factory) -> None:
         try:
             result = run_seed(cluster_factory, seed, LONG_STEPS)
         except ChaosFailure as e:
+            print(e, flush=True)  # now: a later timeout must not lose it
             failures.append(str(e))
             if len(failures) >= 3:
                 break
