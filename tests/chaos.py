@@ -206,14 +206,18 @@ def _active_controller(cluster: LocalCluster) -> int:
 
 
 def _acted_on(cluster: LocalCluster, victims: tuple[int, ...]) -> bool:
-    """Every other broker sees no partition led by, or in sync with, the victims."""
+    """Every other broker sees no partition led by the victims, nor any victim in an
+    ISR that has another member. (A partition whose ISR holds only victims keeps its
+    last member in the ISR and goes offline, as in Kafka: the ISR never shrinks to
+    nothing, so that member, holding every committed record, can lead again.)"""
     for topic in PARTITIONS:
         views = _broker_metadata(cluster, topic, skip=victims)
         for t in views.values():
             if t is None or t.error_code != errors.NONE:
                 return False
             for p in t.partitions:
-                if p.leader_id in victims or set(p.isr) & set(victims):
+                offline = set(p.isr) <= set(victims)
+                if p.leader_id in victims or (set(p.isr) & set(victims) and not offline):
                     return False
     return True
 
