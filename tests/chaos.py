@@ -146,6 +146,10 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
     try:
         _progress(writers, 20)
         for step in steps:
+            # Each fault starts from a healed cluster: a fault on top of an unhealed one
+            # can leave every partition offline (an ISR of victims only), and then no
+            # produce answer comes to end the hold.
+            _heal(cluster)
             _inject(cluster, step, writers)
             result.faults[step.kind] += 1
         _heal(cluster)
