@@ -17,6 +17,7 @@ from typing import Any
 from rillet.broker.replication.driver import Clock, PartitionDriver
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import AppendFetched, ProposeAlterPartition
+from rillet.client.wire.records import validate_produced
 from rillet.storage import Log
 
 
@@ -39,6 +40,10 @@ class LogStorage:
         self.log.high_watermark = high_watermark  # bounds retention and compaction
 
     def append_as_leader(self, data: Any, leader_epoch: int) -> tuple[int, int]:
+        # Every batch checked before any is written: a partition's batches in a produce
+        # are all or nothing, and nothing a consumer (or the cleaner) cannot read is
+        # stored. Followers store the leader's bytes without this (append_fetched).
+        validate_produced(data, compacted=self.log.config.compact)
         return self.log.append(data, leader_epoch)
 
     def append_fetched(self, effect: AppendFetched, fetched: Any) -> None:

@@ -135,6 +135,19 @@ class Client:
     ) -> tuple[int, int]:
         """(error code, base offset) of one batch sent to ``leader``."""
         data = records.encode_batch(values, keys)
+        result = await self.produce_bytes(leader, topic, partition, data, acks, timeout_ms)
+        return result.error_code, result.base_offset
+
+    async def produce_bytes(
+        self,
+        leader: int,
+        topic: str,
+        partition: int,
+        data: bytes,
+        acks: int = -1,
+        timeout_ms: int = 5000,
+    ) -> m.ProducePartitionResult:
+        """The answer to a Produce of ``data`` (one partition's batches, as they are)."""
         request = m.ProduceRequest(
             acks=acks,
             timeout_ms=timeout_ms,
@@ -142,8 +155,7 @@ class Client:
         )
         conn = await self.conn(leader)
         response, _ = await conn.call(request, data, timeout_ms=timeout_ms + 5000)
-        result = response.topics[0].partitions[0]
-        return result.error_code, result.base_offset
+        return response.topics[0].partitions[0]
 
     async def read_all(self, node_id: int, topic: str, partition: int) -> list[records.Record]:
         """Every record below the leader's HW, from offset 0, as a consumer."""

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rillet.client.wire import records
-from rillet.client.wire.errors import CorruptRecordError, MessageTooLargeError
+from rillet.client.wire.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    MessageTooLargeError,
+)
 
 COMPRESSIONS = [records.COMPRESSION_NONE, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD]
 
@@ -124,3 +129,112 @@ def test_iter_batches_stops_on_impossible_length_without_validation():
     buf = bytearray(records.encode_batch([b"x"]))
     records._I.pack_into(buf, records.LENGTH_POS, -12)  # would never advance
     assert list(records.iter_batches(buf, validate=False)) == []
+
+
+# --- what a leader accepts from a producer (validate_produced) -------------------------
+
+
+def _restamped(body: bytes, *, count: int, last_delta: int, attributes: int = 0, ts: int = 5):
+    """A batch around ``body`` with a fresh, valid CRC: only the records check can refuse it."""
+    buf = records.assemble_batch(
+        body,
+        attributes=attributes,
+        record_count=count,
+        last_offset_delta=last_delta,
+        base_timestamp=ts,
+        max_timestamp=ts,
+    )
+    records.validate_batch(buf)  # length, magic and CRC pass
+    return buf
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_validate_produced_accepts_what_a_producer_encodes(batch):
+    values, keys, headers, timestamps, compression = batch
+    buf = records.encode_batch(
+        values, keys, headers=headers, timestamps=timestamps, compression=compression
+    )
+    records.validate_produced(buf + buf, compacted=False)
+    if None in keys:
+        with pytest.raises(InvalidRecordError, match=f"record {keys.index(None)} has no key"):
+            records.validate_produced(buf, compacted=True)
+    else:
+        records.validate_produced(buf, compacted=True)
+
+
+def test_validate_produced_refuses_a_records_section_that_does_not_decode():
+    buf = _restamped(b"\xc1 not msgpack", count=1, last_delta=0)
+    with pytest.raises(CorruptRecordError, match="does not decode"):
+        records.validate_produced(buf, compacted=False)
+    scalar = _restamped(msgpack.packb(7), count=1, last_delta=0)  # decodes, but no array
+    with pytest.raises(CorruptRecordError, match="not an array"):
+        records.validate_produced(scalar, compacted=False)
+
+
+def test_validate_produced_refuses_a_count_the_records_do_not_match():
+    body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)  # two records
+    assert len(records.decode_batch(_restamped(body, count=2, last_delta=1))) == 2
+    buf = _restamped(body, count=3, last_delta=2)
+    with pytest.raises(CorruptRecordError, match="says 3 records but its records section"):
+        records.validate_produced(buf, compacted=False)
+
+
+def test_validate_produced_refuses_a_last_offset_delta_other_than_count_minus_one():
+    body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)
+    for delta in (0, 5):
+        buf = _restamped(body, count=2, last_delta=delta)
+        with pytest.raises(CorruptRecordError, match="last offset delta"):
+            records.validate_produced(buf, compacted=False)
+    # A compacted batch (gaps in its offset deltas) is the cleaner's, never a producer's.
+    gaps = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[0, 3])
+    with pytest.raises(CorruptRecordError, match="last offset delta"):
+        records.validate_produced(gaps, compacted=True)
+    hole = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[1, 1])
+    with pytest.raises(CorruptRecordError, match="offset deltas other than 0..1"):
+        records.validate_produced(hole, compacted=True)
+
+
+def test_validate_produced_refuses_an_unknown_codec_or_attribute():
+    body = msgpack.packb([None, b"a"], use_bin_type=True)
+    for codec in (1, 2, 5, 6, 7):  # Kafka's gzip and snappy, and numbers nobody uses
+        buf = _restamped(body, count=1, last_delta=0, attributes=codec)
+        with pytest.raises(CorruptRecordError, match="unknown compression codec"):
+            records.validate_produced(buf, compacted=False)
+    buf = _restamped(body, count=1, last_delta=0, attributes=0x20)
+    with pytest.raises(CorruptRecordError, match="unknown attribute bits 0x20"):
+        records.validate_produced(buf, compacted=False)
+
+
+def test_validate_produced_refuses_header_fields_a_producer_does_not_send():
+    with pytest.raises(CorruptRecordError, match="base offset 7"):
+        records.validate_produced(records.encode_batch([b"x"], base_offset=7), compacted=False)
+    body = msgpack.packb([None, b"a"], use_bin_type=True)
+    lying = records.assemble_batch(
+        body,
+        attributes=0,
+        record_count=1,
+        last_offset_delta=0,
+        base_timestamp=5,
+        max_timestamp=1 << 50,  # would hold a time-retained segment forever
+    )
+    with pytest.raises(CorruptRecordError, match="max timestamp"):
+        records.validate_produced(lying, compacted=False)
+
+
+def test_validate_produced_refuses_a_keyless_record_on_a_compacted_topic():
+    good = records.encode_batch([b"a"], [b"k"])
+    keyless = records.encode_batch([b"a", b"b", b"c"], [b"k", b"k", None])
+    records.validate_produced(good + keyless, compacted=False)
+    with pytest.raises(InvalidRecordError, match="batch 1, record 2 has no key"):
+        records.validate_produced(good + keyless, compacted=True)
+    listed = records.encode_batch([b"a", b"b"], [b"k", [1, 2]])  # the cleaner cannot map it
+    with pytest.raises(InvalidRecordError, match="batch 0, record 1 has a list key"):
+        records.validate_produced(listed, compacted=True)
+
+
+def test_validate_produced_names_the_failing_batch():
+    good = records.encode_batch([b"a"])
+    bad = _restamped(b"\xc1", count=1, last_delta=0)
+    with pytest.raises(CorruptRecordError, match="batch 2"):
+        records.validate_produced(good + good + bad, compacted=False)

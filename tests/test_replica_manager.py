@@ -9,10 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from helpers import stamped
 from test_replication_checkpoint import broker_config
 
+from rillet.broker.replica import LogStorage
 from rillet.broker.replica_fetch import FetchParams, FetchPartition
 from rillet.broker.replica_manager import AppendResult, ReplicaManager
+from rillet.broker.replication.types import AppendFetched
 from rillet.client.wire import errors, records
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
@@ -21,7 +24,7 @@ from rillet.controller.metadata.image import (
     TopicPartition,
 )
 from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
-from rillet.storage import LogManager
+from rillet.storage import Log, LogConfig, LogManager
 
 E = errors.code_of
 TP = TopicPartition("t", 0)
@@ -120,3 +123,42 @@ async def test_fetch_messages_long_polls_until_an_append(manager: ReplicaManager
     await manager.append_records([(TP, batch(b"a"))], acks=1, timeout_ms=1000)
     (p,) = (await fetch).partitions
     assert p.high_watermark == 1 and p.nbytes > 0
+
+
+async def test_append_records_validates_every_batch_before_appending_any(
+    manager: ReplicaManager,
+) -> None:
+    """A partition's batches in one produce are all or nothing (Kafka's LogValidator):
+    a CRC-valid batch whose records do not decode refuses the good batch before it."""
+    good = records.encode_batch([b"a"], timestamp_ms=1000)
+    garbage = records.assemble_batch(
+        b"\xc1",
+        attributes=0,
+        record_count=1,
+        last_offset_delta=0,
+        base_timestamp=0,
+        max_timestamp=0,
+    )
+    (refused,) = await manager.append_records(
+        [(TP, memoryview(bytearray(good + garbage)))], acks=1, timeout_ms=1000
+    )
+    assert refused.error_code == E("CORRUPT_MESSAGE")
+    assert refused.error_message is not None and "batch 1" in refused.error_message
+    assert manager.replicas[TP].log.log_end_offset == 0
+
+
+def test_only_the_leader_validates_records(tmp_path: Path) -> None:
+    """A follower stores the leader's bytes as they are: a batch the cleaner shortened
+    (record count below last offset delta + 1) is refused from a producer, taken from a
+    leader."""
+    log = Log.open(tmp_path / "c-0", LogConfig(cleanup_policy="compact"))
+    storage = LogStorage(log)
+    cleaned = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[0, 3])
+    try:
+        with pytest.raises(errors.CorruptRecordError, match="last offset delta"):
+            storage.append_as_leader(memoryview(bytearray(cleaned)), 1)
+        assert log.log_end_offset == 0
+        storage.append_fetched(AppendFetched(0, 4), stamped(cleaned, 0, 1))
+        assert log.log_end_offset == 4
+    finally:
+        log.close()

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import crc32c as _crc32c
 import msgpack
 
-from rillet.client.wire.errors import CorruptRecordError
+from rillet.client.wire.errors import CorruptRecordError, InvalidRecordError
 
 MAGIC = 0x52  # 'R': rillet's own, never one of Kafka's 0..2
 
@@ -181,6 +181,101 @@ def validate_batch(
     """
     check_batch(buf, pos, max_size)
     return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def validate_produced(buf: bytes | bytearray | memoryview, *, compacted: bool) -> None:
+    """What a leader checks of a producer's batches before it appends any of them, so
+    that every record it stores can be read back (Kafka's LogValidator, for our format).
+
+    Per batch: ``validate_batch``; base offset 0 (producers leave offsets to the
+    leader); at least one record and ``record_count == last_offset_delta + 1`` (only the
+    cleaner leaves gaps); no attribute bit this format does not define; a known codec;
+    a records section that decodes, as a consumer decodes it, into exactly
+    ``record_count`` records; offset deltas, when present, exactly ``0..count-1``;
+    timestamp deltas ints; ``max_timestamp`` the largest record timestamp. Raises
+    CorruptRecordError for the first batch that fails.
+
+    On a ``compacted`` topic every key must be present and hashable (the cleaner keeps
+    records by key): InvalidRecordError naming the batch and the record's index.
+
+    Followers never call this: they store the leader's bytes as they are (a compacted
+    batch has gaps), checking only CRC and offsets.
+    """
+    pos = 0
+    end = len(buf)
+    index = 0
+    while pos < end:
+        h = validate_batch(buf, pos)
+        _validate_produced_batch(buf, pos, h, compacted, index)
+        pos += h.batch_length + LOG_OVERHEAD
+        index += 1
+
+
+_KNOWN_ATTRIBUTES = (
+    COMPRESSION_MASK
+    | ATTR_LOG_APPEND_TIME
+    | ATTR_OFFSET_DELTAS
+    | ATTR_TIMESTAMP_DELTAS
+    | ATTR_HEADERS
+)
+_INT = {int}
+# What a compacted topic's record cannot have as its key: none at all, or one the
+# cleaner cannot use as a dict key (msgpack's unhashable types).
+_NOT_KEYS = frozenset({type(None), list, dict})
+
+
+def _validate_produced_batch(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, compacted: bool, index: int
+) -> None:
+    n = h.record_count
+    where = f"batch {index}"
+    if h.base_offset != 0:
+        raise CorruptRecordError(f"{where} has base offset {h.base_offset}; a producer sends 0")
+    if n < 1 or h.last_offset_delta != n - 1:
+        raise CorruptRecordError(
+            f"{where} says {n} records but its last offset delta is {h.last_offset_delta}"
+        )
+    a = h.attributes
+    if a & ~_KNOWN_ATTRIBUTES:
+        raise CorruptRecordError(f"{where} has unknown attribute bits {a & ~_KNOWN_ATTRIBUTES:#x}")
+    try:
+        flat = _records_section(buf, pos, h)  # an unknown codec raises here too
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"{where}: {e}") from e
+    stride = stride_of(a)
+    if len(flat) != stride * n:
+        raise CorruptRecordError(
+            f"{where} says {n} records but its records section holds {len(flat)} values "
+            f"({stride} per record)"
+        )
+    i = 0
+    if a & ATTR_OFFSET_DELTAS:
+        deltas = flat[0::stride]
+        if set(map(type, deltas)) != _INT or deltas != list(range(n)):
+            raise CorruptRecordError(f"{where} has offset deltas other than 0..{n - 1}")
+        i = 1
+    if a & ATTR_TIMESTAMP_DELTAS:
+        deltas = flat[i::stride]
+        if set(map(type, deltas)) != _INT:
+            raise CorruptRecordError(f"{where} has a timestamp delta that is not an integer")
+        largest = h.base_timestamp + max(deltas)
+        i += 1
+    else:
+        largest = h.base_timestamp
+    if h.max_timestamp != largest:
+        raise CorruptRecordError(
+            f"{where} says max timestamp {h.max_timestamp}, its records' largest is {largest}"
+        )
+    if compacted:
+        keys = flat[i::stride]
+        kinds = set(map(type, keys))  # cheaper than hashing every key into a set
+        if kinds & _NOT_KEYS:
+            bad = next(r for r, k in enumerate(keys) if type(k) in _NOT_KEYS)
+            key = keys[bad]
+            problem = "has no key" if key is None else f"has a {type(key).__name__} key"
+            raise InvalidRecordError(
+                f"{where}, record {bad} {problem}: a compacted topic keeps records by key"
+            )
 
 
 def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):
