@@ -43,7 +43,8 @@ class LogStorage:
         # Every batch checked before any is written: a partition's batches in a produce
         # are all or nothing, and nothing a consumer (or the cleaner) cannot read is
         # stored. Followers store the leader's bytes without this (append_fetched).
-        validate_produced(data, compacted=self.log.config.compact)
+        config = self.log.config
+        validate_produced(data, compacted=config.compact, max_size=config.max_message_bytes)
         return self.log.append(data, leader_epoch)
 
     def append_fetched(self, effect: AppendFetched, fetched: Any) -> None:

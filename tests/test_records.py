@@ -238,3 +238,10 @@ def test_validate_produced_names_the_failing_batch():
     bad = _restamped(b"\xc1", count=1, last_delta=0)
     with pytest.raises(CorruptRecordError, match="batch 2"):
         records.validate_produced(good + good + bad, compacted=False)
+
+
+def test_validate_produced_refuses_an_oversized_batch_before_decoding_it():
+    zstd = records.encode_batch([b"x" * 1000], compression=records.COMPRESSION_ZSTD)
+    with pytest.raises(MessageTooLargeError):
+        records.validate_produced(zstd, compacted=False, max_size=len(zstd) - 1)
+    records.validate_produced(zstd, compacted=False, max_size=len(zstd))

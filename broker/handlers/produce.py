@@ -1,9 +1,10 @@
 """The Produce handler: decode, call ``ReplicaManager.append_records``, encode.
 
 The payload is sliced per partition by the ``nbytes`` the header lists; each slice goes
-to ``Log.append`` through the ReplicaManager, which validates each batch (length, CRC,
-``max.message.bytes``), stamps offsets and the leader epoch in place and writes it: per
-batch work only, records are never decoded here.
+to ``Log.append`` through the ReplicaManager, which first checks that consumers can read
+every batch (``records.validate_produced``: records decode, counts agree, keys on a
+compacted topic), then has the log validate each batch (length, CRC,
+``max.message.bytes``), stamp offsets and the leader epoch in place and write it.
 
 Ordering: ``append_records`` appends every partition before its first ``await``, and it
 is the first thing this handler awaits, so pipelined produces on one connection land in

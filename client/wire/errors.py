@@ -38,7 +38,7 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (-1, "UNKNOWN_SERVER_ERROR", False, "The server hit an unexpected error."),
     (0, "NONE", False, "No error."),
     (1, "OFFSET_OUT_OF_RANGE", False, "The offset is outside the log's range."),
-    (2, "CORRUPT_MESSAGE", True, "A batch failed its CRC or length check."),
+    (2, "CORRUPT_MESSAGE", True, "A batch failed its CRC, length or records check."),
     (3, "UNKNOWN_TOPIC_OR_PARTITION", True, "This server does not host this topic-partition."),
     (4, "INVALID_FETCH_SIZE", False, "The requested fetch size is invalid."),
     (5, "LEADER_NOT_AVAILABLE", True, "The partition has no leader right now."),

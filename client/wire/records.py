@@ -183,11 +183,14 @@ def validate_batch(
     return BatchHeader._make(HEADER.unpack_from(buf, pos))
 
 
-def validate_produced(buf: bytes | bytearray | memoryview, *, compacted: bool) -> None:
+def validate_produced(
+    buf: bytes | bytearray | memoryview, *, compacted: bool, max_size: int | None = None
+) -> None:
     """What a leader checks of a producer's batches before it appends any of them, so
     that every record it stores can be read back (Kafka's LogValidator, for our format).
 
-    Per batch: ``validate_batch``; base offset 0 (producers leave offsets to the
+    Per batch: ``validate_batch`` (a batch over ``max_size`` raises MessageTooLargeError
+    before anything is decompressed); base offset 0 (producers leave offsets to the
     leader); at least one record and ``record_count == last_offset_delta + 1`` (only the
     cleaner leaves gaps); no attribute bit this format does not define; a known codec;
     a records section that decodes, as a consumer decodes it, into exactly
@@ -195,8 +198,9 @@ def validate_produced(buf: bytes | bytearray | memoryview, *, compacted: bool) -
     timestamp deltas ints; ``max_timestamp`` the largest record timestamp. Raises
     CorruptRecordError for the first batch that fails.
 
-    On a ``compacted`` topic every key must be present and hashable (the cleaner keeps
-    records by key): InvalidRecordError naming the batch and the record's index.
+    On a ``compacted`` topic every key must be present and not an array or a map (the
+    cleaner keeps records by key in a dict): InvalidRecordError naming the batch and
+    the record's index.
 
     Followers never call this: they store the leader's bytes as they are (a compacted
     batch has gaps), checking only CRC and offsets.
@@ -205,7 +209,7 @@ def validate_produced(buf: bytes | bytearray | memoryview, *, compacted: bool) -
     end = len(buf)
     index = 0
     while pos < end:
-        h = validate_batch(buf, pos)
+        h = validate_batch(buf, pos, max_size=max_size)
         _validate_produced_batch(buf, pos, h, compacted, index)
         pos += h.batch_length + LOG_OVERHEAD
         index += 1
