@@ -6,6 +6,7 @@ prints one JSON object:
 
 - ``produce`` / ``consume``: ``rillet perf produce`` (``--acks``, RF ``--replication-factor``)
   and ``rillet perf consume`` as subprocesses: records/s, MB/s, latency, client peak RSS;
+  for the produce also the CPU seconds the brokers spent meanwhile (``brokers_cpu_s``);
 - ``replication``: perf produce with RF=1 acks=1 and RF=3 acks=all
   (min.insync.replicas=2) in the same run, and their throughput ratio;
 - ``end_to_end``: a producer subprocess at a fixed rate (``--e2e-rate``, acks=all, RF=3)
@@ -56,6 +57,19 @@ def peak_rss_mb(pid: int | None) -> float | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """A process's CPU time so far (user + system), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def brokers_cpu_seconds(cluster: LocalCluster) -> float:
+    return sum(cpu_seconds(n.pid) for n in cluster.brokers())
 
 
 def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
@@ -189,7 +203,11 @@ def create_topic(boot: str, topic: str, partitions: int, rf: int, *configs: str)
 def throughput(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     boot = cluster.bootstrap
     create_topic(boot, "bench", args.partitions, args.replication_factor)
+    cpu = brokers_cpu_seconds(cluster)
     produce = perf_produce(boot, "bench", args, args.acks)
+    # The brokers' CPU for the whole produce, leaders and followers: steadier than the
+    # rate on a shared machine, and what a broker-side change moves.
+    produce["brokers_cpu_s"] = round(brokers_cpu_seconds(cluster) - cpu, 2)
     consume = rillet(
         boot, "perf", "consume", "--topic", "bench", "--num-records", str(args.num_records)
     )

@@ -245,3 +245,15 @@ def test_validate_produced_refuses_an_oversized_batch_before_decoding_it():
     with pytest.raises(MessageTooLargeError):
         records.validate_produced(zstd, compacted=False, max_size=len(zstd) - 1)
     records.validate_produced(zstd, compacted=False, max_size=len(zstd))
+
+
+def test_validate_produced_reports_a_crc_mismatch_as_such():
+    """A flipped bit that also breaks the records is called what it is."""
+    buf = bytearray(records.encode_batch([b"a", b"b"], [b"k", b"k"]))
+    buf[-3] ^= 0xFF  # inside the records section
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        records.validate_produced(buf, compacted=True)
+    buf = bytearray(records.encode_batch([b"a", b"b"]))
+    records._I.pack_into(buf, records.HEADER_SIZE - 4, 3)  # record_count, header bits
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        records.validate_produced(buf, compacted=False)
