@@ -257,3 +257,40 @@ def test_validate_produced_reports_a_crc_mismatch_as_such():
     records._I.pack_into(buf, records.HEADER_SIZE - 4, 3)  # record_count, header bits
     with pytest.raises(CorruptRecordError, match="CRC mismatch"):
         records.validate_produced(buf, compacted=False)
+
+
+def _bomb(codec: int, *, content_size: bool = True) -> bytes:
+    """A small compressed body that expands past MAX_DECOMPRESSED_BYTES (built in chunks,
+    so the test itself never holds the expanded bytes)."""
+    chunk, chunks = bytes(1 << 20), (records.MAX_DECOMPRESSED_BYTES >> 20) + 1
+    if codec == records.COMPRESSION_ZSTD:
+        import zstandard
+
+        size = len(chunk) * chunks if content_size else -1
+        cobj = zstandard.ZstdCompressor().compressobj(size=size)
+        return b"".join([cobj.compress(chunk) for _ in range(chunks)] + [cobj.flush()])
+    import lz4.frame
+
+    comp = lz4.frame.LZ4FrameCompressor()
+    parts = [comp.begin()] + [comp.compress(chunk) for _ in range(chunks)] + [comp.flush()]
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("codec", "content_size"),
+    [
+        (records.COMPRESSION_ZSTD, True),
+        (records.COMPRESSION_ZSTD, False),
+        (records.COMPRESSION_LZ4, True),
+    ],
+)
+def test_a_decompression_bomb_is_refused_before_it_expands(codec: int, content_size: bool):
+    """A leader decodes every produced batch, so a 1 MB batch that claims (or expands to)
+    gigabytes must be refused, not allocated."""
+    buf = _restamped(
+        _bomb(codec, content_size=content_size), count=1, last_delta=0, attributes=codec
+    )
+    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+        records.validate_produced(buf, compacted=False)
+    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+        records.decode_all(buf)

@@ -326,19 +326,44 @@ def _compress(codec: int, data: bytes) -> bytes:
     raise ValueError(f"unknown compression codec {codec}")
 
 
+# A batch is at most max.message.bytes compressed, but a codec can expand a few KB into
+# gigabytes. Every leader decodes what it is sent, so expansion is bounded before any
+# allocation: a frame that claims more, or turns out to hold more, is a corrupt batch.
+MAX_DECOMPRESSED_BYTES = 256 << 20
+
+
 def _decompress(codec: int, data: bytes | memoryview) -> bytes:
     global _zstd_d
+    limit = MAX_DECOMPRESSED_BYTES
+    too_big = CorruptRecordError(f"records section decompresses to more than {limit} bytes")
     try:
         if codec == COMPRESSION_ZSTD:
-            if _zstd_d is None:
-                import zstandard
+            import zstandard
 
+            if _zstd_d is None:
                 _zstd_d = zstandard.ZstdDecompressor()
-            return _zstd_d.decompress(data)
+            # A declared content size is allocated up front, so it is checked first;
+            # an undeclared one is read through a bounded stream.
+            size = zstandard.frame_content_size(data)
+            if size > limit:
+                raise too_big
+            if size >= 0:
+                return _zstd_d.decompress(data)
+            with _zstd_d.stream_reader(data) as reader:
+                out = reader.read(limit + 1)
+            if len(out) > limit:
+                raise too_big
+            return out
         if codec == COMPRESSION_LZ4:
             import lz4.frame
 
-            return lz4.frame.decompress(data)
+            d = lz4.frame.LZ4FrameDecompressor()
+            out = d.decompress(data, max_length=limit + 1)
+            if len(out) > limit or (not d.eof and not d.needs_input):
+                raise too_big
+            return out
+    except CorruptRecordError:
+        raise
     except Exception as e:  # a codec error is a corrupt batch, not a crash
         raise CorruptRecordError(f"cannot decompress records: {e}") from e
     raise CorruptRecordError(f"unknown compression codec {codec}")
