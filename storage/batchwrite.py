@@ -28,6 +28,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Callable
+from typing import Any
 
 from rillet.client.wire.errors import CorruptRecordError, MessageTooLargeError
 from rillet.client.wire.records import LOG_OVERHEAD, STAMPED_PREFIX, check_batch, stamp
@@ -44,8 +45,12 @@ def write_batch_py(
     leader_epoch: int,
     max_size: int,
     max_delta: int,
+    *,
+    write: Callable[[int, Any], int] | None = None,
+    writev: Callable[[int, Any], int] | None = None,
 ) -> tuple[int, int, int, int] | None:
-    """The pure-Python ``write_batch`` (see the module docstring)."""
+    """The pure-Python ``write_batch`` (see the module docstring). ``write`` and
+    ``writev`` (default: the ``os`` ones) let a simulated file system reuse it."""
     view = memoryview(data)
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
@@ -62,10 +67,10 @@ def write_batch_py(
         raise OSError(errno.EBADF, os.strerror(errno.EBADF))
     if view.readonly:
         prefix = STAMPED_PREFIX.pack(base_offset, size - LOG_OVERHEAD, leader_epoch)
-        written = os.writev(fd, (prefix, view[STAMPED_PREFIX.size :]))
+        written = (writev or os.writev)(fd, (prefix, view[STAMPED_PREFIX.size :]))
     else:
         stamp(view, 0, base_offset, leader_epoch)
-        written = os.write(fd, view)
+        written = (write or os.write)(fd, view)
     return written, last_delta, max_ts, count
 
 

@@ -12,6 +12,8 @@ import os
 import threading
 from pathlib import Path
 
+from rillet.storage import fs
+
 log = logging.getLogger(__name__)
 
 VERSION = 0
@@ -34,14 +36,14 @@ def replace_file(path: Path, data: bytes, *, fsync: bool) -> None:
     the old file or the new one, never half of one; with ``fsync``, durably."""
     # A unique temp name: a roll's background flush and close() may write at once.
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = fs.open(tmp, fs.O_WRONLY | fs.O_CREAT | fs.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        fs.write(fd, data)
         if fsync:
-            os.fsync(fd)
+            fs.fsync(fd)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fs.close(fd)
+    fs.replace(tmp, path)
     if fsync:
         fsync_dir(path.parent)
 
@@ -49,7 +51,7 @@ def replace_file(path: Path, data: bytes, *, fsync: bool) -> None:
 def read_entries(path: Path, width: int) -> list[tuple[int, ...]] | None:
     """The entries of a checkpoint, or None when missing or malformed (then rebuild)."""
     try:
-        text = path.read_text()
+        text = fs.read_text(path)
     except FileNotFoundError:
         return None
     try:
@@ -77,11 +79,7 @@ def read_offset(path: Path) -> int | None:
 
 def fsync_dir(path: Path) -> None:
     """Make renames and unlinks in a directory durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fs.fsync_dir(path)
 
 
 def write_topic_id(directory: Path, topic_id: str) -> None:
@@ -95,7 +93,7 @@ def write_topic_id(directory: Path, topic_id: str) -> None:
 def read_topic_id(directory: Path) -> str | None:
     """The topic id a partition directory belongs to; None if unknown or unreadable."""
     try:
-        lines = (directory / PARTITION_METADATA).read_text().splitlines()
+        lines = fs.read_text(directory / PARTITION_METADATA).splitlines()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
     fields = dict(line.split(": ", 1) for line in lines if ": " in line)

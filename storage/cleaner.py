@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 
 from rillet.client.wire import records
 from rillet.client.wire.records import BatchHeader
+from rillet.storage import fs
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner
 from rillet.storage.segment import LogSegment
@@ -192,15 +192,15 @@ def _swap(log, stats: CleanStats) -> None:
         if r.new.size == 0 and old is not log.segments[0]:
             # Nothing survived: drop the segment (the first stays, holding the log start).
             for path in r.new.paths():
-                path.unlink(missing_ok=True)
+                fs.unlink(path, missing_ok=True)
             log.replace_segment(old, None)
             log.retire([old], files="rename")
             continue
         swap = old.log_path.with_name(old.log_path.name + ".swap")
-        os.replace(r.new.log_path, swap)  # commit point
-        os.replace(r.new.index.path, old.index.path)
-        os.replace(r.new.time_index.path, old.time_index.path)
-        os.replace(swap, old.log_path)
+        fs.replace(r.new.log_path, swap)  # commit point
+        fs.replace(r.new.index.path, old.index.path)
+        fs.replace(r.new.time_index.path, old.time_index.path)
+        fs.replace(swap, old.log_path)
         fresh = LogSegment(
             log.directory,
             old.base_offset,
@@ -223,4 +223,4 @@ def _discard(stats: CleanStats) -> None:
     for r in stats.results:
         if r.changed and r.new is not None and r.new is not r.old:
             for path in r.new.paths():
-                path.unlink(missing_ok=True)
+                fs.unlink(path, missing_ok=True)

@@ -13,7 +13,7 @@ import bisect
 import logging
 from pathlib import Path
 
-from rillet.storage import checkpoints
+from rillet.storage import checkpoints, fs
 from rillet.storage.invariants import invariant
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class LeaderEpochCache:
         """The cache from its checkpoint, and whether the file was there and sound."""
         entries = checkpoints.read_entries(path, 2)
         cache = cls(path, [(e[0], e[1]) for e in entries or []])
-        return cache, entries is not None or not path.exists()
+        return cache, entries is not None or not fs.exists(path)
 
     def entries(self) -> list[tuple[int, int]]:
         return list(zip(self._epochs, self._starts, strict=True))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from rillet.storage import fs
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,4 +35,4 @@ class FileSlice:
         if self.length == 0:
             return b""
         # May come back short if a follower truncated the file since the read was planned.
-        return os.pread(self.fd, self.length, self.position)
+        return fs.pread(self.fd, self.length, self.position)

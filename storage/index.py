@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
 
+from rillet.storage import fs
 from rillet.storage.checkpoints import replace_file
 from rillet.storage.invariants import invariant
 
@@ -63,7 +64,7 @@ class SparseIndex:
 
     def _load(self) -> None:
         try:
-            data = self.path.read_bytes()
+            data = fs.read_bytes(self.path)
         except FileNotFoundError:
             data = b""
         n = len(data) // self.ENTRY.size

@@ -13,9 +13,9 @@ Leftovers and what they mean:
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from rillet.storage import fs
 from rillet.storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
@@ -24,41 +24,39 @@ log = logging.getLogger(__name__)
 def tidy_directory(directory: Path) -> set[int]:
     """Apply the rules above; returns base offsets whose indexes must be rebuilt."""
     rebuild: set[int] = set()
-    names = os.listdir(directory)
+    names = fs.listdir(directory)
     for name in names:
         path = directory / name
         if name.endswith((".tmp", ".cleaned", ".deleted")):
-            path.unlink(missing_ok=True)
+            fs.unlink(path, missing_ok=True)
         elif name.endswith(".log.swap"):
             stem = name[: -len(".log.swap")]
             for suffix in (".index", ".timeindex"):
-                (directory / f"{stem}{suffix}").unlink(missing_ok=True)
-            os.replace(path, directory / f"{stem}.log")
+                fs.unlink(directory / f"{stem}{suffix}", missing_ok=True)
+            fs.replace(path, directory / f"{stem}.log")
             log.info("%s: finished an interrupted compaction swap of %s", directory, stem)
             rebuild.add(int(stem))
-    logs = {n[:-4] for n in os.listdir(directory) if n.endswith(".log")}
-    for name in os.listdir(directory):
+    logs = {n[:-4] for n in fs.listdir(directory) if n.endswith(".log")}
+    for name in fs.listdir(directory):
         stem, dot, suffix = name.partition(".")
         if suffix in ("index", "timeindex") and stem not in logs:
-            (directory / name).unlink(missing_ok=True)
+            fs.unlink(directory / name, missing_ok=True)
     return rebuild
 
 
 def list_segments(directory: Path, index_interval: int) -> list[LogSegment]:
     """Every ``<20 digits>.log`` as a closed segment; reads nothing but the directory."""
     segments = []
-    with os.scandir(directory) as it:
-        for entry in it:
-            name = entry.name
-            if len(name) == 24 and name.endswith(".log") and name[:20].isdigit():
-                seg = LogSegment(
-                    directory,
-                    int(name[:20]),
-                    size=entry.stat().st_size,
-                    active=False,
-                    index_interval=index_interval,
-                )
-                segments.append(seg)
+    for name in fs.listdir(directory):
+        if len(name) == 24 and name.endswith(".log") and name[:20].isdigit():
+            seg = LogSegment(
+                directory,
+                int(name[:20]),
+                size=fs.stat_size(directory / name),
+                active=False,
+                index_interval=index_interval,
+            )
+            segments.append(seg)
     segments.sort(key=lambda s: s.base_offset)
     return segments
 
@@ -68,8 +66,8 @@ def needs_index_rebuild(seg: LogSegment) -> bool:
     if seg.size == 0:
         return False
     try:
-        size = os.stat(seg.index.path).st_size
-        os.stat(seg.time_index.path)
+        size = fs.stat_size(seg.index.path)
+        fs.stat_size(seg.time_index.path)
     except FileNotFoundError:
         return True
     return size % seg.index.ENTRY.size != 0

@@ -1,7 +1,7 @@
 """``Log``: one partition's segmented, append-only log in ``<data.dir>/<topic>-<partition>/``.
 
 Threading model: every public method runs on the event-loop thread (the broker's), and
-the synchronous ones never fsync. Appends are one ``os.write`` to the page cache, so a
+the synchronous ones never fsync. Appends are one ``fs.write`` to the page cache, so a
 produce handler can append before its first ``await`` and keep arrival order.
 
 Which calls block (do file work beyond a page-cache write) and what to use instead:
@@ -40,7 +40,7 @@ from rillet.client.wire.errors import (
     StorageError,
 )
 from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader
-from rillet.storage import checkpoints
+from rillet.storage import checkpoints, fs
 from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
 from rillet.storage.fileslice import FileSlice
@@ -50,6 +50,11 @@ from rillet.storage.segment import LogSegment
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
+# Runs a log's background work instead of the default executor: receives ``job`` (the
+# blocking part) and ``after`` (its loop-thread follow-up), to call in that order, later
+# or never (a crash). Neither raises: a failed job marks the log failed and makes
+# ``after`` do nothing. For a simulator that decides when a roll's fsync lands.
+Background = Callable[[Callable[[], None], Callable[[], None]], None]
 
 
 def wall_clock_ms() -> int:
@@ -73,8 +78,15 @@ class Retired:
 class Log:
     """One partition log. Build with ``Log.open(directory, config)``."""
 
-    def __init__(self, directory: Path, config: LogConfig, clock: Clock) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Clock,
+        background: Background | None = None,
+    ) -> None:
         self.directory = directory
+        self.background = background  # None: the default executor (inline with no loop)
         self.config = config  # the setter below caches what the append path reads
         self.clock = clock
         # The append path checks segment.ms once per batch: with the wall clock that is
@@ -124,13 +136,15 @@ class Log:
         config: LogConfig | None = None,
         *,
         clock: Clock | None = None,
+        background: Background | None = None,
     ) -> Log:
-        """Open (or create) a partition log. Blocks: run it in a thread from a loop."""
+        """Open (or create) a partition log. Blocks: run it in a thread from a loop.
+        ``background``: see ``Background`` (default: the executor)."""
         from rillet.storage.recovery import load_log
 
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        log = cls(path, config or LogConfig(), clock or wall_clock_ms)
+        fs.makedirs(path)
+        log = cls(path, config or LogConfig(), clock or wall_clock_ms, background)
         load_log(log)
         return log
 
@@ -342,7 +356,7 @@ class Log:
         lands where the segment's size says. If even that fails, the file no longer
         matches the log, and the log turns read-only (Kafka takes the log dir offline)."""
         try:
-            os.ftruncate(seg.fd, seg.size)
+            fs.ftruncate(seg.fd, seg.size)
         except OSError as cut_exc:
             self._fail(cut_exc)
             logger.error(
@@ -474,7 +488,11 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = self.clock()
         job = self._prepare_flush()
-        future = asyncio.get_running_loop().run_in_executor(None, job)
+        loop = asyncio.get_running_loop()
+        if self.background is None:
+            future = loop.run_in_executor(None, job)
+        else:
+            future = self._defer_flush(loop, job)
         self._pending.add(future)
         try:
             await future
@@ -484,6 +502,9 @@ class Log:
     def _background(self, job: Callable[[], None], after: Callable[[], None] | None) -> None:
         """Run blocking ``job`` in the default executor (inline with no running loop);
         then ``after`` on the loop thread. A failure marks the log failed."""
+        if self.background is not None:
+            self._defer(job, after)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -494,6 +515,49 @@ class Log:
         future = loop.run_in_executor(None, job)
         self._pending.add(future)
         future.add_done_callback(lambda f: self._background_done(f, after))
+
+    def _defer(self, job: Callable[[], None], after: Callable[[], None] | None) -> None:
+        """Hand ``job`` and ``after`` to the ``background`` hook, wrapped so that neither
+        raises and ``after`` runs only after a successful ``job``, as the executor path."""
+        done = False
+
+        def run() -> None:
+            nonlocal done
+            try:
+                job()
+            except Exception as exc:
+                logger.error("%s: background job failed; log is now read-only: %r", self.name, exc)
+                self._fail(exc)
+                return
+            done = True
+
+        def then() -> None:
+            if done and after is not None and not self.closed:
+                after()
+
+        assert self.background is not None  # for the type checker
+        self.background(run, then)
+
+    def _defer_flush(
+        self, loop: asyncio.AbstractEventLoop, job: Callable[[], None]
+    ) -> asyncio.Future:
+        """``flush_async``'s job through the ``background`` hook: the future resolves
+        when the hook runs it (never, if it never does)."""
+        future: asyncio.Future = loop.create_future()
+
+        def run() -> None:
+            if future.done():
+                return
+            try:
+                job()
+            except Exception as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+        assert self.background is not None  # for the type checker
+        self.background(run, lambda: None)
+        return future
 
     def _background_done(self, future: asyncio.Future, after: Callable[[], None] | None) -> None:
         self._pending.discard(future)
@@ -562,7 +626,7 @@ class Log:
             if hit is None:
                 continue
             position, h = hit
-            data = os.pread(seg.fd, h.batch_length + LOG_OVERHEAD, position)
+            data = fs.pread(seg.fd, h.batch_length + LOG_OVERHEAD, position)
             offsets, stamps, *_ = records.decode_columns(data, 0, h)
             for off, ts in zip(offsets, stamps, strict=True):
                 if ts >= timestamp and off >= self._log_start:
@@ -672,7 +736,7 @@ class Log:
             if files == "rename":
                 for path, target in zip(seg.paths(), deleted, strict=True):
                     with contextlib.suppress(FileNotFoundError):
-                        os.replace(path, target)
+                        fs.replace(path, target)
             self._retired.append(Retired(deadline, seg, [] if files == "keep" else deleted))
 
     def due_retired(self, now_ms: int | None = None) -> list[Retired]:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from rillet.client.wire.errors import InvalidTopicError
-from rillet.storage import checkpoints, cleaner, retention
+from rillet.storage import checkpoints, cleaner, fs, retention
 from rillet.storage.config import LogConfig
 from rillet.storage.invariants import invariant
-from rillet.storage.log import Clock, Log, wall_clock_ms
+from rillet.storage.log import Background, Clock, Log, wall_clock_ms
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +55,7 @@ class LogManager:
         flush_check_interval_ms: int = 1000,  # Kafka: log.flush.scheduler.interval.ms
         recovery_threads: int = 4,
         on_log_failure: Callable[[Log, BaseException], None] | None = None,
+        background: Background | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = _as_config(default_config, LogConfig())
@@ -67,6 +66,7 @@ class LogManager:
         # Called when any log turns read-only (a failed write or fsync): the broker treats
         # it as its log directory failing.
         self.on_log_failure = on_log_failure
+        self.background = background  # every log's (see Log.open); None: the executor
         self.logs: dict[TopicPartition, Log] = {}
         self._lock_fd: int | None = None
         self._task: asyncio.Task | None = None
@@ -76,18 +76,23 @@ class LogManager:
 
     def startup(self) -> None:
         """Lock the data dir and open every partition log. Blocks (use ``start``)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fs.makedirs(self.data_dir)
         self._lock_data_dir()
         dirs, doomed = [], []
-        for entry in sorted(os.scandir(self.data_dir), key=lambda e: e.name):
-            if not entry.is_dir():
+        for entry in sorted(fs.scandir(self.data_dir)):
+            if not entry.is_dir:
                 continue
             if entry.name.endswith(DELETE_SUFFIX):
                 doomed.append(Path(entry.path))
             elif (tp := parse_partition_dir(entry.name)) is not None:
                 dirs.append((tp, Path(entry.path)))
         with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
-            opened = pool.map(lambda d: Log.open(d[1], self.default_config, clock=self.clock), dirs)
+            opened = pool.map(
+                lambda d: Log.open(
+                    d[1], self.default_config, clock=self.clock, background=self.background
+                ),
+                dirs,
+            )
             for (tp, _), log in zip(dirs, opened, strict=True):
                 # Unknown until the replica opens it (Kafka starts the HW at the log
                 # start): no retention or compaction before that.
@@ -95,7 +100,7 @@ class LogManager:
                 log.failure_listener = self._log_failed
                 self.logs[tp] = log
         for path in doomed:  # deletes interrupted by a crash
-            shutil.rmtree(path, ignore_errors=True)
+            fs.rmtree(path)
         logger.info("opened %d log(s) in %s", len(self.logs), self.data_dir)
 
     async def start(self, *, schedule: bool = True) -> None:
@@ -105,13 +110,10 @@ class LogManager:
             self._task = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
 
     def _lock_data_dir(self) -> None:
-        fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = fs.lock_file(self.data_dir / ".lock")
         except BlockingIOError:
-            os.close(fd)
             raise RuntimeError(f"{self.data_dir} is in use by another process") from None
-        self._lock_fd = fd
 
     # -- logs ----------------------------------------------------------------------------
 
@@ -138,7 +140,9 @@ class LogManager:
         cfg = _as_config(config, self.default_config) if config is not None else None
         if log is None:
             path = self.data_dir / partition_dir_name(topic, partition)
-            log = Log.open(path, cfg or self.default_config, clock=self.clock)
+            log = Log.open(
+                path, cfg or self.default_config, clock=self.clock, background=self.background
+            )
             log.failure_listener = self._log_failed
             self.logs[(topic, partition)] = log
         elif cfg is not None:
@@ -177,7 +181,7 @@ class LogManager:
         async with log.maintenance_lock:
             await log.wait_background()
             await loop.run_in_executor(None, _close_and_rename, log, target)
-        await loop.run_in_executor(None, shutil.rmtree, target, True)
+        await loop.run_in_executor(None, fs.rmtree, target)
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -224,7 +228,7 @@ class LogManager:
             list(pool.map(Log.close, list(self.logs.values())))
         self.logs.clear()
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            fs.close(self._lock_fd)
             self._lock_fd = None
 
     async def close_async(self) -> None:
@@ -240,7 +244,7 @@ class LogManager:
 
 def _close_and_rename(log: Log, target: Path) -> None:
     log.close()
-    os.replace(log.directory, target)
+    fs.replace(log.directory, target)
 
 
 def _as_config(config: LogConfig | Mapping[str, Any] | None, base: LogConfig) -> LogConfig:

@@ -10,10 +10,9 @@ validated batch by batch; the first torn or corrupt batch and everything after i
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-from rillet.storage import checkpoints, loading
+from rillet.storage import checkpoints, fs, loading
 from rillet.storage.epoch_cache import LeaderEpochCache
 from rillet.storage.invariants import invariant
 from rillet.storage.segment import LogSegment
@@ -25,7 +24,7 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     d: Path = log.directory
     rebuild = loading.tidy_directory(d)
     marker = d / checkpoints.CLEAN_SHUTDOWN
-    clean = marker.exists()
+    clean = fs.exists(marker)
     log.topic_id = checkpoints.read_topic_id(d)
     ckpt_start = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET) or 0
     recovery_point = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT) or 0
@@ -98,7 +97,7 @@ def _recover_from(log, segments: list[LogSegment], first: int) -> list[LogSegmen
             for gone in dropped:
                 gone.close()
                 for path in gone.paths():
-                    path.unlink(missing_ok=True)
+                    fs.unlink(path, missing_ok=True)
             break
     segments = segments[:keep]
     for seg in segments[first:]:
@@ -137,7 +136,7 @@ def _drop_below_start(segments: list[LogSegment], log_start: int) -> list[LogSeg
         keep += 1
     for seg in segments[:keep]:
         for path in seg.paths():
-            path.unlink(missing_ok=True)
+            fs.unlink(path, missing_ok=True)
     return segments[keep:]
 
 
@@ -158,7 +157,7 @@ def _persist_after_load(log, clean: bool) -> None:
     marker = d / checkpoints.CLEAN_SHUTDOWN
     if clean:
         # From here on a crash must trigger recovery: the removal has to be durable.
-        marker.unlink()
+        fs.unlink(marker)
     checkpoints.fsync_dir(d)
 
 
@@ -187,9 +186,9 @@ def close_log(log) -> None:
     purge(log.due_retired(None))
     for seg in segments:
         seg.close()
-    fd = os.open(d / checkpoints.CLEAN_SHUTDOWN, os.O_WRONLY | os.O_CREAT, 0o644)
-    os.fsync(fd)
-    os.close(fd)
+    fd = fs.open(d / checkpoints.CLEAN_SHUTDOWN, fs.O_WRONLY | fs.O_CREAT, 0o644)
+    fs.fsync(fd)
+    fs.close(fd)
     checkpoints.fsync_dir(d)
     log.closed = True
     invariant(log.recovery_point == log.log_end_offset, "recovery point at close")
@@ -200,4 +199,4 @@ def purge(retired) -> None:
     for r in retired:
         r.segment.close()
         for path in r.unlink:
-            path.unlink(missing_ok=True)
+            fs.unlink(path, missing_ok=True)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 
-from rillet.storage import checkpoints
+from rillet.storage import checkpoints, fs
 from rillet.storage.config import LogConfig
 from rillet.storage.recovery import purge
 from rillet.storage.segment import LogSegment
@@ -79,7 +78,7 @@ def _rename_and_checkpoint(log, gone: list[LogSegment], start: int) -> None:
     for seg in gone:
         for path in seg.paths():
             with contextlib.suppress(FileNotFoundError):
-                os.replace(path, path.with_name(path.name + ".deleted"))
+                fs.replace(path, path.with_name(path.name + ".deleted"))
     checkpoints.write_offset(log.directory / checkpoints.LOG_START_OFFSET, start, fsync=True)
 
 

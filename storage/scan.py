@@ -8,13 +8,13 @@ can cut the file there or print the position.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import CorruptRecordError
 from rillet.client.wire.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
+from rillet.storage import fs
 
 CHUNK_BYTES = 1 << 20
 
@@ -44,7 +44,7 @@ class BatchScanner:
     ) -> None:
         self.fd = fd
         self.end = start
-        self.limit = os.fstat(fd).st_size if end is None else end
+        self.limit = fs.fstat_size(fd) if end is None else end
         self.next_offset = min_offset
         self.validate = validate
         self.problem: ScanProblem | None = None
@@ -73,11 +73,11 @@ class BatchScanner:
     def _read_from(self, pos: int) -> bytes:
         """Read a chunk at ``pos``, enlarged to hold a whole batch bigger than a chunk."""
         want = min(CHUNK_BYTES, self.limit - pos)
-        data = os.pread(self.fd, want, pos)
+        data = fs.pread(self.fd, want, pos)
         if len(data) >= HEADER_SIZE:
             size = self._size_at(data, 0)
             if len(data) < size <= self.limit - pos:
-                data += os.pread(self.fd, size - len(data), pos + len(data))
+                data += fs.pread(self.fd, size - len(data), pos + len(data))
         self.bytes_read += len(data)
         return data
 
@@ -105,4 +105,4 @@ class BatchScanner:
 
 def read_header_at(fd: int, position: int) -> BatchHeader:
     """One batch header by pread (61 bytes); CorruptRecordError if it is not all there."""
-    return records.read_header(os.pread(fd, HEADER_SIZE, position))
+    return records.read_header(fs.pread(fd, HEADER_SIZE, position))

@@ -1,6 +1,6 @@
 """One segment: a ``.log`` file of back-to-back batches plus its two sparse indexes.
 
-Only the active (last) segment is written to, with plain ``os.write`` calls on an
+Only the active (last) segment is written to, with plain ``fs.write`` calls on an
 unbuffered descriptor: one syscall per append, the bytes land in the page cache, and an
 fsync from an executor thread can run alongside without Python-level buffers to race on.
 Closed segments are immutable until retention, compaction or a follower's truncation
@@ -9,12 +9,11 @@ replaces them; their descriptors open lazily on the first read.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader, stamp
-from rillet.storage.batchwrite import write_batch
+from rillet.storage import fs
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
@@ -87,11 +86,11 @@ class LogSegment:
             index_interval=index_interval,
             suffix=suffix,
         )
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
-        seg._fd = os.open(seg.log_path, flags, 0o644)
+        flags = fs.O_RDWR | fs.O_CREAT | fs.O_EXCL | fs.O_APPEND
+        seg._fd = fs.open(seg.log_path, flags, 0o644)
         seg.created_ms = now_ms
         for index in (seg.index, seg.time_index):
-            index.path.unlink(missing_ok=True)  # a stale index from a deleted namesake
+            fs.unlink(index.path, missing_ok=True)  # a stale index from a deleted namesake
         return seg
 
     def activate(self, now_ms: int) -> None:
@@ -115,7 +114,7 @@ class LogSegment:
     @property
     def fd(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+            self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
         return self._fd
 
     @property
@@ -139,7 +138,7 @@ class LogSegment:
         if position != self.size + len(data):
             invariant(False, f"{self.log_path}: batch sizes do not add up to the payload")
         fd = self._fd if self._fd is not None else self.fd
-        written = os.write(fd, data)
+        written = fs.write(fd, data)
         if written != len(data):
             _write_all(fd, memoryview(data)[written:])
         # Book-keeping after the write, so a failed write leaves the segment as it was.
@@ -164,7 +163,9 @@ class LogSegment:
         if fd is None:
             fd = self.fd
         relative = base - self.base_offset
-        done = write_batch(fd, data, base, leader_epoch, max_size, MAX_RELATIVE_OFFSET - relative)
+        done = fs.write_batch(
+            fd, data, base, leader_epoch, max_size, MAX_RELATIVE_OFFSET - relative
+        )
         if done is None:
             return None
         written, last_delta, max_ts, count = done
@@ -312,10 +313,10 @@ class LogSegment:
             if on_batch is not None:
                 on_batch(h)
             self.next_offset, self.last_batch_base = h.next_offset, h.base_offset
-        file_size = os.fstat(self.fd).st_size
+        file_size = fs.fstat_size(self.fd)
         cut = file_size - scanner.end
         if cut:
-            os.ftruncate(self.fd, scanner.end)
+            fs.ftruncate(self.fd, scanner.end)
         self.size = scanner.end
         return cut, scanner.problem
 
@@ -329,7 +330,7 @@ class LogSegment:
             return 0
         position, h = hit
         removed = self.size - position
-        os.ftruncate(self.fd, position)
+        fs.ftruncate(self.fd, position)
         self.size = position
         self.index.truncate_values_from(position)
         self.time_index.truncate_values_from(h.base_offset - self.base_offset)
@@ -380,11 +381,11 @@ class LogSegment:
 
     def fsync(self) -> None:
         if self._fd is not None:
-            os.fsync(self._fd)
+            fs.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            fs.close(self._fd)
             self._fd = None
         self.index.forget()
         self.time_index.forget()
@@ -396,5 +397,5 @@ class LogSegment:
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = fs.write(fd, view)
         view = view[written:]

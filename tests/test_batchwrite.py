@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import StorageError
-from rillet.storage import Log, LogConfig, batchwrite, segment
+from rillet.storage import Log, LogConfig, batchwrite, fs
 from rillet.storage.dump import scan_file, segment_files
 
 IMPLS = ["native", "python"]
@@ -315,7 +315,7 @@ def file_size_limit(limit: int) -> Iterator[None]:
 def test_a_failed_append_leaves_no_bytes_behind(tmp_path, monkeypatch, name, batches, over):
     """A disk that fills mid-write: the append raises, the partial bytes are cut, and the
     next append lands where the log says, so reads and `log verify` stay right."""
-    monkeypatch.setattr(segment, "write_batch", impl(name))
+    monkeypatch.setattr(fs, "write_batch", impl(name))
     log = Log.open(tmp_path / "t-0", LogConfig())
     log.append(make_batch(3), 1)
     size = log.active_segment.size
@@ -338,7 +338,7 @@ def test_a_failed_append_leaves_no_bytes_behind(tmp_path, monkeypatch, name, bat
 def test_a_partial_write_that_cannot_be_cut_makes_the_log_read_only(tmp_path, monkeypatch, name):
     """The file now holds bytes the log does not account for: refuse further appends
     (as Kafka takes a failed log dir offline) rather than write after them."""
-    monkeypatch.setattr(segment, "write_batch", impl(name))
+    monkeypatch.setattr(fs, "write_batch", impl(name))
     log = Log.open(tmp_path / "t-0", LogConfig())
     log.append(make_batch(3), 1)
     size = log.active_segment.size
@@ -346,7 +346,7 @@ def test_a_partial_write_that_cannot_be_cut_makes_the_log_read_only(tmp_path, mo
     def no_truncate(fd: int, length: int) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    monkeypatch.setattr(fs, "ftruncate", no_truncate)
     with file_size_limit(size + 5), pytest.raises(OSError):
         log.append(make_batch(4, 20), 1)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ from rillet.client.wire.errors import (
     MessageTooLargeError,
     OffsetOutOfRangeError,
 )
-from rillet.storage import Log, LogConfig, batchwrite, segment
+from rillet.storage import Log, LogConfig, batchwrite, fs
 from rillet.storage.index import OffsetIndex, TimeIndex
 
 SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
@@ -266,7 +266,7 @@ def test_append_stamps_every_buffer_kind_the_same_on_disk(tmp_path):
 def test_short_write_of_a_stamped_batch_is_completed(tmp_path, monkeypatch, short):
     # The pure-Python write_batch, whose os.writev can be made to return short here; the
     # native one returns a real short write's count the same way (test_batchwrite.py).
-    monkeypatch.setattr(segment, "write_batch", batchwrite.write_batch_py)
+    monkeypatch.setattr(fs, "write_batch", batchwrite.write_batch_py)
     log = Log.open(tmp_path / "t-0", SMALL)
     real_writev = os.writev
     calls = []
@@ -288,7 +288,7 @@ def test_short_write_of_a_stamped_batch_is_completed(tmp_path, monkeypatch, shor
 def test_failed_write_leaves_the_log_as_it_was(tmp_path, monkeypatch):
     # The pure-Python twin's os.writev fails here; test_batchwrite.py fails real writes
     # of both implementations (RLIMIT_FSIZE).
-    monkeypatch.setattr(segment, "write_batch", batchwrite.write_batch_py)
+    monkeypatch.setattr(fs, "write_batch", batchwrite.write_batch_py)
     log = Log.open(tmp_path / "t-0", SMALL)
     log.append(batch(2), 0)
 

@@ -3,7 +3,6 @@ clean open of thousands of segments that reads almost nothing."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
@@ -14,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rillet.client.wire import records
-from rillet.storage import Log, LogConfig
-from rillet.storage import scan as scan_module
+from rillet.storage import Log, LogConfig, fs
 
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=256)
 RILLET = [sys.executable, "-m", "rillet.client.cli"]
@@ -30,15 +28,15 @@ def verify(path: Path) -> subprocess.CompletedProcess:
 def write_log(path: Path, sizes: list[int]) -> list[tuple[Path, int, int, int]]:
     """Append batches of the given record counts; returns (file, position, size, next
     offset) per batch, read back from the files."""
-    real_fsync = os.fsync
-    os.fsync = lambda fd: None  # building fast: durability is not what these tests check
+    real_fsync = fs.fsync
+    fs.fsync = lambda fd: None  # building fast: durability is not what these tests check
     try:
         log = Log.open(path, CONFIG)
         for i, n in enumerate(sizes):
             log.append(records.encode_batch([b"v%d-%d" % (i, j) for j in range(n)]), 1)
         log.close()
     finally:
-        os.fsync = real_fsync
+        fs.fsync = real_fsync
     layout = []
     for seg in sorted(path.glob("*.log")):
         data = seg.read_bytes()
@@ -130,7 +128,7 @@ def test_recovery_logs_what_was_cut(tmp_path, caplog):
 
 def test_clean_open_of_thousands_of_segments_reads_almost_nothing(tmp_path, monkeypatch):
     path = tmp_path / "t-0"
-    monkeypatch.setattr(os, "fsync", lambda fd: None)  # building fast; durability not tested
+    monkeypatch.setattr(fs, "fsync", lambda fd: None)  # building fast; durability not tested
     log = Log.open(path, LogConfig(segment_bytes=1024, index_interval_bytes=256))
     payload = records.encode_batch([b"x" * 100] * 3)
     while len(log.segments) < 2000:
@@ -143,7 +141,7 @@ def test_clean_open_of_thousands_of_segments_reads_almost_nothing(tmp_path, monk
 
     reads: list[int] = []
     opened: list[str] = []
-    real_pread, real_open = os.pread, os.open
+    real_pread, real_open, real_read_bytes = fs.pread, fs.open, fs.read_bytes
 
     def counting_pread(fd: int, n: int, pos: int) -> bytes:
         reads.append(n)
@@ -153,16 +151,13 @@ def test_clean_open_of_thousands_of_segments_reads_almost_nothing(tmp_path, monk
         opened.append(str(p))
         return real_open(p, *args, **kwargs)
 
-    real_io_open = io.open
-
-    def counting_io_open(p, *args, **kwargs):  # Path.read_bytes (index files) goes here
+    def counting_read_bytes(p) -> bytes:  # index files are read whole
         opened.append(str(p))
-        return real_io_open(p, *args, **kwargs)
+        return real_read_bytes(p)
 
-    monkeypatch.setattr(os, "pread", counting_pread)
-    monkeypatch.setattr(os, "open", counting_open)
-    monkeypatch.setattr(io, "open", counting_io_open)
-    monkeypatch.setattr(scan_module.os, "pread", os.pread)
+    monkeypatch.setattr(fs, "pread", counting_pread)
+    monkeypatch.setattr(fs, "open", counting_open)
+    monkeypatch.setattr(fs, "read_bytes", counting_read_bytes)
     reopened = Log.open(path, LogConfig(segment_bytes=1024, index_interval_bytes=256))
     assert reopened.log_end_offset == end and len(reopened.segments) >= 2000
     segment_opens = [p for p in opened if p.endswith(".log")]
