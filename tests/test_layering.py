@@ -91,3 +91,92 @@ def test_architecture_doc_names_every_module() -> None:
         if path.name not in ("__init__.py", "__main__.py") and path.name not in section
     ]
     assert not unnamed, f"add to docs/architecture.md's module map: {unnamed}"
+
+
+# Storage reaches the file system only through storage/fs.py, so the crash simulator
+# (tests/sim/simfs.py) sees every write, fsync and rename. batchwrite.py is the C
+# write_batch's pure twin, which fs.py hands out; dump.py and cli.py are offline tools.
+FS_SEAM_EXEMPT = {"fs.py", "batchwrite.py", "dump.py", "cli.py"}
+IO_MODULES = {"os", "shutil", "fcntl", "io", "builtins", "tempfile", "mmap", "glob"}
+OS_HARMLESS = {"PathLike", "getpid", "fspath", "strerror", "environ"}  # no file I/O
+PATH_IO = {
+    "read_text",
+    "write_text",
+    "write_bytes",
+    "exists",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "iterdir",
+    "glob",
+    "rglob",
+    "stat",
+    "touch",
+    "rename",
+    "is_dir",
+    "is_file",
+    "scandir",
+    "open",
+    "samefile",
+}
+
+
+def file_system_calls(path: Path) -> list[str]:
+    """Where a module touches the file system other than through ``fs``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            found += [
+                f"{line}: imports {m}" for m in mods if m.split(".")[0] in IO_MODULES - {"os"}
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+            and node.attr not in OS_HARMLESS
+        ):
+            found.append(f"{line}: os.{node.attr}")
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "open":
+                found.append(f"{line}: open()")
+            elif (
+                isinstance(func, ast.Attribute)
+                and func.attr in PATH_IO
+                and not (isinstance(func.value, ast.Name) and func.value.id in ("fs", "Log"))
+            ):
+                found.append(f"{line}: .{func.attr}()")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+def test_storage_touches_the_file_system_only_through_fs() -> None:
+    wrong = [
+        f"storage/{path.name}:{where}"
+        for path in sorted((ROOT / "storage").glob("*.py"))
+        if path.name not in FS_SEAM_EXEMPT
+        for where in file_system_calls(path)
+    ]
+    assert not wrong, "go through rillet.storage.fs:\n" + "\n".join(wrong)
+
+
+def test_fs_seam_checker_sees_direct_calls(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os, shutil\n"
+        "def f(p, fd):\n"
+        "    os.fsync(fd)\n"
+        "    p.read_text()\n"
+        "    open(p)\n"
+        "    fs.unlink(p)\n"
+        "    os.getpid()\n"
+    )
+    assert file_system_calls(module) == [
+        "1: imports shutil",
+        "3: os.fsync",
+        "4: .read_text()",
+        "5: open()",
+    ]
