@@ -143,7 +143,12 @@ class Log:
         from rillet.storage.recovery import load_log
 
         path = Path(directory)
-        fs.makedirs(path)
+        if not fs.exists(path):
+            fs.makedirs(path)
+            # The new directory is an entry in its parent, durable only once the parent
+            # is fsynced (fsync of a file inside does not promise it): without this, a
+            # crash could lose the whole partition after a flush promised its records.
+            fs.fsync_dir(path.parent)
         log = cls(path, config or LogConfig(), clock or wall_clock_ms, background)
         load_log(log)
         return log

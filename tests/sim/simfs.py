@@ -141,9 +141,12 @@ class SimFileSystem:
         """Crash ``prefix`` just before its n-th next mutating operation (n >= 1)."""
         self._crash_at = (n, _norm(prefix), rng)
 
-    @property
-    def crash_pending(self) -> bool:
-        return self._crash_at is not None
+    def cancel_crash(self) -> None:
+        self._crash_at = None
+
+    def down(self, prefix: str) -> bool:
+        """Whether an armed crash took ``prefix`` down (until ``restart``)."""
+        return _norm(prefix) in self._down
 
     def restart(self, prefix: str) -> None:
         """A crashed node comes back: operations under ``prefix`` work again."""

@@ -1,0 +1,496 @@
+"""One production `Log` under a seeded random schedule over `SimFileSystem`, crashed at
+arbitrary points and reopened, checked against a model of what was written.
+
+The schedule appends as leader (its epoch sometimes rises) and as follower (batches the
+client encoder built, with their own offsets, epochs and sometimes gaps), truncates,
+flushes inline and through the flush policy's background jobs, moves the high
+watermark, runs retention and compaction, runs deferred background jobs (a roll's fsync
+and index write, a policy flush) in any order or never, injects I/O errors, and crashes:
+between steps, or inside any storage call (``crash_after``: between a write and its
+fsync, a truncation and its checkpoint, in the middle of a deferred job or of recovery).
+An I/O error that escapes, or a log turned read-only, halts the node: a crash too.
+
+Checked after every step: the log's end and start are the model's. After every reopen:
+- every batch reads back CRC-valid, in offset order, from the log start;
+- every record present was written at that offset (by some append, maybe one since
+  truncated: an undone truncation may bring records back);
+- every record below the durable point is present and unchanged: the durable point is
+  the log end at the last successful flush (inline, or a policy flush job that ran),
+  lowered by every truncation since; compaction may have removed superseded keys;
+- the log start never passes the highest start the log was given, and the recovery
+  point is the log end;
+- the leader-epoch cache agrees with the batches: epochs and starts strictly increase,
+  no entry at or past the log end, each epoch starts at its first batch (only <= once
+  compaction or retention removed batches);
+- the log accepts an append.
+A failure raises `SimulationFailure` with the seed, its replay command and the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import random
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from rillet.client.wire import records
+from rillet.storage import Log, LogConfig, cleaner, fs, retention
+
+from .simfs import SimCrash, SimFileSystem
+
+REPLAY_COMMAND = "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_storage_sim.py -k replay -s"
+NODE = "/sim/node"
+LOG_DIR = f"{NODE}/t-0"
+FAULT_OPS = ("write", "fsync", "pread", "replace", "ftruncate", "fsync_dir", "create", "read")
+
+
+class SimulationFailure(AssertionError):
+    """An invariant broke; the message carries the seed's replay command and a trace."""
+
+
+Record = tuple[int, Any, Any]  # (leader epoch, key, value)
+
+
+@dataclass
+class Batch:
+    base: int
+    last: int
+    epoch: int
+    records: dict[int, tuple[Any, Any]]  # offset -> (key, value)
+
+
+@dataclass
+class Job:
+    run: Callable[[], None]
+    after: Callable[[], None]
+    flush_end: int | None  # a flush job: what it makes durable (lowered by truncations)
+
+
+@dataclass
+class Options:
+    seed: int
+    steps: int = 250
+    fsync_persists_entry: bool = False  # strict by default (see simfs.py)
+    echo_trace: bool = False
+
+
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """run_in_executor without threads: deterministic, and a crash raised inside the job
+    reaches the coroutine as it would from a thread (asyncio wants this class)."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+def run_inline(coro: Coroutine[Any, Any, Any]) -> Any:
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(InlineExecutor())
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+@dataclass
+class StorageModel:
+    options: Options
+    rng: random.Random = field(init=False)
+    sim: SimFileSystem = field(init=False)
+    config: LogConfig = field(init=False)
+    log: Log = field(init=False)
+    batches: list[Batch] = field(default_factory=list)
+    start: int = 0
+    end: int = 0
+    durable_end: int = 0
+    max_start: int = 0
+    epoch: int = 0
+    written: dict[int, set[Record]] = field(default_factory=dict)
+    jobs: list[Job] = field(default_factory=list)
+    removed_batches: bool = False  # compaction or retention ran: epoch starts may be lower
+    now: int = 1_000_000
+    trace: list[str] = field(default_factory=list)
+    step_no: int = 0
+    reopens: int = 0
+
+    def __post_init__(self) -> None:
+        seed = self.options.seed
+        self.rng = random.Random(seed)
+        self.sim = SimFileSystem(
+            fsync_persists_entry=self.options.fsync_persists_entry,
+            rng=random.Random(seed * 7919 + 1),
+        )
+        rng = self.rng
+        compact = rng.random() < 0.4
+        policy = "compact,delete" if compact and rng.random() < 0.5 else "compact"
+        self.config = LogConfig(
+            segment_bytes=rng.choice([400, 800, 1500, 4000]),
+            index_interval_bytes=rng.choice([64, 200, 1000]),
+            flush_messages=rng.choice([None, None, 3, 10]),
+            cleanup_policy=policy if compact else "delete",
+            retention_bytes=rng.choice([-1, -1, 2000, 5000]),
+            file_delete_delay_ms=0,
+        )
+        self.keys = compact
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.sim.makedirs(NODE)
+        self.sim.sync_all()  # the node's data dir exists, durably
+        self.note(f"config {self.config}")
+        self.log = self.open_log()
+        self.check_recovered()
+        steps = [
+            (self.append_leader, 30),
+            (self.append_follower, 10),
+            (self.truncate, 5),
+            (self.truncate_fully, 1),
+            (self.flush, 4),
+            (self.run_job, 12),
+            (self.set_high_watermark, 5),
+            (self.apply_retention, 3),
+            (self.compact, 3),
+            (self.purge, 2),
+            (self.crash, 2),
+            (self.inject_fault, 3),
+            (self.arm_crash, 4),
+            (self.close_and_reopen, 1),
+        ]
+        actions, weights = zip(*steps, strict=True)
+        for step_no in range(self.options.steps):
+            self.step_no = step_no
+            action = self.rng.choices(actions, weights)[0]
+            self.step(action)
+        self.step(self.crash)
+
+    def step(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except SimCrash:
+            self.note("  -> crashed inside the step")
+            self.recover()
+            return
+        except OSError as exc:
+            self.note(f"  -> {exc!r} escaped: the node halts")
+            self.halt_and_recover()
+            return
+        if self.log.failure is not None:
+            self.note(f"  -> log failed ({self.log.failure!r}): the node halts")
+            self.halt_and_recover()
+            return
+        self.expect(self.log.log_end_offset == self.end, f"log end {self.log.log_end_offset}")
+        self.expect(self.log.log_start_offset == self.start, "log start")
+
+    def note(self, line: str) -> None:
+        line = f"[{self.step_no}] {line}" if not line.startswith(" ") else line
+        self.trace.append(line)
+        if self.options.echo_trace:
+            print(line)
+
+    def fail(self, message: str) -> None:
+        seed = self.options.seed
+        tail = "\n".join(self.trace[-60:])
+        raise SimulationFailure(
+            f"storage sim seed {seed}: {message}\n"
+            f"model: start {self.start} end {self.end} durable end {self.durable_end}\n"
+            f"replay: {REPLAY_COMMAND.format(seed=seed)}\n"
+            f"trace (last 60 lines):\n{tail}"
+        )
+
+    def expect(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.fail(f"{message} (model: start {self.start}, end {self.end})")
+
+    # -- the log's background jobs ------------------------------------------------------------
+
+    def background(self, run: Callable[[], None], after: Callable[[], None]) -> None:
+        caller = sys._getframe(3).f_code.co_name  # roll or _maybe_flush_by_policy
+        flush_end = self.log.log_end_offset if caller == "_maybe_flush_by_policy" else None
+        self.jobs.append(Job(run, after, flush_end))
+        self.note(f"  job queued ({caller})")
+
+    def open_log(self) -> Log:
+        return Log.open(LOG_DIR, self.config, clock=lambda: self.now, background=self.background)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _values(self) -> tuple[list[bytes], list[bytes | None]]:
+        n = self.rng.randint(1, 5)
+        values = [self.rng.randbytes(self.rng.randint(5, 60)) for _ in range(n)]
+        keys = [b"k%d" % self.rng.randint(0, 6) if self.keys else None for _ in range(n)]
+        return values, keys
+
+    def _written(self, base: int, epoch: int, keys: list, values: list, deltas=None) -> None:
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            off = base + (deltas[i] if deltas else i)
+            self.written.setdefault(off, set()).add((epoch, k, v))
+
+    def _add(self, base: int, epoch: int, keys: list, values: list) -> None:
+        recs = {base + i: (k, v) for i, (k, v) in enumerate(zip(keys, values, strict=True))}
+        self.batches.append(Batch(base, base + len(values) - 1, epoch, recs))
+        self.end = base + len(values)
+
+    def append_leader(self) -> None:
+        self.now += 1
+        if self.rng.random() < 0.1:
+            self.epoch += 1
+        values, keys = self._values()
+        batch = records.encode_batch(values, keys, timestamp_ms=self.now)
+        self.note(f"append as leader epoch {self.epoch}: {len(values)} at {self.end}")
+        self._written(self.end, self.epoch, keys, values)
+        try:
+            first, last = self.log.append(bytearray(batch), self.epoch)
+        except OSError as exc:  # nothing appended, or the log failed
+            self.note(f"  -> append failed {exc!r}")
+            return
+        self.expect(first == self.end and last == self.end + len(values) - 1, "append offsets")
+        self._add(first, self.epoch, keys, values)
+
+    def append_follower(self) -> None:
+        self.now += 1
+        epoch = max(self.epoch, self.log.latest_epoch, 0) + (self.rng.random() < 0.3)
+        self.epoch = epoch
+        payload = b""
+        base = self.end
+        added = []
+        for _ in range(self.rng.randint(1, 2)):
+            base += self.rng.randint(1, 3) if self.rng.random() < 0.15 else 0  # compacted gap
+            values, keys = self._values()
+            payload += records.encode_batch(
+                values, keys, base_offset=base, partition_leader_epoch=epoch, timestamp_ms=self.now
+            )
+            self._written(base, epoch, keys, values)
+            added.append((base, keys, values))
+            base += len(values)
+        self.note(f"append as follower epoch {epoch}: bases {[a[0] for a in added]}")
+        try:
+            self.log.append_as_follower(payload)
+        except OSError as exc:
+            self.note(f"  -> append failed {exc!r}")
+            return
+        for b, keys, values in added:
+            self._add(b, epoch, keys, values)
+
+    def _cut_model(self, new_end: int) -> None:
+        self.batches = [b for b in self.batches if b.last < new_end]
+        self.end = new_end
+        self.durable_end = min(self.durable_end, new_end)
+        for job in self.jobs:
+            if job.flush_end is not None:
+                job.flush_end = min(job.flush_end, new_end)
+
+    def truncate(self) -> None:
+        offset = self.rng.randint(self.start, self.end)
+        if offset <= self.start:
+            return self.truncate_fully(offset)
+        holding = [b for b in self.batches if b.base <= offset <= b.last]
+        new_end = holding[0].base if holding else min(offset, self.end)
+        self.note(f"truncate_to {offset} (end -> {new_end})")
+        self._cut_model(new_end)  # before the call: a crash inside it may keep either
+        self.log.truncate_to(offset)
+
+    def truncate_fully(self, offset: int | None = None) -> None:
+        if offset is None:
+            offset = self.end + self.rng.randint(0, 5)
+            if self.rng.random() < 0.3:
+                offset = self.rng.randint(self.start, self.end)
+        self.note(f"truncate_fully_and_start_at {offset}")
+        self._cut_model(min(offset, self.end))
+        self.batches, self.start, self.end = [], offset, offset
+        self.max_start = max(self.max_start, offset)
+        self.log.truncate_fully_and_start_at(offset)
+
+    def flush(self) -> None:
+        self.note(f"flush (end {self.end})")
+        end = self.end
+        self.log.flush()
+        self.durable_end = max(self.durable_end, end)
+
+    def run_job(self) -> None:
+        if not self.jobs:
+            return
+        job = self.jobs.pop(self.rng.randrange(len(self.jobs)))
+        self.note(f"run a background job (flush to {job.flush_end})")
+        job.run()
+        job.after()
+        if job.flush_end is not None and self.log.failure is None:
+            self.durable_end = max(self.durable_end, job.flush_end)
+
+    def set_high_watermark(self) -> None:
+        hw = self.rng.randint(self.start, self.end)
+        self.note(f"high watermark {hw}")
+        self.log.high_watermark = hw
+
+    def apply_retention(self) -> None:
+        hw = self.log.removable_end
+        self.note(f"retention (removable end {hw})")
+        if run_inline(retention.apply_retention(self.log)):
+            self.expect(self.log.log_start_offset <= hw, "retention passed the high watermark")
+            self.removed_batches = True
+            self._resync("retention")
+
+    def compact(self) -> None:
+        if not self.config.compact:
+            return
+        self.note("compact")
+        stats = run_inline(cleaner.compact(self.log))
+        if stats.rewritten:
+            self.removed_batches = True
+            self._resync("compaction")
+
+    def purge(self) -> None:
+        self.note("purge retired segments")
+        run_inline(retention.purge_retired(self.log, self.now + 10**9))
+
+    def crash(self) -> None:
+        self.note("crash")
+        self.sim.crash(NODE, self.rng)
+        self.recover()
+
+    def inject_fault(self) -> None:
+        op = self.rng.choice(FAULT_OPS)
+        err = self.rng.choice([errno.EIO, errno.ENOSPC])
+        self.note(f"next {op} fails with {errno.errorcode[err]}")
+        self.sim.fail_next(op, NODE, err)
+
+    def arm_crash(self) -> None:
+        n = self.rng.randint(1, 12)
+        self.note(f"crash before the {n}th next mutating file operation")
+        self.sim.crash_after(n, NODE, self.rng)
+
+    def close_and_reopen(self) -> None:
+        self.note("close and reopen")
+        self.log.close()
+        self.durable_end = self.end  # a clean close persists everything
+        self.jobs.clear()
+        self.log = self.open_log()
+        self.check_recovered()
+
+    # -- what the log holds now ----------------------------------------------------------------
+
+    def read_log(self) -> list[Batch]:
+        """Every batch from the log start, through the log's own read path."""
+        log = self.log
+        out: list[Batch] = []
+        offset = log.log_start_offset
+        while offset < log.log_end_offset:
+            data = log.read_bytes(offset, 1 << 20)
+            if not data:
+                self.fail(f"read at {offset} returned nothing below end {log.log_end_offset}")
+            for position, h in records.iter_batches(data):  # validates CRCs
+                offsets, _, keys, values, _ = records.decode_columns(data, position, h)
+                recs = dict(zip(offsets, zip(keys, values, strict=True), strict=True))
+                if out and h.base_offset <= out[-1].last:
+                    self.fail(f"batch at {h.base_offset} after one ending at {out[-1].last}")
+                out.append(Batch(h.base_offset, h.last_offset, h.partition_leader_epoch, recs))
+                offset = h.next_offset
+        return out
+
+    def _resync(self, why: str) -> None:
+        """After retention or compaction: what remains must be a subset of the model."""
+        old = {o: (b.epoch, *kv) for b in self.batches for o, kv in b.records.items()}
+        self.batches = self.read_log()
+        self.start = self.log.log_start_offset
+        self.max_start = max(self.max_start, self.start)
+        for b in self.batches:
+            for o, (k, v) in b.records.items():
+                if o >= self.start and old.get(o) != (b.epoch, k, v):
+                    self.fail(f"{why} changed the record at {o}")
+        self.note(f"  -> {why}: start {self.start}, {len(self.batches)} batches")
+
+    # -- crashes and recovery ------------------------------------------------------------
+
+    def halt_and_recover(self) -> None:
+        if not self.sim.down(NODE):
+            self.sim.crash(NODE, self.rng)
+        self.recover()
+
+    def recover(self) -> None:
+        self.reopens += 1
+        self.sim.restart(NODE)
+        self.sim.cancel_crash()
+        self.sim.clear_faults()
+        self.jobs.clear()
+        if self.rng.random() < 0.2:  # crash inside recovery too
+            self.sim.crash_after(self.rng.randint(1, 10), NODE, self.rng)
+            try:
+                self.open_log()
+                self.note("  reopened before the armed crash")
+                self.sim.crash(NODE, self.rng)
+            except SimCrash:
+                self.note("  crashed inside recovery")
+            self.sim.restart(NODE)
+            self.sim.cancel_crash()
+        self.log = self.open_log()
+        self.check_recovered()
+
+    def check_recovered(self) -> None:
+        log = self.log
+        present = self.read_log()
+        start, end = log.log_start_offset, log.log_end_offset
+        self.note(f"  reopened: start {start} end {end} epochs {log.epochs.entries()}")
+        self.expect(log.recovery_point == end, f"recovery point {log.recovery_point} != end")
+        self.expect(start <= max(self.max_start, self.start), f"log start {start} passed")
+        self.expect(end >= self.durable_end, f"log end {end} below durable end")
+        got: dict[int, Record] = {}
+        for b in present:
+            for o, (k, v) in b.records.items():
+                if (b.epoch, k, v) not in self.written.get(o, ()):
+                    self.fail(f"record at {o} (epoch {b.epoch}) was never written there")
+                got[o] = (b.epoch, k, v)
+        latest_key = {}
+        for b in self.batches:
+            for o, (k, _) in b.records.items():
+                latest_key[k] = o
+        for b in self.batches:
+            for o, (k, v) in b.records.items():
+                if o >= self.durable_end or o < start:
+                    continue
+                superseded = self.config.compact and k is not None and latest_key[k] > o
+                if got.get(o) != (b.epoch, k, v) and not (superseded and o not in got):
+                    self.fail(f"durable record at {o} lost or changed: {got.get(o)}")
+        self.check_epochs(present, start, end)
+        # The recovered log is the new model; all of it is durable now.
+        self.batches, self.start, self.end = present, start, end
+        self.durable_end, self.max_start = end, start
+        self.epoch = max(self.epoch, log.latest_epoch)
+        self.step(self.append_leader)  # it accepts appends again
+
+    def check_epochs(self, present: list[Batch], start: int, end: int) -> None:
+        cached = self.log.epochs.entries()
+        derived: list[tuple[int, int]] = []
+        for b in present:
+            if not derived or b.epoch > derived[-1][0]:
+                derived.append((b.epoch, b.base))
+        epochs = [e for e, _ in cached]
+        starts = [s for _, s in cached]
+        if epochs != sorted(set(epochs)) or starts != sorted(set(starts)):
+            self.fail(f"epoch cache not increasing: {cached}")
+        if cached and cached[-1][1] >= end:
+            self.fail(f"epoch cache entry at or past the log end {end}: {cached}")
+        by_epoch = dict(cached)
+        if not self.removed_batches and [e for e, _ in derived] != epochs:
+            self.fail(f"epoch cache {cached} != epochs of the batches {derived}")
+        for i, (e, s) in enumerate(derived):
+            if e not in by_epoch:
+                self.fail(f"epoch {e} of the batch at {s} missing from the cache {cached}")
+            first = i == 0 and s < start  # the log start lies inside that batch
+            exact = not self.removed_batches and not first
+            if (by_epoch[e] != s) if exact else (by_epoch[e] > max(s, start)):
+                self.fail(f"epoch {e} starts at {s} on disk, {by_epoch[e]} in the cache {cached}")
+
+
+def run_seed(seed: int, echo_trace: bool = False, **kwargs: Any) -> StorageModel:
+    model = StorageModel(Options(seed, echo_trace=echo_trace, **kwargs))
+    with fs.install(model.sim):
+        model.run()
+    return model
