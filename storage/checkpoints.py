@@ -51,11 +51,11 @@ def replace_file(path: Path, data: bytes, *, fsync: bool) -> None:
 def read_entries(path: Path, width: int) -> list[tuple[int, ...]] | None:
     """The entries of a checkpoint, or None when missing or malformed (then rebuild)."""
     try:
-        text = fs.read_text(path)
+        data = fs.read_bytes(path)
     except FileNotFoundError:
         return None
     try:
-        lines = text.split("\n")
+        lines = data.decode().split("\n")  # a torn unsynced file may hold any bytes
         if int(lines[0]) != VERSION:
             raise ValueError(f"version {lines[0]}")
         count = int(lines[1])

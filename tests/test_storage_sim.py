@@ -16,7 +16,7 @@ from sim.simfs import SimFileSystem
 from sim.storage_model import NODE, SimulationFailure, run_seed
 
 from rillet.client.wire import records
-from rillet.storage import Log, LogConfig, fs
+from rillet.storage import Log, LogConfig, checkpoints, fs
 
 QUICK_SEEDS = 40
 
@@ -50,3 +50,15 @@ def test_a_new_logs_directory_entry_is_durable_before_it_promises_anything() -> 
         log.flush()
         sim.crash(NODE, random.Random(0))
         assert Log.open(f"{NODE}/t-0", LogConfig()).log_end_offset == 1
+
+
+def test_a_checkpoint_torn_into_invalid_utf8_reads_as_missing(tmp_path) -> None:
+    """An unsynced checkpoint may come back from a crash with garbage in it (found by
+    the simulator: Log.open raised UnicodeDecodeError). Every checkpoint is derivable:
+    it must read as missing, and the log rebuilds it."""
+    for name in ("recovery-point", "log-start-offset", "leader-epoch-checkpoint"):
+        (tmp_path / name).write_bytes(b"0\n1\n\x93\xfd")
+        assert checkpoints.read_entries(tmp_path / name, 1) is None
+    log = Log.open(tmp_path, LogConfig())
+    assert log.log_end_offset == 0
+    log.close()

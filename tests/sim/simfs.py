@@ -268,6 +268,10 @@ class SimFileSystem:
 
     def _file(self, fd: int) -> OpenFile:
         of = self._fds.get(fd)
+        if of is not None and not of.valid:
+            for prefix in self._down:  # the dying process itself (a finally: close)
+                if _under(of.path, prefix):
+                    raise SimCrash(f"{of.path}: {prefix} is down")
         if of is None or not of.valid:
             raise _err(errno.EBADF)
         return of
