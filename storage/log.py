@@ -392,6 +392,11 @@ class Log:
         run in the background (inline without a running loop)."""
         old = self.active_segment
         snapshot = old.seal()
+        # Every segment from the recovery point's up to the old one: roll jobs run on
+        # several executor threads, and one finishing early must not move the recovery
+        # point past an earlier segment whose own job has not fsynced it yet (Kafka's
+        # roll flushes everything from the recovery point up to the new segment too).
+        unsynced = [s for s in self._segments if s.base_offset >= self._recovery_point_base()]
         new = LogSegment.create(
             self.directory, old.next_offset, self.config.index_interval_bytes, self.clock()
         )
@@ -402,7 +407,8 @@ class Log:
 
         def persist() -> None:
             old.write_indexes(snapshot, fsync=True)
-            old.fsync()
+            for seg in unsynced:
+                seg.fsync()
             self._advance_recovery_point(end, generation, write=False)
 
         self._background(persist, after=lambda: self._freeze_if_closed(old))
@@ -692,7 +698,11 @@ class Log:
         a follower the wrong divergence point. Blocking the loop for two small fsyncs is
         fine: truncation happens once per leader change, not per request. The new
         generation makes background flush jobs captured before the cut skip their
-        now-stale epoch snapshot; the lock orders every checkpoint write."""
+        now-stale epoch snapshot; the lock orders every checkpoint write. The truncated
+        segment is fsynced before either checkpoint (see below)."""
+        # The cut itself first: recovery skips what lies below the recovery point, so a
+        # crash that undid an unsynced ftruncate would leave the cut batches there.
+        self.active_segment.fsync()
         with self._state_lock:
             self.generation += 1
             self._recovery_point = min(self._recovery_point, self.log_end_offset)

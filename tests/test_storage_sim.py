@@ -62,3 +62,53 @@ def test_a_checkpoint_torn_into_invalid_utf8_reads_as_missing(tmp_path) -> None:
     log = Log.open(tmp_path, LogConfig())
     assert log.log_end_offset == 0
     log.close()
+
+
+def _log_with_deferred_jobs(sim: SimFileSystem, jobs: list) -> Log:
+    sim.makedirs(NODE)
+    sim.sync_all()
+    config = LogConfig(segment_bytes=300, index_interval_bytes=64)
+    return Log.open(f"{NODE}/t-0", config, background=lambda job, after: jobs.append(job))
+
+
+def _durable_below_recovery_point(sim: SimFileSystem, log: Log) -> list[int]:
+    """Segments below the recovery point whose bytes a crash could still change."""
+    return [
+        s.base_offset
+        for s in log.segments
+        if s.base_offset < log.recovery_point and not sim.is_durable(s.log_path)
+    ]
+
+
+def test_roll_jobs_finishing_out_of_order_never_pass_an_unsynced_segment() -> None:
+    """The executor runs roll jobs on several threads: a later roll's job can finish
+    first. Its recovery point must not cover an earlier segment whose fsync has not run
+    (found by the simulator: a flush then checkpointed past it, and recovery, trusting
+    the checkpoint, kept that segment's torn tail)."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        log = _log_with_deferred_jobs(sim, jobs)
+        while len(log.segments) < 3:
+            log.append(bytearray(records.encode_batch([b"x" * 100])), 0)
+        assert len(jobs) == 2
+        jobs[1]()  # the second roll's job first; the first one's never runs
+        log.flush()
+        assert _durable_below_recovery_point(sim, log) == []
+
+
+def test_a_truncation_is_durable_before_its_checkpoints() -> None:
+    """A cut lowers the recovery point on disk; recovery then skips the segments below
+    it. An unsynced ftruncate undone by a crash would leave the cut batches there, below
+    the recovery point, in front of the new ones (found by the simulator: offsets went
+    backwards across a segment boundary)."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        log = _log_with_deferred_jobs(sim, jobs)
+        for _ in range(2):
+            log.append(bytearray(records.encode_batch([b"x" * 50])), 0)
+        log.flush()
+        log.truncate_to(1)
+        assert _durable_below_recovery_point(sim, log) == []
+        assert sim.is_durable(log.active_segment.log_path)

@@ -472,6 +472,13 @@ class SimFileSystem:
 
     # -- for checkers ----------------------------------------------------------------
 
+    def is_durable(self, path: Any) -> bool:
+        """Whether a crash now would leave this file's bytes exactly as they are."""
+        node = self._lookup(_norm(path))
+        if not isinstance(node, Inode):
+            raise _err(errno.ENOENT, path)
+        return bytes(node.data) == node.durable
+
     def open_fds(self, prefix: str = "/") -> list[int]:
         prefix = _norm(prefix)
         return [fd for fd, of in self._fds.items() if of.valid and _under(of.path, prefix)]

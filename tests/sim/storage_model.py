@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError
 from rillet.storage import Log, LogConfig, cleaner, fs, retention
 
 from .simfs import SimCrash, SimFileSystem
@@ -190,6 +191,9 @@ class StorageModel:
         self.expect(self.log.log_end_offset == self.end, f"log end {self.log.log_end_offset}")
         self.expect(self.log.log_start_offset == self.start, "log start")
 
+    def segments(self) -> str:
+        return " ".join(f"{s.base_offset}+{s.size}" for s in self.log.segments)
+
     def note(self, line: str) -> None:
         line = f"[{self.step_no}] {line}" if not line.startswith(" ") else line
         self.trace.append(line)
@@ -319,7 +323,7 @@ class StorageModel:
         if not self.jobs:
             return
         job = self.jobs.pop(self.rng.randrange(len(self.jobs)))
-        self.note(f"run a background job (flush to {job.flush_end})")
+        self.note(f"run a background job (flush to {job.flush_end}; segments {self.segments()})")
         job.run()
         job.after()
         if job.flush_end is not None and self.log.failure is None:
@@ -352,7 +356,7 @@ class StorageModel:
         run_inline(retention.purge_retired(self.log, self.now + 10**9))
 
     def crash(self) -> None:
-        self.note("crash")
+        self.note(f"crash (segments {self.segments()})")
         self.sim.crash(NODE, self.rng)
         self.recover()
 
@@ -386,7 +390,11 @@ class StorageModel:
             data = log.read_bytes(offset, 1 << 20)
             if not data:
                 self.fail(f"read at {offset} returned nothing below end {log.log_end_offset}")
-            for position, h in records.iter_batches(data):  # validates CRCs
+            try:
+                batches = list(records.iter_batches(data))  # validates CRCs
+            except CorruptRecordError as exc:
+                self.fail(f"read at {offset}: {exc}")
+            for position, h in batches:
                 offsets, _, keys, values, _ = records.decode_columns(data, position, h)
                 recs = dict(zip(offsets, zip(keys, values, strict=True), strict=True))
                 if out and h.base_offset <= out[-1].last:
@@ -440,7 +448,8 @@ class StorageModel:
         self.note(f"  reopened: start {start} end {end} epochs {log.epochs.entries()}")
         self.expect(log.recovery_point == end, f"recovery point {log.recovery_point} != end")
         self.expect(start <= max(self.max_start, self.start), f"log start {start} passed")
-        self.expect(end >= self.durable_end, f"log end {end} below durable end")
+        durable = [o for b in self.batches for o in b.records if o < self.durable_end]
+        self.expect(end > max(durable, default=-1), f"log end {end} below a durable record")
         got: dict[int, Record] = {}
         for b in present:
             for o, (k, v) in b.records.items():
