@@ -15,6 +15,7 @@ from pathlib import Path
 from rillet.storage import checkpoints, fs, loading
 from rillet.storage.epoch_cache import LeaderEpochCache
 from rillet.storage.invariants import invariant
+from rillet.storage.scan import ScanProblem
 from rillet.storage.segment import LogSegment
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
         if first_dirty is None:
             segments[-1].activate(log.clock())
         else:
-            segments = _recover_from(log, segments, first_dirty)
+            unflushed = None if clean else _holding(segments, recovery_point)
+            segments = _recover_from(log, segments, first_dirty, unflushed)
     log_start = max(ckpt_start, segments[0].base_offset)
     end = segments[-1].next_offset
     # Everything up to the end is on disk now: written before a clean shutdown, or
@@ -65,14 +67,30 @@ def _first_to_recover(
         if s.base_offset in rebuild or loading.needs_index_rebuild(s)
     ]
     if not clean:
-        bases = [s.base_offset for s in segments]
-        holding = max((i for i, b in enumerate(bases) if b <= recovery_point), default=0)
-        candidates.append(holding)
+        candidates.append(_holding(segments, recovery_point))
     return min(candidates) if candidates else None
 
 
-def _recover_from(log, segments: list[LogSegment], first: int) -> list[LogSegment]:
-    """Scan segments[first:], cut at the first bad batch, drop later segments."""
+def _holding(segments: list[LogSegment], recovery_point: int) -> int:
+    """Index of the segment holding the recovery point: it and later ones were never
+    flushed, so they may have lost any unsynced part."""
+    bases = [s.base_offset for s in segments]
+    return max((i for i, b in enumerate(bases) if b <= recovery_point), default=0)
+
+
+def _recover_from(
+    log, segments: list[LogSegment], first: int, unflushed: int | None
+) -> list[LogSegment]:
+    """Scan segments[first:], cut at the first bad batch, drop later segments.
+
+    From ``unflushed`` on (None: a clean shutdown), a segment whose records end before
+    the next segment's base also ends the log: a roll creates the next file at once,
+    and its directory entry may reach the disk before the rolled segment's data, so
+    a crash can leave a clean but short segment. Kept, the later segments would leave
+    offsets the log claims but can never read, and a follower fetching past them would
+    never get the leader's records there. (A gap there may also be a compacted or
+    truncated one; those records were never flushed either, so dropping them breaks no
+    promise: recovery keeps everything below the recovery point.)"""
     log.epochs.truncate_from_end(segments[first].base_offset)
     min_offset = segments[first].base_offset
     keep = len(segments)
@@ -80,6 +98,15 @@ def _recover_from(log, segments: list[LogSegment], first: int) -> list[LogSegmen
         seg = segments[i]
         cut, problem = seg.recover(min_offset, _epoch_tracker(log.epochs))
         min_offset = seg.next_offset
+        if (
+            problem is None
+            and unflushed is not None
+            and unflushed <= i < len(segments) - 1
+            and seg.next_offset < segments[i + 1].base_offset
+        ):
+            problem = ScanProblem(
+                seg.size, f"records end at {seg.next_offset}, before the next segment"
+            )
         if problem is not None:
             keep = i + 1
             dropped = segments[keep:]

@@ -112,3 +112,26 @@ def test_a_truncation_is_durable_before_its_checkpoints() -> None:
         log.truncate_to(1)
         assert _durable_below_recovery_point(sim, log) == []
         assert sim.is_durable(log.active_segment.log_path)
+
+
+def test_recovery_ends_the_log_where_a_segment_lost_its_unsynced_tail() -> None:
+    """A roll creates the next segment's file at once; its directory entry may become
+    durable (any checkpoint fsyncs the directory) before the rolled segment's data is.
+    A crash then leaves a clean but short segment followed by a later one: recovery
+    must end the log where the records end, not leave a hole of offsets that never
+    come back (found by the simulator: the log ended past offsets it could not read)."""
+    for seed in range(20):
+        sim = SimFileSystem()
+        jobs: list = []
+        with fs.install(sim):
+            log = _log_with_deferred_jobs(sim, jobs)
+            while len(log.segments) < 2:
+                log.append(bytearray(records.encode_batch([b"x" * 60])), 0)
+            log.append(bytearray(records.encode_batch([b"y" * 60])), 0)
+            sim.fsync_dir(log.directory)  # as a checkpoint write would
+            sim.crash(NODE, random.Random(seed))
+            log = Log.open(f"{NODE}/t-0", log.config)
+            offset = log.log_start_offset
+            while data := log.read_bytes(offset, 1 << 20):
+                offset = [h for _, h in records.iter_batches(data)][-1].next_offset
+            assert offset == log.log_end_offset, f"seed {seed}: records end at {offset}"

@@ -301,6 +301,11 @@ class StorageModel:
         self.note(f"truncate_to {offset} (end -> {new_end})")
         self._cut_model(new_end)  # before the call: a crash inside it may keep either
         self.log.truncate_to(offset)
+        # An offset in a gap between segments may end the log at the earlier one's end.
+        floor = self.batches[-1].last + 1 if self.batches else self.start
+        end = self.log.log_end_offset
+        self.expect(floor <= end <= new_end, f"truncate_to {offset} ended the log at {end}")
+        self._cut_model(end)
 
     def truncate_fully(self, offset: int | None = None) -> None:
         if offset is None:
