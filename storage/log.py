@@ -661,6 +661,12 @@ class Log:
         if offset <= self._log_start:
             self.truncate_fully_and_start_at(offset)
             return
+        # The recovery point on disk comes down first: a crash may keep any part of the
+        # cut (the renames below, the ftruncate), and recovery must then scan from where
+        # the cut starts rather than trust segments that are half gone.
+        with self._state_lock:
+            self._recovery_point = min(self._recovery_point, offset)
+            self._write_recovery_point_locked()
         keep = max(bisect.bisect_left(self._bases, offset), 1)
         self.retire(self._segments[keep:], files="rename")
         del self._segments[keep:], self._bases[keep:]
