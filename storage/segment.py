@@ -330,6 +330,10 @@ class LogSegment:
             return 0
         position, h = hit
         removed = self.size - position
+        # Index files on disk describe the cut tail: gone, so that until a roll or close
+        # writes them again, recovery rebuilds them rather than trusting them.
+        for index in (self.index, self.time_index):
+            fs.unlink(index.path, missing_ok=True)
         fs.ftruncate(self.fd, position)
         self.size = position
         self.index.truncate_values_from(position)

@@ -171,3 +171,29 @@ def test_a_crash_anywhere_inside_a_truncation_leaves_a_whole_log() -> None:
             batches = _read_all(log)
             assert all(a[1] == b[0] for a, b in itertools.pairwise(batches)), (n, batches)
             assert batches[-1][1] == log.log_end_offset, (n, batches, log.log_end_offset)
+
+
+def test_a_truncated_segment_never_leaves_a_stale_index_below_the_recovery_point() -> None:
+    """A closed segment's index file describes its old tail; truncation makes it active
+    and writes new batches where the old ones were. If it rolls again and a flush moves
+    the recovery point past it before the roll's job rewrites the index, recovery trusts
+    the index file it finds (found by the simulator: reads landed inside batches)."""
+    for seed in range(10):
+        sim = SimFileSystem()
+        jobs: list = []
+        with fs.install(sim):
+            log = _log_with_deferred_jobs(sim, jobs)
+            while len(log.segments) < 2:
+                log.append(bytearray(records.encode_batch([b"x" * 30])), 0)
+            for job in jobs:
+                job()  # the first segment's index reaches the disk
+            log.flush()
+            log.truncate_to(1)
+            while len(log.segments) < 2:
+                log.append(bytearray(records.encode_batch([b"y" * 45])), 1)
+            log.flush()  # the new roll's job (index rewrite) never runs
+            sim.crash(NODE, random.Random(seed))
+            log = Log.open(f"{NODE}/t-0", log.config)
+            batches = _read_all(log)
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(batches)), (seed, batches)
+            assert batches[-1][1] == log.log_end_offset
