@@ -100,6 +100,10 @@ class Log:
         self._recovery_point = 0
         self.epochs = LeaderEpochCache(directory / checkpoints.LEADER_EPOCH)
         self.generation = 0  # bumped whenever segments are removed or cut: cleaner checks it
+        # Bumped (under the state lock) before a truncation touches any file: a roll or
+        # flush job captured earlier must not write its index snapshot after that, to a
+        # path a cut segment or its new namesake now owns.
+        self._cuts = 0
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
         self._pending: set[asyncio.Future] = set()
@@ -404,14 +408,24 @@ class Log:
         self._bases.append(new.base_offset)
         end = new.base_offset
         generation = self.generation
+        cuts = self._cuts
+        indexed = False
 
         def persist() -> None:
-            old.write_indexes(snapshot, fsync=True)
+            nonlocal indexed
+            with self._state_lock:
+                if cuts == self._cuts:
+                    old.write_indexes(snapshot, fsync=True)
+                    indexed = True
             for seg in unsynced:
                 seg.fsync()
             self._advance_recovery_point(end, generation, write=False)
 
-        self._background(persist, after=lambda: self._freeze_if_closed(old))
+        def after() -> None:
+            if indexed:  # else the index stays in memory; close() writes it
+                self._freeze_if_closed(old)
+
+        self._background(persist, after=after)
         return new
 
     def _freeze_if_closed(self, seg: LogSegment) -> None:
@@ -442,11 +456,14 @@ class Log:
         snapshot = active.index_snapshot()
         epochs = self.epochs.snapshot()
         generation = self.generation
+        cuts = self._cuts
 
         def job() -> None:
             for seg in segments:
                 seg.fsync()
-            active.write_indexes(snapshot, fsync=False)
+            with self._state_lock:
+                if cuts == self._cuts:
+                    active.write_indexes(snapshot, fsync=False)
             with self._state_lock:
                 if generation == self.generation:  # else a cut since capture wrote newer
                     self._checkpoint_epochs_locked(epochs, end)
@@ -665,6 +682,7 @@ class Log:
         # cut (the renames below, the ftruncate), and recovery must then scan from where
         # the cut starts rather than trust segments that are half gone.
         with self._state_lock:
+            self._cuts += 1
             self._recovery_point = min(self._recovery_point, offset)
             self._write_recovery_point_locked()
         keep = max(bisect.bisect_left(self._bases, offset), 1)
@@ -683,6 +701,8 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start empty at ``offset`` (a follower far behind)."""
+        with self._state_lock:
+            self._cuts += 1
         self.retire(self._segments, files="rename")
         new = LogSegment.create(
             self.directory, offset, self.config.index_interval_bytes, self.clock()

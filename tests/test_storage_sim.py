@@ -197,3 +197,21 @@ def test_a_truncated_segment_never_leaves_a_stale_index_below_the_recovery_point
             batches = _read_all(log)
             assert all(a[1] == b[0] for a, b in itertools.pairwise(batches)), (seed, batches)
             assert batches[-1][1] == log.log_end_offset
+
+
+def test_a_deferred_roll_job_never_writes_its_index_over_a_new_namesake() -> None:
+    """A roll's job may run after a truncation removed its segment, and
+    truncate_fully_and_start_at may have created a new segment of the same name: the
+    old index snapshot must not land on the new segment's index file (found by the
+    simulator: appends then failed on index keys going backwards)."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        log = _log_with_deferred_jobs(sim, jobs)
+        while len(log.segments) < 2:
+            log.append(bytearray(records.encode_batch([b"x" * 30])), 0)
+        index_path = log.segments[0].index.path
+        log.truncate_fully_and_start_at(0)
+        for job in jobs:
+            job()
+        assert not sim.exists(index_path)

@@ -33,6 +33,7 @@ import concurrent.futures
 import errno
 import random
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,6 +185,11 @@ class StorageModel:
             self.note(f"  -> {exc!r} escaped: the node halts")
             self.halt_and_recover()
             return
+        except SimulationFailure:
+            raise
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.fail(f"{exc!r} at {where.filename}:{where.lineno}")
         if self.log.failure is not None:
             self.note(f"  -> log failed ({self.log.failure!r}): the node halts")
             self.halt_and_recover()
