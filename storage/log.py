@@ -463,7 +463,7 @@ class Log:
                 seg.fsync()
             with self._state_lock:
                 if cuts == self._cuts:
-                    active.write_indexes(snapshot, fsync=False)
+                    active.write_indexes(snapshot, fsync=True)
             with self._state_lock:
                 if generation == self.generation:  # else a cut since capture wrote newer
                     self._checkpoint_epochs_locked(epochs, end)

@@ -215,3 +215,20 @@ def test_a_deferred_roll_job_never_writes_its_index_over_a_new_namesake() -> Non
         for job in jobs:
             job()
         assert not sim.exists(index_path)
+
+
+def test_a_flush_makes_the_active_segments_index_durable() -> None:
+    """A flush moves the recovery point past the active segment, so recovery will trust
+    its index file once the segment has rolled: written unsynced, a crash could leave
+    it torn into whole garbage entries (found by the simulator: a read then started past
+    the end of the file)."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        log = _log_with_deferred_jobs(sim, jobs)
+        for _ in range(2):
+            log.append(bytearray(records.encode_batch([b"x" * 40])), 0)
+        log.flush()
+        seg = log.active_segment
+        assert len(seg.index) > 0
+        assert sim.is_durable(seg.index.path) and sim.is_durable(seg.time_index.path)

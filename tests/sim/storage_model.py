@@ -398,7 +398,10 @@ class StorageModel:
         out: list[Batch] = []
         offset = log.log_start_offset
         while offset < log.log_end_offset:
-            data = log.read_bytes(offset, 1 << 20)
+            try:
+                data = log.read_bytes(offset, 1 << 20)
+            except CorruptRecordError as exc:
+                self.fail(f"read at {offset}: {exc}")
             if not data:
                 self.fail(f"read at {offset} returned nothing below end {log.log_end_offset}")
             try:
