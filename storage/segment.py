@@ -315,6 +315,11 @@ class LogSegment:
             self.next_offset, self.last_batch_base = h.next_offset, h.base_offset
         file_size = fs.fstat_size(self.fd)
         cut = file_size - scanner.end
+        # The index files may describe bytes a crash lost (a roll's job writes them
+        # before it fsyncs the data): the rebuilt ones in memory replace them, on disk
+        # when the caller seals this segment, or at its roll, flush or close.
+        for index in (self.index, self.time_index):
+            fs.unlink(index.path, missing_ok=True)
         if cut:
             fs.ftruncate(self.fd, scanner.end)
         self.size = scanner.end
