@@ -183,6 +183,7 @@ def _filter_batch(
 
 def _swap(log, stats: CleanStats) -> None:
     """Commit each cleaned segment (loop thread; renames only) and retire the old."""
+    log.files_replaced()
     for r in stats.results:
         if not r.changed:
             continue

@@ -100,9 +100,9 @@ class Log:
         self._recovery_point = 0
         self.epochs = LeaderEpochCache(directory / checkpoints.LEADER_EPOCH)
         self.generation = 0  # bumped whenever segments are removed or cut: cleaner checks it
-        # Bumped (under the state lock) before a truncation touches any file: a roll or
-        # flush job captured earlier must not write its index snapshot after that, to a
-        # path a cut segment or its new namesake now owns.
+        # Bumped (under the state lock) before a truncation or a compaction swap touches
+        # any file: a roll or flush job captured earlier must not write its index
+        # snapshot after that, to a path a cut, replaced or new segment now owns.
         self._cuts = 0
         self._unflushed_messages = 0
         self._last_flush_ms = clock()
@@ -753,6 +753,12 @@ class Log:
         self.epochs.truncate_from_start(self._log_start)
         self._check_segments()
         return gone
+
+    def files_replaced(self) -> None:
+        """Segment files are about to be replaced in place (a compaction swap): roll and
+        flush jobs captured before must not write their index snapshots over them."""
+        with self._state_lock:
+            self._cuts += 1
 
     def replace_segment(self, old: LogSegment, new: LogSegment | None) -> None:
         """Swap a closed segment for its compacted copy (or drop it when ``new`` is None)."""

@@ -242,3 +242,10 @@ def test_recovery_rewrites_the_indexes_of_what_it_scanned() -> None:
     the simulator found it."""
     for seed in (333, 963, 1346, 1529):
         run_seed(seed)
+
+
+def test_a_job_captured_before_a_compaction_swap_never_writes_over_its_index() -> None:
+    """A flush job captured while a segment was active holds that segment's index
+    snapshot; run after compaction swapped the segment's files, it wrote the old index
+    over the cleaned segment's (found by the simulator, seed 336)."""
+    run_seed(336)
