@@ -15,8 +15,9 @@ Checked after every step: the log's end and start are the model's. After every r
 - every record present was written at that offset (by some append, maybe one since
   truncated: an undone truncation may bring records back);
 - every record below the durable point is present and unchanged: the durable point is
-  the log end at the last successful flush (inline, or a policy flush job that ran),
-  lowered by every truncation since; compaction may have removed superseded keys;
+  the log end at the last successful flush (inline, or a policy flush job that ran with
+  no cut or retention since its capture), lowered by every truncation since;
+  compaction may have removed superseded keys;
 - the log start never passes the highest start the log was given, and the recovery
   point is the log end;
 - the leader-epoch cache agrees with the batches: epochs and starts strictly increase,
@@ -69,7 +70,7 @@ class Batch:
 class Job:
     run: Callable[[], None]
     after: Callable[[], None]
-    flush_end: int | None  # a flush job: what it makes durable (lowered by truncations)
+    flush_end: int | None  # a flush job: what it makes durable (None once a cut intervened)
 
 
 @dataclass
@@ -294,9 +295,13 @@ class StorageModel:
         self.batches = [b for b in self.batches if b.last < new_end]
         self.end = new_end
         self.durable_end = min(self.durable_end, new_end)
+        self._forget_flush_promises()
+
+    def _forget_flush_promises(self) -> None:
+        """A flush job captured before a cut or a retention moves no recovery point (the
+        log's generation changed): it promises nothing."""
         for job in self.jobs:
-            if job.flush_end is not None:
-                job.flush_end = min(job.flush_end, new_end)
+            job.flush_end = None
 
     def truncate(self) -> None:
         offset = self.rng.randint(self.start, self.end)
@@ -352,6 +357,7 @@ class StorageModel:
         count, _ = retention.segments_to_delete(segments, self.config, self.now, hw)
         if count:  # a crash inside may keep the new start: it is a start the log was given
             self.max_start = max(self.max_start, segments[count].base_offset)
+            self._forget_flush_promises()
         if run_inline(retention.apply_retention(self.log)):
             self.expect(self.log.log_start_offset <= hw, "retention passed the high watermark")
             self.removed_batches = True
