@@ -382,9 +382,9 @@ class SourceFetcher:
         result: m.FetchPartitionResult,
         data: memoryview,
     ) -> None:
-        code, diverging = result.error_code, result.diverging_epoch
+        code = result.error_code
         try:
-            batches = _checked_batches(data) if code == errors.NONE else ()
+            response = fetch_response(req, result, data)
         except RilletError as e:
             logger.warning(
                 "%s: corrupt fetched data from %d, retrying later: %s",
@@ -394,15 +394,6 @@ class SourceFetcher:
             )
             self._back_off(tp)
             return
-        response = FetchResponse(
-            fetch_offset=req.fetch_offset,
-            leader_epoch=req.current_leader_epoch,
-            error_code=code,
-            high_watermark=result.high_watermark,
-            log_start_offset=result.log_start_offset,
-            diverging_epoch=EpochEndOffset(*diverging) if diverging else None,
-            batches=batches,
-        )
         try:
             effects = replica.driver.on_fetch_response(response, data)
         except (ReplicationInvariantError, RilletError, OSError) as e:
@@ -436,6 +427,25 @@ class SourceFetcher:
             if not_before:
                 self.partitions[tp] = 0.0
                 self._changed.set()
+
+
+def fetch_response(
+    req: FetchRequest, result: m.FetchPartitionResult, data: memoryview
+) -> FetchResponse:
+    """The core's view of one partition's Fetch answer: what ``req`` asked, what the
+    leader said, and each fetched batch's offsets and epoch. Every batch's length and
+    CRC-32C are checked first: corrupt data raises RilletError and never reaches the
+    core. (The simulator hands fetched bytes to the driver through this too.)"""
+    code, diverging = result.error_code, result.diverging_epoch
+    return FetchResponse(
+        fetch_offset=req.fetch_offset,
+        leader_epoch=req.current_leader_epoch,
+        error_code=code,
+        high_watermark=result.high_watermark,
+        log_start_offset=result.log_start_offset,
+        diverging_epoch=EpochEndOffset(*diverging) if diverging else None,
+        batches=_checked_batches(data) if code == errors.NONE else (),
+    )
 
 
 def _checked_batches(data: memoryview) -> tuple[BatchInfo, ...]:

@@ -1,18 +1,35 @@
-"""Partition replication in the deterministic simulator: three brokers driven by the real
-``PartitionState`` core (leader, follower, ISR, HW, acks=all) run by the production
-``PartitionDriver`` (the effect interpreter the broker uses) over in-memory logs, and
-one controller actor running the real ``QuorumController`` (registration, heartbeats,
-session fencing, election from the ISR, AlterPartition with partition epochs) over the
-real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
-duplication and reordering; brokers crash (their in-memory state is lost, their log and
-last HW checkpoint survive, as after kill -9) and restart.
+"""Partition replication in the deterministic simulator, on the production storage.
 
-Invariants, checked after every event:
-- a broker's high watermark never moves back within one incarnation;
-- records below any leader's HW are committed: once committed, an offset's record
-  never changes on any replica, below that replica's own HW or anywhere once the
-  replica becomes leader (a new leader holds every committed record);
-- every acknowledged acks=all write is committed at the offset it was acknowledged at.
+Three brokers each run what a real broker runs for one partition: the production
+``LogManager`` and ``Log`` (storage/) in a data directory of their own, the ``Replica``
+and ``LogStorage`` of broker/replica.py around the ``PartitionState`` core and its
+``PartitionDriver``, fetches served by the broker's ``FetchReader`` (record batches read
+from segment files, as bytes) and fetched bytes handed to the driver through the
+fetcher's ``fetch_response``; producers send real record batches built by the client
+encoder, with keys. One controller actor runs the real ``QuorumController`` over the
+real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
+duplication and reordering.
+
+Faults: crashes (the broker's process state is lost; it restarts by reopening its logs,
+recovery included, and its high-watermark checkpoint), pauses (SIGSTOP), controlled
+shutdowns, isolation, and the topic deleted and re-created while a broker is down (it
+comes back to a metadata image that never shows the delete, as after a snapshot, and
+must notice by the topic id its log directory records). Retention and compaction run on
+every broker's logs now and then through ``LogManager.run_maintenance``, bounded by the
+high watermark the driver stores on the log, as in production.
+
+Invariants, checked after every event (per topic incarnation):
+- a replica's high watermark never moves back within one incarnation of it;
+- a replica's log start never passes its high watermark;
+- records below any leader's HW are committed, and a leader commits only records it
+  holds (never a hole); once committed, an offset's record never changes on any replica
+  below that replica's HW, nor on a newly elected leader (which holds every committed
+  record). A committed record may be missing from a replica only below its log start
+  (retention) or when a later committed record has the same key (compaction);
+- batches in the committed range keep their base offset, leader epoch and, unless
+  compaction dropped records from them, their bytes (CRC) on every replica;
+- every acknowledged acks=all record is committed at the offset it was acknowledged at;
+- after the faults heal, the ISR refills and a new write is acknowledged (liveness).
 
 The controller itself does not crash here (the Raft quorum under it has its own
 simulation, tests/sim/raft_cluster.py).
@@ -20,27 +37,42 @@ simulation, tests/sim/raft_cluster.py).
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Hashable, Sequence
+import shutil
+import tempfile
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from test_replication_fakes import FakeLog, Record, batches_of
-
-from rillet.broker.replication.driver import PartitionDriver
+from rillet.broker.config import topic_log_config
+from rillet.broker.replica import LogStorage, Replica
+from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader
+from rillet.broker.replication import hw_checkpoint
+from rillet.broker.replication.fetcher import fetch_response
 from rillet.broker.replication.partition_state import PartitionState, Role
 from rillet.broker.replication.types import (
     ACKS_ALL,
     AlterPartitionResponse,
-    AppendFetched,
     FetchRequest,
-    FetchResponse,
     ProposeAlterPartition,
     ReplicationConfig,
+    ReplicationInvariantError,
 )
-from rillet.client.wire import errors
-from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
-from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
+from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
+from rillet.client.wire.errors import RilletError
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    NO_LEADER,
+    MetadataDelta,
+    MetadataImage,
+    TopicPartition,
+)
+from rillet.controller.metadata.quorum import ControllerConfig, CreatableTopic, QuorumController
+from rillet.storage import Log, LogConfig, LogManager
 
+from .aio import SyncRunner
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
@@ -50,9 +82,21 @@ REPLAY_COMMAND = (
 )
 CONTROLLER_ID = 100
 TOPIC = "t"
+TP = TopicPartition(TOPIC, 0)
 MIN_ISR = 2
-FETCH_MAX_RECORDS = 4
+FETCH_MAX_BYTES = 400  # a few batches per fetch: followers catch up in several rounds
 REQUEST_TIMEOUT_MS = 300
+FETCH_BACKOFF_MS = 100  # replica.fetch.backoff.ms, scaled to the simulation
+KEYS = 16  # few keys: compaction finds superseded records in every segment
+# Small segments so logs roll, retention drops segments and compaction rewrites them;
+# each topic incarnation draws its cleanup policy.
+TOPIC_CONFIGS = {
+    "segment.bytes": "1024",
+    "retention.bytes": "2500",
+    "min.insync.replicas": str(MIN_ISR),
+}
+CLEANUP_POLICIES = ("compact,delete", "compact,delete", "delete", "compact")
+LOG_DEFAULTS = LogConfig(segment_bytes=1024, file_delete_delay_ms=100)
 
 
 class SimulationFailure(AssertionError):
@@ -97,6 +141,7 @@ class AlterIsr:
     incarnation: int
     broker_epoch: int
     proposal: ProposeAlterPartition
+    replica: int  # which replica object of the broker proposed (each core counts from 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,21 +149,26 @@ class AlterIsrAnswer:
     incarnation: int
     proposal_id: int
     response: AlterPartitionResponse
+    replica: int
 
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
+    """One partition of a follower's Fetch request, as on the wire."""
+
     incarnation: int
     fetch_id: int
-    request: FetchRequest
+    partition: m.FetchPartition
 
 
 @dataclass(frozen=True, slots=True)
 class FetchAnswer:
+    """The leader's answer: the wire row and the record batches read from its log."""
+
     incarnation: int
     fetch_id: int
-    response: FetchResponse
-    records: tuple[tuple[int, object], ...]
+    result: m.FetchPartitionResult
+    data: bytes
 
 
 # ---------------------------------------------------------------------------
@@ -132,7 +182,8 @@ class ControllerActor:
         self.actor_id = CONTROLLER_ID
         self.cluster = cluster
         self.quorum = QuorumController(
-            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100)
+            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100),
+            rng=random.Random(cluster.rng.getrandbits(64)),  # topic ids replay too
         )
         self.image: MetadataImage = EMPTY_IMAGE
 
@@ -147,6 +198,24 @@ class ControllerActor:
     def broadcast(self) -> None:
         for broker_id in self.cluster.brokers:
             self.cluster.network.send(self.actor_id, broker_id, Metadata(self.image))
+
+    def create_topic(
+        self, name: str, configs: Mapping[str, str], replicas: Sequence[int]
+    ) -> str | None:
+        """Create a one-partition topic on ``replicas``; its topic id, or None if refused."""
+        topic = CreatableTopic(name, configs=configs, assignments={0: list(replicas)})
+        result = self.quorum.create_topics(self.image, [topic])
+        if result.response[0].error_code != errors.NONE:
+            return None
+        self.commit(result.records)
+        return result.response[0].topic_id
+
+    def delete_topic(self, name: str) -> bool:
+        result = self.quorum.delete_topics(self.image, [name])
+        if result.response[0].error_code != errors.NONE:
+            return False
+        self.commit(result.records)
+        return True
 
     def tick(self) -> None:
         now = self.cluster.clock.now_ms
@@ -177,7 +246,7 @@ class ControllerActor:
                 if r.error_code == errors.NONE and r.should_shut_down:
                     broker = self.cluster.brokers[src]
                     net.send(self.actor_id, src, HeartbeatAnswer(broker.incarnation, True))
-            case AlterIsr(incarnation, epoch, p):
+            case AlterIsr(incarnation, epoch, p, replica):
                 result = self.quorum.alter_partition(
                     self.image, src, epoch, TOPIC, 0, p.leader_epoch, p.partition_epoch, p.new_isr
                 )
@@ -186,66 +255,91 @@ class ControllerActor:
                 answer = AlterPartitionResponse(
                     r.error_code, r.isr, r.leader_epoch, r.partition_epoch
                 )
-                net.send(self.actor_id, src, AlterIsrAnswer(incarnation, p.proposal_id, answer))
+                net.send(
+                    self.actor_id,
+                    src,
+                    AlterIsrAnswer(incarnation, p.proposal_id, answer, replica),
+                )
 
 
 # ---------------------------------------------------------------------------
 # a broker with one partition
 
 
-class SimStorage:
-    """The broker's FakeLog as the driver's storage. A cut also tells the invariants
-    which part of the log they have to compare again."""
+class SimLogStorage(LogStorage):
+    """The production LogStorage; a cut also tells the invariants which part of the log
+    they have to compare again."""
 
-    def __init__(self, broker: BrokerActor) -> None:
+    __slots__ = ("broker",)
+
+    def __init__(self, log: Log, broker: BrokerActor) -> None:
+        super().__init__(log)
         self.broker = broker
-        self.log = broker.log
-
-    @property
-    def log_end_offset(self) -> int:
-        return self.log.log_end_offset
-
-    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
-        self.log.assign_epoch_start_offset(epoch, start_offset)
-
-    def set_high_watermark(self, high_watermark: int) -> None:
-        self.log.set_high_watermark(high_watermark)
-
-    def append_as_leader(self, values: Sequence[object], leader_epoch: int) -> tuple[int, int]:
-        return self.log.append_as_leader(values, leader_epoch)
-
-    def append_fetched(self, effect: AppendFetched, fetched: Sequence[Record]) -> None:
-        self.log.append_fetched(effect, fetched)
 
     def truncate_to(self, offset: int) -> None:
-        self.log.truncate_to(offset)
+        end = self.log.log_end_offset
+        super().truncate_to(offset)
         self.broker.checked_end = min(self.broker.checked_end, self.log.log_end_offset)
+        self.broker.note(f"truncates to {offset}: log end {end} -> {self.log.log_end_offset}")
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
-        self.log.truncate_fully_and_start_at(offset)
+        super().truncate_fully_and_start_at(offset)
         self.broker.checked_end = offset
+        self.broker.note(f"truncates fully, starts at {offset}")
+
+
+class SimReplica(Replica):
+    """The broker's Replica (log, core, driver); acks=all answers go to the simulation
+    instead of futures, and AlterPartition to the simulated controller."""
+
+    __slots__ = ("broker", "serial")
+
+    def __init__(self, broker: BrokerActor, topic_id: str, log: Log, state: PartitionState):
+        clock = broker.cluster.clock
+        super().__init__(
+            TOPIC,
+            0,
+            topic_id,
+            log,
+            state,
+            MIN_ISR,
+            lambda: clock.now_ms,
+            broker.send_alter_partition,  # type: ignore[arg-type]
+        )
+        self.broker = broker
+        broker.cluster.replica_serial += 1
+        self.serial = broker.cluster.replica_serial
+        self.driver.storage = SimLogStorage(log, broker)
+
+    def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
+        self.broker.complete_produce(self, produce_id, error_code)
 
 
 class BrokerActor:
-    """One broker: its PartitionState run by the production PartitionDriver, with the
-    simulated network (this actor), storage (SimStorage) and clock; the rest is what
-    ReplicaManager and the fetcher do around it (fetch loop, AlterPartition timeouts)."""
+    """One broker: its LogManager over its own data directory, and for the partition a
+    production Replica (log, PartitionState, PartitionDriver); around them what
+    ReplicaManager and the fetcher do (metadata, fetch loop, AlterPartition timeouts,
+    high-watermark checkpoints)."""
 
     def __init__(self, cluster: ReplicationCluster, broker_id: int) -> None:
         self.actor_id = broker_id
         self.cluster = cluster
-        self.log = FakeLog()  # survives crashes: the page cache outlives kill -9
-        self.hw_checkpoint = 0  # survives crashes too: written now and then
-        self.state: PartitionState | None = None
-        self.driver: PartitionDriver | None = None  # with the state: lost in a crash
+        self.data_dir = cluster.root / f"broker-{broker_id}"  # survives crashes
+        self.logs: LogManager | None = None  # the process: lost in a crash
+        self.replica: SimReplica | None = None
+        self.replicas: dict[TopicPartition, Replica] = {}  # what the FetchReader serves
+        self.reader: FetchReader | None = None
+        self.checkpointed_hw: dict[TopicPartition, int] = {}
         self.incarnation = 0
         self.broker_epoch = -1
         self.image: MetadataImage = EMPTY_IMAGE
         self.seen_hw = 0
-        self.fetch_out: int | None = None  # id of the fetch in flight
+        self.fetch_out: tuple[int, SimReplica, FetchRequest] | None = None  # in flight
         self.fetch_ids = 0
         self.fetch_sent_ms = 0
-        self.alter_out: dict[int, int] = {}  # proposal id -> send time
+        self.fetch_backoff_until = 0
+        # (replica serial, proposal id) -> (sent at, by which replica)
+        self.alter_out: dict[tuple[int, int], tuple[int, SimReplica]] = {}
         self.checked_end = 0  # the log below this was compared with the committed records
         self.paused_until = 0  # SIGSTOP: nothing runs, messages queue up, the clock jumps
         self.inbox: list[tuple[int, object]] = []
@@ -253,49 +347,83 @@ class BrokerActor:
 
     @property
     def alive(self) -> bool:
-        return self.state is not None
+        return self.logs is not None
+
+    @property
+    def state(self) -> PartitionState | None:
+        return self.replica.state if self.replica is not None else None
+
+    @property
+    def log(self) -> Log:
+        assert self.replica is not None
+        return self.replica.log
+
+    @property
+    def driver(self):  # noqa: ANN201 - the replica's PartitionDriver, or None
+        return self.replica.driver if self.replica is not None else None
+
+    def now(self) -> int:
+        return self.cluster.clock.now_ms
+
+    def note(self, text: str) -> None:
+        self.cluster.trace.add(self.now(), f"broker {self.actor_id}: {text}")
 
     def start(self) -> None:
+        """Start the process: open every log (recovery after a crash) and read the
+        high-watermark checkpoint, as the broker does before it hears from metadata."""
         self.incarnation += 1
-        hw = max(min(self.hw_checkpoint, self.log.log_end_offset), self.log.log_start_offset)
-        self.state = PartitionState(
-            self.actor_id,
-            self.log,
-            ReplicationConfig(400),
-            high_watermark=hw,
-            is_isr_eligible=lambda b: self.image.is_unfenced(b),
+        self.logs = LogManager(self.data_dir, LOG_DEFAULTS, clock=self.now, recovery_threads=1)
+        self.logs.startup()
+        self.checkpointed_hw = hw_checkpoint.read(self.data_dir)
+        self.replica, self.replicas = None, {}
+        self.reader = FetchReader(
+            self.actor_id, self.replicas, lambda: self.image, self.partition_error
         )
-        clock = self.cluster.clock
-        self.driver = PartitionDriver(self.state, SimStorage(self), self, lambda: clock.now_ms)
-        self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
-        self.fetch_out, self.alter_out = None, {}
+        self.image, self.broker_epoch = EMPTY_IMAGE, -1
+        self.fetch_out, self.alter_out, self.fetch_backoff_until = None, {}, 0
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
+        log = self.logs.get(TOPIC, 0)
         self.cluster.trace.add(
-            self.cluster.clock.now_ms,
+            self.now(),
             f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
-            f"LEO {self.log.log_end_offset}, HW {hw})",
+            + (
+                f"log [{log.log_start_offset}, {log.log_end_offset}) of topic {log.topic_id}, "
+                f"HW checkpoint {self.checkpointed_hw.get(TP)})"
+                if log is not None
+                else "no log)"
+            ),
         )
         self.send(CONTROLLER_ID, Register(self.incarnation))
         incarnation = self.incarnation
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
+        self.cluster.scheduler.after(
+            self.cluster.rng.randint(50, 400), lambda: self.maintain(incarnation), "maintenance"
+        )
 
     def status(self) -> str:
         s = self.state
-        if s is None:
+        if self.logs is None:
             return f"broker {self.actor_id}: down"
+        if s is None:
+            return f"broker {self.actor_id}: no replica, image offset {self.image.offset}"
         reg = self.image.brokers.get(self.actor_id)
         return (
             f"broker {self.actor_id}: {s.role.value} epoch {s.leader_epoch} isr {s.isr} "
-            f"pending {s.pending_isr_change} LEO {self.log.log_end_offset} HW "
-            f"{s.high_watermark} broker epoch {self.broker_epoch} registered {reg}, "
-            f"image offset {self.image.offset}, alter out {self.alter_out}"
+            f"pending {s.pending_isr_change} log [{self.log.log_start_offset}, "
+            f"{self.log.log_end_offset}) HW {s.high_watermark} broker epoch "
+            f"{self.broker_epoch} registered {reg}, image offset {self.image.offset}, "
+            f"alter out {self.alter_out}"
         )
 
     def crash(self) -> None:
-        if self.state is None:
+        """kill -9: the process state goes; the files stay as the page cache holds them
+        (no flush, no checkpoint, no clean-shutdown marker)."""
+        if self.logs is None:
             return
-        self.cluster.trace.add(self.cluster.clock.now_ms, f"broker {self.actor_id} crashes")
-        self.state = self.driver = None
+        self.cluster.trace.add(self.now(), f"broker {self.actor_id} crashes")
+        abandon(self.logs)
+        self.logs = self.replica = self.reader = None
+        self.replicas = {}
 
     def send(self, dst: int, payload: object) -> None:
         self.cluster.network.send(self.actor_id, dst, payload)
@@ -303,15 +431,15 @@ class BrokerActor:
     # -- time ------------------------------------------------------------------------
 
     def tick(self, incarnation: int) -> None:
-        if self.state is None or incarnation != self.incarnation:
+        if self.logs is None or incarnation != self.incarnation:
             return
-        now = self.cluster.clock.now_ms
+        now = self.now()
         if now < self.paused_until:
             self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation), "tick")
             return
         if self.inbox:
             self.resume()
-            if self.state is None:
+            if self.logs is None:
                 return
         if self.broker_epoch < 0:
             self.send(CONTROLLER_ID, Register(self.incarnation))
@@ -319,37 +447,70 @@ class BrokerActor:
             self.send(
                 CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset, self.shutting_down)
             )
-        for pid, sent_ms in list(self.alter_out.items()):
+        for key, (sent_ms, _) in list(self.alter_out.items()):
             if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
                 timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
-                self.on_alter_answer(pid, timed_out)
-        if self.driver is not None:
-            self.driver.tick()
+                self.on_alter_answer(key, timed_out)
+        if self.replica is not None:
+            self.replica.driver.tick()
             self.maybe_fetch(now)
         if self.cluster.rng.random() < 0.05:
-            self.hw_checkpoint = self.state.high_watermark if self.state else self.hw_checkpoint
+            self.checkpoint_high_watermarks()
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
 
+    def checkpoint_high_watermarks(self) -> None:
+        """ReplicaManager.hw_entries, written by the production checkpoint writer."""
+        assert self.logs is not None
+        entries = {
+            tp: hw
+            for tp, hw in self.checkpointed_hw.items()
+            if tp not in self.replicas and (tp.topic, tp.partition) in self.logs.logs
+        }
+        for tp, replica in self.replicas.items():
+            entries[tp] = replica.state.high_watermark
+        hw_checkpoint.write(self.data_dir, entries)
+
+    def maintain(self, incarnation: int) -> None:
+        """The LogManager's maintenance round: retention, compaction, purge, flushes."""
+        if self.logs is None or incarnation != self.incarnation:
+            return
+        if self.now() >= self.paused_until:
+            stats = self.cluster.aio.run(self.logs.run_maintenance(self.now()))
+            if stats["segments_compacted"] and self.replica is not None:
+                self.checked_end = 0  # compare the whole log again: records went
+        self.cluster.scheduler.after(
+            self.cluster.rng.randint(100, 600), lambda: self.maintain(incarnation), "maintenance"
+        )
+
     def maybe_fetch(self, now: int) -> None:
-        state = self.state
-        assert state is not None
-        if state.role is not Role.FOLLOWER or state.leader_id in (None, -1):
+        replica = self.replica
+        assert replica is not None
+        state = replica.state
+        if state.role is not Role.FOLLOWER or state.leader_id in (None, NO_LEADER):
+            return
+        if now < self.fetch_backoff_until:
             return
         if self.fetch_out is not None and now - self.fetch_sent_ms < REQUEST_TIMEOUT_MS:
             return
         request = state.fetch_request()
         if request is not None:
             self.fetch_ids += 1
-            self.fetch_out, self.fetch_sent_ms = self.fetch_ids, now
-            self.send(state.leader_id, Fetch(self.incarnation, self.fetch_ids, request))
+            self.fetch_out, self.fetch_sent_ms = (self.fetch_ids, replica, request), now
+            partition = m.FetchPartition(
+                0,
+                request.fetch_offset,
+                request.last_fetched_epoch,
+                request.current_leader_epoch,
+                replica.log.log_start_offset,
+                FETCH_MAX_BYTES,
+            )
+            self.send(state.leader_id, Fetch(self.incarnation, self.fetch_ids, partition))
 
     # -- messages --------------------------------------------------------------------
 
     def pause(self, duration_ms: int) -> None:
-        self.paused_until = self.cluster.clock.now_ms + duration_ms
-        self.cluster.trace.add(
-            self.cluster.clock.now_ms, f"broker {self.actor_id} paused for {duration_ms} ms"
-        )
+        self.paused_until = self.now() + duration_ms
+        self.cluster.trace.add(self.now(), f"broker {self.actor_id} paused for {duration_ms} ms")
 
     def resume(self) -> None:
         """SIGCONT: what arrived meanwhile is handled in arrival order, late."""
@@ -358,11 +519,11 @@ class BrokerActor:
             self.deliver(src, payload)
 
     def deliver(self, src: int, payload: object) -> None:
-        if self.state is None:
+        if self.logs is None:
             return
-        if self.cluster.clock.now_ms < self.paused_until or self.inbox:
+        if self.now() < self.paused_until or self.inbox:
             self.inbox.append((src, payload))
-            if self.cluster.clock.now_ms >= self.paused_until:
+            if self.now() >= self.paused_until:
                 self.resume()
             return
         match payload:
@@ -370,7 +531,7 @@ class BrokerActor:
                 self.broker_epoch = epoch
             case HeartbeatAnswer(incarnation, True) if incarnation == self.incarnation:
                 self.cluster.trace.add(
-                    self.cluster.clock.now_ms, f"broker {self.actor_id}: controlled shutdown done"
+                    self.now(), f"broker {self.actor_id}: controlled shutdown done"
                 )
                 self.crash()
                 broker = self
@@ -381,153 +542,367 @@ class BrokerActor:
                 )
             case Metadata(image):
                 self.on_metadata(image)
-            case AlterIsrAnswer(incarnation, pid, response) if incarnation == self.incarnation:
-                if pid in self.alter_out:
-                    self.on_alter_answer(pid, response)
-            case Fetch(incarnation, fetch_id, request):
-                self.serve_fetch(src, incarnation, fetch_id, request)
-            case FetchAnswer(incarnation, fetch_id, response, records) if (
+            case AlterIsrAnswer(incarnation, pid, response, serial) if (
                 incarnation == self.incarnation
             ):
-                # A duplicated or late answer still reaches the core (it ignores answers
-                # that no longer fit the log) but only the awaited one starts the next
-                # fetch: else each duplicate would start a fetch chain of its own.
-                assert self.driver is not None
-                self.driver.on_fetch_response(response, records)
-                if fetch_id == self.fetch_out:
-                    self.fetch_out = None
-                    self.maybe_fetch(self.cluster.clock.now_ms)
+                if (serial, pid) in self.alter_out:
+                    self.on_alter_answer((serial, pid), response)
+            case Fetch(incarnation, fetch_id, partition):
+                self.serve_fetch(src, incarnation, fetch_id, partition)
+            case FetchAnswer(incarnation, fetch_id, result, data) if (
+                incarnation == self.incarnation
+            ):
+                self.on_fetch_answer(fetch_id, result, data)
+
+    # -- metadata (ReplicaManager.on_metadata, for the one partition) -----------------
 
     def on_metadata(self, image: MetadataImage) -> None:
         if image.offset <= self.image.offset:
             return
         old, self.image = self.image, image
-        p = image.partition(TOPIC, 0)
-        state, driver = self.state, self.driver
-        if driver is not None:  # as ReplicaManager does with delta.changed_brokers
+        was, p = old.partition(TOPIC, 0), image.partition(TOPIC, 0)
+        # The delta's local deletes: the partition was here and its topic is gone or
+        # replaced. A broker whose first image is a snapshot never sees this.
+        if (
+            was is not None
+            and self.actor_id in was.replicas
+            and (p is None or p.topic_id != was.topic_id)
+        ):
+            self.remove(delete_log=True, why=f"topic {was.topic_id} deleted")
+        if self.replica is not None:  # as ReplicaManager does with delta.changed_brokers
             changed = [
                 b
                 for b in set(old.brokers) | set(image.brokers)
                 if old.brokers.get(b) != image.brokers.get(b)
             ]
             if changed:
-                driver.on_brokers_changed(changed)
-        if p is None or state is None or driver is None or self.actor_id not in p.replicas:
+                self.replica.driver.on_brokers_changed(changed)
+        if p is not None and self.actor_id in p.replicas:
+            self.remove_if_recreated(p.topic_id)
+            self.become(p)
+        if old is EMPTY_IMAGE:
+            self.delete_strays(image)
+
+    def remove_if_recreated(self, topic_id: str) -> None:
+        """ReplicaManager._remove_if_recreated: a replica or log of a deleted topic of the
+        same name goes, judged by the topic id the log directory records."""
+        assert self.logs is not None
+        replica = self.replica
+        if (replica is None or replica.topic_id == topic_id) and not self.logs.is_stale(
+            TOPIC, 0, topic_id
+        ):
             return
+        self.remove(delete_log=True, why=f"the log belongs to a deleted topic, not {topic_id}")
+
+    def delete_strays(self, image: MetadataImage) -> None:
+        assert self.logs is not None
+        p = image.partition(TOPIC, 0)
+        if self.logs.get(TOPIC, 0) is not None and (p is None or self.actor_id not in p.replicas):
+            self.remove(delete_log=True, why="stray log")
+
+    def remove(self, *, delete_log: bool, why: str) -> None:
+        """ReplicaManager.remove: stop the role, forget the HW, delete the log."""
+        assert self.logs is not None
+        replica, self.replica = self.replica, None
+        self.replicas.pop(TP, None)
+        if replica is not None:
+            replica.driver.shutdown()
+        self.checkpointed_hw.pop(TP, None)
+        self.fetch_out = None
+        self.cluster.trace.add(self.now(), f"broker {self.actor_id}: removes its replica ({why})")
+        if delete_log:
+            self.cluster.aio.run(self.logs.delete(TOPIC, 0))
+
+    def become(self, p) -> None:  # noqa: ANN001 - an image Partition
+        if self.replica is None:
+            self.open(p.topic_id)
+        driver = self.driver
+        assert driver is not None
         if p.leader == self.actor_id:
             driver.become_leader(p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
             self.cluster.invariants.on_become_leader(self)
         else:
             driver.become_follower(p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
 
-    def on_alter_answer(self, pid: int, response: AlterPartitionResponse) -> None:
-        del self.alter_out[pid]
-        if self.driver is not None:
-            self.driver.on_alter_partition_response(pid, response)
-
-    def serve_fetch(self, src: int, incarnation: int, fetch_id: int, request: FetchRequest) -> None:
-        assert self.driver is not None
-        decision = self.driver.on_follower_fetch(request)
-        records: list = []
-        if decision.error_code == errors.NONE and decision.diverging_epoch is None:
-            records = self.log.read(request.fetch_offset)[:FETCH_MAX_RECORDS]
-        response = FetchResponse(
-            request.fetch_offset,
-            request.current_leader_epoch,
-            decision.error_code,
-            decision.high_watermark,
-            decision.log_start_offset,
-            decision.diverging_epoch,
-            batches_of(request.fetch_offset, records),
+    def open(self, topic_id: str) -> None:
+        """ReplicaManager._open: the log (created with the topic id, or reopened), its HW
+        from the checkpoint clamped to what recovery left."""
+        assert self.logs is not None
+        config = topic_log_config(self.logs.default_config, self.image.topic_config(TOPIC))
+        log = self.logs.get_or_create(TOPIC, 0, config, topic_id=topic_id)
+        hw = self.checkpointed_hw.get(TP, 0)
+        hw = max(min(hw, log.log_end_offset), log.log_start_offset)
+        log.high_watermark = hw
+        state = PartitionState(
+            self.actor_id,
+            log,
+            ReplicationConfig(400),
+            high_watermark=hw,
+            is_isr_eligible=lambda b: self.image.is_unfenced(b),
         )
-        self.send(src, FetchAnswer(incarnation, fetch_id, response, tuple(records)))
+        self.replica = SimReplica(self, topic_id, log, state)
+        self.replicas[TP] = self.replica
+        self.seen_hw, self.checked_end = hw, log.log_start_offset
+        self.cluster.trace.add(
+            self.now(),
+            f"broker {self.actor_id}: opens topic {topic_id} log "
+            f"[{log.log_start_offset}, {log.log_end_offset}) HW {hw}",
+        )
 
-    def produce(self, value: object) -> None:
-        """An acks=all produce from a client: refused, or appended and awaited."""
-        if self.driver is None:
+    def partition_error(self, topic: str, partition: int) -> int:
+        """ReplicaManager.partition_error."""
+        p = self.image.partition(topic, partition)
+        if p is None:
+            return errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+        if p.leader == NO_LEADER:
+            return errors.code_of("LEADER_NOT_AVAILABLE")
+        return errors.code_of("NOT_LEADER_OR_FOLLOWER")
+
+    def on_alter_answer(self, key: tuple[int, int], response: AlterPartitionResponse) -> None:
+        _, replica = self.alter_out.pop(key)
+        if replica is self.replica:  # as ReplicaManager: not for a removed replica's core
+            replica.driver.on_alter_partition_response(key[1], response)
+
+    # -- fetch: the leader's side through the broker's FetchReader ----------------------
+
+    def serve_fetch(self, src: int, incarnation: int, fetch_id: int, p: m.FetchPartition) -> None:
+        assert self.reader is not None
+        params = FetchParams(src, 0, 1, FETCH_MAX_BYTES)
+        wanted = FetchPartition(
+            TOPIC,
+            0,
+            p.fetch_offset,
+            p.last_fetched_epoch,
+            p.current_leader_epoch,
+            p.partition_max_bytes,
+        )
+        r = self.reader.read_all(params, [wanted]).partitions[0]
+        # Read the range now: the handler's response pins it before the next event.
+        data = r.records.read() if r.records is not None else b""
+        d = r.diverging_epoch
+        row = m.FetchPartitionResult(
+            0,
+            r.error_code,
+            r.high_watermark,
+            r.high_watermark,
+            r.log_start_offset,
+            m.EpochEndOffset(d.epoch, d.end_offset) if d is not None else None,
+            r.preferred_read_replica,
+            len(data),
+        )
+        self.send(src, FetchAnswer(incarnation, fetch_id, row, data))
+
+    # -- fetch: the follower's side, as the fetcher hands the bytes to the driver ------
+
+    def on_fetch_answer(self, fetch_id: int, result: m.FetchPartitionResult, data: bytes) -> None:
+        if self.fetch_out is None or self.fetch_out[0] != fetch_id:
+            return  # a duplicate or an answer we stopped waiting for
+        _, replica, request = self.fetch_out
+        self.fetch_out = None
+        if replica is not self.replica:
+            return  # removed or re-created while the fetch was out
+        view = memoryview(data)
+        try:
+            effects = replica.driver.on_fetch_response(fetch_response(request, result, view), view)
+        except (ReplicationInvariantError, RilletError, OSError) as e:
+            self.cluster.trace.add(
+                self.now(), f"broker {self.actor_id}: applying a fetch failed: {e!r}"
+            )
+            self.fetch_backoff_until = self.now() + FETCH_BACKOFF_MS
             return
+        if result.error_code != errors.NONE and not effects:
+            self.fetch_backoff_until = self.now() + FETCH_BACKOFF_MS
+            return
+        self.maybe_fetch(self.now())
+
+    # -- produce ----------------------------------------------------------------------
+
+    def produce(self, batch: bytes, values: Sequence[bytes]) -> None:
+        """An acks=all produce from a client: refused, or appended and awaited."""
+        replica = self.replica
+        if replica is None:
+            return
+        pid = values[0]
         # Registered first: the driver may answer it before append_as_leader returns.
-        self.cluster.pending[value] = (self.actor_id, self.log.log_end_offset)
-        outcome = self.driver.append_as_leader(
-            [value], ACKS_ALL, MIN_ISR, value, self.cluster.clock.now_ms + 1000
+        self.cluster.pending[pid] = (replica, replica.log.log_end_offset, tuple(values))
+        try:
+            outcome = replica.driver.append_as_leader(
+                bytearray(batch), ACKS_ALL, MIN_ISR, pid, self.now() + 1000
+            )
+            code = outcome.error_code
+        except OSError:
+            code = errors.code_of("KAFKA_STORAGE_ERROR")
+        if code != errors.NONE:
+            self.cluster.pending.pop(pid, None)
+
+    def complete_produce(self, replica: SimReplica, produce_id: Hashable, code: int) -> None:
+        pending = self.cluster.pending.pop(produce_id, None)
+        if code == errors.NONE and pending is not None:
+            self.cluster.invariants.on_ack(replica.topic_id, pending[1], pending[2])
+
+    # -- what the Replica's driver sends to the controller -----------------------------
+
+    def send_alter_partition(self, replica: SimReplica, proposal: ProposeAlterPartition) -> None:
+        self.alter_out[(replica.serial, proposal.proposal_id)] = (self.now(), replica)
+        self.send(
+            CONTROLLER_ID,
+            AlterIsr(self.incarnation, self.broker_epoch, proposal, replica.serial),
         )
-        if outcome.error_code != errors.NONE:
-            del self.cluster.pending[value]
 
-    # -- ReplicaNetwork: what the driver sends out of the partition --------------------
 
-    def send_alter_partition(self, proposal: ProposeAlterPartition) -> None:
-        self.alter_out[proposal.proposal_id] = self.cluster.clock.now_ms
-        self.send(CONTROLLER_ID, AlterIsr(self.incarnation, self.broker_epoch, proposal))
-
-    def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
-        if error_code == errors.NONE:
-            self.cluster.invariants.on_ack(produce_id, *self.cluster.pending.pop(produce_id))
-        else:
-            self.cluster.pending.pop(produce_id, None)
-
-    def high_watermark_updated(self, high_watermark: int) -> None:
-        pass  # nothing parks on the HW here: the invariants read it after every event
-
-    def log_appended(self) -> None:
-        pass  # followers fetch on their own tick and after each answer
+def abandon(logs: LogManager) -> None:
+    """What kill -9 does to a LogManager: every descriptor closes, nothing is flushed,
+    no checkpoint or marker is written, and the data-dir lock goes with the process."""
+    for log in logs.logs.values():
+        for retired in log.due_retired(None):
+            retired.segment.close()
+        for seg in log.segments:
+            seg.close()
+        log.closed = True
+    if logs._lock_fd is not None:  # noqa: SLF001 - the process's lock dies with it
+        os.close(logs._lock_fd)  # noqa: SLF001
+        logs._lock_fd = None  # noqa: SLF001
+    logs.logs.clear()
 
 
 # ---------------------------------------------------------------------------
 # invariants
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedBatch:
+    last_offset: int
+    leader_epoch: int
+    crc: int
+    record_count: int
+
+
 class ReplicationInvariants:
+    """The committed records of the current topic incarnation, and the checks."""
+
     def __init__(self, cluster: ReplicationCluster) -> None:
         self.cluster = cluster
-        self.committed: list[tuple[int, object]] = []  # offset i -> (epoch, value)
-        self.acked: dict[object, int] = {}
-        self.unverified: dict[object, int] = {}  # acked above the committed end, so far
+        self.reset(None)
+
+    def reset(self, topic_id: str | None) -> None:
+        """A new topic incarnation starts with nothing committed."""
+        self.topic_id = topic_id
+        self.committed: dict[int, tuple[bytes | None, bytes | None]] = {}  # offset -> (k, v)
+        self.committed_end = 0
+        self.latest: dict[bytes | None, int] = {}  # key -> its last committed offset
+        self.batches: dict[int, CommittedBatch] = {}  # committed batches by base offset
+        self.acked = 0
+        self.unverified: dict[int, bytes] = {}  # acked above the committed end: offset -> v
+
+    def replicas(self):  # noqa: ANN201 - the brokers holding the current topic's replica
+        for broker in self.cluster.brokers.values():
+            r = broker.replica
+            if r is not None and self.topic_id is not None and r.topic_id == self.topic_id:
+                yield broker, r
 
     def check(self) -> None:
-        for broker in self.cluster.brokers.values():
-            state = broker.state
-            if state is None:
-                continue
+        for broker, replica in self.replicas():
+            state, log = replica.state, replica.log
             hw = state.high_watermark
             if hw < broker.seen_hw:
                 self.cluster.fail(
                     f"broker {broker.actor_id}: HW went back {broker.seen_hw} -> {hw}"
                 )
             broker.seen_hw = hw
+            if log.log_start_offset > hw:
+                self.cluster.fail(
+                    f"broker {broker.actor_id} ({state.role.value}): log start "
+                    f"{log.log_start_offset} passed its HW {hw} (records above the HW removed)"
+                )
             if state.is_leader:
                 self.commit_up_to(broker, hw)
-            self.check_prefix(broker, min(hw, len(self.committed)), "below its HW")
-        for value, offset in list(self.unverified.items()):
-            if offset < len(self.committed):
-                if self.committed[offset][1] != value:
-                    self.cluster.fail(
-                        f"acknowledged {value!r} at {offset}, committed "
-                        f"{self.committed[offset]} there"
-                    )
-                del self.unverified[value]
+            self.check_prefix(broker, min(hw, self.committed_end), "below its HW")
+        for offset, value in list(self.unverified.items()):
+            if offset < self.committed_end:
+                held = self.committed.get(offset)
+                if held is None or held[1] != value:
+                    self.cluster.fail(f"acknowledged {value!r} at {offset}, committed {held} there")
+                del self.unverified[offset]
 
     def commit_up_to(self, leader: BrokerActor, hw: int) -> None:
-        """A leader's HW commits its records below it; committed ones must not change."""
-        self.check_prefix(leader, min(hw, len(self.committed)), "leader below its HW")
-        if hw > len(self.committed):
-            start = len(self.committed)
-            self.committed.extend(leader.log.read(start, hw))
+        """A leader's HW commits its records below it; it must hold every one of them."""
+        self.check_prefix(leader, min(hw, self.committed_end), "leader below its HW")
+        start = self.committed_end
+        if hw <= start:
+            return
+        expected = start
+        end = start
+        for h, recs in read_batches(leader.log, start, hw):
+            self.batches[h.base_offset] = CommittedBatch(
+                h.last_offset, h.partition_leader_epoch, h.crc, h.record_count
+            )
+            for r in recs:
+                if r.offset != expected:
+                    self.cluster.fail(
+                        f"leader {leader.actor_id} commits up to {hw} but holds no record "
+                        f"at [{expected}, {r.offset})"
+                    )
+                self.committed[r.offset] = (r.key, r.value)
+                self.latest[r.key] = r.offset
+                expected = r.offset + 1
+            end = h.last_offset + 1
+        if end != expected:
+            self.cluster.fail(
+                f"leader {leader.actor_id} commits up to {hw} but holds no record at "
+                f"[{expected}, {end})"
+            )
+        self.committed_end = end
 
     def check_prefix(self, broker: BrokerActor, end: int, where: str) -> None:
-        """The broker's records below ``end`` are the committed ones. Incremental: records
-        only change by truncation, which lowers ``checked_end``."""
+        """The broker's records below ``end`` are the committed ones, or legitimately
+        gone. Incremental: records only change by truncation (which lowers
+        ``checked_end``) and compaction (which resets it)."""
         log = broker.log
         start = max(log.log_start_offset, broker.checked_end)
         if end <= start:
             return
-        held = log.read(start, end)
-        if held != self.committed[start:end]:
-            self.cluster.fail(
-                f"broker {broker.actor_id} ({where}) holds {held} at "
-                f"[{start}, {end}), committed {self.committed[start:end]}"
-            )
-        broker.checked_end = end
+        expected = start
+        for h, recs in read_batches(log, start, end):
+            ref = self.batches.get(h.base_offset)
+            if (
+                ref is None
+                or ref.leader_epoch != h.partition_leader_epoch
+                or (h.last_offset > ref.last_offset)
+            ):
+                self.cluster.fail(
+                    f"broker {broker.actor_id} ({where}) holds batch {h.base_offset}.."
+                    f"{h.last_offset} epoch {h.partition_leader_epoch}; committed {ref}"
+                )
+            if h.record_count == ref.record_count and h.crc != ref.crc:
+                self.cluster.fail(
+                    f"broker {broker.actor_id} ({where}): batch at {h.base_offset} has "
+                    f"CRC {h.crc:#x}, committed {ref.crc:#x}: not byte-identical"
+                )
+            for r in recs:
+                if r.offset < expected:
+                    continue
+                self.check_gone(broker, expected, r.offset, where)
+                held = self.committed.get(r.offset)
+                if held != (r.key, r.value):
+                    self.cluster.fail(
+                        f"broker {broker.actor_id} ({where}) holds {(r.key, r.value)} at "
+                        f"{r.offset}, committed {held}"
+                    )
+                expected = r.offset + 1
+            self.check_gone(broker, expected, h.last_offset + 1, where)
+            expected = max(expected, h.last_offset + 1)
+        broker.checked_end = max(broker.checked_end, expected)
+
+    def check_gone(self, broker: BrokerActor, start: int, end: int, where: str) -> None:
+        """Committed records in [start, end) that the broker lacks: only a later
+        committed record of the same key may have replaced them (compaction)."""
+        for offset in range(start, end):
+            held = self.committed.get(offset)
+            if held is None or self.latest[held[0]] <= offset:
+                self.cluster.fail(
+                    f"broker {broker.actor_id} ({where}) lacks committed offset {offset} "
+                    f"({held}), which no later committed record of its key replaced"
+                )
 
     def recognized_leader(self, broker: BrokerActor) -> bool:
         """The controller's current leader in its current epoch. A broker that was paused
@@ -539,6 +914,7 @@ class ReplicationInvariants:
         return (
             p is not None
             and state is not None
+            and p.topic_id == self.topic_id
             and p.leader == broker.actor_id
             and p.leader_epoch == state.leader_epoch
         )
@@ -547,16 +923,32 @@ class ReplicationInvariants:
         """A new leader holds every committed record (no committed record is lost)."""
         if not self.recognized_leader(broker):
             return
-        if broker.log.log_end_offset < len(self.committed):
+        if broker.log.log_end_offset < self.committed_end:
             self.cluster.fail(
                 f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
-                f", below the committed {len(self.committed)}"
+                f", below the committed {self.committed_end}"
             )
-        self.check_prefix(broker, len(self.committed), "as new leader")
+        self.check_prefix(broker, self.committed_end, "as new leader")
 
-    def on_ack(self, value: object, leader_id: int, offset: int) -> None:
-        self.acked[value] = offset
-        self.unverified[value] = offset
+    def on_ack(self, topic_id: str, first_offset: int, values: Sequence[bytes]) -> None:
+        if topic_id != self.topic_id:
+            return
+        self.acked += len(values)
+        for i, value in enumerate(values):
+            self.unverified[first_offset + i] = value
+
+
+def read_batches(log: Log, start: int, end: int):  # noqa: ANN201
+    """(header, records) of every whole batch of ``log`` in [start, end), read through
+    ``Log.read_bytes`` as a fetch reads them."""
+    offset = start
+    while offset < end:
+        data = log.read_bytes(offset, 1 << 16, end)
+        if not data:
+            return
+        for pos, h in records.iter_batches(data):
+            yield h, records.decode_batch(data, pos, h)
+            offset = h.last_offset + 1
 
 
 # ---------------------------------------------------------------------------
@@ -574,15 +966,28 @@ class ReplicationCluster:
             self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
         )
         self.trace = Trace(echo=echo_trace)
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # fsyncs cost nothing there
+        self.root = Path(tempfile.mkdtemp(prefix=f"rillet-sim-{seed}-", dir=shm))
+        self.aio = SyncRunner()
         self.controller = ControllerActor(self)
         self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
         self.network.register(self.controller)
         for broker in self.brokers.values():
             self.network.register(broker)
         self.invariants = ReplicationInvariants(self)
-        self.pending: dict[object, tuple[int, int]] = {}
+        self.pending: dict[object, tuple[SimReplica, int, tuple[bytes, ...]]] = {}
         self.writes = 0
+        self.recreations = 0
+        self.replica_serial = 0
         self.chaos = True
+
+    def close(self) -> None:
+        for broker in self.brokers.values():
+            if broker.logs is not None:
+                abandon(broker.logs)
+                broker.logs = None
+        self.aio.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def fail(self, text: str) -> None:
         raise SimulationFailure(
@@ -611,36 +1016,83 @@ class ReplicationCluster:
         self.check_liveness()
 
     def create_topic(self) -> None:
-        result = self.controller.quorum.create_topics(self.controller.image, [(TOPIC, 1, 3, {})])
-        if result.response[0].error_code != errors.NONE:
+        replicas = list(self.brokers)
+        self.rng.shuffle(replicas)  # the first is the preferred leader
+        configs = {**TOPIC_CONFIGS, "cleanup.policy": self.rng.choice(CLEANUP_POLICIES)}
+        topic_id = self.controller.create_topic(TOPIC, configs, replicas)
+        if topic_id is None:
             self.scheduler.after(100, self.create_topic, "create topic")
             return
-        self.controller.commit(result.records)
+        self.trace.add(
+            self.clock.now_ms, f"topic {TOPIC} created: id {topic_id} on {replicas}, {configs}"
+        )
+        self.invariants.reset(topic_id)
+
+    def recreate_topic(self, down: BrokerActor | None) -> None:
+        """Delete the topic and create it again (same name, new id) a little later; a
+        broker that is down meanwhile restarts after that, so the first image it gets
+        already holds the new topic and never the delete."""
+        if not self.controller.delete_topic(TOPIC):
+            return
+        self.recreations += 1
+        self.trace.add(
+            self.clock.now_ms,
+            f"topic {TOPIC} deleted"
+            + (f" while broker {down.actor_id} is down" if down is not None else ""),
+        )
+        self.invariants.reset(None)
+
+        def create() -> None:
+            self.create_topic()
+            if down is not None:
+                self.scheduler.after(
+                    self.rng.randint(50, 600), lambda: self.restart(down), "restart"
+                )
+
+        self.scheduler.after(self.rng.randint(20, 300), create, "re-create topic")
 
     def write(self) -> None:
-        leaders = [b for b in self.brokers.values() if b.state is not None and b.state.is_leader]
+        leaders = [b for b, r in self.invariants.replicas() if r.state.is_leader and b.alive]
         if leaders:
-            self.writes += 1
-            self.rng.choice(leaders).produce(f"w{self.writes}")
+            n = self.rng.choice([1, 1, 1, 2, 3])
+            values = [f"w{self.writes + i + 1}".encode() for i in range(n)]
+            keys = [f"k{self.rng.randrange(KEYS)}".encode() for _ in range(n)]
+            self.writes += n
+            batch = records.encode_batch(values, keys, timestamp_ms=self.clock.now_ms)
+            self.rng.choice(leaders).produce(batch, values)
         self.scheduler.after(self.rng.randint(2, 30), self.write, "write")
 
     def inject_fault(self) -> None:
         if not self.chaos:
             return
         action = self.rng.choice(
-            ["crash", "crash_leader", "isolate", "link_faults", "heal", "pause", "shutdown"]
+            [
+                "crash",
+                "crash_leader",
+                "isolate",
+                "link_faults",
+                "heal",
+                "pause",
+                "shutdown",
+                "recreate",
+            ]
         )
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
-            broker = next(
-                (b for b in self.brokers.values() if b.state is not None and b.state.is_leader),
-                broker,
-            )
+            broker = next((b for b, r in self.invariants.replicas() if r.state.is_leader), broker)
         if action in ("crash", "crash_leader") and broker.alive:
             broker.crash()
             self.scheduler.after(
                 self.rng.randint(50, 1500), lambda: self.restart(broker), "restart"
             )
+        elif action == "recreate" and self.recreations < 2:
+            down = broker if self.rng.random() < 0.8 else None
+            if down is not None:
+                if not down.alive:
+                    down = None  # already down: its own restart is scheduled
+                else:
+                    down.crash()
+            self.recreate_topic(down)
         elif action == "isolate":
             self.network.isolate(broker.actor_id)
             self.trace.add(self.clock.now_ms, f"isolate broker {broker.actor_id}")
@@ -670,22 +1122,25 @@ class ReplicationCluster:
     def check_liveness(self, bound_ms: int = 10_000) -> None:
         """After healing, the ISR refills and a new write is acknowledged."""
         deadline = self.clock.now_ms + bound_ms
-        acked_before = len(self.invariants.acked)
+        acked_before = self.invariants.acked
         while self.clock.now_ms < deadline:
             self.scheduler.run_until(self.clock.now_ms + 50, self.invariants.check)
             p = self.controller.image.partition(TOPIC, 0)
-            if p is not None and len(p.isr) == 3 and len(self.invariants.acked) > acked_before:
+            if p is not None and len(p.isr) == 3 and self.invariants.acked > acked_before:
                 return
         p = self.controller.image.partition(TOPIC, 0)
         states = "\n".join(b.status() for b in self.brokers.values())
         self.fail(
             f"liveness: after healing, partition {p} and "
-            f"{len(self.invariants.acked) - acked_before} new acks in {bound_ms} ms;"
+            f"{self.invariants.acked - acked_before} new acks in {bound_ms} ms;"
             f"\n{states}"
         )
 
 
 def run_seed(seed: int, echo_trace: bool = False) -> ReplicationCluster:
     cluster = ReplicationCluster(seed, echo_trace=echo_trace)
-    cluster.run()
+    try:
+        cluster.run()
+    finally:
+        cluster.close()
     return cluster
