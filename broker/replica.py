@@ -57,6 +57,9 @@ class LogStorage:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.log.truncate_fully_and_start_at(offset)
 
+    def increment_log_start_offset(self, offset: int) -> None:
+        self.log.increment_log_start_offset(offset)
+
 
 class Replica:
     """One partition on this broker."""

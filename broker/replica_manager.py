@@ -289,6 +289,13 @@ class ReplicaManager:
         self._checkpointed_hw.pop(tp, None)
         self._roles_changed()
         if delete_log:
+            # The checkpoint drops the partition's HW before its log goes: left on disk, a
+            # crash would hand it to the next log of that name (a re-created topic), which
+            # would then count records as committed that are not.
+            try:
+                await self.checkpoint_high_watermarks()
+            except OSError:
+                logger.exception("%s-%d: high-watermark checkpoint failed", *tp)
             await self.logs.delete(tp.topic, tp.partition)
             logger.info("%s-%d: log deleted", tp.topic, tp.partition)
 

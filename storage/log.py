@@ -713,6 +713,19 @@ class Log:
         self._after_cut()
         checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=False)
 
+    def increment_log_start_offset(self, offset: int) -> None:
+        """Move the log start up to ``offset`` (a follower taking its leader's log start,
+        Kafka's maybeIncrementLogStartOffset): reads below it fail OffsetOutOfRange, epoch
+        entries below it go, and the start is checkpointed durably before this returns,
+        since the records below it may be ones the partition never committed. Segments
+        wholly below it are left to recovery's clean-up at the next open."""
+        if offset <= self._log_start:
+            return
+        invariant(offset <= self.log_end_offset, f"{self.name}: log start {offset} past the end")
+        self._log_start = offset
+        self.epochs.truncate_from_start(offset)
+        checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=True)
+
     def _after_cut(self) -> None:
         """Bookkeeping after records (or epochs with no records) were cut from the end.
 

@@ -15,10 +15,12 @@ from rillet.broker.replication.types import (
     AppendFetched,
     EpochEndOffset,
     FetchResponse,
+    IncrementLogStartOffset,
     ProposeAlterPartition,
     ReplicationInvariantError,
     Truncate,
     TruncateFullyAndStartAt,
+    UpdateHighWatermark,
 )
 from rillet.client.wire import errors
 
@@ -622,3 +624,32 @@ def test_a_new_leader_epoch_forgets_ineligible_refusals() -> None:
     c.fetch_from(a)
     c.fetch_from(a)
     assert [p.new_isr for p in a.proposals] == [(1, 2, 3), (1, 2, 3)]
+
+
+def test_follower_takes_its_leaders_log_start_up_to_its_own_hw() -> None:
+    # Found by the replication simulator (seeds 63, 72): a deposed leader kept writing
+    # in its old epoch; meanwhile the new leader's retention removed the records where
+    # the two logs diverge, and with them its epoch history there. The returning
+    # follower, told to truncate to the new leader's first epoch start, kept its own
+    # records below it and counted them below its HW. Kafka's follower takes the
+    # leader's log start after every fetch; records below it are gone.
+    a, b, _ = trio(isr=(1, 2))
+    a.append([f"m{i}" for i in range(6)])
+    b.fetch_from(a)
+    b.fetch_from(a)  # b holds m0-m5, HW 6 on both
+    assert (a.state.high_watermark, b.state.high_watermark) == (6, 6)
+    a.log.increment_log_start_offset(4)  # retention on the leader
+    a.append(["m6"])
+    b.fetch_from(a)
+    assert b.log.log_start_offset == 4
+    assert b.log.read(4) == a.log.read(4)
+
+
+def test_follower_log_start_never_passes_its_own_hw() -> None:
+    _, b, _ = trio()
+    fetched = [(1, "x"), (1, "y")]
+    response = FetchResponse(0, 1, NONE, 5, 9, None, batches_of(0, fetched))
+    effects = b.driver.on_fetch_response(response, fetched)
+    # HW min(leader HW 5, own end 2) = 2: the log start follows only that far.
+    assert effects == (AppendFetched(0, 2), UpdateHighWatermark(2), IncrementLogStartOffset(2))
+    assert (b.log.log_start_offset, b.state.high_watermark) == (2, 2)

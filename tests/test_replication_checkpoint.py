@@ -63,3 +63,24 @@ async def test_cancelled_periodic_checkpoint_does_not_race_the_final_one(
     assert [w[tp] for w in writes] == [5, 7]
     assert hw_checkpoint.read(tmp_path) == {tp: 7}
     logs.close()
+
+
+async def test_a_deleted_partition_leaves_the_checkpoint_before_its_log_goes(
+    tmp_path: Path,
+) -> None:
+    """Found by the replication simulator (seed 111): a broker saw the topic deleted and
+    re-created, fetched a few records of the new topic, and crashed before its next
+    periodic checkpoint; restarted, it took the deleted topic's checkpointed HW (47) for
+    the new log (clamped to its end, 7) and claimed records as committed that were not,
+    so its HW later went back. Removing a log must first rewrite the checkpoint."""
+    logs = LogManager(tmp_path)
+    logs.startup()
+    manager = ReplicaManager(broker_config(tmp_path), logs)
+    tp = TopicPartition("t", 0)
+    logs.get_or_create("t", 0, logs.default_config)
+    manager._checkpointed_hw = {tp: 47}
+    await manager.checkpoint_high_watermarks()
+    assert hw_checkpoint.read(tmp_path) == {tp: 47}
+    await manager.remove(tp, delete_log=True)
+    # Crash now: whatever log of that name comes next must not find the old HW on disk.
+    assert hw_checkpoint.read(tmp_path) == {}

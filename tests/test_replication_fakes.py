@@ -105,6 +105,16 @@ class FakeLog:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.records, self.epochs, self.log_start_offset = [], [], offset
 
+    def increment_log_start_offset(self, offset: int) -> None:
+        """Kafka's truncateFromStart on the epochs: the last entry below moves up."""
+        if offset <= self.log_start_offset:
+            return
+        del self.records[: offset - self.log_start_offset]
+        self.log_start_offset = offset
+        below = [e for e, s in self.epochs if s <= offset]
+        after = [(e, s) for e, s in self.epochs if s > offset]
+        self.epochs = ([(below[-1], offset)] if below else []) + after
+
 
 def batches_of(start: int, records: Sequence[Record]) -> tuple[BatchInfo, ...]:
     """One BatchInfo per run of same-epoch records."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from helpers import log_records
 
 from rillet.client.wire import records
+from rillet.client.wire.errors import OffsetOutOfRangeError
 from rillet.storage import Log, LogConfig, LogManager, cleaner, retention
 
 DAY = 24 * 3600 * 1000
@@ -250,3 +252,18 @@ async def test_compaction_never_cleans_past_the_high_watermark(tmp_path):
     log.high_watermark = None  # a log no broker replicates: bounded by its end only
     assert len(cleaner.plan(log, DAY)) == len(bases) - 1
     await log.close_async()
+
+
+def test_a_follower_taken_log_start_survives_a_crash(tmp_path) -> None:
+    """increment_log_start_offset (a follower taking its leader's log start) is durable
+    at once: the records below it may be ones the partition never committed."""
+    log = Log.open(tmp_path / "t-0")
+    for i in range(4):
+        log.append(records.encode_batch([b"v%d" % i], [b"k"]), 1)
+    log.increment_log_start_offset(2)
+    assert log.log_start_offset == 2
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(1, 1000)
+    reopened = Log.open(tmp_path / "t-0")  # no close: as after kill -9
+    assert reopened.log_start_offset == 2
+    assert [r.offset for r in log_records(reopened)] == [2, 3]

@@ -33,6 +33,7 @@ from rillet.broker.replication.types import (
     FetchDecision,
     FetchRequest,
     FetchResponse,
+    IncrementLogStartOffset,
     ProposeAlterPartition,
     Truncate,
     TruncateFullyAndStartAt,
@@ -68,6 +69,10 @@ class ReplicaStorage(Protocol):
     def truncate_to(self, offset: int) -> None: ...
 
     def truncate_fully_and_start_at(self, offset: int) -> None: ...
+
+    def increment_log_start_offset(self, offset: int) -> None:
+        """Records below ``offset`` are gone (a follower takes its leader's log start)."""
+        ...
 
 
 class ReplicaNetwork(Protocol):
@@ -138,6 +143,8 @@ class PartitionDriver:
                     self.storage.truncate_to(offset)  # also drops empty epochs at the end
                 case TruncateFullyAndStartAt(offset):
                     self.storage.truncate_fully_and_start_at(offset)
+                case IncrementLogStartOffset(offset):
+                    self.storage.increment_log_start_offset(offset)
                 case AppendFetched():
                     if fetched is None:
                         raise ValueError("AppendFetched without the fetched bytes")

@@ -33,6 +33,7 @@ from rillet.broker.replication.types import (
     FetchDecision,
     FetchRequest,
     FetchResponse,
+    IncrementLogStartOffset,
     ProposeAlterPartition,
     ReplicationConfig,
     UpdateHighWatermark,
@@ -158,6 +159,7 @@ class PartitionState:
         # A fetch response's leader HW, held while its batches are being appended: the
         # follower HW moves only once they are in the log (on_fetched_appended).
         self._fetched_leader_hw: int | None = None
+        self._fetched_leader_start = 0  # the leader's log start in that response
         self._is_isr_eligible = is_isr_eligible
         # Followers the controller refused as INELIGIBLE_REPLICA (e.g. in controlled
         # shutdown, which the metadata image does not show): not proposed again until
@@ -557,12 +559,16 @@ class PartitionState:
         if self._follower is None:
             return ()
         effects, new_hw = self._follower.on_fetch_response(response, self.high_watermark)
+        answered = response.error_code == errors.NONE and response.diverging_epoch is None
         if any(isinstance(effect, AppendFetched) for effect in effects):
             self._fetched_leader_hw = response.high_watermark
+            self._fetched_leader_start = response.log_start_offset
             return tuple(effects)
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
             effects.append(UpdateHighWatermark(new_hw))
+        if answered:
+            effects.extend(self._follow_log_start(response.log_start_offset))
         return tuple(effects)
 
     def on_fetched_appended(self) -> tuple[Effect, ...]:
@@ -571,11 +577,23 @@ class PartitionState:
         leader_hw, self._fetched_leader_hw = self._fetched_leader_hw, None
         if leader_hw is None or self._follower is None:
             return ()
+        effects: list[Effect] = []
         new_hw = max(self.high_watermark, min(leader_hw, self._log.log_end_offset))
-        if new_hw == self.high_watermark:
-            return ()
-        self.high_watermark = new_hw
-        return (UpdateHighWatermark(new_hw),)
+        if new_hw != self.high_watermark:
+            self.high_watermark = new_hw
+            effects.append(UpdateHighWatermark(new_hw))
+        effects.extend(self._follow_log_start(self._fetched_leader_start))
+        return tuple(effects)
+
+    def _follow_log_start(self, leader_log_start: int) -> list[Effect]:
+        """Kafka's follower takes its leader's log start after each fetch (bounded by its
+        own HW): below it, this replica may hold records the leader never had (written
+        as a deposed leader) that no epoch check can find any more, since the leader's
+        epoch history starts at its log start too; they must not count as committed."""
+        start = min(leader_log_start, self.high_watermark)
+        if start <= self._log.log_start_offset:
+            return []
+        return [IncrementLogStartOffset(start)]
 
     def _fetch_decision(
         self,

@@ -186,6 +186,18 @@ class TruncateFullyAndStartAt:
 
 
 @dataclass(frozen=True, slots=True)
+class IncrementLogStartOffset:
+    """Follower: the leader's log start passed ours (retention there): records below
+    `offset` are gone from the partition (Kafka: maybeIncrementLogStartOffset with
+    LeaderOffsetIncremented). Ours there may even differ from what the leader had: a
+    tail this broker wrote as a deposed leader, below the leader's log start, where the
+    leader's epoch history no longer reaches to tell us to truncate it. Never past the
+    follower's own HW."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class AppendFetched:
     """Follower: append the response's batches, offsets [base_offset, next_offset)."""
 
@@ -202,6 +214,7 @@ Effect = (
     | Truncate
     | TruncateFullyAndStartAt
     | AppendFetched
+    | IncrementLogStartOffset
 )
 
 

@@ -611,6 +611,7 @@ class BrokerActor:
         self.fetch_out = None
         self.cluster.trace.add(self.now(), f"broker {self.actor_id}: removes its replica ({why})")
         if delete_log:
+            self.checkpoint_high_watermarks()  # first: no HW of a deleted log on disk
             self.cluster.aio.run(self.logs.delete(TOPIC, 0))
 
     def become(self, p) -> None:  # noqa: ANN001 - an image Partition
