@@ -1,6 +1,8 @@
-"""Seeded simulations of partition replication (tests/sim/replication_cluster.py): the real
-PartitionState on three brokers and the real QuorumController, with loss, delay,
-duplication, isolation, crashes and restarts; invariants after every event.
+"""Seeded simulations of partition replication (tests/sim/replication_cluster.py): three
+brokers on the production storage (LogManager, Log, LogStorage, Replica, FetchReader)
+and the real PartitionState and QuorumController, with loss, delay, duplication,
+isolation, crashes and restarts, pauses, controlled shutdowns, retention, compaction and
+topic re-creation; invariants after every event.
 
 A failure prints the one command line that replays its seed:
     RILLET_SIM_SEED=1234 .venv/bin/pytest tests/test_replication_sim.py -k replay -s
@@ -15,14 +17,24 @@ from sim.replication_cluster import SimulationFailure, run_seed
 from sim.seeds import replay, run_block, run_many, seeds_from_env
 
 from rillet.broker.replication.driver import PartitionDriver
-from rillet.broker.replication.types import Effect, Truncate
+from rillet.broker.replication.follower_state import FollowerState
+from rillet.broker.replication.types import BatchInfo, Effect, Truncate, invariant
+from rillet.storage import Log, checkpoints
 
-QUICK_SEEDS = 200  # make test: ~0.06 s of CPU per seed (8 s simulated chaos, then healing)
+QUICK_SEEDS = 40  # make test: ~0.25 s of CPU per seed (8 s simulated chaos, then healing)
+# Seeds that found real bugs (a follower that kept a deposed leader's records below its
+# leader's log start; a deleted topic's HW left in the checkpoint), kept as regressions.
+REGRESSION_SEEDS = (63, 72, 111)
 
 
 @pytest.mark.parametrize("block", range(4))
 def test_random_faults_keep_committed_records_and_the_hw(block: int) -> None:
     run_block(run_seed, block, 4, QUICK_SEEDS)
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_regression_seeds(seed: int) -> None:
+    run_seed(seed)
 
 
 @pytest.mark.slow
@@ -41,7 +53,7 @@ def test_the_simulation_runs_the_production_effect_interpreter(
 ) -> None:
     """The brokers here run the PartitionDriver the broker's ReplicaManager runs: an
     interpreter that loses Truncate effects (a follower keeps records its leader never
-    had) is caught by the very first seed."""
+    had, and the leader answers it the same divergence forever) is caught by seed 3."""
     apply = PartitionDriver.apply
 
     def apply_without_truncate(
@@ -49,7 +61,45 @@ def test_the_simulation_runs_the_production_effect_interpreter(
     ) -> None:
         apply(self, [e for e in effects if not isinstance(e, Truncate)], fetched)
 
-    run_seed(0)  # the seed passes with the real interpreter...
+    run_seed(3)  # the seed passes with the real interpreter...
     monkeypatch.setattr(PartitionDriver, "apply", apply_without_truncate)
     with pytest.raises(SimulationFailure):
-        run_seed(0)  # ...and fails with the broken one
+        run_seed(3)  # ...and fails with the broken one
+
+
+# ---- each issue-11 fix, reverted, fails a seed (the sweep finds them at once) --------
+
+
+def test_retention_and_compaction_past_the_hw_fail_a_seed(monkeypatch: pytest.MonkeyPatch):
+    """Finding 7 reverted: retention and the cleaner bounded by the log end, not the HW."""
+    monkeypatch.setattr(Log, "removable_end", property(lambda log: log.log_end_offset))
+    with pytest.raises(SimulationFailure, match="lacks committed offset"):
+        run_seed(0)
+
+
+def test_a_reused_log_of_a_deleted_topic_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
+    """Finding 3 reverted: no topic id read back from partition.metadata, so a broker
+    that missed the delete reuses the old topic's log for the new one."""
+    monkeypatch.setattr(checkpoints, "read_topic_id", lambda directory: None)
+    with pytest.raises(SimulationFailure, match="not byte-identical"):
+        run_seed(1)
+
+
+def test_a_follower_refusing_offset_gaps_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
+    """Finding 2 reverted: a follower requires each fetched batch to start exactly at
+    its log end, so it wedges on a compacted leader's gaps (the ISR never refills)."""
+
+    def strict(self: FollowerState, batches: tuple[BatchInfo, ...], log_end_offset: int) -> int:
+        expected, epoch = log_end_offset, self._log.latest_epoch
+        for batch in batches:
+            invariant(
+                batch.base_offset == expected,
+                f"fetched batch starts at {batch.base_offset}, expected {expected}",
+            )
+            invariant(epoch <= batch.leader_epoch <= self.leader_epoch, "epoch")
+            expected, epoch = batch.last_offset + 1, batch.leader_epoch
+        return expected
+
+    monkeypatch.setattr(FollowerState, "_check_batches", strict)
+    with pytest.raises(SimulationFailure, match="liveness"):
+        run_seed(1)
