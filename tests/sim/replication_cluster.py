@@ -37,6 +37,7 @@ simulation, tests/sim/raft_cluster.py).
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 import shutil
@@ -338,6 +339,7 @@ class BrokerActor:
         self.fetch_ids = 0
         self.fetch_sent_ms = 0
         self.fetch_backoff_until = 0
+        self.fetch_error = ""  # why the last fetch answer could not be applied
         # (replica serial, proposal id) -> (sent at, by which replica)
         self.alter_out: dict[tuple[int, int], tuple[int, SimReplica]] = {}
         self.checked_end = 0  # the log below this was compared with the committed records
@@ -412,7 +414,7 @@ class BrokerActor:
             f"pending {s.pending_isr_change} log [{self.log.log_start_offset}, "
             f"{self.log.log_end_offset}) HW {s.high_watermark} broker epoch "
             f"{self.broker_epoch} registered {reg}, image offset {self.image.offset}, "
-            f"alter out {self.alter_out}"
+            f"alter out {list(self.alter_out)}, last fetch error {self.fetch_error or None}"
         )
 
     def crash(self) -> None:
@@ -643,6 +645,7 @@ class BrokerActor:
         )
         self.replica = SimReplica(self, topic_id, log, state)
         self.replicas[TP] = self.replica
+        self.cluster.invariants.check_epochs(self, "after opening its log")
         self.seen_hw, self.checked_end = hw, log.log_start_offset
         self.cluster.trace.add(
             self.now(),
@@ -706,9 +709,8 @@ class BrokerActor:
         try:
             effects = replica.driver.on_fetch_response(fetch_response(request, result, view), view)
         except (ReplicationInvariantError, RilletError, OSError) as e:
-            self.cluster.trace.add(
-                self.now(), f"broker {self.actor_id}: applying a fetch failed: {e!r}"
-            )
+            self.fetch_error = repr(e)
+            self.note(f"applying a fetch failed: {e!r}")
             self.fetch_backoff_until = self.now() + FETCH_BACKOFF_MS
             return
         if result.error_code != errors.NONE and not effects:
@@ -920,10 +922,29 @@ class ReplicationInvariants:
             and p.leader_epoch == state.leader_epoch
         )
 
+    def check_epochs(self, broker: BrokerActor, where: str) -> None:
+        """The replica's leader-epoch cache agrees with its batch headers: the entry at
+        or below each batch's base offset names that batch's epoch. A leader answers
+        followers' divergence checks from this cache; a wrong entry makes it name the
+        wrong truncation point (an unclean restart that trusted stale checkpoints)."""
+        log = broker.log
+        entries = log.epochs.entries()
+        starts = [s for _, s in entries]
+        for h, _ in read_batches(log, log.log_start_offset, log.log_end_offset):
+            i = bisect.bisect_right(starts, h.base_offset) - 1
+            cached = entries[i][0] if i >= 0 else None
+            if cached != h.partition_leader_epoch:
+                self.cluster.fail(
+                    f"broker {broker.actor_id} ({where}): batch {h.base_offset}.."
+                    f"{h.last_offset} is in epoch {h.partition_leader_epoch}, its epoch "
+                    f"cache says {cached}: {entries}"
+                )
+
     def on_become_leader(self, broker: BrokerActor) -> None:
         """A new leader holds every committed record (no committed record is lost)."""
         if not self.recognized_leader(broker):
             return
+        self.check_epochs(broker, "as new leader")
         if broker.log.log_end_offset < self.committed_end:
             self.cluster.fail(
                 f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
