@@ -103,3 +103,24 @@ def test_a_follower_refusing_offset_gaps_fails_a_seed(monkeypatch: pytest.Monkey
     monkeypatch.setattr(FollowerState, "_check_batches", strict)
     with pytest.raises(SimulationFailure, match="liveness"):
         run_seed(1)
+
+
+def test_a_truncation_left_out_of_the_checkpoints_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding 1 reverted: a cut lowers the recovery point and drops epochs in memory
+    only; a crash before the next flush recovers stale epoch entries. The simulator's
+    brokers crash without flushing, so even on a real file system the checkpoints on
+    disk are the stale ones."""
+
+    def after_cut_in_memory(self: Log) -> None:
+        with self._state_lock:
+            self.generation += 1
+            self._recovery_point = min(self._recovery_point, self.log_end_offset)
+            self.epochs.truncate_from_end(self.log_end_offset)
+        self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
+
+    run_seed(7)
+    monkeypatch.setattr(Log, "_after_cut", after_cut_in_memory)
+    with pytest.raises(SimulationFailure, match="its epoch cache says"):
+        run_seed(7)
