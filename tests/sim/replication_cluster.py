@@ -315,6 +315,13 @@ class SimReplica(Replica):
     def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
         self.broker.complete_produce(self, produce_id, error_code)
 
+    def high_watermark_updated(self, high_watermark: int) -> None:
+        """A leader's HW commits records the moment it moves: one event (a paused broker
+        handling its queued messages) may move it and then lose the leadership."""
+        super().high_watermark_updated(high_watermark)
+        if self.state.is_leader and self is self.broker.replica:
+            self.broker.cluster.invariants.on_leader_hw(self.broker, high_watermark)
+
 
 class BrokerActor:
     """One broker: its LogManager over its own data directory, and for the partition a
@@ -827,12 +834,22 @@ class ReplicationInvariants:
                     self.cluster.fail(f"acknowledged {value!r} at {offset}, committed {held} there")
                 del self.unverified[offset]
 
+    def on_leader_hw(self, leader: BrokerActor, hw: int) -> None:
+        replica = leader.replica
+        if replica is not None and replica.topic_id == self.topic_id:
+            self.commit_up_to(leader, hw)
+
     def commit_up_to(self, leader: BrokerActor, hw: int) -> None:
         """A leader's HW commits its records below it; it must hold every one of them."""
         self.check_prefix(leader, min(hw, self.committed_end), "leader below its HW")
         start = self.committed_end
         if hw <= start:
             return
+        if leader.log.log_start_offset > start:
+            self.cluster.fail(
+                f"leader {leader.actor_id} commits up to {hw} but its log starts at "
+                f"{leader.log.log_start_offset}, past the committed end {start}"
+            )
         expected = start
         end = start
         for h, recs in read_batches(leader.log, start, hw):
@@ -1074,7 +1091,11 @@ class ReplicationCluster:
         self.scheduler.after(self.rng.randint(20, 300), create, "re-create topic")
 
     def write(self) -> None:
-        leaders = [b for b, r in self.invariants.replicas() if r.state.is_leader and b.alive]
+        leaders = [
+            b
+            for b, r in self.invariants.replicas()
+            if r.state.is_leader and b.now() >= b.paused_until and not b.inbox
+        ]  # a stopped process reads no requests
         if leaders:
             n = self.rng.choice([1, 1, 1, 2, 3])
             values = [f"w{self.writes + i + 1}".encode() for i in range(n)]
