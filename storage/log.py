@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -671,12 +671,16 @@ class Log:
         is cut (Kafka's truncateTo): a broker elected leader that appended nothing holds
         an epoch with no records; kept, it would be this follower's last fetched epoch,
         and the leader, which never had it, would answer the same divergence forever."""
+        with self._read_only_on_error():
+            self._truncate_to(offset)
+
+    def _truncate_to(self, offset: int) -> None:
         if offset >= self.log_end_offset:
             if self.epochs.ends_at_or_past(self.log_end_offset):
                 self._after_cut()
             return
         if offset <= self._log_start:
-            self.truncate_fully_and_start_at(offset)
+            self._truncate_fully_and_start_at(offset)
             return
         # The recovery point on disk comes down first: a crash may keep any part of the
         # cut (the renames below, the ftruncate), and recovery must then scan from where
@@ -701,6 +705,10 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start empty at ``offset`` (a follower far behind)."""
+        with self._read_only_on_error():
+            self._truncate_fully_and_start_at(offset)
+
+    def _truncate_fully_and_start_at(self, offset: int) -> None:
         with self._state_lock:
             self._cuts += 1
         self.retire(self._segments, files="rename")
@@ -722,9 +730,24 @@ class Log:
         if offset <= self._log_start:
             return
         invariant(offset <= self.log_end_offset, f"{self.name}: log start {offset} past the end")
-        self._log_start = offset
-        self.epochs.truncate_from_start(offset)
-        checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=True)
+        with self._read_only_on_error():
+            self._log_start = offset
+            self.epochs.truncate_from_start(offset)
+            path = self.directory / checkpoints.LOG_START_OFFSET
+            checkpoints.write_offset(path, offset, fsync=True)
+
+    @contextlib.contextmanager
+    def _read_only_on_error(self) -> Iterator[None]:
+        """A cut or a log-start move that fails part way (a rename, a checkpoint) leaves
+        the log in memory and its files apart: a later flush could write epochs that fit
+        only the new state next to a log start or recovery point that fits only the old,
+        and recovery would trust both. Turn read-only and tell the listener (the broker
+        halts, as Kafka takes the log dir offline on such an error), then re-raise."""
+        try:
+            yield
+        except OSError as exc:
+            self._fail(exc)
+            raise
 
     def _after_cut(self) -> None:
         """Bookkeeping after records (or epochs with no records) were cut from the end.

@@ -14,8 +14,9 @@ from rillet.client.wire.errors import (
     InvalidConfigError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
+    StorageError,
 )
-from rillet.storage import Log, LogConfig, batchwrite, fs
+from rillet.storage import Log, LogConfig, batchwrite, checkpoints, fs
 from rillet.storage.index import OffsetIndex, TimeIndex
 
 SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
@@ -344,3 +345,37 @@ def test_live_indexes_equal_the_ones_recovery_rebuilds(tmp_path):
     seg.recover(seg.base_offset)
     assert (seg.index.entries(), seg.time_index.entries(), seg.max_timestamp) == live
     log.close()
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        lambda log: log.truncate_to(2),
+        lambda log: log.truncate_fully_and_start_at(9),
+        lambda log: log.increment_log_start_offset(2),
+    ],
+    ids=["truncate_to", "truncate_fully_and_start_at", "increment_log_start_offset"],
+)
+def test_a_cut_whose_checkpoint_fails_turns_the_log_read_only(tmp_path, monkeypatch, cut):
+    """Found by the replication simulator with injected I/O errors: a follower's cut or
+    log-start move changed the log in memory, its checkpoint write failed, the fetcher
+    backed off and carried on; a later flush wrote epochs matching the new start while
+    log-start-offset on disk still held the old one, and after a crash recovery had
+    batches below the first epoch entry. Kafka takes the log dir offline on any such
+    error; here the log turns read-only and tells its listener (the broker halts)."""
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.append(batch(2), 0)
+    log.append(batch(2), 1)
+    told: list[BaseException] = []
+    log.failure_listener = lambda _log, exc: told.append(exc)
+
+    def eio(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoints, "write_offset", eio)
+    monkeypatch.setattr(checkpoints, "write_entries", eio)
+    with pytest.raises(OSError):
+        cut(log)
+    assert isinstance(log.failure, OSError) and told == [log.failure]
+    with pytest.raises(StorageError):
+        log.append(batch(1), 1)
