@@ -3,7 +3,8 @@
 Kafka's format: a version line (0), a count line, then ``topic partition offset`` per
 line. Written atomically (temp file, fsync, rename, fsync of the dir) from the default
 executor, periodically and on clean shutdown; read once at start, so a restarted leader
-does not begin at HW 0 and make consumers wait until every follower has fetched.
+does not begin at HW 0 and make consumers wait until every follower has fetched. File
+calls go through storage/fs.py, so the replication simulator's file system serves them.
 
 A missing or malformed file reads as empty: every HW can be relearned from the leader
 (followers) or from the ISR's fetches (leaders), it is just slower.
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from rillet.controller.metadata.image import TopicPartition
+from rillet.storage import fs
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ VERSION = 0
 def read(log_dir: str | os.PathLike) -> dict[TopicPartition, int]:
     path = Path(log_dir) / FILE_NAME
     try:
-        text = path.read_text()
+        text = fs.read_text(path)
     except FileNotFoundError:
         return {}
     try:
@@ -40,7 +42,7 @@ def read(log_dir: str | os.PathLike) -> dict[TopicPartition, int]:
             out[TopicPartition(topic, int(partition))] = int(offset)
         if len(out) != count:
             raise ValueError(f"{len(out)} entries, header says {count}")
-    except (ValueError, IndexError) as e:
+    except (ValueError, IndexError, UnicodeDecodeError) as e:
         logger.warning("ignoring malformed %s (%s): high watermarks start at 0", path, e)
         return {}
     return out
@@ -52,15 +54,11 @@ def write(log_dir: str | os.PathLike, entries: dict[TopicPartition, int]) -> Non
     lines = [str(VERSION), str(len(entries))]
     lines.extend(f"{tp.topic} {tp.partition} {hw}" for tp, hw in sorted(entries.items()))
     tmp = directory / (FILE_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = fs.open(tmp, fs.O_WRONLY | fs.O_CREAT | fs.O_TRUNC, 0o644)
     try:
-        os.write(fd, ("\n".join(lines) + "\n").encode())
-        os.fsync(fd)
+        fs.write(fd, ("\n".join(lines) + "\n").encode())
+        fs.fsync(fd)
     finally:
-        os.close(fd)
-    os.replace(tmp, directory / FILE_NAME)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        fs.close(fd)
+    fs.replace(tmp, directory / FILE_NAME)
+    fs.fsync_dir(directory)

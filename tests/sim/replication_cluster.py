@@ -1,7 +1,8 @@
 """Partition replication in the deterministic simulator, on the production storage.
 
 Three brokers each run what a real broker runs for one partition: the production
-``LogManager`` and ``Log`` (storage/) in a data directory of their own, the ``Replica``
+``LogManager`` and ``Log`` (storage/) in a data directory of their own on one
+``SimFileSystem`` (tests/sim/simfs.py, installed through storage/fs.py), the ``Replica``
 and ``LogStorage`` of broker/replica.py around the ``PartitionState`` core and its
 ``PartitionDriver``, fetches served by the broker's ``FetchReader`` (record batches read
 from segment files, as bytes) and fetched bytes handed to the driver through the
@@ -10,13 +11,23 @@ encoder, with keys. One controller actor runs the real ``QuorumController`` over
 real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
 duplication and reordering.
 
-Faults: crashes (the broker's process state is lost; it restarts by reopening its logs,
-recovery included, and its high-watermark checkpoint), pauses (SIGSTOP), controlled
-shutdowns, isolation, and the topic deleted and re-created while a broker is down (it
-comes back to a metadata image that never shows the delete, as after a snapshot, and
-must notice by the topic id its log directory records). Retention and compaction run on
-every broker's logs now and then through ``LogManager.run_maintenance``, bounded by the
-high watermark the driver stores on the log, as in production.
+Faults: process crashes (kill -9: the process state is lost, the files keep what the
+page cache held; the broker restarts by reopening its logs, recovery included, and its
+high-watermark checkpoint); power cuts (only what was fsynced survives, maybe with a
+torn tail), either between events or armed to strike just before one of the node's next
+file-system mutations (between a write and its fsync, a truncation and its checkpoint,
+inside a roll's deferred job); I/O errors on a chosen write, fsync or rename (a log that
+turns read-only, or an error that escapes, ends the process as ``fatal_fault`` does);
+pauses (SIGSTOP), controlled shutdowns, isolation, and the topic deleted and re-created
+while a broker is down (it comes back to a metadata image that never shows the delete,
+as after a snapshot, and must notice by the topic id its log directory records).
+Retention and compaction run on every broker's logs now and then through
+``LogManager.run_maintenance``, bounded by the high watermark the driver stores on the
+log, as in production; a roll's fsync and index write are deferred to a later event.
+
+Power cuts keep to what acks=all without fsync can survive (as in Kafka): one at a time,
+on a fully replicated partition, and the node comes back only after the controller
+fenced its old incarnation (so it is out of every ISR until it catches up again).
 
 Invariants, checked after every event (per topic incarnation):
 - a replica's high watermark never moves back within one incarnation of it;
@@ -38,13 +49,13 @@ simulation, tests/sim/raft_cluster.py).
 from __future__ import annotations
 
 import bisect
-import os
+import errno
+import functools
 import random
-import shutil
-import tempfile
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rillet.broker.config import topic_log_config
 from rillet.broker.replica import LogStorage, Replica
@@ -71,11 +82,12 @@ from rillet.controller.metadata.image import (
     TopicPartition,
 )
 from rillet.controller.metadata.quorum import ControllerConfig, CreatableTopic, QuorumController
-from rillet.storage import Log, LogConfig, LogManager
+from rillet.storage import Log, LogConfig, LogManager, fs
 
 from .aio import SyncRunner
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
+from .simfs import SimCrash, SimFileSystem
 from .trace import Trace
 
 REPLAY_COMMAND = (
@@ -87,6 +99,7 @@ TP = TopicPartition(TOPIC, 0)
 MIN_ISR = 2
 FETCH_MAX_BYTES = 400  # a few batches per fetch: followers catch up in several rounds
 REQUEST_TIMEOUT_MS = 300
+SESSION_TIMEOUT_MS = 600  # broker.session.timeout.ms of the controller here
 FETCH_BACKOFF_MS = 100  # replica.fetch.backoff.ms, scaled to the simulation
 KEYS = 16  # few keys: compaction finds superseded records in every segment
 # Small segments so logs roll, retention drops segments and compaction rewrites them;
@@ -183,7 +196,9 @@ class ControllerActor:
         self.actor_id = CONTROLLER_ID
         self.cluster = cluster
         self.quorum = QuorumController(
-            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100),
+            ControllerConfig(
+                broker_session_timeout_ms=SESSION_TIMEOUT_MS, broker_heartbeat_interval_ms=100
+            ),
             rng=random.Random(cluster.rng.getrandbits(64)),  # topic ids replay too
         )
         self.image: MetadataImage = EMPTY_IMAGE
@@ -323,6 +338,29 @@ class SimReplica(Replica):
             self.broker.cluster.invariants.on_leader_hw(self.broker, high_watermark)
 
 
+def guarded(method: Callable[..., None]) -> Callable[..., None]:
+    """A broker event, with the ways a process dies inside one: the file system crashed
+    the node mid-call (an armed crash: SimCrash), or an I/O error escaped or turned a log
+    read-only, which the broker treats as fatal (``fatal_fault``: it exits, and restarts
+    later with recovery)."""
+
+    @functools.wraps(method)
+    def event(self: BrokerActor, *args: Any) -> None:
+        try:
+            method(self, *args)
+        except SimCrash as e:
+            self.cluster.armed = False
+            self.die(f"crashed inside a storage call ({e})", power_cut=True)
+        except OSError as e:
+            if self.logs is None:
+                raise
+            self.die(f"fatal I/O error {e!r}")
+        if self.log_failure is not None and self.logs is not None:
+            self.die(f"a log turned read-only ({self.log_failure!r})")
+
+    return event
+
+
 class BrokerActor:
     """One broker: its LogManager over its own data directory, and for the partition a
     production Replica (log, PartitionState, PartitionDriver); around them what
@@ -334,6 +372,8 @@ class BrokerActor:
         self.cluster = cluster
         self.data_dir = cluster.root / f"broker-{broker_id}"  # survives crashes
         self.logs: LogManager | None = None  # the process: lost in a crash
+        self.log_failure: BaseException | None = None  # a log turned read-only
+        self.restart_not_before = 0  # after losing power: not before its session expired
         self.replica: SimReplica | None = None
         self.replicas: dict[TopicPartition, Replica] = {}  # what the FetchReader serves
         self.reader: FetchReader | None = None
@@ -377,11 +417,21 @@ class BrokerActor:
     def note(self, text: str) -> None:
         self.cluster.trace.add(self.now(), f"broker {self.actor_id}: {text}")
 
+    @guarded
     def start(self) -> None:
         """Start the process: open every log (recovery after a crash) and read the
         high-watermark checkpoint, as the broker does before it hears from metadata."""
         self.incarnation += 1
-        self.logs = LogManager(self.data_dir, LOG_DEFAULTS, clock=self.now, recovery_threads=1)
+        self.log_failure = None
+        self.cluster.fs.restart(str(self.data_dir))
+        self.logs = LogManager(
+            self.data_dir,
+            LOG_DEFAULTS,
+            clock=self.now,
+            recovery_threads=1,
+            on_log_failure=self.on_log_failure,
+            background=self.background,
+        )
         self.logs.startup()
         self.checkpointed_hw = hw_checkpoint.read(self.data_dir)
         self.replica, self.replicas = None, {}
@@ -424,21 +474,70 @@ class BrokerActor:
             f"alter out {list(self.alter_out)}, last fetch error {self.fetch_error or None}"
         )
 
-    def crash(self) -> None:
-        """kill -9: the process state goes; the files stay as the page cache holds them
-        (no flush, no checkpoint, no clean-shutdown marker)."""
+    def crash(self, power_cut: bool = False) -> None:
+        """kill -9: the process state goes, its files stay as the page cache holds them.
+        With ``power_cut`` the machine goes down too: of its files only what was fsynced
+        survives (plus, maybe, part of what was not, torn), as after an armed crash."""
         if self.logs is None:
             return
-        self.cluster.trace.add(self.now(), f"broker {self.actor_id} crashes")
-        abandon(self.logs)
+        prefix = str(self.data_dir)
+        down = self.cluster.fs.down(prefix)  # an armed crash already took the files
+        self.note("loses power" if power_cut or down else "crashes")
+        if not down:
+            abandon(self.logs)
+            if power_cut:
+                self.cluster.fs.crash(prefix, self.cluster.rng)
+        if power_cut or down:  # see ReplicationCluster.restart_delay
+            self.restart_not_before = self.now() + SESSION_TIMEOUT_MS + 100
         self.logs = self.replica = self.reader = None
         self.replicas = {}
+
+    def die(self, why: str, power_cut: bool = False) -> None:
+        """The process ended inside an event; it is restarted a little later."""
+        self.note(why)
+        self.crash(power_cut)
+        self.cluster.scheduler.after(
+            self.cluster.restart_delay(power_cut), lambda: self.cluster.restart(self), "restart"
+        )
+
+    def on_log_failure(self, log: Log, error: BaseException) -> None:
+        """LogManager's failure listener (the broker's ``_log_dir_failed``): fatal, but
+        only once the current event is over (the guard sees it). A deleted log's roll job
+        that the simulation deferred past the delete fails harmlessly: production's
+        delete waits for the executor's jobs, which the deferral hook does not track."""
+        if not log.closed:
+            self.log_failure = error
+
+    def background(self, run: Callable[[], None], after: Callable[[], None]) -> None:
+        """The logs' background jobs (a roll's fsync and index write, a flush): deferred
+        to a later event, or lost in a crash. Inside a maintenance coroutine (which awaits
+        its flushes) they run at once."""
+        if self.cluster.aio.loop.is_running():
+            run()
+            after()
+            return
+        incarnation = self.incarnation
+        self.cluster.scheduler.after(
+            self.cluster.rng.randint(1, 60),
+            lambda: self.run_background(incarnation, run, after),
+            "background job",
+        )
+
+    @guarded
+    def run_background(
+        self, incarnation: int, run: Callable[[], None], after: Callable[[], None]
+    ) -> None:
+        if self.logs is None or incarnation != self.incarnation:
+            return  # the process died: its executor's queue died with it
+        run()
+        after()
 
     def send(self, dst: int, payload: object) -> None:
         self.cluster.network.send(self.actor_id, dst, payload)
 
     # -- time ------------------------------------------------------------------------
 
+    @guarded
     def tick(self, incarnation: int) -> None:
         if self.logs is None or incarnation != self.incarnation:
             return
@@ -477,8 +576,12 @@ class BrokerActor:
         }
         for tp, replica in self.replicas.items():
             entries[tp] = replica.state.high_watermark
-        hw_checkpoint.write(self.data_dir, entries)
+        try:
+            hw_checkpoint.write(self.data_dir, entries)
+        except OSError as e:  # ReplicaManager logs it; the next write may succeed
+            self.note(f"high-watermark checkpoint failed: {e!r}")
 
+    @guarded
     def maintain(self, incarnation: int) -> None:
         """The LogManager's maintenance round: retention, compaction, purge, flushes."""
         if self.logs is None or incarnation != self.incarnation:
@@ -527,6 +630,7 @@ class BrokerActor:
         for src, payload in inbox:
             self.deliver(src, payload)
 
+    @guarded
     def deliver(self, src: int, payload: object) -> None:
         if self.logs is None:
             return
@@ -727,6 +831,7 @@ class BrokerActor:
 
     # -- produce ----------------------------------------------------------------------
 
+    @guarded
     def produce(self, batch: bytes, values: Sequence[bytes]) -> None:
         """An acks=all produce from a client: refused, or appended and awaited."""
         replica = self.replica
@@ -770,7 +875,7 @@ def abandon(logs: LogManager) -> None:
             seg.close()
         log.closed = True
     if logs._lock_fd is not None:  # noqa: SLF001 - the process's lock dies with it
-        os.close(logs._lock_fd)  # noqa: SLF001
+        fs.close(logs._lock_fd)  # noqa: SLF001
         logs._lock_fd = None  # noqa: SLF001
     logs.logs.clear()
 
@@ -1005,8 +1110,9 @@ class ReplicationCluster:
             self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
         )
         self.trace = Trace(echo=echo_trace)
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # fsyncs cost nothing there
-        self.root = Path(tempfile.mkdtemp(prefix=f"rillet-sim-{seed}-", dir=shm))
+        # Every broker's files live in one simulated file system, installed for the run.
+        self.fs = SimFileSystem(rng=random.Random(self.rng.getrandbits(64)))
+        self.root = Path("/sim")
         self.aio = SyncRunner()
         self.controller = ControllerActor(self)
         self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
@@ -1017,16 +1123,13 @@ class ReplicationCluster:
         self.pending: dict[object, tuple[SimReplica, int, tuple[bytes, ...]]] = {}
         self.writes = 0
         self.recreations = 0
+        self.power_cut: int | None = None  # a broker that lost unsynced writes, not yet whole
+        self.armed = False  # a crash is armed in the file system
         self.replica_serial = 0
         self.chaos = True
 
     def close(self) -> None:
-        for broker in self.brokers.values():
-            if broker.logs is not None:
-                abandon(broker.logs)
-                broker.logs = None
         self.aio.close()
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def fail(self, text: str) -> None:
         raise SimulationFailure(
@@ -1044,13 +1147,18 @@ class ReplicationCluster:
         )
 
     def run(self) -> None:
+        with fs.install(self.fs):
+            self.fs.makedirs(str(self.root))
+            self.run_installed()
+
+    def run_installed(self) -> None:
         self.scheduler.after(0, self.controller.tick, "controller tick")
         for broker in self.brokers.values():
             broker.start()
         self.scheduler.after(300, self.create_topic, "create topic")
         self.scheduler.after(400, self.write, "write")
         self.scheduler.after(self.rng.randint(500, 1500), self.inject_fault, "fault")
-        self.scheduler.run_until(self.chaos_ms, self.invariants.check)
+        self.scheduler.run_until(self.chaos_ms, self.after_event)
         self.heal()
         self.check_liveness()
 
@@ -1118,16 +1226,25 @@ class ReplicationCluster:
                 "pause",
                 "shutdown",
                 "recreate",
+                "power_cut",
+                "crash_inside",
+                "crash_inside",
+                "disk_error",
             ]
         )
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
             broker = next((b for b, r in self.invariants.replicas() if r.state.is_leader), broker)
-        if action in ("crash", "crash_leader") and broker.alive:
-            broker.crash()
-            self.scheduler.after(
-                self.rng.randint(50, 1500), lambda: self.restart(broker), "restart"
-            )
+        self.maybe_clear_power_cut()
+        power = action in ("power_cut", "crash_inside")
+        if power and (self.power_cut is not None or not self.fully_replicated()):
+            action = "crash"  # one unsynced loss at a time, on a fully replicated partition
+        if action in ("crash", "crash_leader", "power_cut") and broker.alive:
+            if action == "power_cut":
+                self.power_cut = broker.actor_id
+            broker.crash(power_cut=action == "power_cut")
+            delay = self.restart_delay(action == "power_cut")
+            self.scheduler.after(delay, lambda: self.restart(broker), "restart")
         elif action == "recreate" and self.recreations < 2:
             down = broker if self.rng.random() < 0.8 else None
             if down is not None:
@@ -1136,6 +1253,20 @@ class ReplicationCluster:
                 else:
                     down.crash()
             self.recreate_topic(down)
+        elif action == "crash_inside" and broker.alive:
+            # The node dies just before one of its next file-system mutations: between a
+            # write and its fsync, a truncation and its checkpoint, inside a roll's job.
+            n = self.rng.randint(1, 40)
+            self.power_cut = broker.actor_id
+            self.fs.crash_after(n, str(broker.data_dir), self.rng)
+            self.armed = True
+            self.trace.add(
+                self.clock.now_ms, f"broker {broker.actor_id} will crash in {n} fs mutations"
+            )
+        elif action == "disk_error" and broker.alive:
+            op = self.rng.choice(["write", "fsync", "fsync", "replace"])
+            self.fs.fail_next(op, str(broker.data_dir), errno.EIO)
+            self.trace.add(self.clock.now_ms, f"broker {broker.actor_id}: next {op} fails EIO")
         elif action == "isolate":
             self.network.isolate(broker.actor_id)
             self.trace.add(self.clock.now_ms, f"isolate broker {broker.actor_id}")
@@ -1150,12 +1281,52 @@ class ReplicationCluster:
             self.network.heal()
         self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
 
+    def after_event(self) -> None:
+        if self.armed and not self.fully_replicated():
+            self.fs.cancel_crash()  # the power cut would no longer keep to the rule
+            self.armed = False
+        self.invariants.check()
+
+    def restart_delay(self, power_cut: bool) -> int:
+        """A node that lost unsynced writes comes back only after the controller fenced
+        its old incarnation (and so took it out of every ISR): while that registration
+        lives it may still be elected, and holds less than it acknowledged. Kafka has the
+        same window without fsync (KIP-966's unclean-shutdown handling closes it); it is a
+        limit of acks=all without fsync, not what this simulation looks for."""
+        return (
+            self.rng.randint(SESSION_TIMEOUT_MS + 100, 1500)
+            if power_cut
+            else (self.rng.randint(50, 1500))
+        )
+
+    def fully_replicated(self) -> bool:
+        p = self.controller.image.partition(TOPIC, 0)
+        return (
+            p is not None
+            and len(p.isr) == len(self.brokers)
+            and all(b.alive for b in self.brokers.values())
+        )
+
+    def maybe_clear_power_cut(self) -> None:
+        """A node that lost unsynced writes is whole again once back in the ISR: only
+        then may another lose power (two at once can lose committed records, as in
+        Kafka without fsync)."""
+        if self.power_cut is None:
+            return
+        p = self.controller.image.partition(TOPIC, 0)
+        broker = self.brokers[self.power_cut]
+        if p is None or (broker.alive and self.power_cut in p.isr and not self.armed):
+            self.power_cut = None
+
     def restart(self, broker: BrokerActor) -> None:
-        if not broker.alive:
+        if not broker.alive and self.clock.now_ms >= broker.restart_not_before:
             broker.start()
 
     def heal(self) -> None:
         self.chaos = False
+        self.armed = False
+        self.fs.cancel_crash()
+        self.fs.clear_faults()
         self.network.heal()
         self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=5)
         self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
@@ -1167,7 +1338,7 @@ class ReplicationCluster:
         deadline = self.clock.now_ms + bound_ms
         acked_before = self.invariants.acked
         while self.clock.now_ms < deadline:
-            self.scheduler.run_until(self.clock.now_ms + 50, self.invariants.check)
+            self.scheduler.run_until(self.clock.now_ms + 50, self.after_event)
             p = self.controller.image.partition(TOPIC, 0)
             if p is not None and len(p.isr) == 3 and self.invariants.acked > acked_before:
                 return
