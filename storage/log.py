@@ -726,7 +726,7 @@ class Log:
         Kafka's maybeIncrementLogStartOffset): reads below it fail OffsetOutOfRange, epoch
         entries below it go, and the start is checkpointed durably before this returns,
         since the records below it may be ones the partition never committed. Segments
-        wholly below it are left to recovery's clean-up at the next open."""
+        wholly below it go at the next retention round (or the next open's clean-up)."""
         if offset <= self._log_start:
             return
         invariant(offset <= self.log_end_offset, f"{self.name}: log start {offset} past the end")

@@ -1,5 +1,6 @@
 """Retention: delete whole closed segments older than retention.ms (by their largest
-timestamp) or beyond retention.bytes, oldest first, never the active segment and never
+timestamp) or beyond retention.bytes, oldest first, and (whatever the cleanup policy)
+those wholly below the log start, never the active segment and never
 a segment holding records at or past the high watermark (``Log.removable_end``).
 
 The decision is pure (``segments_to_delete``); ``apply_retention`` takes the chosen
@@ -24,21 +25,34 @@ logger = logging.getLogger(__name__)
 
 
 def segments_to_delete(
-    segments: Sequence[LogSegment], config: LogConfig, now_ms: int, removable_end: int
+    segments: Sequence[LogSegment],
+    config: LogConfig,
+    now_ms: int,
+    removable_end: int,
+    log_start: int = 0,
 ) -> tuple[int, str]:
     """How many leading closed segments retention removes, and why (for the log line).
 
     Never the active segment, nor one holding an offset at or past ``removable_end``
-    (the high watermark): a segment's records end where the next segment begins."""
+    (the high watermark): a segment's records end where the next segment begins.
+    Segments wholly below ``log_start`` go whatever the policy: nothing can read them
+    (a follower that took its leader's log start, Kafka's log-start breach rule)."""
     closed = 0
     while closed < len(segments) - 1 and segments[closed + 1].base_offset <= removable_end:
         closed += 1
     count, reason = 0, ""
-    if config.retention_ms >= 0:
+    while count < closed and segments[count + 1].base_offset <= log_start:
+        count += 1
+    reason = "log start" if count else ""
+    if not config.delete:
+        return count, reason
+    if config.retention_ms >= 0 and count < closed:
         horizon = now_ms - config.retention_ms
-        while count < closed and segments[count].max_timestamp < horizon:
-            count += 1
-        reason = "retention.ms" if count else ""
+        by_time = count
+        while by_time < closed and segments[by_time].max_timestamp < horizon:
+            by_time += 1
+        if by_time > count:
+            count, reason = by_time, "retention.ms"
     if config.retention_bytes >= 0:
         excess = sum(s.size for s in segments) - config.retention_bytes
         by_size = 0
@@ -52,13 +66,13 @@ def segments_to_delete(
 
 async def apply_retention(log, now_ms: int | None = None) -> int:
     """Delete what retention allows; returns the number of segments removed."""
-    if not log.config.delete:
-        return 0
     now = log.clock() if now_ms is None else now_ms
     async with log.maintenance_lock:
         if log.closed:  # deleted while this round waited for the lock
             return 0
-        count, reason = segments_to_delete(log.segments, log.config, now, log.removable_end)
+        count, reason = segments_to_delete(
+            log.segments, log.config, now, log.removable_end, log.log_start_offset
+        )
         if count == 0:
             return 0
         gone = log.remove_prefix(count)

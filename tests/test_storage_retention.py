@@ -267,3 +267,25 @@ def test_a_follower_taken_log_start_survives_a_crash(tmp_path) -> None:
     reopened = Log.open(tmp_path / "t-0")  # no close: as after kill -9
     assert reopened.log_start_offset == 2
     assert [r.offset for r in log_records(reopened)] == [2, 3]
+
+
+async def test_retention_removes_segments_wholly_below_a_taken_log_start(tmp_path) -> None:
+    """A follower that takes its leader's log start (or a log whose start moved for any
+    reason) frees the segments wholly below it at the next retention round, not only at
+    the next open; the segment the start falls in stays."""
+    cfg = LogConfig(segment_bytes=300, retention_ms=-1, retention_bytes=-1, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg)
+    for i in range(20):
+        log.append(records.encode_batch([b"v" * 40], [b"k%d" % i]), 1)
+    await log.wait_background()
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) > 3
+    start = bases[2] + 1  # inside the third segment
+    assert bases[3] > start
+    log.high_watermark = log.log_end_offset
+    log.increment_log_start_offset(start)
+    assert await retention.apply_retention(log) == 2
+    assert [s.base_offset for s in log.segments] == bases[2:]
+    assert log.log_start_offset == start  # not moved down to the segment's base
+    assert [r.offset for r in log_records(log)][0] == start
+    await log.close_async()
