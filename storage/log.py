@@ -719,6 +719,9 @@ class Log:
         self._log_start = offset
         self.epochs.clear()
         self._after_cut()
+        # No fsync needed: _after_cut's checkpoints fsynced the directory, so the only
+        # segment left durably starts at ``offset``, and recovery never starts a log
+        # below its first segment.
         checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=False)
 
     def increment_log_start_offset(self, offset: int) -> None:
