@@ -34,9 +34,12 @@ format: install
 test: install lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# Long deterministic-simulator runs, kept out of `make test`.
+# Long deterministic-simulator runs, kept out of `make test`: SIM_SEEDS seeds of each of
+# the three simulators (about 1 s a seed for all three together on one core).
+SIM_SEEDS ?= 5000
+SIMULATORS = tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py
 sim-long: install
-	RILLET_SIM_SEEDS=20000 $(BIN)/pytest -q -m slow tests
+	RILLET_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/pytest -q -m slow $(SIMULATORS)
 
 # Seeded fault schedules on real processes (RILLET_CHAOS_SEEDS of them, default 100). A
 # failing seed's node logs stay in /tmp/rillet-chaos until the next run.
