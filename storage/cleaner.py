@@ -211,6 +211,14 @@ def _swap(log, stats: CleanStats) -> None:
         )
         log.replace_segment(old, fresh)
         log.retire([old], files="keep")  # its fd still reads the old bytes for readers
+    # The renames become durable together, before anything else can persist one alone:
+    # on ext4/xfs a later fsync of the new X.log may make its own entry durable, and a
+    # crash would then pair the cleaned log with the old X.index.
+    try:
+        fs.fsync_dir(log.directory)
+    except OSError as exc:  # which renames reached the disk is unknown: as a failed fsync
+        log._fail(exc)
+        raise
     logger.info(
         "%s: compacted %d segment(s), rewrote %d, removed %d record(s)",
         log.name,

@@ -425,7 +425,7 @@ class Log:
             if indexed:  # else the index stays in memory; close() writes it
                 self._freeze_if_closed(old)
 
-        self._background(persist, after=after)
+        self._background(self._fail_on_error(persist), after=after)
         return new
 
     def _freeze_if_closed(self, seg: LogSegment) -> None:
@@ -469,7 +469,23 @@ class Log:
                     self._checkpoint_epochs_locked(epochs, end)
             self._advance_recovery_point(end, generation, write=True)
 
-        return job
+        return self._fail_on_error(job)
+
+    def _fail_on_error(self, job: Callable[[], None]) -> Callable[[], None]:
+        """``job`` (fsyncs, checkpoint writes) marking the log failed before it raises.
+        After a failed fsync the kernel may have dropped the dirty pages and marked them
+        clean, so a later fsync succeeds without them ("fsyncgate"): nothing written
+        before may be trusted, and no later flush may move the recovery point past it.
+        Marked at once, on the thread that saw it, so a concurrent job cannot advance."""
+
+        def run() -> None:
+            try:
+                job()
+            except Exception as exc:
+                self._fail(exc)
+                raise
+
+        return run
 
     def _recovery_point_base(self) -> int:
         i = bisect.bisect_right(self._bases, self._recovery_point) - 1
@@ -487,6 +503,10 @@ class Log:
             self._epochs_on_disk = entries
         self._epochs_durable_end = end
 
+    def _write_recovery_point(self) -> None:
+        with self._state_lock:
+            self._write_recovery_point_locked()
+
     def _write_recovery_point_locked(self) -> None:
         point = min(self._recovery_point, self._epochs_durable_end)
         checkpoints.write_offset(self.directory / checkpoints.RECOVERY_POINT, point, fsync=True)
@@ -494,6 +514,8 @@ class Log:
     def _advance_recovery_point(self, offset: int, generation: int, *, write: bool) -> None:
         """Raise the recovery point (thread-safe) unless the log was cut meanwhile."""
         with self._state_lock:
+            if self.failure is not None:
+                return  # a failed fsync may have lost pages below ``offset``
             if generation != self.generation or offset <= self._recovery_point:
                 if not write:
                     return
@@ -688,7 +710,7 @@ class Log:
         with self._state_lock:
             self._cuts += 1
             self._recovery_point = min(self._recovery_point, offset)
-            self._write_recovery_point_locked()
+        self._fail_on_error(self._write_recovery_point)()
         keep = max(bisect.bisect_left(self._bases, offset), 1)
         self.retire(self._segments[keep:], files="rename")
         del self._segments[keep:], self._bases[keep:]
@@ -712,6 +734,10 @@ class Log:
         with self._state_lock:
             self._cuts += 1
         self.retire(self._segments, files="rename")
+        # The renames durable before the new segment exists: on ext4/xfs the new file's
+        # fsync may make its own entry durable, and a crash would pair it with the old
+        # segments (whose records may pass its base).
+        self._fail_on_error(lambda: fs.fsync_dir(self.directory))()
         new = LogSegment.create(
             self.directory, offset, self.config.index_interval_bytes, self.clock()
         )
@@ -765,6 +791,11 @@ class Log:
         generation makes background flush jobs captured before the cut skip their
         now-stale epoch snapshot; the lock orders every checkpoint write. The truncated
         segment is fsynced before either checkpoint (see below)."""
+        self._fail_on_error(self._persist_cut)()
+        self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
+        self._check_segments()
+
+    def _persist_cut(self) -> None:
         # The cut itself first: recovery skips what lies below the recovery point, so a
         # crash that undid an unsynced ftruncate would leave the cut batches there.
         self.active_segment.fsync()
@@ -775,8 +806,6 @@ class Log:
             self._epochs_durable_end = -1  # what is on disk may describe the cut tail
             self._checkpoint_epochs_locked(self.epochs.snapshot(), self.log_end_offset)
             self._write_recovery_point_locked()
-        self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
-        self._check_segments()
 
     # -- segment removal (retention, compaction, truncation) ------------------------------
 
@@ -844,7 +873,8 @@ class Log:
             return
         from rillet.storage.recovery import close_log
 
-        close_log(self)
+        # A failed fsync here leaves the log failed: a retried close writes no marker.
+        self._fail_on_error(lambda: close_log(self))()
 
     async def close_async(self) -> None:
         await self.wait_background()

@@ -8,16 +8,19 @@ A failure prints the one command line that replays its seed:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import itertools
 import random
 
 import pytest
 from sim.seeds import replay, run_block, run_many, seeds_from_env
 from sim.simfs import SimCrash, SimFileSystem
-from sim.storage_model import NODE, SimulationFailure, run_seed
+from sim.storage_model import NODE, SimulationFailure, run_inline, run_seed
 
 from rillet.client.wire import records
+from rillet.client.wire.errors import StorageError
 from rillet.storage import Log, LogConfig, checkpoints, fs
 
 QUICK_SEEDS = 40
@@ -249,3 +252,77 @@ def test_a_job_captured_before_a_compaction_swap_never_writes_over_its_index() -
     snapshot; run after compaction swapped the segment's files, it wrote the old index
     over the cleaned segment's (found by the simulator, seed 336)."""
     run_seed(336)
+
+
+def test_ext4_mode_a_compaction_swap_is_durable_as_a_whole() -> None:
+    """With fsync persisting a file's own entry (ext4, xfs), a later fsync of the
+    swapped-in X.log could make its rename durable without the index renames: a crash
+    paired the cleaned log with the old index (seeds 73 and 458 of the ext4 mode; reads
+    and a truncation then missed batches). The swap ends with a directory fsync."""
+    for seed in (73, 458):
+        run_seed(seed, fsync_persists_entry=True)
+
+
+def test_ext4_mode_truncate_fully_makes_its_renames_durable_first() -> None:
+    """truncate_fully_and_start_at renames every segment away and creates a new one;
+    the new file's fsync could persist its entry while the renames were undone by a
+    crash, bringing back old segments whose records pass the new base (seeds 242, 335
+    and 469 of the ext4 mode: overlapping batches, lost durable records, stale epochs)."""
+    for seed in (242, 335, 469):
+        run_seed(seed, fsync_persists_entry=True)
+
+
+def _flushed_log(sim: SimFileSystem, jobs: list) -> tuple[Log, list]:
+    log = _log_with_deferred_jobs(sim, jobs)
+    failures: list = []
+    log.failure_listener = lambda failed, exc: failures.append((failed, exc))
+    log.append(bytearray(records.encode_batch([b"a"])), 0)
+    log.flush()
+    log.append(bytearray(records.encode_batch([b"b"])), 0)
+    return log, failures
+
+
+@pytest.mark.parametrize("path", ["flush", "flush_async", "policy job", "roll job", "truncate"])
+def test_a_failed_fsync_turns_the_log_read_only(path: str) -> None:
+    """After a failed fsync the kernel may have dropped the dirty pages and marked them
+    clean, so a later fsync succeeds without them (PostgreSQL's "fsyncgate"; Kafka halts
+    the log dir on an IOException in flush). The log must fail as on a failed write:
+    tell its listener, refuse appends, and never move the recovery point again."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        log, failures = _flushed_log(sim, jobs)
+        point = log.recovery_point
+        sim.fail_next("fsync", NODE)
+        if path == "flush":
+            with pytest.raises(OSError):
+                log.flush()
+        elif path == "flush_async":
+
+            async def flush_async() -> None:
+                task = asyncio.ensure_future(log.flush_async())
+                await asyncio.sleep(0)  # the flush is queued to the hook
+                for job in jobs:
+                    job()
+                await task
+
+            with pytest.raises(OSError):
+                run_inline(flush_async())
+        elif path == "policy job":
+            log.config = dataclasses.replace(log.config, flush_messages=1)
+            log.append(bytearray(records.encode_batch([b"c"])), 0)
+            for job in jobs:
+                job()
+        elif path == "roll job":
+            while len(log.segments) < 2:
+                log.append(bytearray(records.encode_batch([b"x" * 100])), 0)
+            for job in jobs:
+                job()
+        else:
+            with pytest.raises(OSError):
+                log.truncate_to(1)
+        assert log.failure is not None and [f for f, _ in failures] == [log]
+        with pytest.raises(StorageError):
+            log.append(bytearray(records.encode_batch([b"d"])), 0)
+        log.flush()  # a later fsync succeeds, but promises nothing
+        assert log.recovery_point == point

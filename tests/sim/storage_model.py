@@ -8,7 +8,9 @@ watermark, runs retention and compaction, runs deferred background jobs (a roll'
 and index write, a policy flush) in any order or never, injects I/O errors, and crashes:
 between steps, or inside any storage call (``crash_after``: between a write and its
 fsync, a truncation and its checkpoint, in the middle of a deferred job or of recovery).
-An I/O error that escapes, or a log turned read-only, halts the node: a crash too.
+An I/O error that escapes, or a log turned read-only, halts the node: a crash too. A
+failed fsync (outside compaction, retention and reopening) must have turned the log
+read-only first. Each seed runs in both directory-entry modes of `SimFileSystem`.
 
 Checked after every step: the log's end and start are the model's. After every reopen:
 - every batch reads back CRC-valid, in offset order, from the log start;
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rillet.client.wire import records
-from rillet.client.wire.errors import CorruptRecordError
+from rillet.client.wire.errors import CorruptRecordError, StorageError
 from rillet.storage import Log, LogConfig, cleaner, fs, retention
 
 from .simfs import SimCrash, SimFileSystem
@@ -176,6 +178,7 @@ class StorageModel:
         self.step(self.crash)
 
     def step(self, action: Callable[[], None]) -> None:
+        injected = len(self.sim.injected)
         try:
             action()
         except SimCrash:
@@ -183,6 +186,7 @@ class StorageModel:
             self.recover()
             return
         except OSError as exc:
+            self.check_failed_fsync(action, injected)
             self.note(f"  -> {exc!r} escaped: the node halts")
             self.halt_and_recover()
             return
@@ -191,12 +195,29 @@ class StorageModel:
         except Exception as exc:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             self.fail(f"{exc!r} at {where.filename}:{where.lineno}")
+        self.check_failed_fsync(action, injected)
         if self.log.failure is not None:
             self.note(f"  -> log failed ({self.log.failure!r}): the node halts")
             self.halt_and_recover()
             return
         self.expect(self.log.log_end_offset == self.end, f"log end {self.log.log_end_offset}")
         self.expect(self.log.log_start_offset == self.start, "log start")
+
+    def check_failed_fsync(self, action: Callable[[], None], injected: int) -> None:
+        """A failed fsync of the log's files (not compaction's scratch copies, not
+        retention's checkpoint, not a reopen's recovery) turns the log read-only, as a
+        failed write does: the kernel may have dropped the pages, and a later fsync
+        would succeed without them."""
+        if action in (self.compact, self.apply_retention, self.close_and_reopen):
+            return
+        if not any(op.startswith("fsync") for op in self.sim.injected[injected:]):
+            return
+        self.expect(self.log.failure is not None, "a failed fsync left the log writable")
+        try:
+            self.log.append(bytearray(records.encode_batch([b"after"])), self.epoch)
+        except StorageError:
+            return
+        self.fail("a log whose fsync failed accepted an append")
 
     def segments(self) -> str:
         return " ".join(f"{s.base_offset}+{s.size}" for s in self.log.segments)
@@ -209,9 +230,10 @@ class StorageModel:
 
     def fail(self, message: str) -> None:
         seed = self.options.seed
+        mode = "ext4" if self.options.fsync_persists_entry else "strict"
         tail = "\n".join(self.trace[-60:])
         raise SimulationFailure(
-            f"storage sim seed {seed}: {message}\n"
+            f"storage sim seed {seed} ({mode} mode): {message}\n"
             f"model: start {self.start} end {self.end} durable end {self.durable_end}\n"
             f"replay: {REPLAY_COMMAND.format(seed=seed)}\n"
             f"trace (last 60 lines):\n{tail}"
@@ -523,7 +545,17 @@ class StorageModel:
 
 
 def run_seed(seed: int, echo_trace: bool = False, **kwargs: Any) -> StorageModel:
-    model = StorageModel(Options(seed, echo_trace=echo_trace, **kwargs))
-    with fs.install(model.sim):
-        model.run()
+    """Both directory-entry modes, strict then ext4-like, unless
+    ``fsync_persists_entry`` picks one: production runs on ext4/xfs, where a file's
+    fsync also persists its entry, and strict POSIX finds what relies on that."""
+    if "fsync_persists_entry" in kwargs:
+        modes = [kwargs.pop("fsync_persists_entry")]
+    else:
+        modes = [False, True]
+    for persists in modes:
+        model = StorageModel(
+            Options(seed, echo_trace=echo_trace, fsync_persists_entry=persists, **kwargs)
+        )
+        with fs.install(model.sim):
+            model.run()
     return model
