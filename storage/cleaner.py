@@ -79,12 +79,20 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         if log.closed:  # deleted while this round waited for the lock
             return CleanStats()
         await log.wait_background()  # rolled segments' index writes must land first
-        segments = plan(log, now)
+        loop = asyncio.get_running_loop()
+        if log.durable_recovery_point < log.active_segment.base_offset:
+            # Compaction works below the recovery point on disk (see plan): a roll moves
+            # it in memory only, so write it first (a flush, captured on the loop).
+            await loop.run_in_executor(None, log._prepare_flush())
+        # Recovery ends the log where a segment from the one holding the recovery point
+        # on stops short of the next base (a lost tail): a compacted segment there would
+        # look like one, and everything after it would go. A cut since may lower it.
+        durable = log.durable_recovery_point
+        segments = [s for s in plan(log, now) if _next_base(log, s) <= durable]
         if not segments:
             return CleanStats()
         generation = log.generation
         horizon = now - log.config.delete_retention_ms
-        loop = asyncio.get_running_loop()
         stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
         if generation != log.generation:
             logger.info("%s: log changed during compaction; discarding its output", log.name)
@@ -93,6 +101,11 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         _swap(log, stats)
         log.clean_upto = segments[-1].base_offset
         return stats
+
+
+def _next_base(log, seg: LogSegment) -> int:
+    bases = [s.base_offset for s in log.segments]
+    return bases[bases.index(seg.base_offset) + 1]
 
 
 def clean_segments(segments: list[LogSegment], tombstone_horizon_ms: int) -> CleanStats:

@@ -98,6 +98,9 @@ class Log:
         self._bases: list[int] = []
         self._log_start = 0
         self._recovery_point = 0
+        # The recovery point as last written to disk: recovery judges a segment's short
+        # end from the one holding it, so the cleaner compacts only below it.
+        self.durable_recovery_point = 0
         self.epochs = LeaderEpochCache(directory / checkpoints.LEADER_EPOCH)
         self.generation = 0  # bumped whenever segments are removed or cut: cleaner checks it
         # Bumped (under the state lock) before a truncation or a compaction swap touches
@@ -163,6 +166,7 @@ class Log:
         self._bases = [s.base_offset for s in segments]
         self._log_start = log_start
         self._recovery_point = recovery_point
+        self.durable_recovery_point = recovery_point  # load_log writes it next
         self._check_segments()
 
     # -- state --------------------------------------------------------------------------
@@ -510,6 +514,7 @@ class Log:
     def _write_recovery_point_locked(self) -> None:
         point = min(self._recovery_point, self._epochs_durable_end)
         checkpoints.write_offset(self.directory / checkpoints.RECOVERY_POINT, point, fsync=True)
+        self.durable_recovery_point = point
 
     def _advance_recovery_point(self, offset: int, generation: int, *, write: bool) -> None:
         """Raise the recovery point (thread-safe) unless the log was cut meanwhile."""

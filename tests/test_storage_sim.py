@@ -21,7 +21,7 @@ from sim.storage_model import NODE, SimulationFailure, run_inline, run_seed
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import StorageError
-from rillet.storage import Log, LogConfig, checkpoints, fs
+from rillet.storage import Log, LogConfig, checkpoints, cleaner, fs
 
 QUICK_SEEDS = 40
 
@@ -326,3 +326,32 @@ def test_a_failed_fsync_turns_the_log_read_only(path: str) -> None:
             log.append(bytearray(records.encode_batch([b"d"])), 0)
         log.flush()  # a later fsync succeeds, but promises nothing
         assert log.recovery_point == point
+
+
+def test_a_compacted_gap_never_makes_recovery_drop_later_segments() -> None:
+    """Recovery ends the log where an unflushed segment's records stop short of the next
+    segment's base (a lost tail). Compaction leaves that shape legitimately: a segment
+    whose last batch was superseded. Compacted while the recovery point on disk lay
+    before it (a roll moves the recovery point in memory only), a crash then made
+    recovery drop every later segment, though their roll jobs had fsynced them. The
+    cleaner first writes the recovery point, then cleans only below it."""
+    sim = SimFileSystem()
+    jobs: list = []
+    with fs.install(sim):
+        sim.makedirs(NODE)
+        sim.sync_all()
+        config = LogConfig(segment_bytes=200, cleanup_policy="compact", file_delete_delay_ms=0)
+        log = Log.open(f"{NODE}/t-0", config, background=lambda job, after: jobs.append(after))
+        log.flush()
+        for i in range(12):  # one batch per segment; key k1 superseded in the next one
+            log.append(bytearray(records.encode_batch([b"v" * 90], [b"k%d" % (i % 2)])), 0)
+        jobs.clear()
+        for seg in log.segments[:-1]:
+            seg.fsync()  # as the roll jobs do; their index writes ran too
+            seg.write_indexes(seg.index_snapshot(), fsync=True)
+            seg.freeze()
+        sim.fsync_dir(log.directory)
+        end = log.segments[-1].base_offset  # every record below it is on disk
+        assert run_inline(cleaner.compact(log)).rewritten > 0
+        sim.crash(NODE, random.Random(0))
+        assert Log.open(f"{NODE}/t-0", config).log_end_offset >= end
