@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from test_replication_fakes import FakeLog, Record, batches_of
 
@@ -38,9 +39,11 @@ from rillet.broker.replication.types import (
     ReplicationConfig,
 )
 from rillet.client.wire import errors
-from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
-from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
+from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataImage
+from rillet.controller.metadata.quorum import ControllerConfig
 
+from .clocks import MAX_STEP_MS, DriftingClock
+from .controller_quorum import CONTROLLER_IDS, ControllerAnswer, ControllerLink, ControllerQuorum
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
@@ -48,7 +51,11 @@ from .trace import Trace
 REPLAY_COMMAND = (
     "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_replication_sim.py -k replay -s"
 )
-CONTROLLER_ID = 100
+BROKER_IDS = (1, 2, 3)
+CONTROLLER_FAULTS = frozenset(
+    {"crash_controller", "crash_active", "cut_controller", "pause_controller"}
+    | {"clock_step", "lose_quorum"}
+)
 TOPIC = "t"
 MIN_ISR = 2
 FETCH_MAX_RECORDS = 4
@@ -64,49 +71,6 @@ class SimulationFailure(AssertionError):
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    incarnation: int
-    broker_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    broker_epoch: int
-    metadata_offset: int
-    want_shutdown: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatAnswer:
-    incarnation: int
-    should_shut_down: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    image: MetadataImage
-
-
-@dataclass(frozen=True, slots=True)
-class AlterIsr:
-    incarnation: int
-    broker_epoch: int
-    proposal: ProposeAlterPartition
-
-
-@dataclass(frozen=True, slots=True)
-class AlterIsrAnswer:
-    incarnation: int
-    proposal_id: int
-    response: AlterPartitionResponse
-
-
-@dataclass(frozen=True, slots=True)
 class Fetch:
     incarnation: int
     fetch_id: int
@@ -119,74 +83,6 @@ class FetchAnswer:
     fetch_id: int
     response: FetchResponse
     records: tuple[tuple[int, object], ...]
-
-
-# ---------------------------------------------------------------------------
-# the controller actor
-
-
-class ControllerActor:
-    """The real QuorumController deciding; the image changes only by replaying its records."""
-
-    def __init__(self, cluster: ReplicationCluster) -> None:
-        self.actor_id = CONTROLLER_ID
-        self.cluster = cluster
-        self.quorum = QuorumController(
-            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100)
-        )
-        self.image: MetadataImage = EMPTY_IMAGE
-
-    def commit(self, records: list) -> None:
-        if not records:
-            return
-        delta = MetadataDelta(self.image)
-        delta.replay_all(records, self.image.offset + 1, 1)
-        self.image = delta.apply()
-        self.broadcast()
-
-    def broadcast(self) -> None:
-        for broker_id in self.cluster.brokers:
-            self.cluster.network.send(self.actor_id, broker_id, Metadata(self.image))
-
-    def tick(self) -> None:
-        now = self.cluster.clock.now_ms
-        self.commit(self.quorum.tick(self.image, now).records)
-        if self.cluster.rng.random() < 0.2:
-            self.broadcast()  # repairs lost metadata messages
-        self.cluster.scheduler.after(20, self.tick, "controller tick")
-
-    def deliver(self, src: int, payload: object) -> None:
-        now = self.cluster.clock.now_ms
-        net = self.cluster.network
-        match payload:
-            case Register(incarnation):
-                result = self.quorum.register_broker(
-                    self.image, src, f"inc-{incarnation}", [("BROKER", "sim", src)], None, now
-                )
-                self.commit(result.records)
-                if result.response.error_code == errors.NONE:
-                    net.send(
-                        self.actor_id, src, Registered(incarnation, result.response.broker_epoch)
-                    )
-            case Heartbeat(epoch, offset, want_shutdown):
-                result = self.quorum.broker_heartbeat(
-                    self.image, src, epoch, offset, False, want_shutdown, now
-                )
-                self.commit(result.records)
-                r = result.response
-                if r.error_code == errors.NONE and r.should_shut_down:
-                    broker = self.cluster.brokers[src]
-                    net.send(self.actor_id, src, HeartbeatAnswer(broker.incarnation, True))
-            case AlterIsr(incarnation, epoch, p):
-                result = self.quorum.alter_partition(
-                    self.image, src, epoch, TOPIC, 0, p.leader_epoch, p.partition_epoch, p.new_isr
-                )
-                self.commit(result.records)
-                r = result.response
-                answer = AlterPartitionResponse(
-                    r.error_code, r.isr, r.leader_epoch, r.partition_epoch
-                )
-                net.send(self.actor_id, src, AlterIsrAnswer(incarnation, p.proposal_id, answer))
 
 
 # ---------------------------------------------------------------------------
@@ -234,18 +130,19 @@ class BrokerActor:
     def __init__(self, cluster: ReplicationCluster, broker_id: int) -> None:
         self.actor_id = broker_id
         self.cluster = cluster
+        self.clock = cluster.clocks[broker_id]  # its own, drifting: timeouts run on it
+        self.link: ControllerLink | None = None  # broker/link: lost in a crash
         self.log = FakeLog()  # survives crashes: the page cache outlives kill -9
         self.hw_checkpoint = 0  # survives crashes too: written now and then
         self.state: PartitionState | None = None
         self.driver: PartitionDriver | None = None  # with the state: lost in a crash
         self.incarnation = 0
-        self.broker_epoch = -1
         self.image: MetadataImage = EMPTY_IMAGE
         self.seen_hw = 0
         self.fetch_out: int | None = None  # id of the fetch in flight
         self.fetch_ids = 0
         self.fetch_sent_ms = 0
-        self.alter_out: dict[int, int] = {}  # proposal id -> send time
+        self.alter_out: set[int] = set()  # proposal ids awaiting the controller
         self.checked_end = 0  # the log below this was compared with the committed records
         self.paused_until = 0  # SIGSTOP: nothing runs, messages queue up, the clock jumps
         self.inbox: list[tuple[int, object]] = []
@@ -265,17 +162,17 @@ class BrokerActor:
             high_watermark=hw,
             is_isr_eligible=lambda b: self.image.is_unfenced(b),
         )
-        clock = self.cluster.clock
-        self.driver = PartitionDriver(self.state, SimStorage(self), self, lambda: clock.now_ms)
-        self.image, self.broker_epoch, self.seen_hw = EMPTY_IMAGE, -1, hw
-        self.fetch_out, self.alter_out = None, {}
+        self.driver = PartitionDriver(self.state, SimStorage(self), self, self.clock)
+        self.image, self.seen_hw = EMPTY_IMAGE, hw
+        self.fetch_out, self.alter_out = None, set()
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
         self.cluster.trace.add(
             self.cluster.clock.now_ms,
             f"broker {self.actor_id} starts (incarnation {self.incarnation}, "
             f"LEO {self.log.log_end_offset}, HW {hw})",
         )
-        self.send(CONTROLLER_ID, Register(self.incarnation))
+        self.link = self.cluster.new_link(self)
+        self.link.start()
         incarnation = self.incarnation
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
 
@@ -288,14 +185,19 @@ class BrokerActor:
             f"broker {self.actor_id}: {s.role.value} epoch {s.leader_epoch} isr {s.isr} "
             f"pending {s.pending_isr_change} LEO {self.log.log_end_offset} HW "
             f"{s.high_watermark} broker epoch {self.broker_epoch} registered {reg}, "
-            f"image offset {self.image.offset}, alter out {self.alter_out}"
+            f"image offset {self.image.offset}, alter out {self.alter_out}, "
+            f"controller {self.link.leader_id if self.link else None}"
         )
 
     def crash(self) -> None:
         if self.state is None:
             return
         self.cluster.trace.add(self.cluster.clock.now_ms, f"broker {self.actor_id} crashes")
-        self.state = self.driver = None
+        self.state = self.driver = self.link = None
+
+    @property
+    def broker_epoch(self) -> int:
+        return self.link.broker_epoch if self.link is not None else -1
 
     def send(self, dst: int, payload: object) -> None:
         self.cluster.network.send(self.actor_id, dst, payload)
@@ -305,24 +207,17 @@ class BrokerActor:
     def tick(self, incarnation: int) -> None:
         if self.state is None or incarnation != self.incarnation:
             return
-        now = self.cluster.clock.now_ms
-        if now < self.paused_until:
+        if self.cluster.clock.now_ms < self.paused_until:
             self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation), "tick")
             return
         if self.inbox:
             self.resume()
             if self.state is None:
                 return
-        if self.broker_epoch < 0:
-            self.send(CONTROLLER_ID, Register(self.incarnation))
-        elif now % 100 < 10:
-            self.send(
-                CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset, self.shutting_down)
-            )
-        for pid, sent_ms in list(self.alter_out.items()):
-            if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
-                timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
-                self.on_alter_answer(pid, timed_out)
+        now = self.clock()
+        assert self.link is not None
+        self.link.want_shut_down = self.shutting_down
+        self.link.tick()
         if self.driver is not None:
             self.driver.tick()
             self.maybe_fetch(now)
@@ -366,24 +261,8 @@ class BrokerActor:
                 self.resume()
             return
         match payload:
-            case Registered(incarnation, epoch) if incarnation == self.incarnation:
-                self.broker_epoch = epoch
-            case HeartbeatAnswer(incarnation, True) if incarnation == self.incarnation:
-                self.cluster.trace.add(
-                    self.cluster.clock.now_ms, f"broker {self.actor_id}: controlled shutdown done"
-                )
-                self.crash()
-                broker = self
-                self.cluster.scheduler.after(
-                    self.cluster.rng.randint(50, 1000),
-                    lambda: self.cluster.restart(broker),
-                    "restart",
-                )
-            case Metadata(image):
-                self.on_metadata(image)
-            case AlterIsrAnswer(incarnation, pid, response) if incarnation == self.incarnation:
-                if pid in self.alter_out:
-                    self.on_alter_answer(pid, response)
+            case ControllerAnswer(link_id) if self.link and link_id == self.link.link_id:
+                self.link.on_answer(payload)
             case Fetch(incarnation, fetch_id, request):
                 self.serve_fetch(src, incarnation, fetch_id, request)
             case FetchAnswer(incarnation, fetch_id, response, records) if (
@@ -396,7 +275,18 @@ class BrokerActor:
                 self.driver.on_fetch_response(response, records)
                 if fetch_id == self.fetch_out:
                     self.fetch_out = None
-                    self.maybe_fetch(self.cluster.clock.now_ms)
+                    self.maybe_fetch(self.clock())
+
+    def on_shut_down(self) -> None:
+        """The controller says the controlled shutdown is done: the process exits."""
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms, f"broker {self.actor_id}: controlled shutdown done"
+        )
+        self.crash()
+        broker = self
+        self.cluster.scheduler.after(
+            self.cluster.rng.randint(50, 1000), lambda: self.cluster.restart(broker), "restart"
+        )
 
     def on_metadata(self, image: MetadataImage) -> None:
         if image.offset <= self.image.offset:
@@ -421,7 +311,7 @@ class BrokerActor:
             driver.become_follower(p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
 
     def on_alter_answer(self, pid: int, response: AlterPartitionResponse) -> None:
-        del self.alter_out[pid]
+        self.alter_out.discard(pid)
         if self.driver is not None:
             self.driver.on_alter_partition_response(pid, response)
 
@@ -449,7 +339,7 @@ class BrokerActor:
         # Registered first: the driver may answer it before append_as_leader returns.
         self.cluster.pending[value] = (self.actor_id, self.log.log_end_offset)
         outcome = self.driver.append_as_leader(
-            [value], ACKS_ALL, MIN_ISR, value, self.cluster.clock.now_ms + 1000
+            [value], ACKS_ALL, MIN_ISR, value, self.clock() + 1000
         )
         if outcome.error_code != errors.NONE:
             del self.cluster.pending[value]
@@ -457,8 +347,10 @@ class BrokerActor:
     # -- ReplicaNetwork: what the driver sends out of the partition --------------------
 
     def send_alter_partition(self, proposal: ProposeAlterPartition) -> None:
-        self.alter_out[proposal.proposal_id] = self.cluster.clock.now_ms
-        self.send(CONTROLLER_ID, AlterIsr(self.incarnation, self.broker_epoch, proposal))
+        assert self.link is not None
+        pid = proposal.proposal_id
+        self.alter_out.add(pid)
+        self.link.alter_partition(TOPIC, 0, proposal, lambda r: self.on_alter_answer(pid, r))
 
     def complete_produce(self, produce_id: Hashable, error_code: int) -> None:
         if error_code == errors.NONE:
@@ -534,7 +426,7 @@ class ReplicationInvariants:
         (SIGSTOP) handles the metadata that queued up meanwhile, oldest first, so it may
         apply an old image naming it leader in an old epoch: that is not an election, and
         "a new leader holds every committed record" is about elections."""
-        p = self.cluster.controller.image.partition(TOPIC, 0)
+        p = self.cluster.quorum.newest_image().partition(TOPIC, 0)
         state = broker.state
         return (
             p is not None
@@ -574,17 +466,37 @@ class ReplicationCluster:
             self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
         )
         self.trace = Trace(echo=echo_trace)
-        self.controller = ControllerActor(self)
-        self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
-        self.network.register(self.controller)
+        node_ids = (*BROKER_IDS, *CONTROLLER_IDS)
+        self.clocks = {n: DriftingClock.random(self.clock, self.rng) for n in node_ids}
+        self.quorum = ControllerQuorum(
+            seed,
+            self.rng,
+            self.clock,
+            self.scheduler,
+            self.network,
+            self.trace,
+            self.fail,
+            dict(self.clocks),
+            ControllerConfig(broker_session_timeout_ms=600, broker_heartbeat_interval_ms=100),
+        )
+        self.brokers = {b: BrokerActor(self, b) for b in BROKER_IDS}
         for broker in self.brokers.values():
             self.network.register(broker)
         self.invariants = ReplicationInvariants(self)
         self.pending: dict[object, tuple[int, int]] = {}
         self.writes = 0
-        self.chaos = True
+        self.links = 0
+        self._chaos = True
 
-    def fail(self, text: str) -> None:
+    @property
+    def chaos(self) -> bool:
+        return self._chaos
+
+    @chaos.setter
+    def chaos(self, on: bool) -> None:
+        self._chaos = self.quorum.chaos = on
+
+    def fail(self, text: str) -> NoReturn:
         raise SimulationFailure(
             f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
             f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
@@ -599,23 +511,42 @@ class ReplicationCluster:
             max_delay_ms=self.rng.choice([3, 20, 60]),
         )
 
+    def new_link(self, broker: BrokerActor) -> ControllerLink:
+        """broker/link for a broker process that starts now."""
+        self.links += 1
+        broker_id = broker.actor_id
+        return ControllerLink(
+            self.links,
+            broker_id,
+            broker.send,
+            broker.clock,
+            random.Random(self.rng.getrandbits(64)),
+            broker.on_metadata,
+            broker.on_shut_down,
+            lambda text: self.trace.add(self.clock.now_ms, f"broker {broker_id}: {text}"),
+        )
+
+    def check(self) -> None:
+        self.invariants.check()
+        self.quorum.check()
+
     def run(self) -> None:
-        self.scheduler.after(0, self.controller.tick, "controller tick")
+        self.quorum.start()
         for broker in self.brokers.values():
             broker.start()
         self.scheduler.after(300, self.create_topic, "create topic")
         self.scheduler.after(400, self.write, "write")
         self.scheduler.after(self.rng.randint(500, 1500), self.inject_fault, "fault")
-        self.scheduler.run_until(self.chaos_ms, self.invariants.check)
+        self.scheduler.run_until(self.chaos_ms, self.check)
         self.heal()
         self.check_liveness()
 
     def create_topic(self) -> None:
-        result = self.controller.quorum.create_topics(self.controller.image, [(TOPIC, 1, 3, {})])
-        if result.response[0].error_code != errors.NONE:
-            self.scheduler.after(100, self.create_topic, "create topic")
+        """An admin's CreateTopics, retried until the topic is in a committed image."""
+        if self.quorum.newest_image().partition(TOPIC, 0) is not None:
             return
-        self.controller.commit(result.records)
+        self.quorum.create_topic(TOPIC, 1, 3)
+        self.scheduler.after(100, self.create_topic, "create topic")
 
     def write(self) -> None:
         leaders = [b for b in self.brokers.values() if b.state is not None and b.state.is_leader]
@@ -629,7 +560,17 @@ class ReplicationCluster:
             return
         action = self.rng.choice(
             ["crash", "crash_leader", "isolate", "link_faults", "heal", "pause", "shutdown"]
+            + ["crash_controller", "crash_active", "crash_active", "cut_controller"]
+            + ["pause_controller", "clock_step", "clock_step", "heal"]
+            + (["lose_quorum"] if self.rng.random() < 0.2 else [])
         )
+        if action in CONTROLLER_FAULTS:
+            self.inject_controller_fault(action)
+        else:
+            self.inject_broker_fault(action)
+        self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
+
+    def inject_broker_fault(self, action: str) -> None:
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
             broker = next(
@@ -653,7 +594,37 @@ class ReplicationCluster:
             self.trace.add(self.clock.now_ms, f"broker {broker.actor_id}: controlled shutdown")
         elif action == "heal":
             self.network.heal()
-        self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
+            self.trace.add(self.clock.now_ms, "network healed")
+
+    def inject_controller_fault(self, action: str) -> None:
+        """Controllers crash (the active one often), lose their links to the other
+        controllers or to the brokers, pause; now and then a majority goes down for a
+        while; any node's clock steps forward."""
+        quorum, now_ms = self.quorum, self.clock.now_ms
+        actor = quorum.actors[self.rng.choice(CONTROLLER_IDS)]
+        if action == "crash_active":
+            actor = quorum.active() or actor
+        if action in ("crash_controller", "crash_active"):
+            quorum.crash(actor, "fault injection", self.rng.randint(50, 1000))
+        elif action == "lose_quorum":
+            down_ms = self.rng.randint(500, 3000)
+            for victim in self.rng.sample(list(quorum.actors.values()), 2):
+                quorum.crash(victim, "quorum lost", down_ms + self.rng.randint(0, 300))
+        elif action == "cut_controller":
+            others = [n for n in CONTROLLER_IDS if n != actor.actor_id]
+            cut_from = self.rng.choice([others, list(BROKER_IDS), others + list(BROKER_IDS)])
+            pairs = self.network.cut_between([actor.actor_id], cut_from)
+            self.trace.add(now_ms, f"controller {actor.actor_id} cut from {cut_from}")
+            self.scheduler.after(
+                self.rng.randint(200, 2500), lambda: self.network.mend(pairs), "mend"
+            )
+        elif action == "pause_controller" and actor.node is not None and not actor.paused:
+            actor.pause(self.rng.randint(100, 1500))
+        elif action == "clock_step":
+            node = self.rng.choice(sorted(self.clocks))
+            step_ms = self.rng.randint(1, MAX_STEP_MS)
+            self.clocks[node].step_forward(step_ms)
+            self.trace.add(now_ms, f"node {node}: clock steps {step_ms} ms forward")
 
     def restart(self, broker: BrokerActor) -> None:
         if not broker.alive:
@@ -664,24 +635,31 @@ class ReplicationCluster:
         self.network.heal()
         self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=5)
         self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
+        for actor in self.quorum.actors.values():
+            self.quorum.restart(actor)
         for broker in self.brokers.values():
             self.restart(broker)
 
     def check_liveness(self, bound_ms: int = 10_000) -> None:
-        """After healing, the ISR refills and a new write is acknowledged."""
+        """After healing, a controller is active again, the ISR refills and a new write is
+        acknowledged."""
         deadline = self.clock.now_ms + bound_ms
         acked_before = len(self.invariants.acked)
         while self.clock.now_ms < deadline:
-            self.scheduler.run_until(self.clock.now_ms + 50, self.invariants.check)
-            p = self.controller.image.partition(TOPIC, 0)
+            self.scheduler.run_until(self.clock.now_ms + 50, self.check)
+            p = self.quorum.newest_image().partition(TOPIC, 0)
             if p is not None and len(p.isr) == 3 and len(self.invariants.acked) > acked_before:
                 return
-        p = self.controller.image.partition(TOPIC, 0)
+        p = self.quorum.newest_image().partition(TOPIC, 0)
         states = "\n".join(b.status() for b in self.brokers.values())
+        controllers = "\n".join(
+            f"controller {a.actor_id}: {a.node.status() if a.node else 'down'}"
+            for a in self.quorum.actors.values()
+        )
         self.fail(
             f"liveness: after healing, partition {p} and "
             f"{len(self.invariants.acked) - acked_before} new acks in {bound_ms} ms;"
-            f"\n{states}"
+            f"\n{states}\n{controllers}"
         )
 
 

@@ -1,0 +1,694 @@
+"""A controller quorum among other actors of one simulation, and the brokers' link to it.
+
+`ControllerActor` is a `RaftActor` (raft_cluster.py: the production `RaftDriver` around a
+real `RaftNode` applying to a real `ControllerStateMachine`, over a simulated durable
+store, with crashes that lose whatever was not persisted) that also answers brokers as
+a `ControllerServer` does:
+
+- BrokerRegistration, BrokerHeartbeat and AlterPartition run the production handler
+  coroutines of controller/handlers.py, wrapped as the server wraps them: a node that is
+  not the active controller answers NOT_CONTROLLER naming the Raft leader it knows, and
+  an answer goes out only once the operation's records commit (or NOT_CONTROLLER when the
+  leadership is lost first). The coroutines await a `Commit` that the state machine
+  settles, so no event loop is needed;
+- FetchMetadata answers from the committed Raft log with the production payload
+  (`metadata_entries`), or the snapshot when the broker asks below the log start, and is
+  parked until something new commits, as the server's long poll is.
+
+`ControllerLink` is what broker/link does for one broker process: the channel picks the
+voter with the production `ControllerTargets` and `RequestRetry` (follow a
+NOT_CONTROLLER's leader hint, rotate when a voter does not answer, back off), the
+lifecycle registers, heartbeats, and registers again with a fresh incarnation when the
+controller says its epoch is stale or its registration gone, and the follower
+long-polls FetchMetadata and applies each answer with the production `apply_fetched`.
+
+Every node reads its own clock (clocks.py): Raft timers, broker sessions and request
+timeouts all run on drifting clocks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from rillet.broker.link.controller_client import (
+    BROKER_ID_NOT_REGISTERED,
+    NOT_CONTROLLER,
+    STALE_BROKER_EPOCH,
+    ControllerTargets,
+    RequestRetry,
+    apply_fetched,
+)
+from rillet.broker.link.controller_link import alter_partition_answer, alter_partition_request
+from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.client.runtime.rpc_server import Request, Response
+from rillet.client.wire import errors, schemas
+from rillet.client.wire import messages as m
+from rillet.client.wire.errors import NotControllerError
+from rillet.controller import handlers
+from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataImage
+from rillet.controller.metadata.quorum import (
+    ControllerConfig,
+    CreatableTopic,
+    PendingImages,
+    QuorumController,
+)
+from rillet.controller.raft.core import Ready
+from rillet.controller.server import ControllerServer
+
+from .network import SimNetwork
+from .raft_cluster import RaftActor, RaftInvariants, SimOptions
+from .scheduler import Scheduler, SimClock
+from .trace import Trace
+
+CONTROLLER_IDS = (100, 101, 102)
+REQUEST_TIMEOUT_MS = 300  # one attempt at one voter
+HEARTBEAT_INTERVAL_MS = 100
+HEARTBEAT_DEADLINE_MS = 4 * HEARTBEAT_INTERVAL_MS  # as BrokerLifecycle.heartbeat
+REGISTER_DEADLINE_MS = 3000
+REGISTER_RETRY_MS = 500  # QuorumLink.REGISTER_RETRY_S, scaled like the rest
+CALL_DEADLINE_MS = 1500  # AlterPartition, FetchMetadata
+FETCH_MAX_WAIT_MS = 200
+FETCH_RETRY_MS = 100  # MetadataFollower after a failed fetch
+METADATA_MAX_BYTES = 4096  # small, so a lagging broker catches up in several answers
+CONTROLLER_TICK_MS = 50
+REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
+
+# The broker-facing operations this simulation sends, as build_handlers maps them.
+BROKER_OPS: dict[type, handlers.ActiveHandler] = {
+    m.BrokerRegistrationRequest: handlers.broker_registration,
+    m.BrokerHeartbeatRequest: handlers.broker_heartbeat,
+    m.AlterPartitionRequest: handlers.alter_partition,
+}
+
+
+# ---------------------------------------------------------------------------
+# messages between a broker's link and a controller
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerRequest:
+    link_id: int
+    request_id: int
+    message: Any  # a typed request of client/wire/messages.py
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerAnswer:
+    link_id: int
+    request_id: int
+    message: Any  # a typed response, or a NOT_CONTROLLER header map
+    payload: bytes
+
+
+# ---------------------------------------------------------------------------
+# running a handler coroutine without an event loop
+
+
+class Commit:
+    """What a handler awaits here in place of the server's asyncio futures: settled with
+    None once the records commit, or with the error that ends the wait."""
+
+    __slots__ = ("done", "error", "resume")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: Exception | None = None
+        self.resume: Callable[[], None] | None = None
+
+    def settle(self, error: Exception | None) -> None:
+        if self.done:
+            return
+        self.done, self.error = True, error
+        if self.resume is not None:
+            self.resume()
+
+    def __await__(self) -> Generator[Commit, None, None]:
+        if not self.done:
+            yield self
+        if self.error is not None:
+            raise self.error
+
+
+def drive(
+    coro: Coroutine[Any, Any, Response],
+    reply: Callable[[Response], None],
+    defer: Callable[[Callable[[], None]], None],
+) -> None:
+    """Runs ``coro`` until it awaits a `Commit`; resumes it (``defer``red, as a future's
+    callback runs later) once that settles; ``reply`` gets what it returns."""
+
+    def step() -> None:
+        try:
+            waited = coro.send(None)
+        except StopIteration as stop:
+            reply(stop.value)
+            return
+        assert isinstance(waited, Commit), waited
+        waited.resume = lambda: defer(step)
+
+    step()
+
+
+# ---------------------------------------------------------------------------
+# one controller
+
+
+class ControllerActor(RaftActor):
+    """A `RaftActor` that is also the `ControllerServer` surface the handlers read."""
+
+    def __init__(self, quorum: ControllerQuorum, node_id: int, clock: Callable[[], int]) -> None:
+        super().__init__(quorum, node_id, CONTROLLER_IDS, clock)
+        self.quorum = quorum
+        self.voters = {v: ("sim", v) for v in CONTROLLER_IDS}  # for not_controller()
+        self.reads: list[tuple[int, int, Commit]] = []  # (offset, term, wait): commit([])
+        self.fetches: list[tuple[int, ControllerRequest, int]] = []  # (src, request, until)
+        self.paused_until = 0  # SIGSTOP: inputs queue up until then
+        self.inbox: list[tuple[int, object]] = []
+        self.next_controller_tick = 0
+
+    # -- the server surface of controller/handlers.py ----------------------------------
+
+    @property
+    def node_id(self) -> int:
+        return self.actor_id
+
+    @property
+    def images(self) -> PendingImages:
+        assert self.machine is not None
+        return self.machine.images
+
+    @property
+    def ctl(self) -> QuorumController | None:
+        return self.machine.ctl if self.machine is not None else None
+
+    @property
+    def active(self) -> bool:
+        return self.machine is not None and self.machine.active
+
+    @property
+    def cluster_id(self) -> str | None:
+        return self.machine.cluster_id if self.machine is not None else None
+
+    def not_controller(self) -> Response:
+        return ControllerServer.not_controller(self)  # type: ignore[arg-type]
+
+    def commit(self, records: list) -> Commit:
+        """ControllerServer.commit: propose and wait for the commit; with no records, wait
+        until what the operation read from the pending image has committed."""
+        machine, node = self.machine, self.node
+        assert machine is not None and node is not None
+        wait = Commit()
+        if records:
+            machine.propose(records, wait.settle)  # NotControllerError: NOT_CONTROLLER
+            self.run_ready()
+        else:
+            self.reads.append((machine.images.pending.offset, node.term, wait))
+            self.settle_reads()
+        return wait
+
+    def settle_reads(self) -> None:
+        machine, node = self.machine, self.node
+        waiting = []
+        for offset, term, wait in self.reads:
+            if machine is None or node is None:
+                continue
+            if machine.image.offset >= offset:
+                wait.settle(None)
+            elif not machine.active or node.term != term:
+                wait.settle(NotControllerError("leadership lost while waiting for a commit"))
+            else:
+                waiting.append((offset, term, wait))
+        self.reads = waiting
+
+    # -- lifecycle and time -------------------------------------------------------------
+
+    def crash(self, why: str) -> None:
+        super().crash(why)
+        # Open connections die with the process: handlers waiting on commits never answer.
+        self.reads, self.fetches, self.inbox, self.paused_until = [], [], [], 0
+
+    def pause(self, duration_ms: int) -> None:
+        now_ms = self.cluster.clock.now_ms
+        self.paused_until = now_ms + duration_ms
+        self.cluster.trace.add(now_ms, f"controller {self.actor_id} paused for {duration_ms} ms")
+        incarnation = self.incarnation
+        self.cluster.scheduler.at(
+            self.paused_until, lambda: self.resume(incarnation), f"resume {self.actor_id}"
+        )
+
+    @property
+    def paused(self) -> bool:
+        return self.cluster.clock.now_ms < self.paused_until
+
+    def resume(self, incarnation: int) -> None:
+        """SIGCONT: what arrived meanwhile is handled in arrival order, late."""
+        if incarnation != self.incarnation or self.paused:
+            return
+        inbox, self.inbox = self.inbox, []
+        for src, payload in inbox:
+            self.deliver(src, payload)
+
+    def on_tick(self, incarnation: int) -> None:
+        if self.driver is None or incarnation != self.incarnation:
+            return
+        if self.paused:
+            self.schedule_tick()
+            return
+        super().on_tick(incarnation)
+        now_ms = self.cluster.clock.now_ms
+        if self.machine is not None and now_ms >= self.next_controller_tick:
+            # The server's ticker: session expiry and leader rebalance, when active.
+            self.next_controller_tick = now_ms + CONTROLLER_TICK_MS
+            self.machine.tick(self.clock())
+            self.run_ready()
+        self.answer_fetches()
+
+    def on_applied(self) -> None:
+        self.settle_reads()
+        self.answer_fetches()
+
+    # -- requests -----------------------------------------------------------------------
+
+    def deliver(self, src: int, payload: object) -> None:
+        if self.driver is None:
+            return
+        if self.paused or self.inbox:
+            self.inbox.append((src, payload))
+            return
+        if isinstance(payload, bytes):
+            super().deliver(src, payload)
+        elif isinstance(payload, ControllerRequest):
+            self.serve(src, payload)
+
+    def serve(self, src: int, request: ControllerRequest) -> None:
+        message = request.message
+        if isinstance(message, m.FetchMetadataRequest):
+            self.fetches.append((src, request, self.cluster.clock.now_ms + message.max_wait_ms))
+            self.answer_fetches()
+            return
+        op = BROKER_OPS[type(message)]
+        wrapped = Request(
+            schemas.api_of(message), 0, request.request_id, f"broker-{src}", {},
+            memoryview(b""), f"sim-{src}", message,
+        )  # fmt: skip
+        incarnation = self.incarnation
+        scheduler = self.cluster.scheduler
+
+        def reply(response: Response) -> None:
+            if self.driver is not None and incarnation == self.incarnation:
+                self.answer(src, request, response)
+
+        drive(
+            handlers._active(self, op)(wrapped),  # type: ignore[arg-type]
+            reply,
+            lambda step: scheduler.after(0, step, f"handler {self.actor_id}"),
+        )
+        self.quorum.maybe_crash_serving(self, message)
+
+    def answer(self, src: int, request: ControllerRequest, response: Response) -> None:
+        payload = b"".join(bytes(p) for p in response.payload)
+        answer = ControllerAnswer(request.link_id, request.request_id, response.message, payload)
+        self.cluster.network.send(self.actor_id, src, answer)
+
+    def answer_fetches(self) -> None:
+        """The long poll of handlers.fetch_metadata: answered once there is something from
+        the fetch offset on, at the deadline (empty), or NOT_CONTROLLER when not active."""
+        if not self.fetches or self.driver is None or self.paused:
+            return
+        now_ms = self.cluster.clock.now_ms
+        waiting = []
+        for src, request, until in self.fetches:
+            response = self.fetch_answer(request.message, now_ms >= until)
+            if response is None:
+                waiting.append((src, request, until))
+            else:
+                self.answer(src, request, response)
+        self.fetches = waiting
+
+    def fetch_answer(self, f: m.FetchMetadataRequest, expired: bool) -> Response | None:
+        node = self.node
+        if not self.active or node is None:
+            return self.not_controller()
+        offset = max(f.fetch_offset, 1)  # Raft indexes start at 1
+        if offset <= node.log.snapshot_index and node.snapshot is not None:
+            snapshot = node.snapshot
+            snapshot_id = m.SnapshotId(snapshot.index, snapshot.term)
+            return handlers._fetch_response(self, snapshot_id, [snapshot.data])  # type: ignore[arg-type]
+        committed = self.images.committed.offset
+        if offset > committed and not expired:
+            return None
+        payload = handlers.metadata_entries(node, offset, committed, max(f.max_bytes, 1))
+        return handlers._fetch_response(self, None, [payload] if payload else [])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# the quorum
+
+
+class ControllerQuorum:
+    """Three controller actors on a shared simulation; the `RaftHost` they run on."""
+
+    def __init__(
+        self,
+        seed: int,
+        rng: random.Random,
+        clock: SimClock,
+        scheduler: Scheduler,
+        network: SimNetwork,
+        trace: Trace,
+        fail: Callable[[str], NoReturn],
+        clocks: dict[int, Callable[[], int]],
+        controller_config: ControllerConfig,
+    ) -> None:
+        self.rng, self.clock, self.scheduler = rng, clock, scheduler
+        self.network, self.trace, self._fail = network, trace, fail
+        self.options = SimOptions(
+            seed=seed,
+            election_timeout_ms=500,
+            heartbeat_interval_ms=50,
+            # Rates differ by up to 4 %: a lease ends early enough for 4 % of 500 ms.
+            max_clock_drift_ms=50,
+            max_entries_per_append=rng.choice([1, 8, 64]),
+            snapshot_every_records=rng.choice([10, 50, 1000]),
+            controller_config=controller_config,
+        )
+        self.invariants = RaftInvariants(fail)
+        self.actors = {i: ControllerActor(self, i, clocks[i]) for i in CONTROLLER_IDS}
+        for actor in self.actors.values():
+            network.register(actor)
+        self.chaos = True
+
+    def fail(self, text: str) -> NoReturn:
+        self._fail(text)
+
+    def start(self) -> None:
+        for actor in self.actors.values():
+            actor.start()
+
+    def check(self) -> None:
+        for actor in self.actors.values():
+            actor.check()
+
+    def active(self) -> ControllerActor | None:
+        return next((a for a in self.actors.values() if a.active), None)
+
+    def newest_image(self) -> MetadataImage:
+        """The newest image any controller committed (they agree: state-machine safety)."""
+        seen = self.invariants.image_at
+        return seen[max(seen)] if seen else EMPTY_IMAGE
+
+    # -- faults -------------------------------------------------------------------------
+
+    def crash(self, actor: ControllerActor, why: str, down_ms: int) -> None:
+        if actor.node is None:
+            return
+        actor.crash(why)
+        self.scheduler.after(down_ms, lambda: self.restart(actor), f"restart {actor.actor_id}")
+
+    def restart(self, actor: ControllerActor) -> None:
+        if actor.node is None:
+            actor.start()
+
+    def maybe_crash_after_persist(self, actor: RaftActor, ready: Ready) -> bool:
+        """The active controller sometimes dies right after writing new entries, before
+        sending them (between a Raft append and its commit); any node, rarely, after any
+        write."""
+        if not self.chaos:
+            return False
+        leading = actor.machine is not None and actor.machine.active and bool(ready.entries)
+        if self.rng.random() < (0.01 if leading else 0.0005):
+            assert isinstance(actor, ControllerActor)
+            self.crash(actor, "between persist and send", self.rng.randint(50, 1500))
+            return True
+        return False
+
+    def maybe_crash_serving(self, actor: ControllerActor, message: object) -> None:
+        """Sometimes the active controller dies while a registration or an AlterPartition
+        it proposed waits for its commit."""
+        if not self.chaos or not actor.active or isinstance(message, m.BrokerHeartbeatRequest):
+            return
+        if self.rng.random() < 0.03:
+            what = type(message).__name__
+            self.crash(actor, f"while serving {what}", self.rng.randint(50, 1500))
+
+    # -- what an admin asks of the active controller --------------------------------------
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int) -> int:
+        """Proposes what CreateTopics would on the active controller; NOT_CONTROLLER when
+        there is none, else the topic's error code (NONE: proposed, not yet committed)."""
+        actor = self.active()
+        if actor is None or actor.ctl is None:
+            return NOT_CONTROLLER
+        topic = CreatableTopic(name, partitions, replication_factor, {})
+        records, results = actor.ctl.create_topics(actor.images.pending, [topic])
+        return self.propose(actor, records, results[0].error_code)
+
+    def delete_topic(self, name: str) -> int:
+        """Proposes what DeleteTopics would on the active controller (as create_topic)."""
+        actor = self.active()
+        if actor is None or actor.ctl is None:
+            return NOT_CONTROLLER
+        records, results = actor.ctl.delete_topics(actor.images.pending, [name])
+        return self.propose(actor, records, results[0].error_code)
+
+    def propose(self, actor: ControllerActor, records: list, error_code: int) -> int:
+        if error_code != errors.NONE or not records:
+            return error_code
+        try:
+            actor.commit(records)
+        except NotControllerError:
+            return NOT_CONTROLLER
+        return errors.NONE
+
+
+# ---------------------------------------------------------------------------
+# a broker's link to the quorum
+
+
+@dataclass(slots=True)
+class Call:
+    """One request of the channel, through its retries."""
+
+    message: Any
+    on_done: Callable[[Any, bytes, int], None]  # (response or None, payload, error code)
+    deadline_ms: int
+    timeout_ms: int
+    retry: RequestRetry = field(default_factory=RequestRetry)
+    target: int = -1
+    sent_ms: int = 0
+    resend_ms: int | None = None  # backing off until then; None while in flight
+    error: int = REQUEST_TIMED_OUT
+
+
+class ControllerLink:
+    """broker/link for one broker process: channel, lifecycle and metadata follower."""
+
+    def __init__(
+        self,
+        link_id: int,
+        broker_id: int,
+        send: Callable[[int, object], None],
+        clock: Callable[[], int],
+        rng: random.Random,
+        on_metadata: Callable[[MetadataImage], None],
+        on_shut_down: Callable[[], None],
+        trace: Callable[[str], None],
+    ) -> None:
+        self.link_id = link_id
+        self.broker_id = broker_id
+        self.send = send
+        self.clock = clock
+        self.targets = ControllerTargets(CONTROLLER_IDS, rng)
+        self.on_metadata = on_metadata
+        self.on_shut_down = on_shut_down
+        self.trace = trace
+        self.calls: dict[int, Call] = {}  # request id of the attempt in flight -> call
+        self.backing_off: list[Call] = []
+        self.request_ids = 0
+        self.registrations = 0
+        self.incarnation_id = ""
+        self.broker_epoch = -1
+        self.registered = False
+        self.want_shut_down = False
+        self.image: MetadataImage = EMPTY_IMAGE  # the follower's
+        self.heartbeat_due: int | None = None  # None: one in flight, or not registered yet
+        self.fetch_due: int | None = None
+        self.register_due: int | None = None
+
+    def start(self) -> None:
+        self.register()
+
+    @property
+    def leader_id(self) -> int | None:
+        return self.targets.leader_id
+
+    # -- the channel ----------------------------------------------------------------------
+
+    def call(
+        self,
+        message: Any,
+        on_done: Callable[[Any, bytes, int], None],
+        deadline_ms: int,
+        timeout_ms: int = REQUEST_TIMEOUT_MS,
+    ) -> None:
+        now_ms = self.clock()
+        self.attempt(Call(message, on_done, now_ms + deadline_ms, timeout_ms))
+
+    def attempt(self, call: Call) -> None:
+        self.request_ids += 1
+        call.target, call.sent_ms, call.resend_ms = self.targets.target(), self.clock(), None
+        self.calls[self.request_ids] = call
+        self.send(call.target, ControllerRequest(self.link_id, self.request_ids, call.message))
+
+    def on_answer(self, answer: ControllerAnswer) -> None:
+        call = self.calls.pop(answer.request_id, None)
+        if call is None:
+            return  # an attempt given up on, or a duplicate
+        message = answer.message
+        header = message if isinstance(message, dict) else message._asdict()
+        error = m.ErrorResponse.from_header(header)
+        code = error.error_code
+        if code == NOT_CONTROLLER:
+            call.error = code
+            if self.targets.on_not_controller(call.target, error.leader_id, call.retry):
+                if self.clock() >= call.deadline_ms:
+                    call.on_done(None, b"", code)
+                else:
+                    self.attempt(call)
+                return
+            self.back_off(call)
+        elif code and errors.is_retriable(code):
+            call.error = code
+            self.back_off(call)
+        elif code:
+            call.on_done(None, b"", code)
+        else:
+            self.targets.on_answer(call.target)
+            call.on_done(message, answer.payload, errors.NONE)
+
+    def back_off(self, call: Call) -> None:
+        now_ms = self.clock()
+        if now_ms + call.retry.backoff_ms >= call.deadline_ms:
+            call.on_done(None, b"", call.error)
+            return
+        call.resend_ms = now_ms + call.retry.next_backoff_ms()
+        self.backing_off.append(call)
+
+    def tick(self) -> None:
+        now_ms = self.clock()
+        for request_id, call in list(self.calls.items()):
+            if now_ms - call.sent_ms > call.timeout_ms:  # no answer: the voter is unreachable
+                del self.calls[request_id]
+                self.targets.on_unreachable(call.target)
+                call.error = REQUEST_TIMED_OUT
+                self.back_off(call)
+        due = [c for c in self.backing_off if c.resend_ms is not None and c.resend_ms <= now_ms]
+        if due:
+            self.backing_off = [c for c in self.backing_off if c not in due]
+            for call in due:
+                self.attempt(call)
+        if self.register_due is not None and now_ms >= self.register_due:
+            self.register()
+        if self.heartbeat_due is not None and now_ms >= self.heartbeat_due:
+            self.heartbeat()
+        if self.fetch_due is not None and now_ms >= self.fetch_due:
+            self.fetch()
+
+    # -- the lifecycle (BrokerLifecycle, QuorumLink._register_and_follow) -------------------
+
+    def register(self, then_heartbeat: bool = False) -> None:
+        self.register_due = None
+        self.registrations += 1
+        self.incarnation_id = f"broker-{self.broker_id}-link-{self.link_id}-{self.registrations}"
+        request = m.BrokerRegistrationRequest(
+            broker_id=self.broker_id,
+            cluster_id="",
+            incarnation_id=self.incarnation_id,
+            listeners=[m.Listener("BROKER", "sim", self.broker_id)],
+            rack=None,
+        )
+
+        def done(response: Any, payload: bytes, code: int) -> None:
+            if code == errors.NONE:
+                self.broker_epoch = response.broker_epoch
+                self.trace(f"registered with epoch {self.broker_epoch}")
+                if not self.registered:
+                    self.registered = True
+                    self.fetch()  # the follower starts once registered
+            if self.registered:
+                self.heartbeat_due = self.clock() + HEARTBEAT_INTERVAL_MS
+            else:
+                self.register_due = self.clock() + REGISTER_RETRY_MS
+
+        self.call(request, done, REGISTER_DEADLINE_MS)
+
+    def heartbeat(self) -> None:
+        self.heartbeat_due = None
+        request = m.BrokerHeartbeatRequest(
+            broker_id=self.broker_id,
+            broker_epoch=self.broker_epoch,
+            current_metadata_offset=self.image.offset,
+            want_fence=False,
+            want_shut_down=self.want_shut_down,
+        )
+
+        def done(response: Any, payload: bytes, code: int) -> None:
+            if code == errors.NONE and response.should_shut_down:
+                self.on_shut_down()
+                return
+            if code in (STALE_BROKER_EPOCH, BROKER_ID_NOT_REGISTERED):
+                self.trace(f"heartbeat: {errors.error_name(code)}, registering again")
+                self.register()  # BrokerLifecycle._reregister, then heartbeats go on
+                return
+            self.heartbeat_due = self.clock() + HEARTBEAT_INTERVAL_MS
+
+        self.call(request, done, HEARTBEAT_DEADLINE_MS)
+
+    # -- the metadata follower --------------------------------------------------------------
+
+    def fetch(self) -> None:
+        self.fetch_due = None
+        request = m.FetchMetadataRequest(
+            broker_id=self.broker_id,
+            broker_epoch=self.broker_epoch,
+            fetch_offset=self.image.offset + 1,
+            last_fetched_epoch=self.image.epoch,
+            max_wait_ms=FETCH_MAX_WAIT_MS,
+            max_bytes=METADATA_MAX_BYTES,
+        )
+
+        def done(response: Any, payload: bytes, code: int) -> None:
+            if code != errors.NONE:
+                self.fetch_due = self.clock() + FETCH_RETRY_MS
+                return
+            fetched = apply_fetched(self.image, response.snapshot_id is not None, payload)
+            if fetched is not None:
+                self.image = fetched[1]
+                self.on_metadata(self.image)
+            self.fetch()
+
+        self.call(request, done, CALL_DEADLINE_MS, REQUEST_TIMEOUT_MS + FETCH_MAX_WAIT_MS)
+
+    # -- AlterPartition (QuorumLink.alter_partition) ------------------------------------------
+
+    def alter_partition(
+        self,
+        topic: str,
+        partition: int,
+        proposal: ProposeAlterPartition,
+        on_answer: Callable[[AlterPartitionResponse], None],
+    ) -> None:
+        request = alter_partition_request(
+            self.broker_id, self.broker_epoch, topic, partition, proposal
+        )
+
+        def done(response: Any, payload: bytes, code: int) -> None:
+            # ReplicaManager._alter_partition: a failed call answers with its error.
+            on_answer(
+                alter_partition_answer(response) if response else AlterPartitionResponse(code)
+            )
+
+        self.call(request, done, CALL_DEADLINE_MS)
