@@ -390,16 +390,47 @@ class BrokerLifecycle:
 Listener = Callable[[MetadataDelta, MetadataImage], Awaitable[None] | None]
 
 
+def delta_from_empty(image: MetadataImage) -> MetadataDelta:
+    """``image`` as a delta over the empty image: everything in it appears created."""
+    delta = MetadataDelta(EMPTY_IMAGE)
+    delta.replay_all(image_to_records(image), -1, -1)
+    delta.offset, delta.epoch = image.offset, image.epoch
+    return delta
+
+
+class CatchUpGate:
+    """What of the fetched metadata a starting broker may act on.
+
+    Until the follower's image first reaches the high watermark the controller reported,
+    nothing: an image behind it may name this broker leader of an epoch long over, with
+    an ISR of itself, and a restarted broker acting on it would advance its high
+    watermark over records the real leader has since truncated (Kafka's metadata loader
+    also publishes nothing before it has caught up). The first image handed over then
+    comes as one delta over the empty image; after that every batch passes.
+    """
+
+    def __init__(self) -> None:
+        self.caught_up = False
+
+    def admit(
+        self, delta: MetadataDelta, image: MetadataImage, high_watermark: int
+    ) -> MetadataDelta | None:
+        """The delta to publish with ``image``, or None to hold it back."""
+        if self.caught_up:
+            return delta
+        if image.offset < high_watermark:
+            return None
+        self.caught_up = True
+        return delta if delta.image.offset < 0 else delta_from_empty(image)
+
+
 def apply_fetched(
     image: MetadataImage, is_snapshot: bool, payload: bytes | memoryview
 ) -> tuple[MetadataDelta, MetadataImage, int] | None:
     """A FetchMetadata answer over ``image``: (delta, new image, entries applied), or None
     when it brought nothing. A snapshot yields a delta over the empty image."""
     if is_snapshot:
-        snapshot = decode_snapshot(bytes(payload))
-        delta = MetadataDelta(EMPTY_IMAGE)
-        delta.replay_all(image_to_records(snapshot), -1, -1)
-        delta.offset, delta.epoch = snapshot.offset, snapshot.epoch
+        delta = delta_from_empty(decode_snapshot(bytes(payload)))
         return delta, delta.apply(), 1
     if not payload:
         return None
@@ -416,9 +447,11 @@ def apply_fetched(
 class MetadataFollower:
     """Follows the committed metadata log from the active controller.
 
-    ``listener(delta, image)`` is called for each applied batch, in log order. After a
-    snapshot load the delta is over the EMPTY image (everything appears created;
-    ``delta.image.offset == -1``): a broker reconciles its local state with the image.
+    ``listener(delta, image)`` is called for each applied batch, in log order, from the
+    first time the image reaches the controller's high watermark on (`CatchUpGate`).
+    That first call, and any after a snapshot load, has a delta over the EMPTY image
+    (everything appears created; ``delta.image.offset == -1``): a broker reconciles its
+    local state with the image.
     """
 
     def __init__(
@@ -444,6 +477,7 @@ class MetadataFollower:
         self.image: MetadataImage = EMPTY_IMAGE
         self.high_watermark = -1
         self.snapshots_loaded = 0
+        self._gate = CatchUpGate()
         self._task: asyncio.Task[None] | None = None
         self._applied = asyncio.Event()
 
@@ -483,7 +517,12 @@ class MetadataFollower:
         delta, image, count = fetched
         if response.snapshot_id is not None:
             self.snapshots_loaded += 1
-        await self._publish(delta, image)
+        admitted = self._gate.admit(delta, image, response.high_watermark)
+        if admitted is None:  # still catching up after the start: the listener waits
+            self.image = image
+            self._applied.set()
+            return count
+        await self._publish(admitted, image)
         return count
 
     async def _publish(self, delta: MetadataDelta, image: MetadataImage) -> None:

@@ -20,7 +20,8 @@ voter with the production `ControllerTargets` and `RequestRetry` (follow a
 NOT_CONTROLLER's leader hint, rotate when a voter does not answer, back off), the
 lifecycle registers, heartbeats, and registers again with a fresh incarnation when the
 controller says its epoch is stale or its registration gone, and the follower
-long-polls FetchMetadata and applies each answer with the production `apply_fetched`.
+long-polls FetchMetadata, applies each answer with the production `apply_fetched` and
+hands the broker nothing before it first catches up (the production `CatchUpGate`).
 
 Every node reads its own clock (clocks.py): Raft timers, broker sessions and request
 timeouts all run on drifting clocks.
@@ -37,6 +38,7 @@ from rillet.broker.link.controller_client import (
     BROKER_ID_NOT_REGISTERED,
     NOT_CONTROLLER,
     STALE_BROKER_EPOCH,
+    CatchUpGate,
     ControllerTargets,
     RequestRetry,
     apply_fetched,
@@ -48,7 +50,7 @@ from rillet.client.wire import errors, schemas
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import NotControllerError
 from rillet.controller import handlers
-from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataImage
+from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
 from rillet.controller.metadata.quorum import (
     ControllerConfig,
     CreatableTopic,
@@ -493,7 +495,7 @@ class ControllerLink:
         send: Callable[[int, object], None],
         clock: Callable[[], int],
         rng: random.Random,
-        on_metadata: Callable[[MetadataImage], None],
+        on_metadata: Callable[[MetadataDelta, MetadataImage], None],
         on_shut_down: Callable[[], None],
         trace: Callable[[str], None],
     ) -> None:
@@ -514,6 +516,7 @@ class ControllerLink:
         self.registered = False
         self.want_shut_down = False
         self.image: MetadataImage = EMPTY_IMAGE  # the follower's
+        self.gate = CatchUpGate()
         self.heartbeat_due: int | None = None  # None: one in flight, or not registered yet
         self.fetch_due: int | None = None
         self.register_due: int | None = None
@@ -666,8 +669,10 @@ class ControllerLink:
                 return
             fetched = apply_fetched(self.image, response.snapshot_id is not None, payload)
             if fetched is not None:
-                self.image = fetched[1]
-                self.on_metadata(self.image)
+                delta, self.image, _ = fetched
+                admitted = self.gate.admit(delta, self.image, response.high_watermark)
+                if admitted is not None:
+                    self.on_metadata(admitted, self.image)
             self.fetch()
 
         self.call(request, done, CALL_DEADLINE_MS, REQUEST_TIMEOUT_MS + FETCH_MAX_WAIT_MS)

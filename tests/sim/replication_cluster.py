@@ -39,7 +39,7 @@ from rillet.broker.replication.types import (
     ReplicationConfig,
 )
 from rillet.client.wire import errors
-from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataImage
+from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
 from rillet.controller.metadata.quorum import ControllerConfig
 
 from .clocks import MAX_STEP_MS, DriftingClock
@@ -288,20 +288,16 @@ class BrokerActor:
             self.cluster.rng.randint(50, 1000), lambda: self.cluster.restart(broker), "restart"
         )
 
-    def on_metadata(self, image: MetadataImage) -> None:
+    def on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """What ReplicaManager.on_metadata does with one published (delta, image)."""
         if image.offset <= self.image.offset:
             return
-        old, self.image = self.image, image
+        self.image = image
         p = image.partition(TOPIC, 0)
         state, driver = self.state, self.driver
-        if driver is not None:  # as ReplicaManager does with delta.changed_brokers
-            changed = [
-                b
-                for b in set(old.brokers) | set(image.brokers)
-                if old.brokers.get(b) != image.brokers.get(b)
-            ]
-            if changed:
-                driver.on_brokers_changed(changed)
+        if driver is not None and delta.changed_brokers:
+            # Every broker a record touched, even one fenced and unfenced in one batch.
+            driver.on_brokers_changed(delta.changed_brokers.keys())
         if p is None or state is None or driver is None or self.actor_id not in p.replicas:
             return
         if p.leader == self.actor_id:
