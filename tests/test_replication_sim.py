@@ -1,6 +1,8 @@
 """Seeded simulations of partition replication (tests/sim/replication_cluster.py): the real
-PartitionState on three brokers and the real QuorumController, with loss, delay,
-duplication, isolation, crashes and restarts; invariants after every event.
+PartitionState on three brokers, a quorum of three Raft controllers running the real
+controller state machine and handlers (tests/sim/controller_quorum.py), each node on a
+drifting clock of its own, with loss, delay, duplication, partitions, pauses, crashes and
+restarts of brokers and controllers; invariants after every event.
 
 A failure prints the one command line that replays its seed:
     RILLET_SIM_SEED=1234 .venv/bin/pytest tests/test_replication_sim.py -k replay -s
@@ -13,11 +15,14 @@ from collections.abc import Sequence
 import pytest
 from sim.replication_cluster import SimulationFailure, run_seed
 from sim.seeds import replay, run_block, run_many, seeds_from_env
+from test_raft_sim import sends_before_persisting
 
 from rillet.broker.replication.driver import PartitionDriver
 from rillet.broker.replication.types import Effect, Truncate
+from rillet.controller.raft.driver import RaftDriver
 
-QUICK_SEEDS = 200  # make test: ~0.06 s of CPU per seed (8 s simulated chaos, then healing)
+# make test: ~0.16 s of CPU per seed (8 s of simulated chaos, then healing).
+QUICK_SEEDS = 64
 
 
 @pytest.mark.parametrize("block", range(4))
@@ -36,12 +41,24 @@ def test_replay() -> None:
     replay(run_seed)
 
 
+MUTANT_SEEDS = 8
+
+
+def first_failing_seed() -> str:
+    for seed in range(MUTANT_SEEDS):
+        try:
+            run_seed(seed)
+        except SimulationFailure as failure:
+            return str(failure)
+    raise AssertionError(f"no seed of {MUTANT_SEEDS} caught the bad variant")
+
+
 def test_the_simulation_runs_the_production_effect_interpreter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The brokers here run the PartitionDriver the broker's ReplicaManager runs: an
     interpreter that loses Truncate effects (a follower keeps records its leader never
-    had) is caught by the very first seed."""
+    had) is caught within a few seeds that pass with the real one."""
     apply = PartitionDriver.apply
 
     def apply_without_truncate(
@@ -49,7 +66,16 @@ def test_the_simulation_runs_the_production_effect_interpreter(
     ) -> None:
         apply(self, [e for e in effects if not isinstance(e, Truncate)], fetched)
 
-    run_seed(0)  # the seed passes with the real interpreter...
+    for seed in range(MUTANT_SEEDS):
+        run_seed(seed)  # the seeds pass with the real interpreter...
     monkeypatch.setattr(PartitionDriver, "apply", apply_without_truncate)
-    with pytest.raises(SimulationFailure):
-        run_seed(0)  # ...and fails with the broken one
+    first_failing_seed()  # ...and one of them fails with the broken one
+
+
+def test_the_controllers_run_the_production_raft_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller quorum here is the Raft simulation's actors (the production
+    RaftDriver and the Raft checks): a driver that sends before it persists is caught."""
+    monkeypatch.setattr(RaftDriver, "ready_steps", sends_before_persisting)
+    assert "not yet durable" in first_failing_seed()

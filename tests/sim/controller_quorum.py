@@ -170,6 +170,7 @@ class ControllerActor(RaftActor):
         self.paused_until = 0  # SIGSTOP: inputs queue up until then
         self.inbox: list[tuple[int, object]] = []
         self.next_controller_tick = 0
+        self.serving: str | None = None  # the request whose records are being proposed
 
     # -- the server surface of controller/handlers.py ----------------------------------
 
@@ -303,12 +304,15 @@ class ControllerActor(RaftActor):
             if self.driver is not None and incarnation == self.incarnation:
                 self.answer(src, request, response)
 
-        drive(
-            handlers._active(self, op)(wrapped),  # type: ignore[arg-type]
-            reply,
-            lambda step: scheduler.after(0, step, f"handler {self.actor_id}"),
-        )
-        self.quorum.maybe_crash_serving(self, message)
+        self.serving = type(message).__name__  # until the handler first waits
+        try:
+            drive(
+                handlers._active(self, op)(wrapped),  # type: ignore[arg-type]
+                reply,
+                lambda step: scheduler.after(0, step, f"handler {self.actor_id}"),
+            )
+        finally:
+            self.serving = None
 
     def answer(self, src: int, request: ControllerRequest, response: Response) -> None:
         payload = b"".join(bytes(p) for p in response.payload)
@@ -415,26 +419,23 @@ class ControllerQuorum:
             actor.start()
 
     def maybe_crash_after_persist(self, actor: RaftActor, ready: Ready) -> bool:
-        """The active controller sometimes dies right after writing new entries, before
-        sending them (between a Raft append and its commit); any node, rarely, after any
-        write."""
+        """Sometimes a node dies right after a write, before sending anything: often the
+        active controller that just wrote a broker's registration or AlterPartition
+        (between the Raft append and its commit, with the broker waiting for the
+        answer), now and then the active one after writing any entries, rarely anyone."""
         if not self.chaos:
             return False
-        leading = actor.machine is not None and actor.machine.active and bool(ready.entries)
-        if self.rng.random() < (0.01 if leading else 0.0005):
-            assert isinstance(actor, ControllerActor)
-            self.crash(actor, "between persist and send", self.rng.randint(50, 1500))
+        assert isinstance(actor, ControllerActor)
+        if actor.serving is not None and ready.entries:
+            rate, why = 0.05, f"while proposing for {actor.serving}"
+        elif actor.active and ready.entries:
+            rate, why = 0.01, "between append and commit"
+        else:
+            rate, why = 0.0005, "between persist and send"
+        if self.rng.random() < rate:
+            self.crash(actor, why, self.rng.randint(50, 1500))
             return True
         return False
-
-    def maybe_crash_serving(self, actor: ControllerActor, message: object) -> None:
-        """Sometimes the active controller dies while a registration or an AlterPartition
-        it proposed waits for its commit."""
-        if not self.chaos or not actor.active or isinstance(message, m.BrokerHeartbeatRequest):
-            return
-        if self.rng.random() < 0.03:
-            what = type(message).__name__
-            self.crash(actor, f"while serving {what}", self.rng.randint(50, 1500))
 
     # -- what an admin asks of the active controller --------------------------------------
 

@@ -42,9 +42,10 @@ from rillet.client.wire import errors
 from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
 from rillet.controller.metadata.quorum import ControllerConfig
 
-from .clocks import MAX_STEP_MS, DriftingClock
+from .clocks import DriftingClock
 from .controller_quorum import CONTROLLER_IDS, ControllerAnswer, ControllerLink, ControllerQuorum
 from .network import LinkFaults, SimNetwork
+from .raft_cluster import SimulationFailure
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
 
@@ -60,10 +61,6 @@ TOPIC = "t"
 MIN_ISR = 2
 FETCH_MAX_RECORDS = 4
 REQUEST_TIMEOUT_MS = 300
-
-
-class SimulationFailure(AssertionError):
-    """An invariant broke; the message carries the seed's replay command and a trace."""
 
 
 # ---------------------------------------------------------------------------
@@ -462,8 +459,11 @@ class ReplicationCluster:
             self.scheduler, random.Random(self.rng.getrandbits(64)), self.random_link_faults()
         )
         self.trace = Trace(echo=echo_trace)
-        node_ids = (*BROKER_IDS, *CONTROLLER_IDS)
-        self.clocks = {n: DriftingClock.random(self.clock, self.rng) for n in node_ids}
+        # Controllers' clocks only leap forward: the Raft core refuses one going back.
+        self.clocks = {
+            n: DriftingClock.random(self.clock, self.rng, monotonic=n in CONTROLLER_IDS)
+            for n in (*BROKER_IDS, *CONTROLLER_IDS)
+        }
         self.quorum = ControllerQuorum(
             seed,
             self.rng,
@@ -595,7 +595,7 @@ class ReplicationCluster:
     def inject_controller_fault(self, action: str) -> None:
         """Controllers crash (the active one often), lose their links to the other
         controllers or to the brokers, pause; now and then a majority goes down for a
-        while; any node's clock steps forward."""
+        while; a node's clock leaps (a broker's back, too)."""
         quorum, now_ms = self.quorum, self.clock.now_ms
         actor = quorum.actors[self.rng.choice(CONTROLLER_IDS)]
         if action == "crash_active":
@@ -618,9 +618,8 @@ class ReplicationCluster:
             actor.pause(self.rng.randint(100, 1500))
         elif action == "clock_step":
             node = self.rng.choice(sorted(self.clocks))
-            step_ms = self.rng.randint(1, MAX_STEP_MS)
-            self.clocks[node].step_forward(step_ms)
-            self.trace.add(now_ms, f"node {node}: clock steps {step_ms} ms forward")
+            step_ms = self.clocks[node].random_step(self.rng)
+            self.trace.add(now_ms, f"node {node}: clock steps {step_ms:+} ms")
 
     def restart(self, broker: BrokerActor) -> None:
         if not broker.alive:
