@@ -1,21 +1,36 @@
-"""Partition replication in the deterministic simulator: three brokers driven by the real
-``PartitionState`` core (leader, follower, ISR, HW, acks=all) run by the production
-``PartitionDriver`` (the effect interpreter the broker uses) over in-memory logs, and
-one controller actor running the real ``QuorumController`` (registration, heartbeats,
-session fencing, election from the ISR, AlterPartition with partition epochs) over the
-real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
-duplication and reordering; brokers crash (their in-memory state is lost, their log and
-last HW checkpoint survive, as after kill -9) and restart.
+"""Partition replication in the deterministic simulator.
+
+Three brokers run the real ``PartitionState`` core (leader, follower, ISR, HW, acks=all)
+through the production ``PartitionDriver`` (the effect interpreter the broker uses) over
+in-memory logs. Their metadata comes from a quorum of three Raft controllers
+(controller_quorum.py): the production ``RaftDriver``, ``RaftNode`` and
+``ControllerStateMachine`` of the Raft simulation, answering registrations, heartbeats,
+AlterPartition and metadata fetches with the production handlers. A broker reaches the
+active controller as the real broker link does, trying voters, following NOT_CONTROLLER
+hints and backing off, and registers again when a new controller no longer knows it.
+
+Everything travels over ``SimNetwork`` with seeded loss, delay, duplication and
+reordering. Brokers crash (their in-memory state is lost, their log and last HW
+checkpoint survive, as after kill -9), restart, pause and shut down under control.
+Controllers crash (the active one often: at any write, right after proposing a broker's
+registration or AlterPartition, between a Raft append and its commit), are cut from the
+other controllers or from the brokers for a while, pause, and now and then two of the
+three go down for a while (no quorum). Every node reads its own clock (clocks.py): a rate
+within 2 % of the simulated time, an offset of its own, occasional leaps forward (and, for
+brokers, back).
 
 Invariants, checked after every event:
 - a broker's high watermark never moves back within one incarnation;
 - records below any leader's HW are committed: once committed, an offset's record
   never changes on any replica, below that replica's own HW or anywhere once the
   replica becomes leader (a new leader holds every committed record);
-- every acknowledged acks=all write is committed at the offset it was acknowledged at.
+- every acknowledged acks=all write is committed at the offset it was acknowledged at;
+- the controllers keep the Raft simulation's checks (raft_cluster.py): one leader per
+  term, log matching, committed entries never change, the same image at every offset,
+  an active controller is a leader, messages only carry what is already durable.
 
-The controller itself does not crash here (the Raft quorum under it has its own
-simulation, tests/sim/raft_cluster.py).
+After the chaos everything heals: a controller becomes active again, the ISR refills and
+a new write is acknowledged within the liveness bound.
 """
 
 from __future__ import annotations
