@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from sim.raft_cluster import SimulationFailure, run_seed
-from sim.seeds import replay, run_block, run_many, seeds_from_env
+from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 
 from rillet.controller.raft.core import RaftNode, Role
 from rillet.controller.raft.driver import BlockingWrite, RaftDriver
@@ -45,12 +45,7 @@ MUTANT_SEEDS = 40
 
 
 def first_failing_seed() -> str:
-    for seed in range(MUTANT_SEEDS):
-        try:
-            run_seed(seed)
-        except SimulationFailure as failure:
-            return str(failure)
-    raise AssertionError(f"no seed of {MUTANT_SEEDS} caught the bad variant")
+    return first_failure(run_seed, MUTANT_SEEDS, SimulationFailure)
 
 
 def sends_before_persisting(

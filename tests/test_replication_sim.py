@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 from sim.replication_cluster import SimulationFailure, run_seed
-from sim.seeds import replay, run_block, run_many, seeds_from_env
+from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 from test_raft_sim import sends_before_persisting
 
 from rillet.broker.replication.driver import PartitionDriver
@@ -45,12 +45,7 @@ MUTANT_SEEDS = 8
 
 
 def first_failing_seed() -> str:
-    for seed in range(MUTANT_SEEDS):
-        try:
-            run_seed(seed)
-        except SimulationFailure as failure:
-            return str(failure)
-    raise AssertionError(f"no seed of {MUTANT_SEEDS} caught the bad variant")
+    return first_failure(run_seed, MUTANT_SEEDS, SimulationFailure)
 
 
 def test_the_simulation_runs_the_production_effect_interpreter(

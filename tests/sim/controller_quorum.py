@@ -603,7 +603,7 @@ class ControllerLink:
 
     # -- the lifecycle (BrokerLifecycle, QuorumLink._register_and_follow) -------------------
 
-    def register(self, then_heartbeat: bool = False) -> None:
+    def register(self) -> None:
         self.register_due = None
         self.registrations += 1
         self.incarnation_id = f"broker-{self.broker_id}-link-{self.link_id}-{self.registrations}"
