@@ -51,12 +51,7 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.errors import NotControllerError
 from rillet.controller import handlers
 from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
-from rillet.controller.metadata.quorum import (
-    ControllerConfig,
-    CreatableTopic,
-    PendingImages,
-    QuorumController,
-)
+from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
 from rillet.controller.raft.core import Ready
 from rillet.controller.server import ControllerServer
 
@@ -78,11 +73,14 @@ METADATA_MAX_BYTES = 4096  # small, so a lagging broker catches up in several an
 CONTROLLER_TICK_MS = 50
 REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 
-# The broker-facing operations this simulation sends, as build_handlers maps them.
-BROKER_OPS: dict[type, handlers.ActiveHandler] = {
+ADMIN_TIMEOUT_MS = 1000  # an admin's request that gets no answer fails after this
+# The operations this simulation asks of the controllers, as build_handlers maps them.
+OPS: dict[type, handlers.ActiveHandler] = {
     m.BrokerRegistrationRequest: handlers.broker_registration,
     m.BrokerHeartbeatRequest: handlers.broker_heartbeat,
     m.AlterPartitionRequest: handlers.alter_partition,
+    m.CreateTopicsRequest: handlers.create_topics,
+    m.DeleteTopicsRequest: handlers.delete_topics,
 }
 
 
@@ -292,22 +290,25 @@ class ControllerActor(RaftActor):
             self.fetches.append((src, request, self.cluster.clock.now_ms + message.max_wait_ms))
             self.answer_fetches()
             return
-        op = BROKER_OPS[type(message)]
-        wrapped = Request(
-            schemas.api_of(message), 0, request.request_id, f"broker-{src}", {},
-            memoryview(b""), f"sim-{src}", message,
-        )  # fmt: skip
         incarnation = self.incarnation
-        scheduler = self.cluster.scheduler
 
         def reply(response: Response) -> None:
             if self.driver is not None and incarnation == self.incarnation:
                 self.answer(src, request, response)
 
+        self.handle(message, f"broker-{src}", reply)
+
+    def handle(self, message: Any, client: str, reply: Callable[[Response], None]) -> None:
+        """Runs the production handler of ``message`` as the server wraps it; ``reply``
+        gets its answer, unless this node dies first."""
+        wrapped = Request(
+            schemas.api_of(message), 0, 0, client, {}, memoryview(b""), client, message
+        )
+        scheduler = self.cluster.scheduler
         self.serving = type(message).__name__  # until the handler first waits
         try:
             drive(
-                handlers._active(self, op)(wrapped),  # type: ignore[arg-type]
+                handlers._active(self, OPS[type(message)])(wrapped),  # type: ignore[arg-type]
                 reply,
                 lambda step: scheduler.after(0, step, f"handler {self.actor_id}"),
             )
@@ -439,32 +440,44 @@ class ControllerQuorum:
 
     # -- what an admin asks of the active controller --------------------------------------
 
-    def create_topic(self, name: str, partitions: int, replication_factor: int) -> int:
-        """Proposes what CreateTopics would on the active controller; NOT_CONTROLLER when
-        there is none, else the topic's error code (NONE: proposed, not yet committed)."""
-        actor = self.active()
-        if actor is None or actor.ctl is None:
-            return NOT_CONTROLLER
-        topic = CreatableTopic(name, partitions, replication_factor, {})
-        records, results = actor.ctl.create_topics(actor.images.pending, [topic])
-        return self.propose(actor, records, results[0].error_code)
+    def create_topic(self, topic: m.CreatableTopic, on_done: Callable[[int], None]) -> None:
+        """CreateTopics through the production handler on the active controller:
+        ``on_done(error code)`` once its records commit (NONE; the topic, with its id, is
+        then in `newest_image`), at once with NOT_CONTROLLER when no controller is active,
+        and with REQUEST_TIMED_OUT when no answer came in time (the controller died)."""
+        request = m.CreateTopicsRequest([topic], timeout_ms=ADMIN_TIMEOUT_MS)
+        self.admin(request, lambda r: r.topics[0].error_code, on_done)
 
-    def delete_topic(self, name: str) -> int:
-        """Proposes what DeleteTopics would on the active controller (as create_topic)."""
-        actor = self.active()
-        if actor is None or actor.ctl is None:
-            return NOT_CONTROLLER
-        records, results = actor.ctl.delete_topics(actor.images.pending, [name])
-        return self.propose(actor, records, results[0].error_code)
+    def delete_topic(self, name: str, on_done: Callable[[int], None]) -> None:
+        """DeleteTopics through the production handler on the active controller (the
+        outcomes as for `create_topic`)."""
+        request = m.DeleteTopicsRequest([name], timeout_ms=ADMIN_TIMEOUT_MS)
+        self.admin(request, lambda r: r.responses[0].error_code, on_done)
 
-    def propose(self, actor: ControllerActor, records: list, error_code: int) -> int:
-        if error_code != errors.NONE or not records:
-            return error_code
-        try:
-            actor.commit(records)
-        except NotControllerError:
-            return NOT_CONTROLLER
-        return errors.NONE
+    def admin(
+        self, request: Any, error_of: Callable[[Any], int], on_done: Callable[[int], None]
+    ) -> None:
+        actor = self.active()
+        if actor is None:
+            on_done(NOT_CONTROLLER)
+            return
+        answered = False
+
+        def reply(response: Response) -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                message = response.message
+                on_done(NOT_CONTROLLER if isinstance(message, dict) else error_of(message))
+
+        def time_out() -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                on_done(REQUEST_TIMED_OUT)
+
+        self.scheduler.after(ADMIN_TIMEOUT_MS, time_out, "admin timeout")
+        actor.handle(request, "admin", reply)
 
 
 # ---------------------------------------------------------------------------

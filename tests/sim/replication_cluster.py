@@ -54,6 +54,7 @@ from rillet.broker.replication.types import (
     ReplicationConfig,
 )
 from rillet.client.wire import errors
+from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
 from rillet.controller.metadata.quorum import ControllerConfig
 
@@ -553,11 +554,16 @@ class ReplicationCluster:
         self.check_liveness()
 
     def create_topic(self) -> None:
-        """An admin's CreateTopics, retried until the topic is in a committed image."""
-        if self.quorum.newest_image().partition(TOPIC, 0) is not None:
-            return
-        self.quorum.create_topic(TOPIC, 1, 3)
-        self.scheduler.after(100, self.create_topic, "create topic")
+        """An admin's CreateTopics, retried until it succeeds (or finds the topic made by
+        an attempt whose answer was lost)."""
+
+        def done(code: int) -> None:
+            if code in (errors.NONE, errors.code_of("TOPIC_ALREADY_EXISTS")):
+                self.trace.add(self.clock.now_ms, f"topic {TOPIC} created")
+            else:
+                self.scheduler.after(100, self.create_topic, "create topic")
+
+        self.quorum.create_topic(m.CreatableTopic(TOPIC, 1, 3, [], {}), done)
 
     def write(self) -> None:
         leaders = [b for b in self.brokers.values() if b.state is not None and b.state.is_leader]
