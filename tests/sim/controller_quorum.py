@@ -29,6 +29,7 @@ timeouts all run on drifting clocks.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
@@ -263,7 +264,8 @@ class ControllerActor(RaftActor):
         if self.machine is not None and now_ms >= self.next_controller_tick:
             # The server's ticker: session expiry and leader rebalance, when active.
             self.next_controller_tick = now_ms + CONTROLLER_TICK_MS
-            self.machine.tick(self.clock())
+            with contextlib.suppress(NotControllerError):
+                self.machine.tick(self.clock())
             self.run_ready()
         self.answer_fetches()
 
