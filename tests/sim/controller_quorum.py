@@ -320,6 +320,15 @@ class ControllerActor(RaftActor):
     def answer(self, src: int, request: ControllerRequest, response: Response) -> None:
         payload = b"".join(bytes(p) for p in response.payload)
         answer = ControllerAnswer(request.link_id, request.request_id, response.message, payload)
+        if self.paused:  # a handler resumed by a commit just before SIGSTOP: sent after it
+            incarnation = self.incarnation
+
+            def send_late() -> None:
+                if self.driver is not None and incarnation == self.incarnation:
+                    self.cluster.network.send(self.actor_id, src, answer)
+
+            self.cluster.scheduler.at(self.paused_until, send_late, "late answer")
+            return
         self.cluster.network.send(self.actor_id, src, answer)
 
     def answer_fetches(self) -> None:
