@@ -306,13 +306,21 @@ class ControllerActor(RaftActor):
         wrapped = Request(
             schemas.api_of(message), 0, 0, client, {}, memoryview(b""), client, message
         )
-        scheduler = self.cluster.scheduler
+        scheduler, incarnation = self.cluster.scheduler, self.incarnation
+
+        def defer(step: Callable[[], None]) -> None:
+            def resume() -> None:
+                if self.driver is not None and incarnation == self.incarnation:
+                    step()  # a process that died runs none of its handlers again
+
+            scheduler.after(0, resume, f"handler {self.actor_id}")
+
         self.serving = type(message).__name__  # until the handler first waits
         try:
             drive(
                 handlers._active(self, OPS[type(message)])(wrapped),  # type: ignore[arg-type]
                 reply,
-                lambda step: scheduler.after(0, step, f"handler {self.actor_id}"),
+                defer,
             )
         finally:
             self.serving = None
