@@ -120,6 +120,7 @@ class RaftInvariants:
         self.leader_of_term: dict[int, int] = {}
         self.entry_by_key: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.committed: dict[int, Entry] = {}
+        self.commit_term: dict[int, int] = {}  # index -> the term it was committed in
         self.image_at: dict[int, MetadataImage] = {}
         self.snapshot_at: dict[int, bytes] = {}
         self.cluster_id: str | None = None
@@ -137,7 +138,10 @@ class RaftInvariants:
                     f"term {entry.term} as {value!r}, another node had {seen!r}"
                 )
 
-    def on_commit(self, node_id: int, entry: Entry) -> None:
+    def on_commit(self, node_id: int, entry: Entry, term: int) -> None:
+        """``node_id``, in ``term``, holds ``entry`` as committed. The least such term is
+        the term it was committed in (the leader that commits sees it first)."""
+        self.commit_term[entry.index] = min(term, self.commit_term.get(entry.index, term))
         seen = self.committed.setdefault(entry.index, entry)
         if seen != entry:
             self.fail(
@@ -178,7 +182,12 @@ class RaftInvariants:
         if (term, node.node_id) in self.checked_leaders:
             return
         self.checked_leaders.add((term, node.node_id))
+        # Raft's leader completeness: what was committed in an earlier term. A leader of
+        # an older term may lack what a newer one committed: a node paused mid-election
+        # that then handles a vote granted before the newer term began wins its term.
         for index, entry in self.committed.items():
+            if self.commit_term[index] >= term:
+                continue
             if index > node.log.snapshot_index and node.log.term(index) != entry.term:
                 self.fail(
                     f"leader completeness: new leader {node.node_id} of term {term} "
@@ -402,7 +411,7 @@ class RaftActor:
         invariants = self.cluster.invariants
         machine.apply(ready)
         for entry in ready.committed_entries:
-            invariants.on_commit(self.actor_id, entry)
+            invariants.on_commit(self.actor_id, entry, self.node.term if self.node else 0)
         if ready.snapshot is not None or ready.committed_entries:
             invariants.on_image(self.actor_id, machine.image)
 
@@ -428,7 +437,7 @@ class RaftActor:
             max(self.seen_commit, node.log.snapshot_index) + 1, node.commit_index + 1
         ):
             entry = node.log.slice(index, 1)[0]
-            invariants.on_commit(self.actor_id, entry)
+            invariants.on_commit(self.actor_id, entry, node.term)
         self.seen_term, self.seen_commit = node.term, node.commit_index
         if max(machine.image.offset, 0) != node.applied_index:
             self.cluster.fail(
