@@ -33,7 +33,7 @@ from rillet.controller.metadata.quorum import (
     CreatableTopic,
     QuorumController,
 )
-from rillet.controller.raft.driver import monotonic_ms
+from rillet.controller.raft.core import RaftNode
 
 if TYPE_CHECKING:
     from rillet.controller.server import ControllerServer
@@ -74,7 +74,7 @@ async def broker_registration(
         )
     endpoints = [tuple(e) for e in f.listeners]
     records, resp = ctl.register_broker(
-        server.images.pending, f.broker_id, f.incarnation_id, endpoints, f.rack, monotonic_ms()
+        server.images.pending, f.broker_id, f.incarnation_id, endpoints, f.rack, server.clock()
     )
     await server.commit(records)
     return m.BrokerRegistrationResponse(
@@ -94,7 +94,7 @@ async def broker_heartbeat(
         f.current_metadata_offset,
         f.want_fence,
         f.want_shut_down,
-        monotonic_ms(),
+        server.clock(),
     )
     await server.commit(records)
     return m.BrokerHeartbeatResponse(
@@ -112,7 +112,7 @@ async def controlled_shutdown(
     """Kafka's old API, as a want_shutdown heartbeat: moves leaderships off the broker and
     lists what it still leads. The broker finishes with heartbeats (BrokerLifecycle)."""
     records, resp = ctl.broker_heartbeat(
-        server.images.pending, f.broker_id, f.broker_epoch, -1, False, True, monotonic_ms()
+        server.images.pending, f.broker_id, f.broker_epoch, -1, False, True, server.clock()
     )
     await server.commit(records)
     led = server.images.committed.partitions_led_by(f.broker_id)
@@ -314,17 +314,23 @@ def fetch_metadata(server: ControllerServer) -> Handler:
             if offset <= committed or left <= 0:
                 break
             await server.wait_applied_change(left)
-        entries = node.log.entries_between(offset, committed)
-        out, size = [], 0
-        for e in entries:
-            if out and size + len(e.data) > min(max(f.max_bytes, 1), cap):
-                break
-            out.append([e.index, e.term, e.data if e.kind == 0 else b""])
-            size += len(e.data) + 16
-        payload = msgpack.packb(out, use_bin_type=True) if out else b""
+        payload = metadata_entries(node, offset, committed, min(max(f.max_bytes, 1), cap))
         return _fetch_response(server, None, [payload] if payload else [])
 
     return handle
+
+
+def metadata_entries(node: RaftNode, offset: int, committed: int, max_bytes: int) -> bytes:
+    """FetchMetadata's payload: committed entries from ``offset``, at least one and
+    otherwise at most ``max_bytes`` (b"" when there are none)."""
+    out: list[list[object]] = []
+    size = 0
+    for e in node.log.entries_between(offset, committed):
+        if out and size + len(e.data) > max_bytes:
+            break
+        out.append([e.index, e.term, e.data if e.kind == 0 else b""])
+        size += len(e.data) + 16
+    return msgpack.packb(out, use_bin_type=True) if out else b""
 
 
 def _fetch_response(

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,8 @@ class ControllerServer:
         self._applied: asyncio.Future[None] | None = None  # resolved and replaced per apply
         self._meta_cluster_id: str | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        # Milliseconds, monotonic: session deadlines and the Raft timers read it.
+        self.clock: Callable[[], int] = monotonic_ms
         self.node: RaftNode
         self.store: RaftStore
         self.transport: RaftTransport
@@ -139,7 +141,7 @@ class ControllerServer:
             election_timeout_ms=self.config["quorum.election.timeout.ms"],
             heartbeat_interval_ms=self.config["quorum.heartbeat.interval.ms"],
         )
-        self.node = RaftNode(raft_config, state, rng=random.Random(), now_ms=monotonic_ms())
+        self.node = RaftNode(raft_config, state, rng=random.Random(), now_ms=self.clock())
         self.transport = RaftTransport(
             self.node_id,
             self.voters,
@@ -147,7 +149,7 @@ class ControllerServer:
             timeout_ms=self.config["quorum.fetch.timeout.ms"],
         )
         self.transport.cluster_id = self.cluster_id
-        self.driver = RaftDriver(self.node, self.store, self.transport, self.machine, monotonic_ms)
+        self.driver = RaftDriver(self.node, self.store, self.transport, self.machine, self.clock)
         self.machine.bind(self.node, self.driver.propose)
         self.raft_loop = AsyncRaftLoop(
             self.driver,
@@ -318,7 +320,7 @@ class ControllerServer:
         while True:
             await asyncio.sleep(interval_s)
             with contextlib.suppress(NotControllerError):
-                self.machine.tick(monotonic_ms())
+                self.machine.tick(self.clock())
 
     def not_controller(self) -> Response:
         """NOT_CONTROLLER with where to go instead (leader id, host, port; -1/"" unknown)."""

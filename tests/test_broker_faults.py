@@ -149,7 +149,7 @@ class OneBatchChannel:
         self.requests += 1
         if self.fail_with is not None:
             raise self.fail_with
-        response = m.FetchMetadataResponse.from_header({"high_watermark": 1})
+        response = m.FetchMetadataResponse.from_header({"high_watermark": 0})
         if request.fetch_offset == 0:
             return response, memoryview(msgpack.packb([[0, 1, b""]]))
         await asyncio.sleep(0.01)  # an empty long poll

@@ -4,11 +4,12 @@ NOT_CONTROLLER redirects respect the request's deadline."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 
 import pytest
 
-from rillet.broker.link.controller_client import ControllerChannel
+from rillet.broker.link.controller_client import ControllerChannel, ControllerTargets, RequestRetry
 from rillet.client.runtime.rpc_server import Request, Response, RpcServer
 from rillet.client.wire import schemas
 from rillet.client.wire.errors import NotControllerError
@@ -63,3 +64,35 @@ async def test_redirects_between_voters_stop_at_the_deadline(
     finally:
         await channel.close()
     assert sum(v.requests for v in quarrelling_voters.values()) >= 2  # it did redirect
+
+
+# The redirect policy alone (ControllerChannel and the simulator's brokers both run it).
+
+
+def test_a_named_leader_is_asked_at_once_until_the_voters_keep_naming_each_other() -> None:
+    targets, retry = ControllerTargets([1, 2, 3], random.Random(7)), RequestRetry()
+    first = targets.target()
+    named = next(v for v in (1, 2, 3) if v != first)
+    assert targets.on_not_controller(first, named, retry)  # go there at once
+    assert targets.target() == named
+    for _ in range(2):  # the two keep naming each other
+        asked = targets.target()
+        assert targets.on_not_controller(asked, first if asked == named else named, retry)
+    assert targets.target() == named
+    assert not targets.on_not_controller(named, first, retry)  # a 4th redirect: back off
+    assert targets.target() == first  # then ask the voter last named
+    assert retry.next_backoff_ms() == 20 and retry.redirects == 0
+    assert [retry.next_backoff_ms() for _ in range(6)] == [40, 80, 160, 320, 500, 500]
+
+
+def test_no_leader_known_or_no_answer_moves_on_to_the_next_voter() -> None:
+    targets, retry = ControllerTargets([1, 2, 3], random.Random(7)), RequestRetry()
+    order = list(targets.rotation)
+    assert not targets.on_not_controller(order[0], -1, retry)  # no leader known
+    assert targets.target() == order[1]
+    targets.on_unreachable(order[1])
+    assert targets.target() == order[2]
+    targets.on_answer(order[2])
+    assert targets.leader_id == order[2]
+    assert not targets.on_not_controller(order[2], order[2], retry)  # leading, not active
+    assert targets.target() == order[2]  # wait for it rather than ask another

@@ -17,6 +17,7 @@ from rillet.broker.replication.types import (
     FetchResponse,
     IncrementLogStartOffset,
     ProposeAlterPartition,
+    ReplicationConfig,
     ReplicationInvariantError,
     Truncate,
     TruncateFullyAndStartAt,
@@ -414,6 +415,24 @@ def test_stale_metadata_is_ignored() -> None:
     a, _, _ = trio(epoch=5)
     assert a.state.become_follower(2, 4, 9, (1, 2, 3), (1, 2, 3)) == ()
     assert a.state.role is Role.LEADER and a.state.leader_epoch == 5
+
+
+def test_a_restarted_broker_ignores_metadata_older_than_its_log() -> None:
+    """A restarted broker catching up on metadata may be handed an old image first (a
+    snapshot or batch behind the controller's end). Its log holds records of epoch 2, so
+    an image naming it leader in epoch 1 is stale: leading then would stamp new records
+    with an older epoch than the log's last ones and drop epoch 2 from its epoch cache.
+    Found by the replication simulator once metadata came from a Raft quorum."""
+    a, b, _ = trio(epoch=2)
+    a.append(["m0", "m1"])
+    b.fetch_from(a)
+    assert b.log.latest_epoch == 2
+    b.state = PartitionState(2, b.log, ReplicationConfig(30_000))  # restarted: memory lost
+    assert b.state.become_leader(1, 1, (1, 2, 3), (1, 2, 3), now_ms=0) == ()
+    assert b.state.become_follower(1, 1, 1, (1, 2, 3), (1, 2, 3)) == ()
+    assert b.state.role is not Role.LEADER and b.state.leader_epoch < 2
+    b.apply(b.state.become_follower(1, 2, 3, (1, 2, 3), (1, 2, 3)))  # the current image
+    assert b.state.role is Role.FOLLOWER and b.state.leader_epoch == 2
 
 
 def test_consumers_read_only_below_the_hw() -> None:

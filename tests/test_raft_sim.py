@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
-from sim.raft_cluster import SimulationFailure, run_seed
-from sim.seeds import replay, run_block, run_many, seeds_from_env
+from sim.raft_cluster import RaftInvariants, SimulationFailure, run_seed
+from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 
-from rillet.controller.raft.core import RaftNode, Role
+from rillet.controller.raft.core import Entry, RaftNode, Role
 from rillet.controller.raft.driver import BlockingWrite, RaftDriver
 from rillet.controller.state_machine import ControllerStateMachine
 
@@ -45,12 +46,7 @@ MUTANT_SEEDS = 40
 
 
 def first_failing_seed() -> str:
-    for seed in range(MUTANT_SEEDS):
-        try:
-            run_seed(seed)
-        except SimulationFailure as failure:
-            return str(failure)
-    raise AssertionError(f"no seed of {MUTANT_SEEDS} caught the bad variant")
+    return first_failure(run_seed, MUTANT_SEEDS, SimulationFailure)
 
 
 def sends_before_persisting(
@@ -106,3 +102,41 @@ def test_a_controller_active_before_its_term_start_applied_fails(
 
     monkeypatch.setattr(ControllerStateMachine, "_track_leadership", activate_at_once)
     assert "the driver failed: MetadataInvariantError" in first_failing_seed()
+
+
+# Leader completeness as Raft states it: an entry committed in term T is in the log of
+# every leader of a term above T. A leader of an older term may lack it: a paused node
+# that resumes and handles a vote granted before the newer term began still wins its
+# (older) term (seed 7522 of the replication simulation did that).
+
+
+class _Log:
+    def __init__(self, terms: dict[int, int]) -> None:
+        self.terms, self.snapshot_index = terms, 0
+
+    def term(self, index: int) -> int:
+        return self.terms.get(index, 0)
+
+
+def _leader(node_id: int, term: int, terms: dict[int, int]) -> RaftNode:
+    return SimpleNamespace(node_id=node_id, term=term, log=_Log(terms))  # type: ignore[return-value]
+
+
+def _committed_in_term_3() -> tuple[RaftInvariants, list[str]]:
+    failures: list[str] = []
+    invariants = RaftInvariants(failures.append)  # type: ignore[arg-type]
+    invariants.check_leader(_leader(102, 3, {1: 3}))
+    invariants.on_commit(102, Entry(1, 3, b"x"), term=3)
+    return invariants, failures
+
+
+def test_a_leader_of_an_older_term_may_lack_what_a_newer_term_committed() -> None:
+    invariants, failures = _committed_in_term_3()
+    invariants.check_leader(_leader(101, 2, {}))
+    assert failures == []
+
+
+def test_a_leader_of_a_newer_term_must_hold_what_an_older_term_committed() -> None:
+    invariants, failures = _committed_in_term_3()
+    invariants.check_leader(_leader(100, 4, {}))
+    assert len(failures) == 1 and "leader completeness" in failures[0]

@@ -2,7 +2,9 @@
 
 - `ControllerChannel(voters)`: a connection to the active controller. Follows
   NOT_CONTROLLER redirects (the response names the leader), tries the other voters when
-  one is unreachable, and retries retriable errors with backoff until a deadline.
+  one is unreachable, and retries retriable errors with backoff until a deadline. Which
+  voter to ask next is decided by `ControllerTargets` and `RequestRetry`, without I/O,
+  so the deterministic simulator runs the same policy.
 - `BrokerLifecycle`: registers with a fresh incarnation id, heartbeats every
   ``broker.heartbeat.interval.ms`` with the broker's metadata offset, exposes
   fenced / caught-up / should-shut-down, and runs a controlled shutdown.
@@ -63,6 +65,61 @@ class MetadataApplyError(Exception):
     image now disagree, which only a restart (replaying from disk and metadata) repairs."""
 
 
+@dataclass(slots=True)
+class RequestRetry:
+    """One request's retry state: redirects followed since its last backoff, next backoff."""
+
+    redirects: int = 0
+    backoff_ms: int = BACKOFF_MIN_MS
+
+    def next_backoff_ms(self) -> int:
+        """The pause before the next try; it doubles up to BACKOFF_MAX_MS."""
+        wait_ms = self.backoff_ms
+        self.redirects = 0
+        self.backoff_ms = min(BACKOFF_MAX_MS, wait_ms * 2)
+        return wait_ms
+
+
+class ControllerTargets:
+    """Which voter a request goes to next, from what the voters answered before."""
+
+    def __init__(self, voters: Sequence[int], rng: random.Random | None = None) -> None:
+        self.voters = list(voters)
+        self.leader_id: int | None = None  # the voter we believe active
+        self.rotation = list(voters)
+        # Spread brokers' first guesses over the voters.
+        (rng.shuffle if rng is not None else random.shuffle)(self.rotation)
+
+    def target(self) -> int:
+        return self.leader_id if self.leader_id is not None else self.rotation[0]
+
+    def on_answer(self, target: int) -> None:
+        """``target`` answered without NOT_CONTROLLER: it is the active controller."""
+        self.leader_id = target
+
+    def on_unreachable(self, target: int | None) -> None:
+        """No answer (network error or timeout): forget the leader, rotate to the next."""
+        self.leader_id = None
+        failed = target if target is not None else self.rotation[0]
+        if self.rotation[0] == failed:
+            self.rotation.append(self.rotation.pop(0))
+
+    def on_not_controller(self, target: int, leader: int, retry: RequestRetry) -> bool:
+        """NOT_CONTROLLER from ``target`` naming ``leader`` (-1: none known). True: ask the
+        named leader at once; False: back off first."""
+        if leader in self.voters and leader != target:
+            self.leader_id = leader
+            retry.redirects += 1
+            # Voters that keep naming each other (stale views during an election): back
+            # off like any retriable error.
+            return retry.redirects <= len(self.voters)
+        if leader == target:
+            self.leader_id = target  # leading but not active yet: wait for it
+        else:
+            self.on_unreachable(target)  # no leader known: ask the next voter
+        return False
+
+
 class ControllerChannel:
     """Requests to whichever voter is the active controller right now."""
 
@@ -76,12 +133,15 @@ class ControllerChannel:
         self.voters = parse_voters(voters) if isinstance(voters, str) else dict(voters)
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
-        self.leader_id: int | None = None  # the voter we believe active
+        self.targets = ControllerTargets(list(self.voters))
         self._conn: Connection | None = None
         self._conn_id: int | None = None
-        self._rotation = list(self.voters)
-        random.shuffle(self._rotation)  # spread brokers' first guesses over the voters
         self._lock = asyncio.Lock()
+
+    @property
+    def leader_id(self) -> int | None:
+        """The voter we believe active."""
+        return self.targets.leader_id
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -90,7 +150,7 @@ class ControllerChannel:
 
     async def _connection(self) -> Connection:
         """The connection to the believed leader (or the next voter to try)."""
-        target = self.leader_id if self.leader_id is not None else self._rotation[0]
+        target = self.targets.target()
         if self._conn is not None and not self._conn.closed and self._conn_id == target:
             return self._conn
         async with self._lock:
@@ -110,12 +170,6 @@ class ControllerChannel:
             self._conn_id = target
             return self._conn
 
-    def _next_voter(self, failed: int | None) -> None:
-        """Forget the leader and rotate to the next voter."""
-        self.leader_id = None
-        if failed is not None and self._rotation[0] == failed:
-            self._rotation.append(self._rotation.pop(0))
-
     async def request(
         self,
         api: schemas.Api | int | str,
@@ -131,13 +185,13 @@ class ControllerChannel:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_ms / 1000
-        backoff_ms = BACKOFF_MIN_MS
-        redirects = 0  # immediate NOT_CONTROLLER redirects followed since the last backoff
+        retry = RequestRetry()
         while True:
             target: int | None = None
             try:
                 conn = await self._connection()
                 target = self._conn_id
+                assert target is not None
                 header, payload = await conn.request(
                     api, dict(fields), raise_errors=False, timeout_ms=timeout_ms
                 )
@@ -145,38 +199,25 @@ class ControllerChannel:
                 code = answer.error_code
                 if code == NOT_CONTROLLER:
                     error: RilletError = error_for(code, answer.error_message or "")
-                    leader = answer.leader_id
-                    if leader in self.voters and leader != target:
-                        self.leader_id = leader
-                        redirects += 1
-                        # A known leader elsewhere: go there at once, unless the deadline
-                        # has passed or the voters keep naming each other (stale views
-                        # during an election): then back off like any retriable error.
+                    if self.targets.on_not_controller(target, answer.leader_id, retry):
                         if loop.time() >= deadline:
                             raise error
-                        if redirects <= len(self.voters):
-                            continue
-                    elif leader == target:
-                        self.leader_id = target  # leading but not active yet: wait for it
-                    else:
-                        self._next_voter(target)  # no leader known: ask the next voter
+                        continue
                 elif code and is_retriable(code):
                     error = error_for(code, answer.error_message or "")
                 elif code:
                     raise error_for(code, answer.error_message or "")
                 else:
-                    self.leader_id = target
+                    self.targets.on_answer(target)
                     return header, payload
             except (NetworkError, RequestTimedOutError) as e:
                 error = e
                 if self._conn is not None:
                     self._conn.close()
-                self._next_voter(target if target is not None else self._rotation[0])
-            if loop.time() + backoff_ms / 1000 >= deadline:
+                self.targets.on_unreachable(target)
+            if loop.time() + retry.backoff_ms / 1000 >= deadline:
                 raise error
-            redirects = 0
-            await asyncio.sleep(backoff_ms / 1000)
-            backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
+            await asyncio.sleep(retry.next_backoff_ms() / 1000)
 
     async def call(
         self,
@@ -349,12 +390,68 @@ class BrokerLifecycle:
 Listener = Callable[[MetadataDelta, MetadataImage], Awaitable[None] | None]
 
 
+def delta_from_empty(image: MetadataImage) -> MetadataDelta:
+    """``image`` as a delta over the empty image: everything in it appears created."""
+    delta = MetadataDelta(EMPTY_IMAGE)
+    delta.replay_all(image_to_records(image), -1, -1)
+    delta.offset, delta.epoch = image.offset, image.epoch
+    return delta
+
+
+class CatchUpGate:
+    """What of the fetched metadata a starting broker may act on.
+
+    Until the follower's image first reaches the high watermark the controller reported,
+    nothing: an image behind it may name this broker leader of an epoch long over, with
+    an ISR of itself, and a restarted broker acting on it would advance its high
+    watermark over records the real leader has since truncated (Kafka's metadata loader
+    also publishes nothing before it has caught up). The first image handed over then
+    comes as one delta over the empty image; after that every batch passes.
+    """
+
+    def __init__(self) -> None:
+        self.caught_up = False
+
+    def admit(
+        self, delta: MetadataDelta, image: MetadataImage, high_watermark: int
+    ) -> MetadataDelta | None:
+        """The delta to publish with ``image``, or None to hold it back."""
+        if self.caught_up:
+            return delta
+        if image.offset < high_watermark:
+            return None
+        self.caught_up = True
+        return delta if delta.image.offset < 0 else delta_from_empty(image)
+
+
+def apply_fetched(
+    image: MetadataImage, is_snapshot: bool, payload: bytes | memoryview
+) -> tuple[MetadataDelta, MetadataImage, int] | None:
+    """A FetchMetadata answer over ``image``: (delta, new image, entries applied), or None
+    when it brought nothing. A snapshot yields a delta over the empty image."""
+    if is_snapshot:
+        delta = delta_from_empty(decode_snapshot(bytes(payload)))
+        return delta, delta.apply(), 1
+    if not payload:
+        return None
+    entries = msgpack.unpackb(payload, raw=False)
+    delta = MetadataDelta(image)
+    for offset, epoch, data in entries:
+        if offset <= image.offset:
+            continue  # a duplicate after a retry
+        delta.replay_all(decode_records(data) if data else [], offset, epoch)
+        delta.offset, delta.epoch = offset, epoch
+    return delta, delta.apply(), len(entries)
+
+
 class MetadataFollower:
     """Follows the committed metadata log from the active controller.
 
-    ``listener(delta, image)`` is called for each applied batch, in log order. After a
-    snapshot load the delta is over the EMPTY image (everything appears created;
-    ``delta.image.offset == -1``): a broker reconciles its local state with the image.
+    ``listener(delta, image)`` is called for each applied batch, in log order, from the
+    first time the image reaches the controller's high watermark on (`CatchUpGate`).
+    That first call, and any after a snapshot load, has a delta over the EMPTY image
+    (everything appears created; ``delta.image.offset == -1``): a broker reconciles its
+    local state with the image.
     """
 
     def __init__(
@@ -380,6 +477,7 @@ class MetadataFollower:
         self.image: MetadataImage = EMPTY_IMAGE
         self.high_watermark = -1
         self.snapshots_loaded = 0
+        self._gate = CatchUpGate()
         self._task: asyncio.Task[None] | None = None
         self._applied = asyncio.Event()
 
@@ -413,25 +511,19 @@ class MetadataFollower:
             timeout_ms=self.max_wait_ms + 5000,
         )
         self.high_watermark = response.high_watermark
-        if response.snapshot_id is not None:
-            image = decode_snapshot(bytes(payload))
-            delta = MetadataDelta(EMPTY_IMAGE)
-            delta.replay_all(image_to_records(image), -1, -1)
-            delta.offset, delta.epoch = image.offset, image.epoch
-            self.snapshots_loaded += 1
-            await self._publish(delta, delta.apply())
-            return 1
-        if not payload:
+        fetched = apply_fetched(self.image, response.snapshot_id is not None, payload)
+        if fetched is None:
             return 0
-        entries = msgpack.unpackb(payload, raw=False)
-        delta = MetadataDelta(self.image)
-        for offset, epoch, data in entries:
-            if offset <= self.image.offset:
-                continue  # a duplicate after a retry
-            delta.replay_all(decode_records(data) if data else [], offset, epoch)
-            delta.offset, delta.epoch = offset, epoch
-        await self._publish(delta, delta.apply())
-        return len(entries)
+        delta, image, count = fetched
+        if response.snapshot_id is not None:
+            self.snapshots_loaded += 1
+        admitted = self._gate.admit(delta, image, response.high_watermark)
+        if admitted is None:  # still catching up after the start: the listener waits
+            self.image = image
+            self._applied.set()
+            return count
+        await self._publish(admitted, image)
+        return count
 
     async def _publish(self, delta: MetadataDelta, image: MetadataImage) -> None:
         self.image = image

@@ -48,6 +48,29 @@ class InjectedTestFault(RuntimeError):
     """Raised where ``RILLET_TEST_FAULT`` asks for a fault (tests only)."""
 
 
+def alter_partition_request(
+    broker_id: int, broker_epoch: int, topic: str, partition: int, proposal: ProposeAlterPartition
+) -> m.AlterPartitionRequest:
+    """One partition's ISR proposal as the request the active controller answers."""
+    item = m.IsrProposal(
+        partition=partition,
+        leader_epoch=proposal.leader_epoch,
+        new_isr=list(proposal.new_isr),
+        partition_epoch=proposal.partition_epoch,
+    )
+    return m.AlterPartitionRequest(
+        broker_id=broker_id,
+        broker_epoch=broker_epoch,
+        topics=[m.AlterPartitionTopic(topic, [item])],
+    )
+
+
+def alter_partition_answer(response: m.AlterPartitionResponse) -> AlterPartitionResponse:
+    """The controller's answer to `alter_partition_request`, as the replication core reads it."""
+    r = response.topics[0].partitions[0]
+    return AlterPartitionResponse(r.error_code, tuple(r.isr), r.leader_epoch, r.partition_epoch)
+
+
 class QuorumLink:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -130,20 +153,11 @@ class QuorumLink:
         self, topic: str, partition: int, proposal: ProposeAlterPartition
     ) -> AlterPartitionResponse:
         assert self.lifecycle is not None
-        item = m.IsrProposal(
-            partition=partition,
-            leader_epoch=proposal.leader_epoch,
-            new_isr=list(proposal.new_isr),
-            partition_epoch=proposal.partition_epoch,
+        broker_epoch = self.lifecycle.state.broker_epoch
+        request = alter_partition_request(
+            self.config.node_id, broker_epoch, topic, partition, proposal
         )
-        request = m.AlterPartitionRequest(
-            broker_id=self.config.node_id,
-            broker_epoch=self.lifecycle.state.broker_epoch,
-            topics=[m.AlterPartitionTopic(topic, [item])],
-        )
-        response = await self.forward(request)
-        r = response.topics[0].partitions[0]
-        return AlterPartitionResponse(r.error_code, tuple(r.isr), r.leader_epoch, r.partition_epoch)
+        return alter_partition_answer(await self.forward(request))
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         if self.lifecycle is None or not self.lifecycle.state.registered:

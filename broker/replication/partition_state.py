@@ -294,6 +294,11 @@ class PartitionState:
         self._refused_ineligible.difference_update(broker_ids)
 
     def _is_stale(self, leader_epoch: int, partition_epoch: int) -> bool:
+        if leader_epoch < self._log.latest_epoch:
+            # The log holds records of a later epoch, so newer metadata was applied here
+            # before: this is an old image (a restarted broker catching up on metadata
+            # sees those first). Leading in it would stamp records with an older epoch.
+            return True
         if leader_epoch != self.leader_epoch:
             return leader_epoch < self.leader_epoch
         return partition_epoch < self.partition_epoch

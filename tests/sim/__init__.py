@@ -4,8 +4,10 @@ Generic parts, shared by every kind of simulated node:
 - `scheduler.SimClock` / `scheduler.Scheduler`: simulated time and a seeded event queue;
 - `network.SimNetwork`: delay, loss, duplication, reordering, symmetric and one-way
   partitions between any registered `network.Actor`s;
-- `trace.Trace`: a bounded log of what happened, printed when an invariant breaks.
+- `trace.Trace`: a bounded log of what happened, printed when an invariant breaks;
+- `clocks.DriftingClock`: a node's own clock, drifting and leaping.
 
-`raft_cluster` plugs Raft controller nodes in as one kind of actor. A partition-replication
-simulation adds its own actor kind on the same network and clock.
+`raft_cluster` plugs Raft controller nodes in as one kind of actor. `controller_quorum`
+makes those actors answer brokers as the controller server does, and gives brokers the
+link to them; `replication_cluster` runs broker actors against such a quorum.
 """

@@ -87,5 +87,17 @@ class SimNetwork:
             if other != actor_id:
                 self.blocked.update({(actor_id, other), (other, actor_id)})
 
+    def cut_between(self, group: Iterable[int], others: Iterable[int]) -> set[tuple[int, int]]:
+        """Blocks both ways between the two groups; returns the links it blocked anew,
+        for `mend` to unblock later."""
+        others = list(others)
+        pairs = {(a, b) for a in group for b in others} | {(b, a) for a in group for b in others}
+        new = pairs - self.blocked
+        self.blocked |= new
+        return new
+
+    def mend(self, pairs: Iterable[tuple[int, int]]) -> None:
+        self.blocked.difference_update(pairs)
+
     def heal(self) -> None:
         self.blocked.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
 
 import msgpack
 
@@ -119,6 +120,7 @@ class RaftInvariants:
         self.leader_of_term: dict[int, int] = {}
         self.entry_by_key: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.committed: dict[int, Entry] = {}
+        self.commit_term: dict[int, int] = {}  # index -> the term it was committed in
         self.image_at: dict[int, MetadataImage] = {}
         self.snapshot_at: dict[int, bytes] = {}
         self.cluster_id: str | None = None
@@ -136,7 +138,10 @@ class RaftInvariants:
                     f"term {entry.term} as {value!r}, another node had {seen!r}"
                 )
 
-    def on_commit(self, node_id: int, entry: Entry) -> None:
+    def on_commit(self, node_id: int, entry: Entry, term: int) -> None:
+        """``node_id``, in ``term``, holds ``entry`` as committed. The least such term is
+        the term it was committed in (the leader that commits sees it first)."""
+        self.commit_term[entry.index] = min(term, self.commit_term.get(entry.index, term))
         seen = self.committed.setdefault(entry.index, entry)
         if seen != entry:
             self.fail(
@@ -177,7 +182,12 @@ class RaftInvariants:
         if (term, node.node_id) in self.checked_leaders:
             return
         self.checked_leaders.add((term, node.node_id))
+        # Raft's leader completeness: what was committed in an earlier term. A leader of
+        # an older term may lack what a newer one committed: a node paused mid-election
+        # that then handles a vote granted before the newer term began wins its term.
         for index, entry in self.committed.items():
+            if self.commit_term[index] >= term:
+                continue
             if index > node.log.snapshot_index and node.log.term(index) != entry.term:
                 self.fail(
                     f"leader completeness: new leader {node.node_id} of term {term} "
@@ -199,19 +209,45 @@ class RaftInvariants:
 # One simulated controller: the production driver and state machine, simulated I/O
 
 
+class RaftHost(Protocol):
+    """What a `RaftActor` needs of the simulation around it (a `RaftCluster`, or the
+    controller quorum of the replication simulation)."""
+
+    options: SimOptions
+    rng: random.Random
+    clock: SimClock
+    scheduler: Scheduler
+    network: SimNetwork
+    trace: Trace
+    invariants: RaftInvariants
+
+    def fail(self, text: str) -> NoReturn: ...
+
+    def maybe_crash_after_persist(self, actor: RaftActor, ready: Ready) -> bool: ...
+
+
 class RaftActor:
     """A controller node. For its `RaftDriver` it is the storage, the network and a
-    checking wrapper of the `ControllerStateMachine`."""
+    checking wrapper of the `ControllerStateMachine`. ``clock`` is the node's own clock
+    (the simulated time by default)."""
 
-    def __init__(self, cluster: RaftCluster, node_id: int, voters: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        cluster: RaftHost,
+        node_id: int,
+        voters: tuple[int, ...],
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.actor_id = node_id
         self.cluster = cluster
+        sim_clock = cluster.clock
+        self.clock: Callable[[], int] = clock or (lambda: sim_clock.now_ms)
         self.config = RaftConfig(
             node_id=node_id,
             voters=voters,
             election_timeout_ms=cluster.options.election_timeout_ms,
             heartbeat_interval_ms=cluster.options.heartbeat_interval_ms,
-            max_clock_drift_ms=0,
+            max_clock_drift_ms=cluster.options.max_clock_drift_ms,
             max_entries_per_append=cluster.options.max_entries_per_append,
         )
         self.durable = SimDurableStore()
@@ -230,19 +266,18 @@ class RaftActor:
         self.incarnation += 1
         state = self.durable.load()
         rng = random.Random(cluster.rng.getrandbits(64))
-        self.node = RaftNode(self.config, state, rng=rng, now_ms=cluster.clock.now_ms)
+        self.node = RaftNode(self.config, state, rng=rng, now_ms=self.clock())
         self.machine = ControllerStateMachine(
             self.actor_id,
-            ControllerConfig(),
+            cluster.options.controller_config,
             SnapshotPolicy(max_records=cluster.options.snapshot_every_records),
             new_cluster_id=lambda: f"sim-{cluster.options.seed}",
             rng=random.Random(cluster.rng.getrandbits(64)),
+            on_applied=self.on_applied,
             on_cluster_id=lambda cid: cluster.invariants.on_cluster_id(self.actor_id, cid),
         )
         self.machine.restore(state.snapshot)
-        self.driver = RaftDriver(
-            self.node, self, self, self, lambda: cluster.clock.now_ms, on_event=self.on_event
-        )
+        self.driver = RaftDriver(self.node, self, self, self, self.clock, on_event=self.on_event)
         self.machine.bind(self.node, self.driver.propose)
         if state.snapshot is not None:
             cluster.invariants.on_image(self.actor_id, self.machine.image)
@@ -311,6 +346,9 @@ class RaftActor:
     def on_event(self, event: RaftEvent) -> None:
         self.cluster.trace.add(self.cluster.clock.now_ms, event.text)
 
+    def on_applied(self) -> None:
+        """After every apply and every loss of leadership (a subclass's hook)."""
+
     # -- RaftStorage ------------------------------------------------------
 
     def persist_ready(self, ready: Ready) -> None:
@@ -325,7 +363,7 @@ class RaftActor:
         # A store may write a commit-only hard state lazily: sometimes "forget" to.
         lazy = not ready.must_sync and self.cluster.rng.random() < 0.3
         self.durable.persist(ready, write_hard_state=not lazy)
-        if self.cluster.maybe_crash_after_persist(self):
+        if self.cluster.maybe_crash_after_persist(self, ready):
             raise SimCrash
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
@@ -373,7 +411,7 @@ class RaftActor:
         invariants = self.cluster.invariants
         machine.apply(ready)
         for entry in ready.committed_entries:
-            invariants.on_commit(self.actor_id, entry)
+            invariants.on_commit(self.actor_id, entry, self.node.term if self.node else 0)
         if ready.snapshot is not None or ready.committed_entries:
             invariants.on_image(self.actor_id, machine.image)
 
@@ -383,7 +421,7 @@ class RaftActor:
 
     # -- per-event checks -----------------------------------------------
 
-    def check(self, now_ms: int) -> None:
+    def check(self) -> None:
         node, machine = self.node, self.machine
         if node is None or machine is None:
             return
@@ -399,7 +437,7 @@ class RaftActor:
             max(self.seen_commit, node.log.snapshot_index) + 1, node.commit_index + 1
         ):
             entry = node.log.slice(index, 1)[0]
-            invariants.on_commit(self.actor_id, entry)
+            invariants.on_commit(self.actor_id, entry, node.term)
         self.seen_term, self.seen_commit = node.term, node.commit_index
         if max(machine.image.offset, 0) != node.applied_index:
             self.cluster.fail(
@@ -410,7 +448,7 @@ class RaftActor:
             self.cluster.fail(f"node {self.actor_id}: active controller but {node.role}")
         if node.role is Role.LEADER:
             invariants.check_leader(node)
-            invariants.check_lease(node, now_ms)
+            invariants.check_lease(node, self.clock())
 
 
 # ---------------------------------------------------------------------------
@@ -429,6 +467,8 @@ class SimOptions:
     max_entries_per_append: int = 8
     snapshot_every_records: int = 30
     controller_tick_ms: int = 250
+    max_clock_drift_ms: int = 0  # the clocks here do not drift
+    controller_config: ControllerConfig = field(default_factory=ControllerConfig)
     echo_trace: bool = False
 
     @classmethod
@@ -462,7 +502,7 @@ class RaftCluster:
         self.chaos = True
         self.proposals = 0
 
-    def fail(self, text: str) -> None:
+    def fail(self, text: str) -> NoReturn:
         seed = self.options.seed
         raise SimulationFailure(
             f"seed {seed}, {self.clock.now_ms} ms: {text}\n"
@@ -479,14 +519,13 @@ class RaftCluster:
         )
 
     def check_all(self) -> None:
-        now_ms = self.clock.now_ms
         for actor in self.actors.values():
-            actor.check(now_ms)
+            actor.check()
 
     def leaders(self) -> list[RaftActor]:
         return [a for a in self.actors.values() if a.node is not None and a.node.is_leader]
 
-    def maybe_crash_after_persist(self, actor: RaftActor) -> bool:
+    def maybe_crash_after_persist(self, actor: RaftActor, ready: Ready) -> bool:
         """Sometimes the process dies right after a write, before anything is sent."""
         if self.chaos and self.rng.random() < 0.0005:
             actor.crash("between persist and send")

@@ -7,13 +7,22 @@ and ``LogStorage`` of broker/replica.py around the ``PartitionState`` core and i
 ``PartitionDriver``, fetches served by the broker's ``FetchReader`` (record batches read
 from segment files, as bytes) and fetched bytes handed to the driver through the
 fetcher's ``fetch_response``; producers send real record batches built by the client
-encoder, with keys. One controller actor runs the real ``QuorumController`` over the
-real ``MetadataImage``. Everything travels over ``SimNetwork`` with seeded loss, delay,
-duplication and reordering.
+encoder, with keys.
 
-Faults: process crashes (kill -9: the process state is lost, the files keep what the
-page cache held; the broker restarts by reopening its logs, recovery included, and its
-high-watermark checkpoint); power cuts (only what was fsynced survives, maybe with a
+Their metadata comes from a quorum of three Raft controllers (controller_quorum.py): the
+production ``RaftDriver``, ``RaftNode`` and ``ControllerStateMachine`` of the Raft
+simulation, answering registrations, heartbeats, AlterPartition and metadata fetches with
+the production handlers; topics are created and deleted through the production
+CreateTopics and DeleteTopics handlers on the active controller (topic ids come from the
+controllers' seeded rngs, so a seed replays). A broker reaches the active controller as
+the real broker link does, trying voters, following NOT_CONTROLLER hints and backing off,
+registers again when a new controller no longer knows it, and acts on metadata only once
+caught up with the controller's high watermark. Everything travels over ``SimNetwork``
+with seeded loss, delay, duplication and reordering.
+
+Broker faults: process crashes (kill -9: the process state is lost, the files keep what
+the page cache held; the broker restarts by reopening its logs, recovery included, and
+its high-watermark checkpoint); power cuts (only what was fsynced survives, maybe with a
 torn tail), either between events or armed to strike just before one of the node's next
 file-system mutations (between a write and its fsync, a truncation and its checkpoint,
 inside a roll's deferred job); I/O errors on a chosen write, fsync or rename (a log that
@@ -24,6 +33,14 @@ as after a snapshot, and must notice by the topic id its log directory records).
 Retention and compaction run on every broker's logs now and then through
 ``LogManager.run_maintenance``, bounded by the high watermark the driver stores on the
 log, as in production; a roll's fsync and index write are deferred to a later event.
+
+Controller faults: controllers crash (the active one often: at any write, right after
+proposing a broker's registration or AlterPartition, between a Raft append and its
+commit), are cut from the other controllers or from the brokers for a while, pause, and
+now and then two of the three go down for a while (no quorum). Every node reads its own
+clock (clocks.py): a rate within 2 % of the simulated time, an offset of its own,
+occasional leaps forward (and, for brokers, back); a broker's replication timers and its
+logs' clock run on it.
 
 Power cuts keep to what acks=all without fsync can survive (as in Kafka): one at a time,
 on a fully replicated partition, and the node comes back only after the controller
@@ -40,10 +57,11 @@ Invariants, checked after every event (per topic incarnation):
 - batches in the committed range keep their base offset, leader epoch and, unless
   compaction dropped records from them, their bytes (CRC) on every replica;
 - every acknowledged acks=all record is committed at the offset it was acknowledged at;
-- after the faults heal, the ISR refills and a new write is acknowledged (liveness).
-
-The controller itself does not crash here (the Raft quorum under it has its own
-simulation, tests/sim/raft_cluster.py).
+- the controllers keep the Raft simulation's checks (raft_cluster.py): one leader per
+  term, log matching, committed entries never change, the same image at every offset,
+  an active controller is a leader, messages only carry what is already durable;
+- after the faults heal, a controller is active again, the ISR refills and a new write
+  is acknowledged (liveness).
 """
 
 from __future__ import annotations
@@ -52,10 +70,10 @@ import bisect
 import errno
 import functools
 import random
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rillet.broker.config import topic_log_config
 from rillet.broker.replica import LogStorage, Replica
@@ -81,11 +99,14 @@ from rillet.controller.metadata.image import (
     MetadataImage,
     TopicPartition,
 )
-from rillet.controller.metadata.quorum import ControllerConfig, CreatableTopic, QuorumController
+from rillet.controller.metadata.quorum import ControllerConfig
 from rillet.storage import Log, LogConfig, LogManager, fs
 
 from .aio import SyncRunner
+from .clocks import DriftingClock
+from .controller_quorum import CONTROLLER_IDS, ControllerAnswer, ControllerLink, ControllerQuorum
 from .network import LinkFaults, SimNetwork
+from .raft_cluster import SimulationFailure
 from .scheduler import Scheduler, SimClock
 from .simfs import SimCrash, SimFileSystem
 from .trace import Trace
@@ -93,7 +114,11 @@ from .trace import Trace
 REPLAY_COMMAND = (
     "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_replication_sim.py -k replay -s"
 )
-CONTROLLER_ID = 100
+BROKER_IDS = (1, 2, 3)
+CONTROLLER_FAULTS = frozenset(
+    {"crash_controller", "crash_active", "cut_controller", "pause_controller"}
+    | {"clock_step", "lose_quorum"}
+)
 TOPIC = "t"
 TP = TopicPartition(TOPIC, 0)
 MIN_ISR = 2
@@ -113,57 +138,8 @@ CLEANUP_POLICIES = ("compact,delete", "compact,delete", "delete", "compact")
 LOG_DEFAULTS = LogConfig(segment_bytes=1024, file_delete_delay_ms=100)
 
 
-class SimulationFailure(AssertionError):
-    """An invariant broke; the message carries the seed's replay command and a trace."""
-
-
 # ---------------------------------------------------------------------------
 # messages
-
-
-@dataclass(frozen=True, slots=True)
-class Register:
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    incarnation: int
-    broker_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    broker_epoch: int
-    metadata_offset: int
-    want_shutdown: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatAnswer:
-    incarnation: int
-    should_shut_down: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    image: MetadataImage
-
-
-@dataclass(frozen=True, slots=True)
-class AlterIsr:
-    incarnation: int
-    broker_epoch: int
-    proposal: ProposeAlterPartition
-    replica: int  # which replica object of the broker proposed (each core counts from 1)
-
-
-@dataclass(frozen=True, slots=True)
-class AlterIsrAnswer:
-    incarnation: int
-    proposal_id: int
-    response: AlterPartitionResponse
-    replica: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,99 +159,6 @@ class FetchAnswer:
     fetch_id: int
     result: m.FetchPartitionResult
     data: bytes
-
-
-# ---------------------------------------------------------------------------
-# the controller actor
-
-
-class ControllerActor:
-    """The real QuorumController deciding; the image changes only by replaying its records."""
-
-    def __init__(self, cluster: ReplicationCluster) -> None:
-        self.actor_id = CONTROLLER_ID
-        self.cluster = cluster
-        self.quorum = QuorumController(
-            ControllerConfig(
-                broker_session_timeout_ms=SESSION_TIMEOUT_MS, broker_heartbeat_interval_ms=100
-            ),
-            rng=random.Random(cluster.rng.getrandbits(64)),  # topic ids replay too
-        )
-        self.image: MetadataImage = EMPTY_IMAGE
-
-    def commit(self, records: list) -> None:
-        if not records:
-            return
-        delta = MetadataDelta(self.image)
-        delta.replay_all(records, self.image.offset + 1, 1)
-        self.image = delta.apply()
-        self.broadcast()
-
-    def broadcast(self) -> None:
-        for broker_id in self.cluster.brokers:
-            self.cluster.network.send(self.actor_id, broker_id, Metadata(self.image))
-
-    def create_topic(
-        self, name: str, configs: Mapping[str, str], replicas: Sequence[int]
-    ) -> str | None:
-        """Create a one-partition topic on ``replicas``; its topic id, or None if refused."""
-        topic = CreatableTopic(name, configs=configs, assignments={0: list(replicas)})
-        result = self.quorum.create_topics(self.image, [topic])
-        if result.response[0].error_code != errors.NONE:
-            return None
-        self.commit(result.records)
-        return result.response[0].topic_id
-
-    def delete_topic(self, name: str) -> bool:
-        result = self.quorum.delete_topics(self.image, [name])
-        if result.response[0].error_code != errors.NONE:
-            return False
-        self.commit(result.records)
-        return True
-
-    def tick(self) -> None:
-        now = self.cluster.clock.now_ms
-        self.commit(self.quorum.tick(self.image, now).records)
-        if self.cluster.rng.random() < 0.2:
-            self.broadcast()  # repairs lost metadata messages
-        self.cluster.scheduler.after(20, self.tick, "controller tick")
-
-    def deliver(self, src: int, payload: object) -> None:
-        now = self.cluster.clock.now_ms
-        net = self.cluster.network
-        match payload:
-            case Register(incarnation):
-                result = self.quorum.register_broker(
-                    self.image, src, f"inc-{incarnation}", [("BROKER", "sim", src)], None, now
-                )
-                self.commit(result.records)
-                if result.response.error_code == errors.NONE:
-                    net.send(
-                        self.actor_id, src, Registered(incarnation, result.response.broker_epoch)
-                    )
-            case Heartbeat(epoch, offset, want_shutdown):
-                result = self.quorum.broker_heartbeat(
-                    self.image, src, epoch, offset, False, want_shutdown, now
-                )
-                self.commit(result.records)
-                r = result.response
-                if r.error_code == errors.NONE and r.should_shut_down:
-                    broker = self.cluster.brokers[src]
-                    net.send(self.actor_id, src, HeartbeatAnswer(broker.incarnation, True))
-            case AlterIsr(incarnation, epoch, p, replica):
-                result = self.quorum.alter_partition(
-                    self.image, src, epoch, TOPIC, 0, p.leader_epoch, p.partition_epoch, p.new_isr
-                )
-                self.commit(result.records)
-                r = result.response
-                answer = AlterPartitionResponse(
-                    r.error_code, r.isr, r.leader_epoch, r.partition_epoch
-                )
-                net.send(
-                    self.actor_id,
-                    src,
-                    AlterIsrAnswer(incarnation, p.proposal_id, answer, replica),
-                )
 
 
 # ---------------------------------------------------------------------------
@@ -306,12 +189,12 @@ class SimLogStorage(LogStorage):
 
 class SimReplica(Replica):
     """The broker's Replica (log, core, driver); acks=all answers go to the simulation
-    instead of futures, and AlterPartition to the simulated controller."""
+    instead of futures, and AlterPartition to the broker's controller link; its timers
+    run on the broker's own clock."""
 
     __slots__ = ("broker", "serial")
 
     def __init__(self, broker: BrokerActor, topic_id: str, log: Log, state: PartitionState):
-        clock = broker.cluster.clock
         super().__init__(
             TOPIC,
             0,
@@ -319,7 +202,7 @@ class SimReplica(Replica):
             log,
             state,
             MIN_ISR,
-            lambda: clock.now_ms,
+            broker.clock,
             broker.send_alter_partition,  # type: ignore[arg-type]
         )
         self.broker = broker
@@ -364,22 +247,24 @@ def guarded(method: Callable[..., None]) -> Callable[..., None]:
 class BrokerActor:
     """One broker: its LogManager over its own data directory, and for the partition a
     production Replica (log, PartitionState, PartitionDriver); around them what
-    ReplicaManager and the fetcher do (metadata, fetch loop, AlterPartition timeouts,
-    high-watermark checkpoints)."""
+    ReplicaManager and the fetcher do (metadata, fetch loop, AlterPartition answers,
+    high-watermark checkpoints), and a `ControllerLink` for what broker/link does."""
 
     def __init__(self, cluster: ReplicationCluster, broker_id: int) -> None:
         self.actor_id = broker_id
         self.cluster = cluster
+        self.clock = cluster.clocks[broker_id]  # its own, drifting: timeouts run on it
+        self.link: ControllerLink | None = None  # broker/link: lost in a crash
         self.data_dir = cluster.root / f"broker-{broker_id}"  # survives crashes
         self.logs: LogManager | None = None  # the process: lost in a crash
         self.log_failure: BaseException | None = None  # a log turned read-only
         self.restart_not_before = 0  # after losing power: not before its session expired
+        self.lost_power = False  # and not before the controller fenced the old incarnation
         self.replica: SimReplica | None = None
         self.replicas: dict[TopicPartition, Replica] = {}  # what the FetchReader serves
         self.reader: FetchReader | None = None
         self.checkpointed_hw: dict[TopicPartition, int] = {}
         self.incarnation = 0
-        self.broker_epoch = -1
         self.image: MetadataImage = EMPTY_IMAGE
         self.seen_hw = 0
         self.fetch_out: tuple[int, SimReplica, FetchRequest] | None = None  # in flight
@@ -387,8 +272,8 @@ class BrokerActor:
         self.fetch_sent_ms = 0
         self.fetch_backoff_until = 0
         self.fetch_error = ""  # why the last fetch answer could not be applied
-        # (replica serial, proposal id) -> (sent at, by which replica)
-        self.alter_out: dict[tuple[int, int], tuple[int, SimReplica]] = {}
+        # (replica serial, proposal id) -> the replica that proposed, awaiting its answer
+        self.alter_out: dict[tuple[int, int], SimReplica] = {}
         self.checked_end = 0  # the log below this was compared with the committed records
         self.paused_until = 0  # SIGSTOP: nothing runs, messages queue up, the clock jumps
         self.inbox: list[tuple[int, object]] = []
@@ -411,7 +296,12 @@ class BrokerActor:
     def driver(self):  # noqa: ANN201 - the replica's PartitionDriver, or None
         return self.replica.driver if self.replica is not None else None
 
+    @property
+    def broker_epoch(self) -> int:
+        return self.link.broker_epoch if self.link is not None else -1
+
     def now(self) -> int:
+        """The simulated time (pauses, the trace); the broker's timers read ``clock``."""
         return self.cluster.clock.now_ms
 
     def note(self, text: str) -> None:
@@ -422,12 +312,12 @@ class BrokerActor:
         """Start the process: open every log (recovery after a crash) and read the
         high-watermark checkpoint, as the broker does before it hears from metadata."""
         self.incarnation += 1
-        self.log_failure = None
+        self.log_failure, self.lost_power = None, False
         self.cluster.fs.restart(str(self.data_dir))
         self.logs = LogManager(
             self.data_dir,
             LOG_DEFAULTS,
-            clock=self.now,
+            clock=self.clock,
             recovery_threads=1,
             on_log_failure=self.on_log_failure,
             background=self.background,
@@ -438,7 +328,7 @@ class BrokerActor:
         self.reader = FetchReader(
             self.actor_id, self.replicas, lambda: self.image, self.partition_error
         )
-        self.image, self.broker_epoch = EMPTY_IMAGE, -1
+        self.image = EMPTY_IMAGE
         self.fetch_out, self.alter_out, self.fetch_backoff_until = None, {}, 0
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
         log = self.logs.get(TOPIC, 0)
@@ -452,7 +342,8 @@ class BrokerActor:
                 else "no log)"
             ),
         )
-        self.send(CONTROLLER_ID, Register(self.incarnation))
+        self.link = self.cluster.new_link(self)
+        self.link.start()
         incarnation = self.incarnation
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
         self.cluster.scheduler.after(
@@ -471,7 +362,8 @@ class BrokerActor:
             f"pending {s.pending_isr_change} log [{self.log.log_start_offset}, "
             f"{self.log.log_end_offset}) HW {s.high_watermark} broker epoch "
             f"{self.broker_epoch} registered {reg}, image offset {self.image.offset}, "
-            f"alter out {list(self.alter_out)}, last fetch error {self.fetch_error or None}"
+            f"alter out {list(self.alter_out)}, last fetch error {self.fetch_error or None}, "
+            f"controller {self.link.leader_id if self.link else None}"
         )
 
     def crash(self, power_cut: bool = False) -> None:
@@ -489,7 +381,8 @@ class BrokerActor:
                 self.cluster.fs.crash(prefix, self.cluster.rng)
         if power_cut or down:  # see ReplicationCluster.restart_delay
             self.restart_not_before = self.now() + SESSION_TIMEOUT_MS + 100
-        self.logs = self.replica = self.reader = None
+            self.lost_power = True
+        self.logs = self.replica = self.reader = self.link = None
         self.replicas = {}
 
     def die(self, why: str, power_cut: bool = False) -> None:
@@ -541,27 +434,21 @@ class BrokerActor:
     def tick(self, incarnation: int) -> None:
         if self.logs is None or incarnation != self.incarnation:
             return
-        now = self.now()
-        if now < self.paused_until:
+        if self.now() < self.paused_until:
             self.cluster.scheduler.at(self.paused_until, lambda: self.tick(incarnation), "tick")
             return
         if self.inbox:
             self.resume()
             if self.logs is None:
                 return
-        if self.broker_epoch < 0:
-            self.send(CONTROLLER_ID, Register(self.incarnation))
-        elif now % 100 < 10:
-            self.send(
-                CONTROLLER_ID, Heartbeat(self.broker_epoch, self.image.offset, self.shutting_down)
-            )
-        for key, (sent_ms, _) in list(self.alter_out.items()):
-            if now - sent_ms > REQUEST_TIMEOUT_MS:  # lost: answer it ourselves, once
-                timed_out = AlterPartitionResponse(errors.code_of("REQUEST_TIMED_OUT"))
-                self.on_alter_answer(key, timed_out)
+        assert self.link is not None
+        self.link.want_shut_down = self.shutting_down
+        self.link.tick()
+        if self.logs is None:
+            return  # the link's answer ended the process (controlled shutdown)
         if self.replica is not None:
             self.replica.driver.tick()
-            self.maybe_fetch(now)
+            self.maybe_fetch(self.clock())
         if self.cluster.rng.random() < 0.05:
             self.checkpoint_high_watermarks()
         self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
@@ -587,7 +474,7 @@ class BrokerActor:
         if self.logs is None or incarnation != self.incarnation:
             return
         if self.now() >= self.paused_until:
-            stats = self.cluster.aio.run(self.logs.run_maintenance(self.now()))
+            stats = self.cluster.aio.run(self.logs.run_maintenance(self.clock()))
             if stats["segments_compacted"] and self.replica is not None:
                 self.checked_end = 0  # compare the whole log again: records went
         self.cluster.scheduler.after(
@@ -640,26 +527,8 @@ class BrokerActor:
                 self.resume()
             return
         match payload:
-            case Registered(incarnation, epoch) if incarnation == self.incarnation:
-                self.broker_epoch = epoch
-            case HeartbeatAnswer(incarnation, True) if incarnation == self.incarnation:
-                self.cluster.trace.add(
-                    self.now(), f"broker {self.actor_id}: controlled shutdown done"
-                )
-                self.crash()
-                broker = self
-                self.cluster.scheduler.after(
-                    self.cluster.rng.randint(50, 1000),
-                    lambda: self.cluster.restart(broker),
-                    "restart",
-                )
-            case Metadata(image):
-                self.on_metadata(image)
-            case AlterIsrAnswer(incarnation, pid, response, serial) if (
-                incarnation == self.incarnation
-            ):
-                if (serial, pid) in self.alter_out:
-                    self.on_alter_answer((serial, pid), response)
+            case ControllerAnswer(link_id) if self.link and link_id == self.link.link_id:
+                self.link.on_answer(payload)
             case Fetch(incarnation, fetch_id, partition):
                 self.serve_fetch(src, incarnation, fetch_id, partition)
             case FetchAnswer(incarnation, fetch_id, result, data) if (
@@ -667,10 +536,20 @@ class BrokerActor:
             ):
                 self.on_fetch_answer(fetch_id, result, data)
 
+    def on_shut_down(self) -> None:
+        """The controller says the controlled shutdown is done: the process exits."""
+        self.note("controlled shutdown done")
+        self.crash()
+        broker = self
+        self.cluster.scheduler.after(
+            self.cluster.rng.randint(50, 1000), lambda: self.cluster.restart(broker), "restart"
+        )
+
     # -- metadata (ReplicaManager.on_metadata, for the one partition) -----------------
 
-    def on_metadata(self, image: MetadataImage) -> None:
-        if image.offset <= self.image.offset:
+    def on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """What ReplicaManager.on_metadata does with one published (delta, image)."""
+        if self.logs is None or image.offset <= self.image.offset:
             return
         old, self.image = self.image, image
         was, p = old.partition(TOPIC, 0), image.partition(TOPIC, 0)
@@ -682,14 +561,9 @@ class BrokerActor:
             and (p is None or p.topic_id != was.topic_id)
         ):
             self.remove(delete_log=True, why=f"topic {was.topic_id} deleted")
-        if self.replica is not None:  # as ReplicaManager does with delta.changed_brokers
-            changed = [
-                b
-                for b in set(old.brokers) | set(image.brokers)
-                if old.brokers.get(b) != image.brokers.get(b)
-            ]
-            if changed:
-                self.replica.driver.on_brokers_changed(changed)
+        if self.replica is not None and delta.changed_brokers:
+            # Every broker a record touched, even one fenced and unfenced in one batch.
+            self.replica.driver.on_brokers_changed(delta.changed_brokers.keys())
         if p is not None and self.actor_id in p.replicas:
             self.remove_if_recreated(p.topic_id)
             self.become(p)
@@ -774,8 +648,9 @@ class BrokerActor:
         return errors.code_of("NOT_LEADER_OR_FOLLOWER")
 
     def on_alter_answer(self, key: tuple[int, int], response: AlterPartitionResponse) -> None:
-        _, replica = self.alter_out.pop(key)
-        if replica is self.replica:  # as ReplicaManager: not for a removed replica's core
+        replica = self.alter_out.pop(key, None)
+        # As ReplicaManager: not for a removed replica's core.
+        if replica is not None and replica is self.replica:
             replica.driver.on_alter_partition_response(key[1], response)
 
     # -- fetch: the leader's side through the broker's FetchReader ----------------------
@@ -822,12 +697,12 @@ class BrokerActor:
         except (ReplicationInvariantError, RilletError, OSError) as e:
             self.fetch_error = repr(e)
             self.note(f"applying a fetch failed: {e!r}")
-            self.fetch_backoff_until = self.now() + FETCH_BACKOFF_MS
+            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
             return
         if result.error_code != errors.NONE and not effects:
-            self.fetch_backoff_until = self.now() + FETCH_BACKOFF_MS
+            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
             return
-        self.maybe_fetch(self.now())
+        self.maybe_fetch(self.clock())
 
     # -- produce ----------------------------------------------------------------------
 
@@ -842,7 +717,7 @@ class BrokerActor:
         self.cluster.pending[pid] = (replica, replica.log.log_end_offset, tuple(values))
         try:
             outcome = replica.driver.append_as_leader(
-                bytearray(batch), ACKS_ALL, MIN_ISR, pid, self.now() + 1000
+                bytearray(batch), ACKS_ALL, MIN_ISR, pid, self.clock() + 1000
             )
             code = outcome.error_code
         except OSError:
@@ -858,11 +733,11 @@ class BrokerActor:
     # -- what the Replica's driver sends to the controller -----------------------------
 
     def send_alter_partition(self, replica: SimReplica, proposal: ProposeAlterPartition) -> None:
-        self.alter_out[(replica.serial, proposal.proposal_id)] = (self.now(), replica)
-        self.send(
-            CONTROLLER_ID,
-            AlterIsr(self.incarnation, self.broker_epoch, proposal, replica.serial),
-        )
+        """Through the link (a failed call answers with its error, as ReplicaManager's)."""
+        assert self.link is not None
+        key = (replica.serial, proposal.proposal_id)
+        self.alter_out[key] = replica
+        self.link.alter_partition(TOPIC, 0, proposal, lambda r: self.on_alter_answer(key, r))
 
 
 def abandon(logs: LogManager) -> None:
@@ -1034,7 +909,7 @@ class ReplicationInvariants:
         (SIGSTOP) handles the metadata that queued up meanwhile, oldest first, so it may
         apply an old image naming it leader in an old epoch: that is not an election, and
         "a new leader holds every committed record" is about elections."""
-        p = self.cluster.controller.image.partition(TOPIC, 0)
+        p = self.cluster.quorum.newest_image().partition(TOPIC, 0)
         state = broker.state
         return (
             p is not None
@@ -1114,9 +989,25 @@ class ReplicationCluster:
         self.fs = SimFileSystem(rng=random.Random(self.rng.getrandbits(64)))
         self.root = Path("/sim")
         self.aio = SyncRunner()
-        self.controller = ControllerActor(self)
-        self.brokers = {b: BrokerActor(self, b) for b in (1, 2, 3)}
-        self.network.register(self.controller)
+        # Controllers' clocks only leap forward: the Raft core refuses one going back.
+        self.clocks = {
+            n: DriftingClock.random(self.clock, self.rng, monotonic=n in CONTROLLER_IDS)
+            for n in (*BROKER_IDS, *CONTROLLER_IDS)
+        }
+        self.quorum = ControllerQuorum(
+            seed,
+            self.rng,
+            self.clock,
+            self.scheduler,
+            self.network,
+            self.trace,
+            self.fail,
+            dict(self.clocks),
+            ControllerConfig(
+                broker_session_timeout_ms=SESSION_TIMEOUT_MS, broker_heartbeat_interval_ms=100
+            ),
+        )
+        self.brokers = {b: BrokerActor(self, b) for b in BROKER_IDS}
         for broker in self.brokers.values():
             self.network.register(broker)
         self.invariants = ReplicationInvariants(self)
@@ -1126,12 +1017,22 @@ class ReplicationCluster:
         self.power_cut: int | None = None  # a broker that lost unsynced writes, not yet whole
         self.armed = False  # a crash is armed in the file system
         self.replica_serial = 0
-        self.chaos = True
+        self.links = 0
+        self.creating = self.recreating = False  # an admin's CreateTopics/DeleteTopics out
+        self._chaos = True
+
+    @property
+    def chaos(self) -> bool:
+        return self._chaos
+
+    @chaos.setter
+    def chaos(self, on: bool) -> None:
+        self._chaos = self.quorum.chaos = on
 
     def close(self) -> None:
         self.aio.close()
 
-    def fail(self, text: str) -> None:
+    def fail(self, text: str) -> NoReturn:
         raise SimulationFailure(
             f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
             f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
@@ -1146,57 +1047,122 @@ class ReplicationCluster:
             max_delay_ms=self.rng.choice([3, 20, 60]),
         )
 
+    def new_link(self, broker: BrokerActor) -> ControllerLink:
+        """broker/link for a broker process that starts now."""
+        self.links += 1
+        return ControllerLink(
+            self.links,
+            broker.actor_id,
+            broker.send,
+            broker.clock,
+            random.Random(self.rng.getrandbits(64)),
+            broker.on_metadata,
+            broker.on_shut_down,
+            broker.note,
+        )
+
     def run(self) -> None:
         with fs.install(self.fs):
             self.fs.makedirs(str(self.root))
             self.run_installed()
 
     def run_installed(self) -> None:
-        self.scheduler.after(0, self.controller.tick, "controller tick")
+        self.quorum.start()
         for broker in self.brokers.values():
             broker.start()
         self.scheduler.after(300, self.create_topic, "create topic")
+        self.scheduler.after(500, self.ensure_topic, "ensure topic")
         self.scheduler.after(400, self.write, "write")
         self.scheduler.after(self.rng.randint(500, 1500), self.inject_fault, "fault")
         self.scheduler.run_until(self.chaos_ms, self.after_event)
         self.heal()
         self.check_liveness()
 
-    def create_topic(self) -> None:
+    def create_topic(self, then: Callable[[], None] | None = None) -> None:
+        """An admin's CreateTopics through the active controller, retried until it
+        succeeds (or finds the topic made by an attempt whose answer was lost); the new
+        topic id starts a new incarnation for the invariants. ``then`` runs once it is
+        there."""
         replicas = list(self.brokers)
         self.rng.shuffle(replicas)  # the first is the preferred leader
         configs = {**TOPIC_CONFIGS, "cleanup.policy": self.rng.choice(CLEANUP_POLICIES)}
-        topic_id = self.controller.create_topic(TOPIC, configs, replicas)
-        if topic_id is None:
-            self.scheduler.after(100, self.create_topic, "create topic")
-            return
-        self.trace.add(
-            self.clock.now_ms, f"topic {TOPIC} created: id {topic_id} on {replicas}, {configs}"
-        )
-        self.invariants.reset(topic_id)
+        topic = m.CreatableTopic(TOPIC, -1, -1, [m.ReplicaAssignment(0, replicas)], configs)
+        self.creating = True
+
+        def done(code: int) -> None:
+            p = self.quorum.newest_image().partition(TOPIC, 0)
+            if code not in (errors.NONE, errors.code_of("TOPIC_ALREADY_EXISTS")) or p is None:
+                self.trace.add(
+                    self.clock.now_ms, f"create topic {TOPIC}: {errors.error_name(code)}"
+                )
+                self.scheduler.after(100, lambda: self.create_topic(then), "create topic")
+                return
+            self.creating = False
+            if p.topic_id != self.invariants.topic_id:
+                self.trace.add(
+                    self.clock.now_ms,
+                    f"topic {TOPIC} created: id {p.topic_id} on {list(p.replicas)}, "
+                    f"{self.quorum.newest_image().topic_config(TOPIC)}",
+                )
+                self.invariants.reset(p.topic_id)
+            if then is not None:
+                then()
+
+        self.quorum.create_topic(topic, done)
 
     def recreate_topic(self, down: BrokerActor | None) -> None:
-        """Delete the topic and create it again (same name, new id) a little later; a
-        broker that is down meanwhile restarts after that, so the first image it gets
-        already holds the new topic and never the delete."""
-        if not self.controller.delete_topic(TOPIC):
-            return
-        self.recreations += 1
-        self.trace.add(
-            self.clock.now_ms,
-            f"topic {TOPIC} deleted"
-            + (f" while broker {down.actor_id} is down" if down is not None else ""),
-        )
-        self.invariants.reset(None)
+        """Delete the topic (DeleteTopics through the active controller) and create it
+        again (same name, new id) a little later; a broker that is down meanwhile
+        restarts after that, so the first image it gets already holds the new topic and
+        never the delete. A delete that fails (no active controller, or no answer in
+        time) is not retried: the broker comes back as from any crash."""
+        self.recreations += 1  # an attempt counts: few topic incarnations per seed
+        self.recreating = True
 
-        def create() -> None:
-            self.create_topic()
-            if down is not None:
-                self.scheduler.after(
-                    self.rng.randint(50, 600), lambda: self.restart(down), "restart"
+        def deleted(code: int) -> None:
+            if self.quorum.newest_image().partition(TOPIC, 0) is not None:
+                self.recreating = False
+                self.trace.add(
+                    self.clock.now_ms, f"delete topic {TOPIC}: {errors.error_name(code)}"
                 )
+                if down is not None:
+                    self.scheduler.after(
+                        self.restart_delay(False), lambda: self.restart(down), "restart"
+                    )
+                return
+            self.trace.add(
+                self.clock.now_ms,
+                f"topic {TOPIC} deleted"
+                + (f" while broker {down.actor_id} is down" if down is not None else ""),
+            )
+            self.invariants.reset(None)
 
-        self.scheduler.after(self.rng.randint(20, 300), create, "re-create topic")
+            def restart_down() -> None:
+                if down is not None:
+                    self.scheduler.after(
+                        self.rng.randint(50, 600), lambda: self.restart(down), "restart"
+                    )
+
+            def create() -> None:
+                self.recreating = False
+                self.create_topic(restart_down)
+
+            self.scheduler.after(self.rng.randint(20, 300), create, "re-create topic")
+
+        self.quorum.delete_topic(TOPIC, deleted)
+
+    def ensure_topic(self) -> None:
+        """A delete whose answer never came (its controller died) may still commit later,
+        under a new leader: the topic is then created again."""
+        if (
+            not self.creating
+            and not self.recreating
+            and self.quorum.newest_image().partition(TOPIC, 0) is None
+        ):
+            self.trace.add(self.clock.now_ms, f"topic {TOPIC} is gone: creating it again")
+            self.invariants.reset(None)
+            self.create_topic()
+        self.scheduler.after(200, self.ensure_topic, "ensure topic")
 
     def write(self) -> None:
         leaders = [
@@ -1231,7 +1197,17 @@ class ReplicationCluster:
                 "crash_inside",
                 "disk_error",
             ]
+            + ["crash_controller", "crash_active", "crash_active", "cut_controller"]
+            + ["pause_controller", "clock_step", "clock_step", "heal"]
+            + (["lose_quorum"] if self.rng.random() < 0.2 else [])
         )
+        if action in CONTROLLER_FAULTS:
+            self.inject_controller_fault(action)
+        else:
+            self.inject_broker_fault(action)
+        self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
+
+    def inject_broker_fault(self, action: str) -> None:
         broker = self.brokers[self.rng.choice(list(self.brokers))]
         if action == "crash_leader":
             broker = next((b for b, r in self.invariants.replicas() if r.state.is_leader), broker)
@@ -1279,13 +1255,43 @@ class ReplicationCluster:
             self.trace.add(self.clock.now_ms, f"broker {broker.actor_id}: controlled shutdown")
         elif action == "heal":
             self.network.heal()
-        self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
+            self.trace.add(self.clock.now_ms, "network healed")
+
+    def inject_controller_fault(self, action: str) -> None:
+        """Controllers crash (the active one often), lose their links to the other
+        controllers or to the brokers, pause; now and then a majority goes down for a
+        while; a node's clock leaps (a broker's back, too)."""
+        quorum, now_ms = self.quorum, self.clock.now_ms
+        actor = quorum.actors[self.rng.choice(CONTROLLER_IDS)]
+        if action == "crash_active":
+            actor = quorum.active() or actor
+        if action in ("crash_controller", "crash_active"):
+            quorum.crash(actor, "fault injection", self.rng.randint(50, 1000))
+        elif action == "lose_quorum":
+            down_ms = self.rng.randint(500, 3000)
+            for victim in self.rng.sample(list(quorum.actors.values()), 2):
+                quorum.crash(victim, "quorum lost", down_ms + self.rng.randint(0, 300))
+        elif action == "cut_controller":
+            others = [n for n in CONTROLLER_IDS if n != actor.actor_id]
+            cut_from = self.rng.choice([others, list(BROKER_IDS), others + list(BROKER_IDS)])
+            pairs = self.network.cut_between([actor.actor_id], cut_from)
+            self.trace.add(now_ms, f"controller {actor.actor_id} cut from {cut_from}")
+            self.scheduler.after(
+                self.rng.randint(200, 2500), lambda: self.network.mend(pairs), "mend"
+            )
+        elif action == "pause_controller" and actor.node is not None and not actor.paused:
+            actor.pause(self.rng.randint(100, 1500))
+        elif action == "clock_step":
+            node = self.rng.choice(sorted(self.clocks))
+            step_ms = self.clocks[node].random_step(self.rng)
+            self.trace.add(now_ms, f"node {node}: clock steps {step_ms:+} ms")
 
     def after_event(self) -> None:
         if self.armed and not self.fully_replicated():
             self.fs.cancel_crash()  # the power cut would no longer keep to the rule
             self.armed = False
         self.invariants.check()
+        self.quorum.check()
 
     def restart_delay(self, power_cut: bool) -> int:
         """A node that lost unsynced writes comes back only after the controller fenced
@@ -1300,7 +1306,7 @@ class ReplicationCluster:
         )
 
     def fully_replicated(self) -> bool:
-        p = self.controller.image.partition(TOPIC, 0)
+        p = self.quorum.newest_image().partition(TOPIC, 0)
         return (
             p is not None
             and len(p.isr) == len(self.brokers)
@@ -1313,14 +1319,21 @@ class ReplicationCluster:
         Kafka without fsync)."""
         if self.power_cut is None:
             return
-        p = self.controller.image.partition(TOPIC, 0)
+        p = self.quorum.newest_image().partition(TOPIC, 0)
         broker = self.brokers[self.power_cut]
         if p is None or (broker.alive and self.power_cut in p.isr and not self.armed):
             self.power_cut = None
 
     def restart(self, broker: BrokerActor) -> None:
-        if not broker.alive and self.clock.now_ms >= broker.restart_not_before:
-            broker.start()
+        """A node that lost power comes back once the controllers fenced its old
+        registration (see restart_delay): with failovers that may take longer than one
+        session timeout, so it waits for the fence itself."""
+        if broker.alive or self.clock.now_ms < broker.restart_not_before:
+            return
+        if broker.lost_power and self.quorum.newest_image().is_unfenced(broker.actor_id):
+            self.scheduler.after(100, lambda: self.restart(broker), "restart")
+            return
+        broker.start()
 
     def heal(self) -> None:
         self.chaos = False
@@ -1330,24 +1343,31 @@ class ReplicationCluster:
         self.network.heal()
         self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=5)
         self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
+        for actor in self.quorum.actors.values():
+            self.quorum.restart(actor)
         for broker in self.brokers.values():
             self.restart(broker)
 
     def check_liveness(self, bound_ms: int = 10_000) -> None:
-        """After healing, the ISR refills and a new write is acknowledged."""
+        """After healing, a controller is active again, the ISR refills and a new write is
+        acknowledged."""
         deadline = self.clock.now_ms + bound_ms
         acked_before = self.invariants.acked
         while self.clock.now_ms < deadline:
             self.scheduler.run_until(self.clock.now_ms + 50, self.after_event)
-            p = self.controller.image.partition(TOPIC, 0)
+            p = self.quorum.newest_image().partition(TOPIC, 0)
             if p is not None and len(p.isr) == 3 and self.invariants.acked > acked_before:
                 return
-        p = self.controller.image.partition(TOPIC, 0)
+        p = self.quorum.newest_image().partition(TOPIC, 0)
         states = "\n".join(b.status() for b in self.brokers.values())
+        controllers = "\n".join(
+            f"controller {a.actor_id}: {a.node.status() if a.node else 'down'}"
+            for a in self.quorum.actors.values()
+        )
         self.fail(
             f"liveness: after healing, partition {p} and "
             f"{self.invariants.acked - acked_before} new acks in {bound_ms} ms;"
-            f"\n{states}"
+            f"\n{states}\n{controllers}"
         )
 
 

@@ -37,6 +37,19 @@ def run_many(
     assert not failures, "\n\n".join(failures)
 
 
+def first_failure(
+    run_seed: RunSeed, count: int, failure: type[BaseException] = AssertionError
+) -> str:
+    """The report of the first of seeds 0..``count`` that fails (a known-bad variant of
+    a production class patched in must be caught by one)."""
+    for seed in range(count):
+        try:
+            run_seed(seed)
+        except failure as exc:
+            return str(exc)
+    raise AssertionError(f"no seed of {count} caught the bad variant")
+
+
 def replay(run_seed: RunSeed) -> None:
     """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it)."""
     seed = os.environ.get("RILLET_SIM_SEED")
