@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 NONE = errors.NONE
 OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
+INCONSISTENT_TOPIC_ID = errors.code_of("INCONSISTENT_TOPIC_ID")
 CONSUMER = -1
 NO_REPLICA = -1
 _MAX_NOTED = 10_000  # bound on the remembered "logged once" keys
@@ -58,6 +59,7 @@ class FetchPartition:
     last_fetched_epoch: int
     current_leader_epoch: int | None
     max_bytes: int
+    topic_id: str = ""  # a follower's replica's topic id; "" (consumers): not checked
 
 
 @dataclass(slots=True)
@@ -140,6 +142,12 @@ class FetchReader:
         if replica is None:
             out.error = True
             return FetchPartitionResult(topic, partition, self.partition_error(topic, partition))
+        if p.topic_id and p.topic_id != replica.topic_id:
+            # A follower of another incarnation of the topic (deleted and re-created,
+            # with one side not there yet): its leader epochs restart, so the epoch check
+            # alone would let it take this log's records as the new topic's.
+            out.error = True
+            return FetchPartitionResult(topic, partition, INCONSISTENT_TOPIC_ID)
         out.touched.append(replica)
         state, log = replica.state, replica.log
         diverging = None

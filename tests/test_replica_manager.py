@@ -162,3 +162,25 @@ def test_only_the_leader_validates_records(tmp_path: Path) -> None:
         assert log.log_end_offset == 4
     finally:
         log.close()
+
+
+async def test_a_fetch_for_another_incarnation_of_the_topic_is_refused(
+    manager: ReplicaManager,
+) -> None:
+    """A follower names its replica's topic id: a leader still holding a deleted topic
+    of the same name (or already the re-created one) must not hand it records, whose
+    leader epochs the new topic's restart would accept (found by replication seed 14)."""
+    await manager.append_records([(TP, batch(b"a"))], acks=1, timeout_ms=1000)
+    params = FetchParams(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20)
+    topic_id = manager.replicas[TP].topic_id
+    same, other = (
+        await manager.fetch_messages(
+            params,
+            [
+                FetchPartition("t", 0, 0, -1, None, 1 << 20, topic_id),
+                FetchPartition("t", 0, 0, -1, None, 1 << 20, "another-incarnation"),
+            ],
+        )
+    ).partitions
+    assert same.error_code == errors.NONE and same.nbytes > 0
+    assert other.error_code == E("INCONSISTENT_TOPIC_ID") and other.records is None

@@ -31,10 +31,11 @@ from rillet.storage import Log, checkpoints
 QUICK_SEEDS = 24
 # Seeds that found real bugs, kept as regressions: a follower that kept a deposed
 # leader's records below its leader's log start (232); a deleted topic's HW left in the
-# checkpoint (395); a cut whose checkpoint failed left memory and disk apart (677) (found
-# by the simulator before its controller became a Raft quorum, so their schedules differ
-# now).
-REGRESSION_SEEDS = (232, 395, 677)
+# checkpoint (395); a cut whose checkpoint failed left memory and disk apart (677) (these
+# three found by the simulator before its controller became a Raft quorum, so their
+# schedules differ now); a follower of a re-created topic fetched the deleted topic's
+# records from a leader that had not applied the delete yet (14).
+REGRESSION_SEEDS = (14, 232, 395, 677)
 
 
 @pytest.mark.parametrize("block", range(4))

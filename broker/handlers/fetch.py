@@ -80,6 +80,7 @@ class FetchHandler:
                 p.last_fetched_epoch,
                 p.current_leader_epoch,
                 p.partition_max_bytes,
+                p.topic_id,
             )
             for t in req.topics
             for p in t.partitions

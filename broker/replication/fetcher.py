@@ -331,6 +331,7 @@ class SourceFetcher:
                         req.current_leader_epoch,
                         replica.log.log_start_offset,
                         config.partition_max_bytes,
+                        replica.topic_id,
                     )
                 )
             )

@@ -80,6 +80,7 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (89, "THROTTLING_QUOTA_EXCEEDED", True, "A quota was exceeded."),
     (95, "INVALID_UPDATE_VERSION", False, "The partition epoch in the request is not current."),
     (102, "BROKER_ID_NOT_REGISTERED", False, "The broker id is not registered."),
+    (103, "INCONSISTENT_TOPIC_ID", True, "The topic id does not match the replica's."),
     (104, "INCONSISTENT_CLUSTER_ID", False, "The cluster id does not match."),
     (107, "INELIGIBLE_REPLICA", False, "A new ISR member is not a live, unfenced replica."),
     (108, "NEW_LEADER_ELECTED", False, "The ISR was updated but the leader has changed."),

@@ -81,7 +81,7 @@ class FetchTopicResult(NamedTuple):
 
 class FetchPartition(NamedTuple):
     """On the wire: ``[partition, fetch_offset, last_fetched_epoch, current_leader_epoch,
-    log_start_offset, partition_max_bytes]``.
+    log_start_offset, partition_max_bytes, topic_id]``.
     """
 
     partition: int
@@ -90,6 +90,8 @@ class FetchPartition(NamedTuple):
     current_leader_epoch: int
     log_start_offset: int
     partition_max_bytes: int
+    # a follower's: its replica's topic id (KIP-516)
+    topic_id: str = ""
 
 
 class FetchTopic(NamedTuple):

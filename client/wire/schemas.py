@@ -749,6 +749,7 @@ FETCH_PARTITION = Struct(
     F("current_leader_epoch", INT),
     F("log_start_offset", INT),
     F("partition_max_bytes", INT),
+    F("topic_id", STR, default="", doc="a follower's: its replica's topic id (KIP-516)"),
 )
 FETCH_RESULT = Struct(
     "FetchPartitionResult",

@@ -502,6 +502,7 @@ class BrokerActor:
                 request.current_leader_epoch,
                 replica.log.log_start_offset,
                 FETCH_MAX_BYTES,
+                replica.topic_id,
             )
             self.send(state.leader_id, Fetch(self.incarnation, self.fetch_ids, partition))
 
@@ -665,6 +666,7 @@ class BrokerActor:
             p.last_fetched_epoch,
             p.current_leader_epoch,
             p.partition_max_bytes,
+            p.topic_id,
         )
         r = self.reader.read_all(params, [wanted]).partitions[0]
         # Read the range now: the handler's response pins it before the next event.
