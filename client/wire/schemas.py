@@ -267,13 +267,16 @@ class Struct(Type):
         names = [f.name for f in live]
         checks = [f.type.checker(version) for f in live]
         count = len(live)
+        # Trailing fields with a default may be missing (an older peer's row): the
+        # converter fills them in.
+        needed = max((i + 1 for i, f in enumerate(live) if f.required), default=0)
 
         def check(value: Any) -> None:
             if type(value) is not list:
                 raise _Mismatch(f"expected array [{', '.join(names)}], got {_type_name(value)}")
-            if len(value) < count:
+            if len(value) < needed:
                 raise _Mismatch(f"expected {count} items [{', '.join(names)}], got {len(value)}")
-            for i in range(count):
+            for i in range(min(count, len(value))):
                 try:
                     checks[i](value[i])
                 except _Mismatch as e:
