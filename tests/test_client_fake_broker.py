@@ -199,7 +199,7 @@ class FakeCluster:
         waits: list[asyncio.Event] = []
         for topic, parts in f["topics"]:
             out = []
-            for p, offset, _lfe, _cle, _lso, max_bytes in parts:
+            for p, offset, _lfe, _cle, _lso, max_bytes, _topic_id in parts:
                 part = (self.topics.get(topic) or [None] * (p + 1))[p] if p >= 0 else None
                 if part is None:
                     out.append([p, 3, -1, -1, -1, None, -1, 0])

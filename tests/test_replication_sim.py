@@ -26,8 +26,8 @@ from rillet.broker.replication.types import BatchInfo, Effect, Truncate, invaria
 from rillet.controller.raft.driver import RaftDriver
 from rillet.storage import Log, checkpoints
 
-# make test: ~0.5 s of CPU per seed (8 s of simulated chaos, then healing); the revert
-# tests below rely on seeds 0, 2 and 18 passing here.
+# make test: ~0.3 s of CPU per seed, up to 1.5 s (8 s of simulated chaos, then
+# healing); the revert tests below rely on seeds 0, 2 and 18 passing here.
 QUICK_SEEDS = 24
 # Seeds that found real bugs, kept as regressions: a follower that kept a deposed
 # leader's records below its leader's log start (232); a deleted topic's HW left in the
