@@ -112,12 +112,19 @@ def clean_segments(segments: list[LogSegment], tombstone_horizon_ms: int) -> Cle
     """The heavy part (executor thread): build the key map, write ``.cleaned`` files."""
     latest = _latest_offsets(segments)
     stats = CleanStats(segments=len(segments))
-    for seg in segments:
-        drop_tombstones = seg.max_timestamp < tombstone_horizon_ms
-        result, removed = _clean_one(seg, latest, drop_tombstones)
-        stats.results.append(result)
-        stats.rewritten += result.changed
-        stats.records_removed += removed
+    try:
+        for seg in segments:
+            drop_tombstones = seg.max_timestamp < tombstone_horizon_ms
+            result, removed = _clean_one(seg, latest, drop_tombstones)
+            stats.results.append(result)
+            stats.rewritten += result.changed
+            stats.records_removed += removed
+    except BaseException:
+        # The old segments still stand, so the log stays writable; but a partial
+        # ``.cleaned`` copy left here would make every later round fail on the existing
+        # file until a restart. Remove what this round wrote, then report the error.
+        _discard(stats)
+        raise
     return stats
 
 
@@ -156,10 +163,16 @@ def _clean_one(
     if removed == 0:
         return CleanResult(seg, seg, changed=False), 0
     new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
-    for data, h in out:  # offsets and epochs as they were: append, which never stamps
-        new.append(data, [(h.base_offset, h.last_offset, h.max_timestamp, len(data))])
-    new.write_indexes(new.seal(), fsync=True)
-    new.fsync()
+    try:
+        for data, h in out:  # offsets and epochs as they were: append, which never stamps
+            new.append(data, [(h.base_offset, h.last_offset, h.max_timestamp, len(data))])
+        new.write_indexes(new.seal(), fsync=True)
+        new.fsync()
+    except BaseException:
+        new.close()
+        for path in new.paths():
+            fs.unlink(path, missing_ok=True)
+        raise
     new.close()
     return CleanResult(seg, new, changed=True), removed
 

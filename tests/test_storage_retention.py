@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -9,7 +10,7 @@ from helpers import log_records
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import OffsetOutOfRangeError
-from rillet.storage import Log, LogConfig, LogManager, cleaner, retention
+from rillet.storage import Log, LogConfig, LogManager, cleaner, fs, retention
 
 DAY = 24 * 3600 * 1000
 
@@ -288,4 +289,33 @@ async def test_retention_removes_segments_wholly_below_a_taken_log_start(tmp_pat
     assert [s.base_offset for s in log.segments] == bases[2:]
     assert log.log_start_offset == start  # not moved down to the segment's base
     assert [r.offset for r in log_records(log)][0] == start
+    await log.close_async()
+
+
+async def test_a_compaction_that_fails_part_way_leaves_nothing_behind(tmp_path, monkeypatch):
+    """An I/O error while writing ``.cleaned`` copies (the old segments still stand, so the
+    log stays writable) must remove the partial copies: the next round would otherwise
+    fail on the existing file every time until a restart."""
+    cfg = LogConfig(segment_bytes=512, cleanup_policy="compact", file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg)
+    for i in range(30):
+        log.append(keyed([b"k%d" % (i % 3)], [b"v%d" % i], 1000), 0)
+    log.high_watermark = log.log_end_offset
+    real_fsync, calls = fs.fsync, []
+
+    def failing_fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:  # the second copy's fsync: one copy written, one half done
+            raise OSError(errno.EIO, "injected")
+        real_fsync(fd)
+
+    await log.wait_background()
+    await log.flush_async()
+    monkeypatch.setattr(fs, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="injected"):
+        await cleaner.compact(log)
+    monkeypatch.setattr(fs, "fsync", real_fsync)
+    assert not list((tmp_path / "t-0").glob("*.cleaned"))
+    assert (await cleaner.compact(log)).rewritten > 0  # the next round works
+    assert log.append(keyed([b"k0"], [b"after"], 1000), 0)
     await log.close_async()
