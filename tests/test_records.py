@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -294,3 +298,38 @@ def test_a_decompression_bomb_is_refused_before_it_expands(codec: int, content_s
         records.validate_produced(buf, compacted=False)
     with pytest.raises(CorruptRecordError, match="decompresses to more than"):
         records.decode_all(buf)
+
+
+def test_zstd_batches_decode_on_several_threads_at_once():
+    """The leader decodes produced batches on the loop thread while the cleaner decodes on
+    executor threads: a codec context shared between threads corrupts data or crashes
+    the process (python-zstandard's contexts are not thread-safe). Run in a child, as
+    the failure can be a segfault."""
+    script = textwrap.dedent(
+        """
+        import threading
+        from rillet.client.wire import records
+
+        values = [bytes([i % 251]) * (200 + i) for i in range(300)]
+        batch = records.encode_batch(values, compression=records.COMPRESSION_ZSTD)
+        errors = []
+
+        def work():
+            try:
+                for _ in range(300):
+                    assert [r.value for r in records.decode_all(batch)] == values
+                    records.encode_batch(values, compression=records.COMPRESSION_ZSTD)
+            except BaseException as e:
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print("errors", errors)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, f"child died ({done.returncode}): {done.stderr[-2000:]}"
+    assert "errors []" in done.stdout, done.stdout[-2000:]

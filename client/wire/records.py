@@ -26,6 +26,7 @@ decoding is one ``unpackb`` plus C-level slicing by stride.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -307,18 +308,34 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):
 
 # --- compression -------------------------------------------------------------------
 
-_zstd_c = None
-_zstd_d = None
+# zstd contexts are reused (creating one costs more than a small batch's work) but not
+# shared: a context used by two threads at once corrupts data or crashes the process,
+# and the loop thread (a leader validating produced batches) decodes while executor
+# threads (the cleaner) decode and encode. So one pair per thread.
+_zstd = threading.local()
+
+
+def _zstd_compressor():
+    c = getattr(_zstd, "c", None)
+    if c is None:
+        import zstandard
+
+        c = _zstd.c = zstandard.ZstdCompressor(level=3)
+    return c
+
+
+def _zstd_decompressor():
+    d = getattr(_zstd, "d", None)
+    if d is None:
+        import zstandard
+
+        d = _zstd.d = zstandard.ZstdDecompressor()
+    return d
 
 
 def _compress(codec: int, data: bytes) -> bytes:
-    global _zstd_c
     if codec == COMPRESSION_ZSTD:
-        if _zstd_c is None:
-            import zstandard
-
-            _zstd_c = zstandard.ZstdCompressor(level=3)
-        return _zstd_c.compress(data)
+        return _zstd_compressor().compress(data)
     if codec == COMPRESSION_LZ4:
         import lz4.frame
 
@@ -333,23 +350,21 @@ MAX_DECOMPRESSED_BYTES = 256 << 20
 
 
 def _decompress(codec: int, data: bytes | memoryview) -> bytes:
-    global _zstd_d
     limit = MAX_DECOMPRESSED_BYTES
     too_big = CorruptRecordError(f"records section decompresses to more than {limit} bytes")
     try:
         if codec == COMPRESSION_ZSTD:
             import zstandard
 
-            if _zstd_d is None:
-                _zstd_d = zstandard.ZstdDecompressor()
+            decompressor = _zstd_decompressor()
             # A declared content size is allocated up front, so it is checked first;
             # an undeclared one is read through a bounded stream.
             size = zstandard.frame_content_size(data)
             if size > limit:
                 raise too_big
             if size >= 0:
-                return _zstd_d.decompress(data)
-            with _zstd_d.stream_reader(data) as reader:
+                return decompressor.decompress(data)
+            with decompressor.stream_reader(data) as reader:
                 out = reader.read(limit + 1)
             if len(out) > limit:
                 raise too_big
