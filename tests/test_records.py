@@ -333,3 +333,15 @@ def test_zstd_batches_decode_on_several_threads_at_once():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, f"child died ({done.returncode}): {done.stderr[-2000:]}"
     assert "errors []" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_leader_bounds_expansion_by_the_batch_size_limit():
+    """Decoding runs on the leader's event loop, and its cost grows with the expanded
+    size: a batch within max.message.bytes may expand at most PRODUCE_EXPANSION times
+    (or 8 MiB) there, well below the consumer's 256 MiB cap."""
+    buf = records.encode_batch([bytes(9 << 20)], compression=records.COMPRESSION_ZSTD)
+    assert len(buf) < 1 << 20
+    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+        records.validate_produced(buf, compacted=False, max_size=len(buf))
+    records.validate_produced(buf, compacted=False, max_size=1 << 20)  # 32 MiB allowed
+    assert records.decode_all(buf)[0].value == bytes(9 << 20)

@@ -209,9 +209,12 @@ def validate_produced(
     pos = 0
     end = len(buf)
     index = 0
+    limit = MAX_DECOMPRESSED_BYTES
+    if max_size is not None:
+        limit = min(limit, max(PRODUCE_EXPANSION * max_size, 8 << 20))
     while pos < end:
         h = validate_batch(buf, pos, max_size=max_size)
-        _validate_produced_batch(buf, pos, h, compacted, index)
+        _validate_produced_batch(buf, pos, h, compacted, index, limit)
         pos += h.batch_length + LOG_OVERHEAD
         index += 1
 
@@ -230,7 +233,12 @@ _NOT_KEYS = frozenset({type(None), list, dict})
 
 
 def _validate_produced_batch(
-    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, compacted: bool, index: int
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    h: BatchHeader,
+    compacted: bool,
+    index: int,
+    limit: int,
 ) -> None:
     n = h.record_count
     where = f"batch {index}"
@@ -244,7 +252,7 @@ def _validate_produced_batch(
     if a & ~_KNOWN_ATTRIBUTES:
         raise CorruptRecordError(f"{where} has unknown attribute bits {a & ~_KNOWN_ATTRIBUTES:#x}")
     try:
-        flat = _records_section(buf, pos, h)  # an unknown codec raises here too
+        flat = _records_section(buf, pos, h, limit)  # an unknown codec raises here too
     except CorruptRecordError as e:
         raise CorruptRecordError(f"{where}: {e}") from e
     stride = stride_of(a)
@@ -347,10 +355,14 @@ def _compress(codec: int, data: bytes) -> bytes:
 # gigabytes. Every leader decodes what it is sent, so expansion is bounded before any
 # allocation: a frame that claims more, or turns out to hold more, is a corrupt batch.
 MAX_DECOMPRESSED_BYTES = 256 << 20
+# A leader decodes on its event loop, where the cost grows with the expanded size (a
+# section of millions of tiny values takes seconds): there a batch may expand at most
+# this many times its size limit (max.message.bytes), or 8 MiB. Real data compresses
+# far less than 32x at batch granularity.
+PRODUCE_EXPANSION = 32
 
 
-def _decompress(codec: int, data: bytes | memoryview) -> bytes:
-    limit = MAX_DECOMPRESSED_BYTES
+def _decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     too_big = CorruptRecordError(f"records section decompresses to more than {limit} bytes")
     try:
         if codec == COMPRESSION_ZSTD:
@@ -510,10 +522,15 @@ def stamp(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch:
 # --- decoding ----------------------------------------------------------------------
 
 
-def _records_section(buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> list:
+def _records_section(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    h: BatchHeader,
+    limit: int = MAX_DECOMPRESSED_BYTES,
+) -> list:
     body = memoryview(buf)[pos + HEADER_SIZE : pos + h.batch_length + LOG_OVERHEAD]
     if h.attributes & COMPRESSION_MASK:
-        body = _decompress(h.attributes & COMPRESSION_MASK, body)
+        body = _decompress(h.attributes & COMPRESSION_MASK, body, limit)
     try:
         flat = msgpack.unpackb(body, use_list=True, raw=False, strict_map_key=False)
     except Exception as e:
