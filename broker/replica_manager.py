@@ -130,8 +130,7 @@ class ReplicaManager:
         """Apply a committed metadata delta: delete removed partitions first, then take
         the leader or follower role for every partition that changed here."""
         changes = delta.local_changes(self.broker_id)
-        for tp in sorted(changes.deletes):
-            await self.remove(tp, delete_log=True)
+        await self.remove_many(sorted(changes.deletes), delete_log=True)
         self.image = image
         if delta.changed_brokers:
             changed = delta.changed_brokers.keys()
@@ -275,29 +274,40 @@ class ReplicaManager:
     async def delete_strays(self, image: MetadataImage) -> None:
         """Delete local logs the caught-up image does not assign here (partitions deleted
         or moved away while this broker was down)."""
+        strays = []
         for topic, partition in sorted(self.logs.logs):
             p = image.partition(topic, partition)
             if p is None or self.broker_id not in p.replicas:
                 logger.info("%s-%d: stray log (not assigned here), deleting", topic, partition)
-                await self.remove(TopicPartition(topic, partition), delete_log=True)
+                strays.append(TopicPartition(topic, partition))
+        await self.remove_many(strays, delete_log=True)
 
     async def remove(self, tp: TopicPartition, *, delete_log: bool) -> None:
-        replica = self.replicas.pop(tp, None)
-        if replica is not None:
-            replica.driver.shutdown()
-            replica.wake()
-        self._checkpointed_hw.pop(tp, None)
+        await self.remove_many([tp], delete_log=delete_log)
+
+    async def remove_many(self, tps: Sequence[TopicPartition], *, delete_log: bool) -> None:
+        """Stop serving ``tps``; with ``delete_log``, delete their logs too."""
+        for tp in tps:
+            replica = self.replicas.pop(tp, None)
+            if replica is not None:
+                replica.driver.shutdown()
+                replica.wake()
+            self._checkpointed_hw.pop(tp, None)
         self._roles_changed()
-        if delete_log:
-            # The checkpoint drops the partition's HW before its log goes: left on disk, a
-            # crash would hand it to the next log of that name (a re-created topic), which
-            # would then count records as committed that are not.
+        if delete_log and tps:
+            # The checkpoint drops the partitions' HWs before their logs go: left on disk,
+            # a crash would hand one to the next log of that name (a re-created topic),
+            # which would then count records as committed that are not. One rewrite for
+            # all of them: a deleted topic's partitions go in one metadata delta.
             try:
                 await self.checkpoint_high_watermarks()
             except OSError:
-                logger.exception("%s-%d: high-watermark checkpoint failed", *tp)
-            await self.logs.delete(tp.topic, tp.partition)
-            logger.info("%s-%d: log deleted", tp.topic, tp.partition)
+                logger.exception(
+                    "high-watermark checkpoint failed before deleting %d logs", len(tps)
+                )
+            for tp in tps:
+                await self.logs.delete(tp.topic, tp.partition)
+                logger.info("%s-%d: log deleted", tp.topic, tp.partition)
 
     # -- lookups -------------------------------------------------------------------------
 

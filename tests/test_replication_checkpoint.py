@@ -84,3 +84,30 @@ async def test_a_deleted_partition_leaves_the_checkpoint_before_its_log_goes(
     await manager.remove(tp, delete_log=True)
     # Crash now: whatever log of that name comes next must not find the old HW on disk.
     assert hw_checkpoint.read(tmp_path) == {}
+
+
+async def test_deleting_many_partitions_rewrites_the_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleted topic's partitions leave the checkpoint in one write, made before any
+    of their logs goes (one fsynced rewrite per partition delayed applying metadata)."""
+    logs = LogManager(tmp_path)
+    logs.startup()
+    manager = ReplicaManager(broker_config(tmp_path), logs)
+    tps = [TopicPartition("t", p) for p in range(20)]
+    for tp in [*tps, TopicPartition("u", 0)]:  # u-0 stays
+        logs.get_or_create(tp.topic, tp.partition, logs.default_config)
+    manager._checkpointed_hw = {tp: 5 for tp in tps} | {TopicPartition("u", 0): 3}
+    writes: list[dict[TopicPartition, int]] = []
+    real_write = hw_checkpoint.write
+
+    def counting_write(data_dir, entries) -> None:
+        assert all(logs.get(tp.topic, tp.partition) is not None for tp in tps)
+        writes.append(dict(entries))
+        real_write(data_dir, entries)
+
+    monkeypatch.setattr(hw_checkpoint, "write", counting_write)
+    await manager.remove_many(tps, delete_log=True)
+    assert writes == [{TopicPartition("u", 0): 3}]
+    assert all(logs.get(tp.topic, tp.partition) is None for tp in tps)
+    assert hw_checkpoint.read(tmp_path) == {TopicPartition("u", 0): 3}
