@@ -2,7 +2,8 @@
 
 Real processes: 1 controller, 1 broker. Batches with a valid CRC but records that do
 not decode, or a record count that disagrees with the records or the offset delta, go
-in through raw Produce requests: each is refused with CORRUPT_MESSAGE, a request whose
+in through raw Produce requests: each is refused with INVALID_RECORD (not retriable:
+resending the same bytes cannot help), a request whose
 batches for a partition include one such batch appends none of them, and a consumer
 reads the good records around them. On a compacted topic a keyless record is refused
 with INVALID_RECORD naming it, and the cleaner goes on compacting that log.
@@ -58,11 +59,11 @@ def test_a_leader_refuses_batches_consumers_could_not_read(cluster_factory: Any)
         assert await client.produce(BROKER, "plain", 0, [b"a", b"b"]) == (errors.NONE, 0)
         for bad in (GARBAGE, COUNT_TOO_HIGH, DELTA_TOO_HIGH):
             refused = await client.produce_bytes(BROKER, "plain", 0, bad)
-            assert refused.error_code == CORRUPT, refused
+            assert refused.error_code == INVALID, refused
         # One request's batches for a partition are all or nothing.
         good = records.encode_batch([b"never"])
         refused = await client.produce_bytes(BROKER, "plain", 0, good + GARBAGE)
-        assert refused.error_code == CORRUPT and "batch 1" in refused.error_message
+        assert refused.error_code == INVALID and "batch 1" in refused.error_message
         assert await client.produce(BROKER, "plain", 0, [b"c"]) == (errors.NONE, 2)
         got = [(r.offset, r.value) for r in await client.read_all(BROKER, "plain", 0)]
         assert got == [(0, b"a"), (1, b"b"), (2, b"c")]
@@ -80,7 +81,7 @@ def test_a_leader_refuses_batches_consumers_could_not_read(cluster_factory: Any)
                 assert refused.error_code == INVALID, refused
                 assert "record 2 has no key" in refused.error_message
                 refused = await client.produce_bytes(BROKER, "c", 0, GARBAGE)
-                assert refused.error_code == CORRUPT, refused
+                assert refused.error_code == INVALID, refused
 
     run(cluster, body)
 

@@ -169,10 +169,10 @@ def test_validate_produced_accepts_what_a_producer_encodes(batch):
 
 def test_validate_produced_refuses_a_records_section_that_does_not_decode():
     buf = _restamped(b"\xc1 not msgpack", count=1, last_delta=0)
-    with pytest.raises(CorruptRecordError, match="does not decode"):
+    with pytest.raises(InvalidRecordError, match="does not decode"):
         records.validate_produced(buf, compacted=False)
     scalar = _restamped(msgpack.packb(7), count=1, last_delta=0)  # decodes, but no array
-    with pytest.raises(CorruptRecordError, match="not an array"):
+    with pytest.raises(InvalidRecordError, match="not an array"):
         records.validate_produced(scalar, compacted=False)
 
 
@@ -180,7 +180,7 @@ def test_validate_produced_refuses_a_count_the_records_do_not_match():
     body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)  # two records
     assert len(records.decode_batch(_restamped(body, count=2, last_delta=1))) == 2
     buf = _restamped(body, count=3, last_delta=2)
-    with pytest.raises(CorruptRecordError, match="says 3 records but its records section"):
+    with pytest.raises(InvalidRecordError, match="says 3 records but its records section"):
         records.validate_produced(buf, compacted=False)
 
 
@@ -188,14 +188,14 @@ def test_validate_produced_refuses_a_last_offset_delta_other_than_count_minus_on
     body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)
     for delta in (0, 5):
         buf = _restamped(body, count=2, last_delta=delta)
-        with pytest.raises(CorruptRecordError, match="last offset delta"):
+        with pytest.raises(InvalidRecordError, match="last offset delta"):
             records.validate_produced(buf, compacted=False)
     # A compacted batch (gaps in its offset deltas) is the cleaner's, never a producer's.
     gaps = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[0, 3])
-    with pytest.raises(CorruptRecordError, match="last offset delta"):
+    with pytest.raises(InvalidRecordError, match="last offset delta"):
         records.validate_produced(gaps, compacted=True)
     hole = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[1, 1])
-    with pytest.raises(CorruptRecordError, match="offset deltas other than 0..1"):
+    with pytest.raises(InvalidRecordError, match="offset deltas other than 0..1"):
         records.validate_produced(hole, compacted=True)
 
 
@@ -203,15 +203,15 @@ def test_validate_produced_refuses_an_unknown_codec_or_attribute():
     body = msgpack.packb([None, b"a"], use_bin_type=True)
     for codec in (1, 2, 5, 6, 7):  # Kafka's gzip and snappy, and numbers nobody uses
         buf = _restamped(body, count=1, last_delta=0, attributes=codec)
-        with pytest.raises(CorruptRecordError, match="unknown compression codec"):
+        with pytest.raises(InvalidRecordError, match="unknown compression codec"):
             records.validate_produced(buf, compacted=False)
     buf = _restamped(body, count=1, last_delta=0, attributes=0x20)
-    with pytest.raises(CorruptRecordError, match="unknown attribute bits 0x20"):
+    with pytest.raises(InvalidRecordError, match="unknown attribute bits 0x20"):
         records.validate_produced(buf, compacted=False)
 
 
 def test_validate_produced_refuses_header_fields_a_producer_does_not_send():
-    with pytest.raises(CorruptRecordError, match="base offset 7"):
+    with pytest.raises(InvalidRecordError, match="base offset 7"):
         records.validate_produced(records.encode_batch([b"x"], base_offset=7), compacted=False)
     body = msgpack.packb([None, b"a"], use_bin_type=True)
     lying = records.assemble_batch(
@@ -222,7 +222,7 @@ def test_validate_produced_refuses_header_fields_a_producer_does_not_send():
         base_timestamp=5,
         max_timestamp=1 << 50,  # would hold a time-retained segment forever
     )
-    with pytest.raises(CorruptRecordError, match="max timestamp"):
+    with pytest.raises(InvalidRecordError, match="max timestamp"):
         records.validate_produced(lying, compacted=False)
 
 
@@ -240,7 +240,7 @@ def test_validate_produced_refuses_a_keyless_record_on_a_compacted_topic():
 def test_validate_produced_names_the_failing_batch():
     good = records.encode_batch([b"a"])
     bad = _restamped(b"\xc1", count=1, last_delta=0)
-    with pytest.raises(CorruptRecordError, match="batch 2"):
+    with pytest.raises(InvalidRecordError, match="batch 2"):
         records.validate_produced(good + good + bad, compacted=False)
 
 
@@ -294,7 +294,7 @@ def test_a_decompression_bomb_is_refused_before_it_expands(codec: int, content_s
     buf = _restamped(
         _bomb(codec, content_size=content_size), count=1, last_delta=0, attributes=codec
     )
-    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+    with pytest.raises(InvalidRecordError, match="decompresses to more than"):
         records.validate_produced(buf, compacted=False)
     with pytest.raises(CorruptRecordError, match="decompresses to more than"):
         records.decode_all(buf)
@@ -341,7 +341,7 @@ def test_a_leader_bounds_expansion_by_the_batch_size_limit():
     (or 8 MiB) there, well below the consumer's 256 MiB cap."""
     buf = records.encode_batch([bytes(9 << 20)], compression=records.COMPRESSION_ZSTD)
     assert len(buf) < 1 << 20
-    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+    with pytest.raises(InvalidRecordError, match="decompresses to more than"):
         records.validate_produced(buf, compacted=False, max_size=len(buf))
     records.validate_produced(buf, compacted=False, max_size=1 << 20)  # 32 MiB allowed
     assert records.decode_all(buf)[0].value == bytes(9 << 20)

@@ -142,7 +142,7 @@ async def test_append_records_validates_every_batch_before_appending_any(
     (refused,) = await manager.append_records(
         [(TP, memoryview(bytearray(good + garbage)))], acks=1, timeout_ms=1000
     )
-    assert refused.error_code == E("CORRUPT_MESSAGE")
+    assert refused.error_code == E("INVALID_RECORD")
     assert refused.error_message is not None and "batch 1" in refused.error_message
     assert manager.replicas[TP].log.log_end_offset == 0
 
@@ -155,7 +155,7 @@ def test_only_the_leader_validates_records(tmp_path: Path) -> None:
     storage = LogStorage(log)
     cleaned = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[0, 3])
     try:
-        with pytest.raises(errors.CorruptRecordError, match="last offset delta"):
+        with pytest.raises(errors.InvalidRecordError, match="last offset delta"):
             storage.append_as_leader(memoryview(bytearray(cleaned)), 1)
         assert log.log_end_offset == 0
         storage.append_fetched(AppendFetched(0, 4), stamped(cleaned, 0, 1))

@@ -197,7 +197,8 @@ def validate_produced(
     a records section that decodes, as a consumer decodes it, into exactly
     ``record_count`` records; offset deltas, when present, exactly ``0..count-1``;
     timestamp deltas ints; ``max_timestamp`` the largest record timestamp. Raises
-    CorruptRecordError for the first batch that fails.
+    CorruptRecordError for a batch whose CRC or length fails and InvalidRecordError for
+    the first batch that fails any other check.
 
     On a ``compacted`` topic every key must be present and not an array or a map (the
     cleaner keeps records by key in a dict): InvalidRecordError naming the batch and
@@ -213,8 +214,14 @@ def validate_produced(
     if max_size is not None:
         limit = min(limit, max(PRODUCE_EXPANSION * max_size, 8 << 20))
     while pos < end:
-        h = validate_batch(buf, pos, max_size=max_size)
-        _validate_produced_batch(buf, pos, h, compacted, index, limit)
+        h = validate_batch(buf, pos, max_size=max_size)  # CRC, length: CORRUPT_MESSAGE
+        try:
+            _validate_produced_batch(buf, pos, h, compacted, index, limit)
+        except CorruptRecordError as e:
+            # The CRC held, so these are the bytes the producer made: sending them again
+            # cannot help. INVALID_RECORD is not retriable (Kafka's validator answers it
+            # too); CORRUPT_MESSAGE would have the client retry until its timeout.
+            raise InvalidRecordError(str(e)) from e
         pos += h.batch_length + LOG_OVERHEAD
         index += 1
 
