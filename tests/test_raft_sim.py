@@ -29,6 +29,7 @@ def test_random_faults_keep_raft_safe_and_live(block: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # thousands of seeds: the suite-wide 300 s bound would cut them
 def test_random_faults_many_seeds() -> None:
     """make sim-long: RILLET_SIM_SEEDS seeds after the quick ones."""
     run_many(run_seed, QUICK_SEEDS, seeds_from_env(20_000), SimulationFailure)

@@ -32,6 +32,7 @@ def test_crashes_anywhere_keep_what_the_log_promised(block: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # thousands of seeds: the suite-wide 300 s bound would cut them
 def test_crashes_anywhere_many_seeds() -> None:
     """make sim-long: RILLET_SIM_SEEDS seeds after the quick ones."""
     run_many(run_seed, QUICK_SEEDS, seeds_from_env(2_000), SimulationFailure)
