@@ -312,13 +312,7 @@ class ReplicaManager:
     # -- lookups -------------------------------------------------------------------------
 
     def partition_error(self, topic: str, partition: int) -> int:
-        """Why this broker cannot serve a partition it holds no replica of."""
-        p = self.image.partition(topic, partition)
-        if p is None:
-            return errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
-        if p.leader == NO_LEADER:
-            return errors.code_of("LEADER_NOT_AVAILABLE")
-        return errors.code_of("NOT_LEADER_OR_FOLLOWER")
+        return partition_error(self.image, topic, partition)
 
     def leaders(self) -> Iterable[Replica]:
         return (r for r in self.replicas.values() if r.is_leader)
@@ -608,3 +602,13 @@ async def _wait_acks(
             result.error_code = REQUEST_TIMED_OUT
         if result.error_code not in (NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND):
             result.base_offset = -1  # no offset promised: the records may or may not survive
+
+
+def partition_error(image: MetadataImage, topic: str, partition: int) -> int:
+    """Why a broker cannot serve a partition it holds no replica of."""
+    p = image.partition(topic, partition)
+    if p is None:
+        return errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+    if p.leader == NO_LEADER:
+        return errors.code_of("LEADER_NOT_AVAILABLE")
+    return errors.code_of("NOT_LEADER_OR_FOLLOWER")

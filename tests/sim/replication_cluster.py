@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rillet.broker import replica_manager
 from rillet.broker.config import topic_log_config
 from rillet.broker.replica import LogStorage, Replica
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader
@@ -640,13 +641,7 @@ class BrokerActor:
         )
 
     def partition_error(self, topic: str, partition: int) -> int:
-        """ReplicaManager.partition_error."""
-        p = self.image.partition(topic, partition)
-        if p is None:
-            return errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
-        if p.leader == NO_LEADER:
-            return errors.code_of("LEADER_NOT_AVAILABLE")
-        return errors.code_of("NOT_LEADER_OR_FOLLOWER")
+        return replica_manager.partition_error(self.image, topic, partition)
 
     def on_alter_answer(self, key: tuple[int, int], response: AlterPartitionResponse) -> None:
         replica = self.alter_out.pop(key, None)
