@@ -55,11 +55,16 @@ def read_entries(path: Path, width: int) -> list[tuple[int, ...]] | None:
     except FileNotFoundError:
         return None
     try:
-        lines = data.decode().split("\n")  # a torn unsynced file may hold any bytes
+        text = data.decode()  # a torn unsynced file may hold any bytes
+        # Every line ends in a newline and nothing follows the entries (Kafka's reader
+        # demands the same): a torn tail that still parses, "36\n" become "361", fails.
+        if not text.endswith("\n"):
+            raise ValueError("no final newline")
+        lines = text[:-1].split("\n")
         if int(lines[0]) != VERSION:
             raise ValueError(f"version {lines[0]}")
         count = int(lines[1])
-        entries = [tuple(int(v) for v in line.split()) for line in lines[2 : 2 + count]]
+        entries = [tuple(int(v) for v in line.split()) for line in lines[2:]]
         if len(entries) != count or any(len(e) != width for e in entries):
             raise ValueError("entry count or width")
     except (ValueError, IndexError) as e:

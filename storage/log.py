@@ -721,6 +721,13 @@ class Log:
         del self._segments[keep:], self._bases[keep:]
         last = self.active_segment
         cut = last.truncate_to(offset)
+        if last.next_offset < self._log_start:
+            # The cut took a batch holding the log start (a start moved inside a batch),
+            # or it fell in a compacted gap over the start: no record at or after the
+            # start is left, so the log empties there (recovery does the same if a crash
+            # comes first: the start is checkpointed, the recovery point came down).
+            self._truncate_fully_and_start_at(self._log_start)
+            return
         last.created_ms = self.clock()
         self._after_cut()
         logger.info(
@@ -750,10 +757,9 @@ class Log:
         self._log_start = offset
         self.epochs.clear()
         self._after_cut()
-        # No fsync needed: _after_cut's checkpoints fsynced the directory, so the only
-        # segment left durably starts at ``offset``, and recovery never starts a log
-        # below its first segment.
-        checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=False)
+        # Durable like every log-start write: recovery trusts the value it reads, and an
+        # unsynced file may come back from a crash torn into another number.
+        checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=True)
 
     def increment_log_start_offset(self, offset: int) -> None:
         """Move the log start up to ``offset`` (a follower taking its leader's log start,

@@ -41,6 +41,8 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
         else:
             unflushed = None if clean else _holding(segments, recovery_point)
             segments = _recover_from(log, segments, first_dirty, unflushed)
+    if ckpt_start > segments[-1].next_offset:
+        segments = _start_empty_at(log, segments, ckpt_start)
     log_start = max(ckpt_start, segments[0].base_offset)
     end = segments[-1].next_offset
     # Everything up to the end is on disk now: written before a clean shutdown, or
@@ -165,6 +167,30 @@ def _drop_below_start(segments: list[LogSegment], log_start: int) -> list[LogSeg
         for path in seg.paths():
             fs.unlink(path, missing_ok=True)
     return segments[keep:]
+
+
+def _start_empty_at(log, segments: list[LogSegment], log_start: int) -> list[LogSegment]:
+    """The log start was checkpointed (durably) past records that were never flushed: a
+    follower took its leader's log start, then lost its unsynced tail in a crash. No
+    record at or after the start survived, so the log starts empty there and its
+    replica fetches the rest from the leader (Kafka's loader does the same). Removing
+    the old segments first keeps this idempotent: a crash part way repeats it."""
+    logger.warning(
+        "%s: the log ends at %d, below its log start %d (records past the last flush "
+        "were lost); removing %d segment(s) and starting empty at %d",
+        log.name,
+        segments[-1].next_offset,
+        log_start,
+        len(segments),
+        log_start,
+    )
+    for seg in segments:
+        seg.close()
+        for path in seg.paths():
+            fs.unlink(path, missing_ok=True)
+    fs.fsync_dir(log.directory)
+    log.epochs.clear()
+    return [_new_segment(log, log_start)]
 
 
 def _new_segment(log, base_offset: int) -> LogSegment:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from helpers import log_records
 
 from rillet.client.wire import records
-from rillet.storage import Log, LogConfig
+from rillet.storage import Log, LogConfig, cleaner
 from rillet.storage.epoch_cache import LeaderEpochCache
 
 CONFIG = LogConfig(segment_bytes=1024, index_interval_bytes=128)
@@ -59,6 +61,39 @@ def test_truncate_to_cuts_whole_batches_and_epochs(log):
     while len(recs) < 12:
         recs.extend(records.decode_all(log.read_bytes(len(recs), 1 << 20)))
     assert [r.offset for r in recs] == list(range(12))
+
+
+def test_truncating_a_batch_that_holds_the_log_start_empties_the_log_at_its_start(log):
+    """A log start moved inside a batch (a follower taking its leader's start), then a
+    cut inside that same batch: the whole batch goes, and the log would end below its
+    start (InvariantError, found by the storage simulator). It empties at its start, as
+    a cut at or below the start already does, and the start stays where it was."""
+    log.increment_log_start_offset(12)  # inside the batch 10-14
+    log.truncate_to(13)
+    assert (log.log_start_offset, log.log_end_offset) == (12, 12)
+    assert log.epochs.entries() == []
+    assert log.append(batch(2), 5) == (12, 13)
+    assert log.epochs.entries() == [(5, 12)]
+
+
+def test_a_cut_in_a_compacted_gap_over_the_log_start_empties_the_log_there(tmp_path):
+    """The segment holding the log start was compacted empty; a cut at the next
+    segment's base left the empty one active, ending the log at its base, below the
+    start (found by the storage simulator, seed 18 in ext4 mode)."""
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, cleanup_policy="compact")
+    log = Log.open(tmp_path / "t-0", config)
+    for _ in range(2):  # segments 0 and 5: every record keyed "k"
+        log.append(records.encode_batch([b"v"] * 5, [b"k"] * 5), 1)
+        log.roll()
+    log.append(records.encode_batch([b"v"], [b"k"]), 1)  # the active segment, at 10
+    log.high_watermark = 11
+    asyncio.run(cleaner.compact(log))
+    assert [s.size for s in log.segments][0] == 0  # segment 0: all superseded
+    log.increment_log_start_offset(3)  # in the gap segment 0 left
+    log.truncate_to(5)
+    assert (log.log_start_offset, log.log_end_offset) == (3, 3)
+    assert log.append(batch(1), 2) == (3, 3)
+    log.close()
 
 
 def test_truncation_spanning_segments_survives_reopen(tmp_path):

@@ -81,6 +81,9 @@ class Options:
     steps: int = 250
     fsync_persists_entry: bool = False  # strict by default (see simfs.py)
     echo_trace: bool = False
+    # Moves of the log start past unflushed records (a follower taking its leader's
+    # start). Off, the action mix is the one the seeds pinned before it existed replay.
+    log_start_moves: bool = True
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -170,6 +173,8 @@ class StorageModel:
             (self.arm_crash, 4),
             (self.close_and_reopen, 1),
         ]
+        if self.options.log_start_moves:
+            steps.append((self.increment_log_start, 2))
         actions, weights = zip(*steps, strict=True)
         for step_no in range(self.options.steps):
             self.step_no = step_no
@@ -330,6 +335,12 @@ class StorageModel:
         if offset <= self.start:
             return self.truncate_fully(offset)
         holding = [b for b in self.batches if b.base <= offset <= b.last]
+        if holding and holding[0].base < self.start:  # it holds the log start too
+            self.note(f"truncate_to {offset} (its batch holds the log start: empty there)")
+            self._cut_model(self.start)
+            self.batches = []
+            self.log.truncate_to(offset)
+            return
         new_end = holding[0].base if holding else min(offset, self.end)
         self.note(f"truncate_to {offset} (end -> {new_end})")
         self._cut_model(new_end)  # before the call: a crash inside it may keep either
@@ -350,6 +361,19 @@ class StorageModel:
         self.batches, self.start, self.end = [], offset, offset
         self.max_start = max(self.max_start, offset)
         self.log.truncate_fully_and_start_at(offset)
+
+    def increment_log_start(self) -> None:
+        """A follower taking its leader's log start: checkpointed durably at once, maybe
+        past records the log has not flushed (a crash can then end the log below it)."""
+        offset = self.rng.randint(self.start, self.end)
+        self.note(f"increment_log_start_offset {offset}")
+        self.max_start = max(self.max_start, offset)  # a crash inside may keep it
+        # The leader's start is at most its HW, and the follower's HW follows the leader's.
+        self.log.high_watermark = max(self.log.high_watermark or 0, offset)
+        self.log.increment_log_start_offset(offset)
+        # As after retention: the first epoch may now have no record at or past the start.
+        self.removed_batches = True
+        self._resync("log start moved")
 
     def flush(self) -> None:
         self.note(f"flush (end {self.end})")
@@ -477,15 +501,26 @@ class StorageModel:
         if self.rng.random() < 0.2:  # crash inside recovery too
             self.sim.crash_after(self.rng.randint(1, 10), NODE, self.rng)
             try:
-                self.open_log()
+                self.reopen()
                 self.note("  reopened before the armed crash")
                 self.sim.crash(NODE, self.rng)
             except SimCrash:
                 self.note("  crashed inside recovery")
             self.sim.restart(NODE)
             self.sim.cancel_crash()
-        self.log = self.open_log()
+        self.log = self.reopen()
         self.check_recovered()
+
+    def reopen(self) -> Log:
+        """Log.open after a crash: any error but the simulated crash is a failure of
+        this seed, reported with its replay line (an escaped exception would not be)."""
+        try:
+            return self.open_log()
+        except SimCrash:
+            raise
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.fail(f"reopening raised {exc!r} at {where.filename}:{where.lineno}")
 
     def check_recovered(self) -> None:
         log = self.log
@@ -538,7 +573,10 @@ class StorageModel:
         for i, (e, s) in enumerate(derived):
             if e not in by_epoch:
                 self.fail(f"epoch {e} of the batch at {s} missing from the cache {cached}")
-            first = i == 0 and s < start  # the log start lies inside that batch
+            # The first epoch may also hold records below the log start (a batch the
+            # start was moved into, or one before a cut gap): its entry is clamped up to
+            # the start, anywhere from the start to its first batch here.
+            first = i == 0 and (s < start or by_epoch[e] == start)
             exact = not self.removed_batches and not first
             if (by_epoch[e] != s) if exact else (by_epoch[e] > max(s, start)):
                 self.fail(f"epoch {e} starts at {s} on disk, {by_epoch[e]} in the cache {cached}")
