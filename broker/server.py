@@ -13,8 +13,12 @@ Start-up order (``start``):
    ``FetcherManager`` (broker/replication/fetcher.py) starts one fetcher per leader this broker
    follows partitions from.
 
-Until step 3 delivers metadata the broker knows no partitions and answers
-UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER, which clients retry.
+Until step 3 delivers its first metadata (the follower hands nothing over before its
+image has caught up with the quorum's high watermark) the broker holds every request
+but ApiVersions, as a Kafka broker does not process requests before it has caught up:
+answered from an empty image, a Metadata request would say that existing topics do
+not exist, and a client (or an admin tool) would believe it. A broker that cannot reach
+the quorum therefore answers nothing, and clients time out and try another broker.
 
 ``stop(controlled=True)`` is the SIGTERM path (docs/design.md, "Processes"): ask the controller to
 move this broker's leaderships away and wait until it has, or
@@ -102,6 +106,7 @@ class BrokerServer:
         self.host, self.port = self.config.broker_address
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
+        self._caught_up = asyncio.Event()  # set by the first metadata: requests flow
 
     @property
     def link(self) -> ControllerLink:
@@ -148,7 +153,7 @@ class BrokerServer:
         on_caught_up = getattr(link, "on_caught_up", None)
         if on_caught_up is not None:
             on_caught_up(self.replicas.delete_strays)
-        await link.start([(BROKER_LISTENER, self.host, self.port)], self.replicas.on_metadata)
+        await link.start([(BROKER_LISTENER, self.host, self.port)], self._on_metadata)
         logger.info(
             "broker %d serving on %s:%d with %d log(s)",
             self.node_id,
@@ -156,6 +161,13 @@ class BrokerServer:
             self.port,
             len(self.logs.logs),
         )
+
+    async def _on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        assert self.replicas is not None
+        await self.replicas.on_metadata(delta, image)
+        if not self._caught_up.is_set():
+            logger.info("broker %d: metadata caught up at offset %d", self.node_id, image.offset)
+            self._caught_up.set()
 
     def _start_background_tasks(self, replicas: ReplicaManager) -> list[asyncio.Task]:
         """Each with its policy (docs/broker.md, "Faults"): ticks are fatal (a failed tick
@@ -193,8 +205,11 @@ class BrokerServer:
     def _timed(self, name: str, handler: Handler) -> Handler:
         metrics = self.metrics
         assert metrics is not None
+        caught_up = self._caught_up
 
         async def timed(request: Request) -> Response | None:
+            if not caught_up.is_set():  # held until the first metadata (module docstring)
+                await caught_up.wait()  # waiters resume in arrival order
             # The handler runs synchronously up to its first await, exactly as unwrapped,
             # so Produce appends keep arrival order.
             start = time.perf_counter()

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
 from rillet.client.wire.errors import (
     NetworkError,
+    RequestTimedOutError,
     RilletError,
     UnknownTopicOrPartitionError,
     error_for,
@@ -322,17 +323,19 @@ class MetadataClient:
         fut.set_result(conn)
         return conn
 
-    async def any_connection(self) -> Connection:
+    async def any_connection(self, avoid: Collection[int | str] = ()) -> Connection:
         """A connection to some broker: an open one first, then known brokers in random
-        order, then the bootstrap list."""
-        for conn in self._conns.values():
-            if not conn.closed:
+        order, then the bootstrap list; a broker keyed in ``avoid`` (one that just
+        failed a request) only when no other is reachable."""
+        for key, conn in self._conns.items():
+            if not conn.closed and key not in avoid:
                 return conn
         failures: list[str] = []
         brokers = list(self.snapshot.brokers.values())
         random.shuffle(brokers)
         targets: list[tuple[int | str, str, int]] = [(b.node_id, b.host, b.port) for b in brokers]
         targets += [(a, *parse_address(a)) for a in self.bootstrap]
+        targets.sort(key=lambda t: t[0] in avoid)  # stable: the order above otherwise
         for key, host, port in targets:
             try:
                 return await self._open(key, host, port)
@@ -342,14 +345,18 @@ class MetadataClient:
 
     async def request_any(self, message: RequestMessage[R], *, timeout_ms: int | None = None) -> R:
         """Send a typed request to any broker; one retry on another broker if the
-        connection breaks. Returns the typed response."""
+        connection breaks or the request times out (a starting broker holds requests
+        until its metadata caught up; Kafka's client also drops a connection on which a
+        request timed out). Returns the typed response."""
+        failed: set[int | str] = set()
         for attempt in range(2):
-            conn = await self.any_connection()
+            conn = await self.any_connection(avoid=failed)
             try:
                 response, _ = await conn.call(message, timeout_ms=timeout_ms)
                 return response
-            except NetworkError:
+            except (NetworkError, RequestTimedOutError):
                 conn.close()
+                failed.update(k for k, c in self._conns.items() if c is conn)
                 if attempt == 1:
                     raise
         raise AssertionError("unreachable")

@@ -212,6 +212,32 @@ def _read_or_none(cluster: LocalCluster, topic: str) -> list[bytes] | None:
     return run(cluster, 1, body)
 
 
+def test_a_restarted_broker_answers_only_once_its_metadata_caught_up(cluster_factory) -> None:
+    """A broker binds before it has heard from the controllers (it registers with the
+    port it bound). Answering then, from an empty metadata image, it told clients that
+    existing topics did not exist (a flaky leadership test saw "topic 'auto' does not
+    exist" from a broker just restarted). As a Kafka broker, it holds requests until its
+    metadata has caught up with the quorum: here the quorum is down while the request
+    is sent, and the answer that comes once it is back names the topic."""
+    cluster = single_broker(cluster_factory)
+    run(cluster, 1, lambda conn: create_topic(conn, "known"))
+    (controller,) = (n.node_id for n in cluster.controllers())
+    cluster.stop_node(1)
+    cluster.stop_node(controller)
+    cluster.start_node(1)  # listening; no quorum to catch up with
+
+    async def body(conn: Connection) -> Any:
+        asked = asyncio.ensure_future(
+            conn.request("Metadata", {"topics": ["known"]}, timeout_ms=120_000)
+        )
+        await asyncio.get_running_loop().run_in_executor(None, cluster.start_node, controller)
+        header, _ = await asked
+        return header["topics"][0]
+
+    error_code, name, _, partitions = run(cluster, 1, body)
+    assert (error_code, name, len(partitions)) == (0, "known", 1)
+
+
 def test_sigterm_restart_needs_no_recovery(cluster_factory) -> None:
     cluster = single_broker(cluster_factory)
 

@@ -3,6 +3,8 @@ an unreachable cluster backs off exponentially."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_client_fake_broker import FakeCluster
 
@@ -45,3 +47,25 @@ async def test_unreachable_cluster_backs_off_exponentially(fake) -> None:  # noq
         assert client._backoff_s() >= 0.8 * 20 * 2**3 / 1000
     finally:
         await client.close()
+
+
+async def test_a_broker_that_never_answers_is_left_for_another(fake) -> None:  # noqa: ANN001
+    """A starting broker holds requests until its metadata caught up, and a hung one
+    holds them for ever. A metadata request that times out there closes the connection
+    and asks the next broker (Kafka's client disconnects on a request timeout too);
+    before, the open connection was picked again, and every refresh timed out on it."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # reads, never answers
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    client = MetadataClient(f"{host}:{port},{fake.bootstrap}", request_timeout_ms=300)
+    client.add_topics(["t"])
+    try:
+        snap = await client.refresh(force=True)
+        assert snap.topics["t"][0].leader == 1
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()

@@ -4,8 +4,8 @@
 (long-polls FetchMetadata, hands each committed ``(delta, image)`` to the broker).
 
 Registration runs in the background and retries until the quorum answers, so a broker
-binds, prints its readiness line and serves (answering "unknown topic" until metadata
-arrives) even when it starts before the controllers have elected a leader.
+binds and prints its readiness line even when it starts before the controllers have
+elected a leader (it holds requests until its metadata has caught up: broker/server.py).
 
 Stray logs: the first deltas a broker sees are over the empty image (a snapshot, or the
 log from its start), so partitions deleted while the broker was down never show up as
