@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos bench clean
+.PHONY: install up test lint format sim-long chaos bench bench-scale-50k clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,10 @@ chaos: install
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The slow partition-scale run: 50,000 partitions must come up healthy, however slowly.
+bench-scale-50k: install
+	$(BIN)/python benchmarks/scale_bench.py --steps 1000 49000 --timeout-s 7200
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache storage/*.so

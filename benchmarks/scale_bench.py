@@ -1,0 +1,173 @@
+"""Partition scale: how a local cluster copes with thousands of partitions.
+
+Starts a real cluster (3 controllers + 3 brokers by default) in a temporary directory and
+prints one JSON object:
+
+- ``baseline``: acks=all ``rillet perf produce`` to a 10-partition RF=3 topic on the
+  fresh cluster (records/s, latency);
+- ``creates``: for each ``--steps`` size (default 1,000 then 9,000 more, 10,010 in all),
+  the time from CreateTopics until every partition of the new topic has a leader and a
+  full ISR, and the controller elections that happened meanwhile (the
+  ``election for term`` lines the controllers logged: the aim is none);
+- ``loaded``: the same produce with every partition existing, and its throughput ratio
+  to the baseline (aim: at least 0.8);
+- ``peak_rss_mb``: each node's peak resident set (VmHWM), controllers and brokers;
+- ``controller_failover``: kill -9 the active controller; the time until another is
+  active and a CreateTopics through a broker succeeds, with every partition existing.
+
+    python benchmarks/scale_bench.py                      # 1,000 then 10,010 partitions
+    python benchmarks/scale_bench.py --steps 1000 49000   # the slow 50,000 run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster_bench import create_topic, peak_rss_mb, rillet
+
+from rillet.client.admin import Admin
+from rillet.client.wire.errors import RilletError
+from rillet.tools.local_cluster import LocalCluster
+
+ELECTION = re.compile(rb"election for term \d+")
+
+
+def election_lines(cluster: LocalCluster) -> int:
+    """Elections the controllers have started so far (their node logs)."""
+    total = 0
+    for node in cluster.controllers():
+        path = cluster.node_dir(node.node_id) / "node.log"
+        if path.exists():
+            total += len(ELECTION.findall(path.read_bytes()))
+    return total
+
+
+async def wait_full_isr(admin: Admin, topic: str, timeout_s: float) -> float:
+    """Seconds until every partition of ``topic`` has a leader and a full ISR."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            (desc,) = await admin.describe_topics([topic])
+            if all(p.leader >= 0 and sorted(p.isr) == sorted(p.replicas) for p in desc.partitions):
+                return time.monotonic() - t0
+        except RilletError:
+            pass  # not visible yet, or a broker busy: ask again
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"benchmark: {topic} did not reach a full ISR within {timeout_s:.0f}s")
+
+
+def produce(boot: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+    return rillet(
+        boot,
+        "perf",
+        "produce",
+        "--topic",
+        topic,
+        "--num-records",
+        str(args.num_records),
+        "--record-size",
+        "100",
+        "--acks",
+        "all",
+    )
+
+
+def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float) -> dict[str, Any]:
+    elections = election_lines(cluster)
+    t0 = time.monotonic()
+    create_topic(cluster.bootstrap, topic, count, 3)
+    created = time.monotonic() - t0
+
+    async def full() -> float:
+        async with Admin(cluster.bootstrap, timeout_ms=60_000) as admin:
+            return await wait_full_isr(admin, topic, timeout_s)
+
+    isr_s = asyncio.run(full())
+    return {
+        "partitions": count,
+        "create_call_s": round(created, 2),
+        "to_full_isr_s": round(created + isr_s, 2),
+        "controller_elections": election_lines(cluster) - elections,
+    }
+
+
+def controller_failover(cluster: LocalCluster, timeout_s: float) -> dict[str, Any]:
+    described = cluster.describe()
+    if described is None or described.controller_id < 0:
+        return {"skipped": "no active controller known"}
+    active = described.controller_id
+    t0 = time.monotonic()
+    cluster.stop_node(active, kill=True)
+    deadline = t0 + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            create_topic(cluster.bootstrap, f"after-failover-{int(t0)}", 1, 3)
+            break
+        except SystemExit:
+            time.sleep(0.2)  # no controller yet: CreateTopics fails, try again
+    else:
+        raise SystemExit("benchmark: no CreateTopics succeeded after the controller kill")
+    took = time.monotonic() - t0
+    cluster.start_node(active)
+    return {"killed": active, "to_create_topics_success_s": round(took, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, nargs="+", default=[1000, 9000])
+    parser.add_argument("--num-records", type=int, default=300_000)
+    parser.add_argument("--brokers", type=int, default=3)
+    parser.add_argument("--controllers", type=int, default=3)
+    parser.add_argument("--timeout-s", type=float, default=1800)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rillet-scale-") as tmp:
+        cluster = LocalCluster(
+            Path(tmp), controllers=args.controllers, brokers=args.brokers, ephemeral_ports=True
+        )
+        cluster.start()
+        try:
+            cluster.wait_ready()
+            result = run(cluster, args)
+        finally:
+            cluster.stop(timeout_s=60)
+    print(json.dumps(result, indent=2))
+
+
+def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    boot = cluster.bootstrap
+    create_topic(boot, "small", 10, 3, "min.insync.replicas=2")
+    baseline = produce(boot, "small", args)
+    creates = [
+        create_step(cluster, f"scale{i}", count, args.timeout_s)
+        for i, count in enumerate(args.steps)
+    ]
+    loaded = produce(boot, "small", args)
+    peak = {n.node_id: peak_rss_mb(n.pid) for n in cluster.nodes.values()}
+    return {
+        "cluster": {
+            "brokers": args.brokers,
+            "controllers": args.controllers,
+            "cpus": os.cpu_count(),
+            "partitions_total": 10 + sum(args.steps),
+        },
+        "baseline": baseline,
+        "creates": creates,
+        "loaded": loaded,
+        "throughput_ratio_loaded_to_baseline": round(
+            loaded["records_per_s"] / baseline["records_per_s"], 3
+        ),
+        "peak_rss_mb": peak,
+        "controller_failover": controller_failover(cluster, args.timeout_s),
+    }
+
+
+if __name__ == "__main__":
+    main()
