@@ -9,7 +9,9 @@ Per cleaned segment, rewritten in place of the old (same base offset):
 - a batch whose records all survive is copied byte for byte (its CRC stays valid);
 - a batch that loses some is re-encoded with explicit offset deltas
   (``ATTR_OFFSET_DELTAS``), keeping its base offset, leader epoch and compression;
-- a batch that loses all is dropped (offsets leave a gap; readers skip it);
+- a batch that loses all is dropped (offsets leave a gap; readers skip it), unless it
+  is the first batch of its leader epoch: that one is kept whole, so the log still shows
+  where each epoch began (see ``_clean_one``);
 - tombstones (value None) are dropped once their segment's largest timestamp is older
   than delete.retention.ms; keyless records are always kept.
 
@@ -112,10 +114,11 @@ def clean_segments(segments: list[LogSegment], tombstone_horizon_ms: int) -> Cle
     """The heavy part (executor thread): build the key map, write ``.cleaned`` files."""
     latest = _latest_offsets(segments)
     stats = CleanStats(segments=len(segments))
+    epoch = None  # of the batch before; the run starts at the log's first segment
     try:
         for seg in segments:
             drop_tombstones = seg.max_timestamp < tombstone_horizon_ms
-            result, removed = _clean_one(seg, latest, drop_tombstones)
+            result, removed, epoch = _clean_one(seg, latest, drop_tombstones, epoch)
             stats.results.append(result)
             stats.rewritten += result.changed
             stats.records_removed += removed
@@ -147,13 +150,28 @@ def _batches(seg: LogSegment):
 
 
 def _clean_one(
-    seg: LogSegment, latest: dict[object, int], drop_tombstones: bool
-) -> tuple[CleanResult, int]:
-    """Rewrite one segment to ``X.log.cleaned`` unless nothing in it is removable."""
+    seg: LogSegment, latest: dict[object, int], drop_tombstones: bool, epoch: int | None
+) -> tuple[CleanResult, int, int | None]:
+    """Rewrite one segment to ``X.log.cleaned`` unless nothing in it is removable.
+    ``epoch`` is the leader epoch of the batch before the segment (None before the log's
+    first batch); returns the one of its last batch.
+
+    The first batch of each leader epoch stays even when every record in it is
+    superseded. Where an epoch begins is read from the batches by whoever did not see it
+    written: a follower fetching this log, and recovery re-deriving the epochs past its
+    recovery point. Without that batch they would take the epoch's next surviving batch
+    as its start, and a leader holding that later start answers a follower diverged in
+    the epoch before it that the epoch ended there: the follower keeps records of a
+    deposed leader below that point, under its HW. A kept batch costs one per epoch.
+    The log's first batch marks no epoch's end in this log and is compacted as usual."""
     out: list[tuple[bytes | memoryview, BatchHeader]] = []
     removed = 0
     for _, h, view in _batches(seg):
+        starts_epoch = epoch is not None and h.partition_leader_epoch != epoch
+        epoch = h.partition_leader_epoch
         kept = _filter_batch(view, h, latest, drop_tombstones)
+        if kept == b"" and starts_epoch:
+            kept = None  # all superseded, but it marks where its epoch began
         if kept is None:
             out.append((bytes(view), h))
             continue
@@ -161,7 +179,7 @@ def _clean_one(
         if kept:
             out.append((kept, records.read_header(kept)))
     if removed == 0:
-        return CleanResult(seg, seg, changed=False), 0
+        return CleanResult(seg, seg, changed=False), 0, epoch
     new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
     try:
         for data, h in out:  # offsets and epochs as they were: append, which never stamps
@@ -174,7 +192,7 @@ def _clean_one(
             fs.unlink(path, missing_ok=True)
         raise
     new.close()
-    return CleanResult(seg, new, changed=True), removed
+    return CleanResult(seg, new, changed=True), removed, epoch
 
 
 def _filter_batch(

@@ -34,8 +34,11 @@ QUICK_SEEDS = 24
 # checkpoint (395); a cut whose checkpoint failed left memory and disk apart (677) (these
 # three found by the simulator before its controller became a Raft quorum, so their
 # schedules differ now); a follower of a re-created topic fetched the deleted topic's
-# records from a leader that had not applied the delete yet (14).
-REGRESSION_SEEDS = (14, 232, 395, 677)
+# records from a leader that had not applied the delete yet (14); compaction dropped the
+# superseded first batch of a leader epoch, so a follower of the compacted leader
+# recorded the epoch as starting at its next batch and, elected, let a returning deposed
+# leader keep its own records there below the HW (3582).
+REGRESSION_SEEDS = (14, 232, 395, 677, 3582)
 
 
 @pytest.mark.parametrize("block", range(4))

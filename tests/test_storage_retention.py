@@ -319,3 +319,40 @@ async def test_a_compaction_that_fails_part_way_leaves_nothing_behind(tmp_path, 
     assert (await cleaner.compact(log)).rewritten > 0  # the next round works
     assert log.append(keyed([b"k0"], [b"after"], 1000), 0)
     await log.close_async()
+
+
+async def test_compaction_keeps_the_first_batch_of_each_epoch(tmp_path) -> None:
+    """A follower and a recovery read where each leader epoch began from the batches.
+    If compaction dropped an epoch's first batch, a follower of the compacted leader
+    would record a later start, and, elected, tell a replica diverged in the epoch
+    before to truncate only there: that replica would keep a deposed leader's records
+    below its HW (replication seed 3582)."""
+    cfg = LogConfig(segment_bytes=512, cleanup_policy="compact", min_compaction_lag_ms=0)
+    leader = Log.open(tmp_path / "l-0", cfg, clock=FakeClock(DAY))
+    for i in range(6):
+        leader.append(keyed([b"k%d" % i], [b"old" + b"x" * 60], DAY), 0)
+    first_of_epoch_1 = leader.log_end_offset
+    for i in range(12):  # epoch 1 rewrites k0 over and over: its first batch is superseded
+        leader.append(keyed([b"k0"], [b"new%d" % i + b"x" * 60], DAY), 1)
+    assert leader.epochs.entries() == [(0, 0), (1, first_of_epoch_1)]
+    leader.high_watermark = leader.log_end_offset
+    await leader.wait_background()
+    stats = await cleaner.compact(leader)
+    assert stats.records_removed > 0
+    epochs_at = {h.base_offset: h.partition_leader_epoch for h in _headers(leader)}
+    assert epochs_at.get(first_of_epoch_1) == 1  # kept, though its record is superseded
+    # A new follower fetching the compacted log (a segment per read, as fetches do)
+    # learns where epoch 1 began...
+    follower = Log.open(tmp_path / "f-0", cfg, clock=FakeClock(DAY))
+    while follower.log_end_offset < leader.log_end_offset:
+        follower.append_as_follower(leader.read_bytes(follower.log_end_offset, 1 << 20))
+    assert follower.epochs.entries()[-1] == (1, first_of_epoch_1)
+    # ...so, elected, it answers a replica whose log ends in epoch 0 where epoch 0 ended.
+    assert follower.end_offset_for_epoch(0) == (0, first_of_epoch_1)
+    follower.close()
+    # Recovery re-deriving the epochs from the batches finds them too.
+    await leader.close_async()
+    (tmp_path / "l-0" / "leader-epoch-checkpoint").write_text("garbage\n")
+    again = Log.open(tmp_path / "l-0", cfg, clock=FakeClock(DAY))
+    assert again.end_offset_for_epoch(0) == (0, first_of_epoch_1)
+    again.close()
