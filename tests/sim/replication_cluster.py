@@ -44,7 +44,9 @@ logs' clock run on it.
 
 Power cuts keep to what acks=all without fsync can survive (as in Kafka): one at a time,
 on a fully replicated partition, and the node comes back only after the controller
-fenced its old incarnation (so it is out of every ISR until it catches up again).
+fenced its old incarnation (so it is out of every ISR until it catches up again, unless
+it was the ISR's last member: elected then, it loses committed records by design, and
+the checks take them as lost; see ReplicationInvariants.lost_by_design).
 
 Invariants, checked after every event (per topic incarnation):
 - a replica's high watermark never moves back within one incarnation of it;
@@ -52,8 +54,9 @@ Invariants, checked after every event (per topic incarnation):
 - records below any leader's HW are committed, and a leader commits only records it
   holds (never a hole); once committed, an offset's record never changes on any replica
   below that replica's HW, nor on a newly elected leader (which holds every committed
-  record). A committed record may be missing from a replica only below its log start
-  (retention) or when a later committed record has the same key (compaction);
+  record, but for the power-cut window above). A committed record may be missing from
+  a replica only below its log start (retention) or when a later committed record has
+  the same key (compaction);
 - batches in the committed range keep their base offset, leader epoch and, unless
   compaction dropped records from them, their bytes (CRC) on every replica;
 - every acknowledged acks=all record is committed at the offset it was acknowledged at;
@@ -180,11 +183,13 @@ class SimLogStorage(LogStorage):
         end = self.log.log_end_offset
         super().truncate_to(offset)
         self.broker.checked_end = min(self.broker.checked_end, self.log.log_end_offset)
+        self.broker.may_hold_lost = False
         self.broker.note(f"truncates to {offset}: log end {end} -> {self.log.log_end_offset}")
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         super().truncate_fully_and_start_at(offset)
         self.broker.checked_end = offset
+        self.broker.may_hold_lost = False
         self.broker.note(f"truncates fully, starts at {offset}")
 
 
@@ -261,6 +266,11 @@ class BrokerActor:
         self.log_failure: BaseException | None = None  # a log turned read-only
         self.restart_not_before = 0  # after losing power: not before its session expired
         self.lost_power = False  # and not before the controller fenced the old incarnation
+        # Lost power, and not yet in an ISR beside another member since: its log may lack
+        # records it had acknowledged (see ReplicationInvariants.lost_by_design).
+        self.may_lack_acked = False
+        self.hw_may_fall_to: int | None = None  # once, after committed records were lost
+        self.may_hold_lost = False  # batches of the lost history, until it truncates
         self.replica: SimReplica | None = None
         self.replicas: dict[TopicPartition, Replica] = {}  # what the FetchReader serves
         self.reader: FetchReader | None = None
@@ -382,7 +392,7 @@ class BrokerActor:
                 self.cluster.fs.crash(prefix, self.cluster.rng)
         if power_cut or down:  # see ReplicationCluster.restart_delay
             self.restart_not_before = self.now() + SESSION_TIMEOUT_MS + 100
-            self.lost_power = True
+            self.lost_power = self.may_lack_acked = True
         self.logs = self.replica = self.reader = self.link = None
         self.replicas = {}
 
@@ -778,6 +788,9 @@ class ReplicationInvariants:
         self.committed_end = 0
         self.latest: dict[bytes | None, int] = {}  # key -> its last committed offset
         self.batches: dict[int, CommittedBatch] = {}  # committed batches by base offset
+        self.lost_batches: dict[int, CommittedBatch] = {}  # see lost_by_design
+        for broker in self.cluster.brokers.values():
+            broker.hw_may_fall_to, broker.may_hold_lost = None, False
         self.acked = 0
         self.unverified: dict[int, bytes] = {}  # acked above the committed end: offset -> v
 
@@ -788,10 +801,21 @@ class ReplicationInvariants:
                 yield broker, r
 
     def check(self) -> None:
+        p = self.cluster.quorum.newest_image().partition(TOPIC, 0)
+        for broker in self.cluster.brokers.values():
+            if broker.may_lack_acked and broker.alive and p is not None:
+                # Back in the ISR beside another member: it caught up with a leader (or,
+                # elected as the last member, another caught up with it).
+                broker.may_lack_acked = not (broker.actor_id in p.isr and len(p.isr) > 1)
         for broker, replica in self.replicas():
             state, log = replica.state, replica.log
             hw = state.high_watermark
-            if hw < broker.seen_hw:
+            floor = broker.seen_hw
+            if broker.hw_may_fall_to is not None:
+                floor = min(floor, broker.hw_may_fall_to)
+                if hw <= broker.hw_may_fall_to:
+                    broker.hw_may_fall_to = None
+            if hw < floor:
                 self.cluster.fail(
                     f"broker {broker.actor_id}: HW went back {broker.seen_hw} -> {hw}"
                 )
@@ -866,6 +890,14 @@ class ReplicationInvariants:
                 or ref.leader_epoch != h.partition_leader_epoch
                 or (h.last_offset > ref.last_offset)
             ):
+                lost = self.lost_batches.get(h.base_offset)
+                if (
+                    broker.may_hold_lost
+                    and lost is not None
+                    and lost.leader_epoch == h.partition_leader_epoch
+                    and h.last_offset <= lost.last_offset
+                ):
+                    break  # from here on its log is the lost history: it truncates next
                 self.cluster.fail(
                     f"broker {broker.actor_id} ({where}) holds batch {h.base_offset}.."
                     f"{h.last_offset} epoch {h.partition_leader_epoch}; committed {ref}"
@@ -935,16 +967,64 @@ class ReplicationInvariants:
                 )
 
     def on_become_leader(self, broker: BrokerActor) -> None:
-        """A new leader holds every committed record (no committed record is lost)."""
+        """A new leader holds every committed record (no committed record is lost),
+        except in the window ``lost_by_design`` describes."""
         if not self.recognized_leader(broker):
             return
         self.check_epochs(broker, "as new leader")
+        self.lost_by_design(broker)
         if broker.log.log_end_offset < self.committed_end:
             self.cluster.fail(
                 f"new leader {broker.actor_id} ends at {broker.log.log_end_offset}"
                 f", below the committed {self.committed_end}"
             )
         self.check_prefix(broker, self.committed_end, "as new leader")
+
+    def lost_by_design(self, broker: BrokerActor) -> None:
+        """The window acks=all without fsync leaves, in Kafka too (KIP-966 closes it with
+        eligible leader replicas): a replica that lost unsynced records in a power cut is
+        elected as the ISR's last member. Fencing takes a replica out of the ISR except
+        its last member, so a power cut on a fully replicated partition can still end
+        there when the other members leave the ISR (fenced, shut down) before the
+        controllers fence it. What it lacks of the committed records is lost: the
+        committed records end where its log stops agreeing with them, acknowledgements
+        past that point are void, and every replica's HW may fall back to it once (a
+        follower truncates to the new leader's log; one that was down meanwhile when it
+        fetches again, and until its first truncation it may hold batches of the lost
+        history below its HW). A later committed record of a key stays in ``latest``: a
+        replica may have compacted older records of the key on its account."""
+        p = self.cluster.quorum.newest_image().partition(TOPIC, 0)
+        if not broker.may_lack_acked or p is None or tuple(p.isr) != (broker.actor_id,):
+            return
+        log = broker.log
+        agreed = min(log.log_end_offset, self.committed_end)
+        for h, _ in read_batches(log, log.log_start_offset, agreed):
+            ref = self.batches.get(h.base_offset)
+            if (
+                ref is None
+                or ref.leader_epoch != h.partition_leader_epoch
+                or h.last_offset > ref.last_offset
+            ):
+                agreed = h.base_offset
+                break
+        if agreed >= self.committed_end:
+            return
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms,
+            f"broker {broker.actor_id}, which lost unsynced records in a power cut, is "
+            f"elected as the ISR's last member: committed records [{agreed}, "
+            f"{self.committed_end}) are lost (acks=all without fsync: not checked)",
+        )
+        self.cluster.lost_by_design += 1
+        self.committed = {o: kv for o, kv in self.committed.items() if o < agreed}
+        self.lost_batches.update({b: c for b, c in self.batches.items() if b >= agreed})
+        self.batches = {b: c for b, c in self.batches.items() if b < agreed}
+        self.unverified = {o: v for o, v in self.unverified.items() if o < agreed}
+        self.committed_end = agreed
+        for other in self.cluster.brokers.values():
+            other.hw_may_fall_to = agreed
+            other.checked_end = min(other.checked_end, agreed)
+            other.may_hold_lost = other is not broker
 
     def on_ack(self, topic_id: str, first_offset: int, values: Sequence[bytes]) -> None:
         if topic_id != self.topic_id:
@@ -1012,6 +1092,7 @@ class ReplicationCluster:
         self.writes = 0
         self.recreations = 0
         self.power_cut: int | None = None  # a broker that lost unsynced writes, not yet whole
+        self.lost_by_design = 0  # elections in the window of ReplicationInvariants.lost_by_design
         self.armed = False  # a crash is armed in the file system
         self.replica_serial = 0
         self.links = 0
@@ -1292,10 +1373,11 @@ class ReplicationCluster:
 
     def restart_delay(self, power_cut: bool) -> int:
         """A node that lost unsynced writes comes back only after the controller fenced
-        its old incarnation (and so took it out of every ISR): while that registration
-        lives it may still be elected, and holds less than it acknowledged. Kafka has the
-        same window without fsync (KIP-966's unclean-shutdown handling closes it); it is a
-        limit of acks=all without fsync, not what this simulation looks for."""
+        its old incarnation (and so took it out of every ISR but one it is the last member
+        of): while that registration lives it may still be elected, and holds less than
+        it acknowledged. Kafka has the same window without fsync (KIP-966's
+        unclean-shutdown handling closes it); it is a limit of acks=all without fsync, not
+        what this simulation looks for."""
         return (
             self.rng.randint(SESSION_TIMEOUT_MS + 100, 1500)
             if power_cut
