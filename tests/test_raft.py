@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from rillet.controller.raft.core import (
+    LEADER_MESSAGES,
     AppendRequest,
     AppendResponse,
     Entry,
@@ -409,3 +410,85 @@ def test_malformed_message_dict_is_rejected() -> None:
         message_from_dict({"type": "Nope"})
     with pytest.raises(ValueError, match="lacks field"):
         message_from_dict({"type": "TimeoutNow", "term": 1, "src": 1})
+
+
+# A role change and what ready() may emit are one transition: whatever a leader left
+# pending when it stepped down (an entry not yet broadcast, queued appends) is not emitted
+# by the follower it became. (A controller died with KeyError in send_append: a proposal,
+# then a step-down in the same cycle, then ready() broadcast to a `progress` now empty.)
+
+
+def leader_at_2000_ms() -> RaftNode:
+    """Node 1 of three, leader of term 1 since 2000 ms (heartbeats every 100 ms, T = 1000)."""
+    node = RaftNode(
+        RaftConfig(node_id=1, voters=(1, 2, 3), pre_vote=False), rng=random.Random(1), now_ms=0
+    )
+    node.tick(2 * T_MS)
+    node.step(VoteResponse(term=1, src=2, dst=1, granted=True))
+    assert node.role is Role.LEADER
+    node.advance(node.ready())
+    return node
+
+
+def higher_term_seen(node: RaftNode) -> None:
+    # What a follower of a newer term answers a deposed leader's append.
+    node.step(
+        AppendResponse(
+            term=node.term + 1,
+            src=2,
+            dst=1,
+            success=False,
+            match_index=0,
+            reject_index=0,
+            hint_index=0,
+            hint_term=0,
+            sent_ms=0,
+        )
+    )
+
+
+def check_quorum_failed(node: RaftNode) -> None:
+    # Nobody answered since 2000 ms; the last heartbeat left at 2950 ms, so at 3001 ms
+    # only the check-quorum round is due.
+    node.tick(3001)
+
+
+def transferred(node: RaftNode) -> None:
+    node.transfer_leadership(3)
+    node.step(
+        VoteRequest(
+            term=node.term + 1,
+            src=3,
+            dst=1,
+            last_log_index=node.log.last_index(),
+            last_log_term=node.term,
+            leader_transfer=True,
+        )
+    )
+
+
+@pytest.mark.parametrize("step_down", [higher_term_seen, check_quorum_failed, transferred])
+def test_a_leader_stepping_down_after_a_proposal_emits_no_leader_messages(
+    step_down: Callable[[RaftNode], None],
+) -> None:
+    node = leader_at_2000_ms()
+    node.tick(2950)
+    node.advance(node.ready())
+    index = node.propose(b"x")  # its broadcast waits for the next ready()
+    step_down(node)
+    assert node.role is Role.FOLLOWER
+    ready = node.ready()
+    assert not [m for m in ready.messages if isinstance(m, LEADER_MESSAGES)]
+    assert [e.index for e in ready.entries] == [index]  # still persisted, as any entry
+    node.advance(ready)
+    assert not node.has_ready()
+
+
+def test_a_leader_without_quorum_does_not_send_the_heartbeat_of_its_last_tick() -> None:
+    """The heartbeat due in the tick that finds no quorum would renew the followers'
+    stickiness to a leader that has just given up."""
+    node = leader_at_2000_ms()
+    node.tick(3001)  # heartbeat due since 2100 ms, then the check-quorum round
+    assert node.role is Role.FOLLOWER
+    ready = node.ready()
+    assert not [m for m in ready.messages if isinstance(m, LEADER_MESSAGES)]

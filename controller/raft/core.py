@@ -36,6 +36,7 @@ __all__ = [
     "EntryKind",
     "HardState",
     "InstallSnapshot",
+    "LEADER_MESSAGES",
     "Message",
     "NotLeader",
     "PreVoteRequest",
@@ -254,6 +255,9 @@ class InstallSnapshot(Message):
 class TimeoutNow(Message):
     """Leadership transfer: start an election now, skipping pre-vote."""
 
+
+# What only a leader sends.
+LEADER_MESSAGES = (AppendRequest, InstallSnapshot, TimeoutNow)
 
 _MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.__name__: cls
@@ -641,7 +645,7 @@ class RaftNode:
         return bool(
             self.outbox
             or self.events
-            or self.broadcast_pending
+            or self.broadcast_due()
             or self.pending_snapshot
             or self.log.unstable()
             or self.current_hard_state() != self.prev_hard_state
@@ -651,7 +655,7 @@ class RaftNode:
     def ready(self) -> Ready:
         if self.ready_outstanding:
             raise RaftUsageError("ready() called again before advance()")
-        if self.broadcast_pending:
+        if self.broadcast_due():
             self.broadcast_append(heartbeat=False)
         hard = self.current_hard_state()
         hard_changed = hard != self.prev_hard_state
@@ -706,6 +710,10 @@ class RaftNode:
 
     # -- internals: helpers ------------------------------------------------
 
+    def broadcast_due(self) -> bool:
+        """Entries appended as leader wait to go out; only ever sent by a leader."""
+        return self.broadcast_pending and self.role is Role.LEADER
+
     def current_hard_state(self) -> HardState:
         return HardState(self.term, self.vote, self.commit_index)
 
@@ -738,25 +746,38 @@ class RaftNode:
 
     # -- internals: role changes -------------------------------------------
 
-    def become_follower(self, term: int, leader_id: int | None) -> None:
-        invariant(term >= self.term, f"term going back from {self.term} to {term}")
-        was = self.role
-        if term > self.term:
-            self.term, self.vote = term, None
-        self.role = Role.FOLLOWER
+    def enter_role(self, role: Role, leader_id: int | None) -> None:
+        """The one place a role changes. What only a leader has (follower progress, a
+        pending broadcast, heartbeat and check-quorum due times, a transfer, the lease
+        fence, appends queued but not yet handed out in a Ready) goes in the same step,
+        so nothing `ready()` emits afterwards speaks for a role the node has left."""
+        if self.role is Role.LEADER:
+            self.outbox = [m for m in self.outbox if not isinstance(m, LEADER_MESSAGES)]
+        self.role = role
+        self.leader_id = leader_id
         self.election = None
         self.progress = {}
+        self.broadcast_pending = False
+        self.heartbeat_due_ms = self.check_quorum_due_ms = 0
+        self.term_start_index = 0
         self.transfer_target = None
+        self.transfer_deadline_ms = 0
+        self.timeout_now_sent = False
+        self.lease_fence_ms = NEVER_MS
+
+    def become_follower(self, term: int, leader_id: int | None) -> None:
+        invariant(term >= self.term, f"term going back from {self.term} to {term}")
+        if term > self.term:
+            self.term, self.vote = term, None
         if leader_id is not None and leader_id != self.leader_id:
             self.emit("leader_changed", f"following leader {leader_id} in term {term}")
-        elif was is Role.LEADER:
+        elif self.role is Role.LEADER:
             self.emit("stepped_down", f"stepped down as leader; now in term {term}")
-        self.leader_id = leader_id
+        self.enter_role(Role.FOLLOWER, leader_id)
         self.reset_election_timer()
 
     def become_pre_candidate(self) -> None:
-        self.role = Role.PRE_CANDIDATE
-        self.leader_id = None
+        self.enter_role(Role.PRE_CANDIDATE, None)
         self.election = _Election(pre_vote=True, votes={self.node_id: True})
         self.reset_election_timer()
         self.emit("pre_vote_started", f"pre-vote for term {self.term + 1}")
@@ -773,10 +794,9 @@ class RaftNode:
         self.maybe_finish_election()
 
     def become_candidate(self, leader_transfer: bool = False) -> None:
-        self.role = Role.CANDIDATE
+        self.enter_role(Role.CANDIDATE, None)
         self.term += 1
         self.vote = self.node_id
-        self.leader_id = None
         self.election = _Election(pre_vote=False, votes={self.node_id: True})
         self.reset_election_timer()
         why = " (leadership transfer)" if leader_transfer else ""
@@ -801,11 +821,7 @@ class RaftNode:
             for n, ok in (self.election.votes if self.election else {}).items()
             if ok and n != self.node_id
         )
-        self.role = Role.LEADER
-        self.leader_id = self.node_id
-        self.election = None
-        self.transfer_target = None
-        self.lease_fence_ms = NEVER_MS
+        self.enter_role(Role.LEADER, self.node_id)
         last = self.log.last_index()
         self.progress = {
             p: Progress(match_index=0, next_index=last + 1, last_heard_ms=self.now_ms)
