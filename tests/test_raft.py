@@ -492,3 +492,20 @@ def test_a_leader_without_quorum_does_not_send_the_heartbeat_of_its_last_tick() 
     assert node.role is Role.FOLLOWER
     ready = node.ready()
     assert not [m for m in ready.messages if isinstance(m, LEADER_MESSAGES)]
+
+
+def test_a_node_adopting_a_newer_term_drops_what_it_queued_in_the_older_one() -> None:
+    """Between two Readies a follower acknowledges entries 1-3 of term 1, then a term-2
+    leader overwrites entry 2. The term-1 acknowledgement of index 3 would leave with a
+    Ready that persists entries 1 and 2' only: a message of a term the node has left is
+    dropped (the network may lose any message; what the Ready sends matches what it
+    persists)."""
+    node = RaftNode(RaftConfig(node_id=2, voters=(1, 2, 3)), rng=random.Random(2), now_ms=0)
+    old = tuple(Entry(i, 1, f"old{i}".encode()) for i in (1, 2, 3))
+    append = {"prev_index": 0, "prev_term": 0, "commit": 0, "sent_ms": 0}
+    node.step(AppendRequest(term=1, src=1, dst=2, entries=old, **append))
+    node.step(AppendRequest(term=2, src=3, dst=2, entries=(old[0], Entry(2, 2, b"new")), **append))
+    ready = node.ready()
+    assert [(e.index, e.term) for e in ready.entries] == [(1, 1), (2, 2)]
+    acks = [(m.term, m.match_index) for m in ready.messages if isinstance(m, AppendResponse)]
+    assert acks == [(2, 2)]

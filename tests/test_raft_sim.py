@@ -18,8 +18,9 @@ from rillet.controller.raft.core import Entry, RaftNode, Role
 from rillet.controller.raft.driver import BlockingWrite, RaftDriver
 from rillet.controller.state_machine import ControllerStateMachine
 
-# make test: each seed is ~10 s of simulated chaos then <= 20 s of healing, ~0.07 s of CPU.
-QUICK_SEEDS = 320
+# make test: each seed is ~10 s of simulated chaos then <= 20 s of healing, ~0.2 s of CPU
+# (slow disks, stalls, load and large entries: ~0.07 s without them).
+QUICK_SEEDS = 160
 
 
 @pytest.mark.parametrize("block", range(8))
@@ -103,6 +104,24 @@ def test_a_controller_active_before_its_term_start_applied_fails(
 
     monkeypatch.setattr(ControllerStateMachine, "_track_leadership", activate_at_once)
     assert "the driver failed: MetadataInvariantError" in first_failing_seed()
+
+
+def test_a_leader_that_keeps_its_pending_broadcast_after_stepping_down_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller crash of issue 12: a proposal, then a step-down before the next
+    Ready (a write in flight, or a stalled event loop handling its backlog), then
+    ready() broadcast to followers the node no longer tracks."""
+    enter_role = RaftNode.enter_role
+
+    def keep_broadcast_pending(self: RaftNode, role: Role, leader_id: int | None) -> None:
+        pending = self.broadcast_pending
+        enter_role(self, role, leader_id)
+        self.broadcast_pending = pending
+
+    monkeypatch.setattr(RaftNode, "enter_role", keep_broadcast_pending)
+    monkeypatch.setattr(RaftNode, "broadcast_due", lambda self: self.broadcast_pending)
+    assert "the driver failed: KeyError" in first_failing_seed()
 
 
 # Leader completeness as Raft states it: an entry committed in term T is in the log of

@@ -765,10 +765,18 @@ class RaftNode:
         self.timeout_now_sent = False
         self.lease_fence_ms = NEVER_MS
 
+    def enter_term(self, term: int) -> None:
+        """Messages queued in the term being left are not sent: an acknowledgement of
+        entries the new term's leader then overwrote, a vote never persisted. Any message
+        may be lost, so dropping them is safe, and each Ready's messages then match what
+        that Ready persists."""
+        self.term, self.vote = term, None
+        self.outbox = [m for m in self.outbox if m.term >= term]
+
     def become_follower(self, term: int, leader_id: int | None) -> None:
         invariant(term >= self.term, f"term going back from {self.term} to {term}")
         if term > self.term:
-            self.term, self.vote = term, None
+            self.enter_term(term)
         if leader_id is not None and leader_id != self.leader_id:
             self.emit("leader_changed", f"following leader {leader_id} in term {term}")
         elif self.role is Role.LEADER:
@@ -795,7 +803,7 @@ class RaftNode:
 
     def become_candidate(self, leader_transfer: bool = False) -> None:
         self.enter_role(Role.CANDIDATE, None)
-        self.term += 1
+        self.enter_term(self.term + 1)
         self.vote = self.node_id
         self.election = _Election(pre_vote=False, votes={self.node_id: True})
         self.reset_election_timer()

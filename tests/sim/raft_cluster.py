@@ -7,12 +7,18 @@ metadata images. The actor itself is the driver's storage (a simulated durable s
 network (the seeded `SimNetwork`) and a checking wrapper of the state machine. A crash
 throws away node, state machine and driver; a restart rebuilds them from the durable
 store only, so anything the driver did not persist from a Ready is lost, as after kill -9.
+
+The actor schedules the driver's Ready loop as `AsyncRaftLoop` does: a write may take
+simulated time (a slow disk), and inputs that arrive meanwhile reach the core at once and
+show in the next Ready. Its event loop may also stall (a long CPU task): it handles
+nothing until the stall ends, then everything that queued up, then runs the Ready loop.
 """
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
@@ -47,7 +53,7 @@ from rillet.controller.raft.core import (
     VoteResponse,
     message_from_dict,
 )
-from rillet.controller.raft.driver import RaftDriver
+from rillet.controller.raft.driver import BlockingWrite, RaftDriver
 from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
 from .network import LinkFaults, SimNetwork
@@ -83,6 +89,14 @@ class SimDurableStore:
 
     def last_index(self) -> int:
         return self.entries[-1].index if self.entries else self.snapshot_index()
+
+    def term(self, index: int) -> int | None:
+        if self.snapshot is not None and index == self.snapshot.index:
+            return self.snapshot.term
+        first = self.snapshot_index() + 1
+        if first <= index <= self.last_index():
+            return self.entries[index - first].term
+        return 0 if index == 0 else None
 
     def persist(self, ready: Ready, write_hard_state: bool) -> None:
         if ready.snapshot is not None:
@@ -126,17 +140,22 @@ class RaftInvariants:
         self.cluster_id: str | None = None
         self.checked_leaders: set[tuple[int, int]] = set()
 
-    def on_persist(self, node: RaftNode, ready: Ready) -> None:
-        """Log matching: one (index, term) names one payload and one previous term."""
+    def on_persist(self, node_id: int, ready: Ready, durable: SimDurableStore) -> None:
+        """Log matching: one (index, term) names one payload and one previous term (the
+        term of the entry before it in the store the Ready is written to; the node's log
+        may have moved on while the write was in flight)."""
+        prev_term = durable.term(ready.entries[0].index - 1) if ready.entries else None
+        if ready.snapshot is not None:
+            prev_term = ready.snapshot.term
         for entry in ready.entries:
-            prev_term = node.log.term(entry.index - 1)
             value = (int(entry.kind), entry.data, prev_term)
             seen = self.entry_by_key.setdefault((entry.index, entry.term), value)
             if seen != value:
                 self.fail(
-                    f"log matching: node {node.node_id} persists entry {entry.index} "
+                    f"log matching: node {node_id} persists entry {entry.index} "
                     f"term {entry.term} as {value!r}, another node had {seen!r}"
                 )
+            prev_term = entry.term
 
     def on_commit(self, node_id: int, entry: Entry, term: int) -> None:
         """``node_id``, in ``term``, holds ``entry`` as committed. The least such term is
@@ -258,12 +277,18 @@ class RaftActor:
         self.seen_term = 0
         self.seen_commit = 0
         self.readies = 0
+        self.writing = False  # a blocking write of the Ready loop is in flight
+        self.stalled_until = 0  # the event loop runs nothing before then
+        self.backlog: list[Callable[[], None]] = []  # what arrived while it stalled
+        self.tick_overdue = False  # the tick timer fired while it stalled
+        self.draining = False  # handling the backlog: the Ready loop waits until done
 
     # -- lifecycle ------------------------------------------------------
 
     def start(self) -> None:
         cluster = self.cluster
         self.incarnation += 1
+        self.reset_loop()
         state = self.durable.load()
         rng = random.Random(cluster.rng.getrandbits(64))
         self.node = RaftNode(self.config, state, rng=rng, now_ms=self.clock())
@@ -295,6 +320,7 @@ class RaftActor:
             return
         self.cluster.trace.add(self.cluster.clock.now_ms, f"node {self.actor_id} crashes ({why})")
         self.node = self.machine = self.driver = None
+        self.reset_loop()
 
     def schedule_tick(self) -> None:
         incarnation = self.incarnation
@@ -303,10 +329,67 @@ class RaftActor:
             delay_ms, lambda: self.on_tick(incarnation), f"tick {self.actor_id}"
         )
 
+    # -- the event loop ---------------------------------------------------
+
+    def reset_loop(self) -> None:
+        """A process starts (or dies) with no write in flight and a running event loop."""
+        self.writing, self.stalled_until, self.backlog, self.tick_overdue = False, 0, [], False
+
+    @property
+    def stalled(self) -> bool:
+        return self.cluster.clock.now_ms < self.stalled_until
+
+    def on_loop(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on this node's event loop: now, or after a stall ends."""
+        if self.stalled:
+            self.backlog.append(action)
+        else:
+            action()
+
+    def stall(self, duration_ms: int) -> None:
+        """The event loop is blocked (a long CPU task): no input is handled, no write
+        completion resumes the Ready loop, no timer fires, while the others go on."""
+        if self.driver is None or self.stalled:
+            return
+        now_ms = self.cluster.clock.now_ms
+        self.stalled_until = now_ms + duration_ms
+        self.cluster.trace.add(now_ms, f"node {self.actor_id} stalls for {duration_ms} ms")
+        incarnation = self.incarnation
+        self.cluster.scheduler.at(
+            self.stalled_until, lambda: self.unstall(incarnation), f"unstall {self.actor_id}"
+        )
+
+    def unstall(self, incarnation: int) -> None:
+        """Everything that queued up is handled at once, in arrival order, before the
+        Ready loop runs again (the wake-up event resumes its task after the callbacks
+        at hand). The overdue tick comes first or last: uvloop runs due timers before
+        polling for I/O, asyncio after."""
+        if incarnation != self.incarnation or self.driver is None or self.stalled:
+            return
+        backlog, self.backlog = self.backlog, []
+        if self.tick_overdue:
+            self.tick_overdue = False
+            tick = functools.partial(self.on_tick, incarnation)
+            timers_first = self.cluster.rng.random() < 0.5
+            backlog = [tick, *backlog] if timers_first else [*backlog, tick]
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms, f"node {self.actor_id} resumes: {len(backlog)} queued"
+        )
+        self.draining = True
+        try:
+            for action in backlog:
+                action()
+        finally:
+            self.draining = False
+        self.run_ready()
+
     # -- inputs ---------------------------------------------------------
 
     def on_tick(self, incarnation: int) -> None:
         if self.driver is None or incarnation != self.incarnation:
+            return
+        if self.stalled:  # the timer fires once, late, when the loop runs again
+            self.tick_overdue = True
             return
         self.driver.tick()
         self.run_ready()
@@ -314,6 +397,9 @@ class RaftActor:
 
     def deliver(self, src: int, payload: object) -> None:
         if self.driver is None:
+            return
+        if self.stalled:
+            self.backlog.append(lambda: self.deliver(src, payload))
             return
         self.driver.step(message_from_dict(msgpack.unpackb(payload)))  # type: ignore[arg-type]
         self.run_ready()
@@ -329,13 +415,68 @@ class RaftActor:
         self.run_ready()
         return index
 
+    # -- the driver's Ready loop, scheduled as AsyncRaftLoop does ---------------
+
     def run_ready(self) -> None:
+        """Not while a write is in flight (the loop takes what arrived meanwhile when it
+        resumes), nor while the event loop stalls or handles its backlog."""
         driver = self.driver
-        if driver is None:
+        if driver is None or self.writing or self.stalled or self.draining:
             return
         self.readies = 0
+        self.run_steps(driver.ready_steps())
+
+    def run_steps(self, steps: Iterator[BlockingWrite]) -> None:
+        def run() -> None:
+            for write in steps:
+                delay_ms = self.write_ms(write)
+                if delay_ms == 0:
+                    write()
+                    continue
+                self.writing = True
+                done = functools.partial(self.write_done, self.incarnation, steps, write)
+                self.cluster.scheduler.after(delay_ms, done, f"write done {self.actor_id}")
+                return
+
+        self.guarded(run)
+
+    def write_done(
+        self, incarnation: int, steps: Iterator[BlockingWrite], write: BlockingWrite
+    ) -> None:
+        """The write is durable now, stall or not (it ran in a thread); the Ready loop
+        resumes when the event loop runs."""
+        if incarnation != self.incarnation or self.driver is None:
+            return
+        self.guarded(write)
+        if incarnation != self.incarnation or self.driver is None:
+            return  # it crashed right after the write
+
+        def resume() -> None:
+            self.writing = False
+            self.readies = 0
+            self.run_steps(steps)
+
+        self.on_loop(resume)
+
+    def write_ms(self, write: BlockingWrite) -> int:
+        """The disk's time for a write: an fsync latency plus its bytes at the disk's rate
+        (``write`` is the driver's partial of `persist_ready` or `save_snapshot`)."""
+        options = self.cluster.options
+        low, high = options.fsync_ms
+        if high == 0:
+            return 0
+        size = 0
+        for arg in write.args if isinstance(write, functools.partial) else ():
+            if isinstance(arg, Ready):
+                size += sum(len(e.data) for e in arg.entries)
+                size += len(arg.snapshot.data) if arg.snapshot else 0
+            elif isinstance(arg, Snapshot):
+                size += len(arg.data)
+        return self.cluster.rng.randint(low, high) + size // options.disk_bytes_per_ms
+
+    def guarded(self, work: Callable[[], None]) -> None:
         try:
-            driver.process_ready()
+            work()
         except SimCrash:
             return
         except SimulationFailure:
@@ -357,7 +498,7 @@ class RaftActor:
         self.readies += 1
         if self.readies > MAX_READIES_PER_RUN:
             self.cluster.fail(f"node {self.actor_id}: Ready loop did not settle")
-        self.cluster.invariants.on_persist(node, ready)
+        self.cluster.invariants.on_persist(self.actor_id, ready, self.durable)
         if ready.hard_state is not None and ready.hard_state.term < self.durable.hard_state.term:
             self.cluster.fail(f"node {self.actor_id}: durable term goes back")
         # A store may write a commit-only hard state lazily: sometimes "forget" to.
@@ -444,7 +585,13 @@ class RaftActor:
                 f"node {self.actor_id}: image at offset {machine.image.offset}, "
                 f"Raft applied {node.applied_index}"
             )
-        if machine.active and (node.role is not Role.LEADER or machine.ctl is None):
+        # The machine learns of a step-down after the Ready loop's next advance, which
+        # waits for a write in flight.
+        if (
+            machine.active
+            and not self.writing
+            and (node.role is not Role.LEADER or machine.ctl is None)
+        ):
             self.cluster.fail(f"node {self.actor_id}: active controller but {node.role}")
         if node.role is Role.LEADER:
             invariants.check_leader(node)
@@ -470,17 +617,34 @@ class SimOptions:
     max_clock_drift_ms: int = 0  # the clocks here do not drift
     controller_config: ControllerConfig = field(default_factory=ControllerConfig)
     echo_trace: bool = False
+    # A synced write takes an fsync latency drawn from this range plus its bytes at
+    # disk_bytes_per_ms; (0, 0) is an instant disk (writes run in place).
+    fsync_ms: tuple[int, int] = (0, 0)
+    disk_bytes_per_ms: int = 2_000
+    stalls: bool = False  # the fault schedule also stalls event loops
+    proposal_gap_ms: tuple[int, int] = (5, 80)  # between two operations during chaos
+    large_topic_partitions: int = 0  # also create topics of up to this many partitions
 
     @classmethod
     def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
         """Everything derives from the seed, so the seed alone replays a run."""
         rng = random.Random(seed ^ 0x5EED)
+        max_entries_per_append = rng.choice([1, 2, 8, 64])
         return cls(
             seed=seed,
             voters=3 + 2 * (seed % 2),
             echo_trace=echo_trace,
-            max_entries_per_append=rng.choice([1, 2, 8, 64]),
+            max_entries_per_append=max_entries_per_append,
             snapshot_every_records=rng.choice([5, 30, 200]),
+            fsync_ms=rng.choice([(0, 0), (1, 5), (2, 40), (20, 150)]),
+            stalls=rng.random() < 0.75,
+            large_topic_partitions=rng.choice([0, 0, 300]),
+            # Under load (a proposal every few ms) a write is nearly always in flight.
+            # Only with batched appends: one entry per append cannot drain the backlog a
+            # partitioned leader builds up within the liveness bound.
+            proposal_gap_ms=(1, 10)
+            if max_entries_per_append >= 8 and rng.random() < 0.5
+            else (5, 80),
         )
 
 
@@ -553,18 +717,25 @@ class RaftCluster:
         if active:
             self.proposals += 1
             actor = self.rng.choice(active)
-            assert actor.machine is not None
-            records = self.metadata_operation(actor.machine)
-            if records:
-                actor.propose(records)
-        gap_ms = self.rng.randint(5, 80) if self.chaos else 200
+            actor.on_loop(lambda: self.serve_operation(actor))
+        gap_ms = self.rng.randint(*self.options.proposal_gap_ms) if self.chaos else 200
         self.scheduler.after(gap_ms, self.propose_some, "propose")
+
+    def serve_operation(self, actor: RaftActor) -> None:
+        """A request handler on the actor's event loop (late, after a stall: it may have
+        lost leadership meanwhile, or be about to learn it has)."""
+        if actor.machine is None or not actor.machine.active:
+            return
+        records = self.metadata_operation(actor.machine)
+        if records:
+            actor.propose(records)
 
     def metadata_operation(self, machine: ControllerStateMachine) -> list[MetadataRecord]:
         """What brokers and admins ask of the active controller, on its pending image."""
         ctl, image, now_ms, rng = machine.ctl, machine.images.pending, self.clock.now_ms, self.rng
         assert ctl is not None
-        op = rng.choice(["register", "heartbeat", "heartbeat", "create", "alter", "delete"])
+        ops = ["register", "heartbeat", "heartbeat", "create", "alter", "delete"]
+        op = rng.choice(ops + ["create_large"] if self.options.large_topic_partitions else ops)
         topics = sorted(image.topics_by_name)
         if op == "register":
             broker = rng.randint(1, 4)
@@ -578,6 +749,10 @@ class RaftCluster:
         if op == "create":
             topic = (f"topic-{self.proposals % 7}", rng.randint(1, 3), 1, {}, None)
             return ctl.create_topics(image, [topic])[0]
+        if op == "create_large":  # one large entry: a long write, a long append
+            partitions = rng.randint(1, self.options.large_topic_partitions)
+            topic = (f"large-{self.proposals % 2}", partitions, 1, {}, None)
+            return ctl.create_topics(image, [topic])[0]
         if op == "alter" and topics:
             change = {"retention.ms": str(rng.randint(1, 10**6))}
             return ctl.alter_topic_configs(image, rng.choice(topics), change)[0]
@@ -588,13 +763,17 @@ class RaftCluster:
     def tick_controllers(self) -> None:
         """Session expiry and leader rebalance on active controllers (the server's ticker)."""
         for actor in self.active_controllers():
-            assert actor.machine is not None
-            try:
-                actor.machine.tick(self.clock.now_ms)
-            except NotControllerError:
-                continue
-            actor.run_ready()
+            actor.on_loop(functools.partial(self.tick_controller, actor))
         self.scheduler.after(self.options.controller_tick_ms, self.tick_controllers, "ctl tick")
+
+    def tick_controller(self, actor: RaftActor) -> None:
+        if actor.machine is None:
+            return
+        try:
+            actor.machine.tick(self.clock.now_ms)
+        except NotControllerError:
+            return
+        actor.run_ready()
 
     def inject_fault(self) -> None:
         if not self.chaos:
@@ -611,6 +790,7 @@ class RaftCluster:
                 "heal",
                 "heal",
             ]
+            + (["stall", "stall"] if self.options.stalls else [])
         )
         ids = list(self.actors)
         if action == "crash":
@@ -640,12 +820,35 @@ class RaftCluster:
         elif action == "heal":
             self.network.heal()
             self.trace.add(now_ms, "network healed")
+        elif action == "stall":
+            self.stall_someone()
         self.scheduler.after(self.rng.randint(100, 1500), self.inject_fault, "fault")
+
+    def stall_someone(self) -> None:
+        """Mostly a leader; shorter than an election timeout (it resumes as leader, with
+        a check-quorum round overdue) or longer (a new leader was elected meanwhile)."""
+        leaders = self.leaders()
+        live = [a for a in self.actors.values() if a.node is not None]
+        pool = leaders if leaders and self.rng.random() < 0.8 else live
+        if not pool:
+            return
+        timeout_ms = self.options.election_timeout_ms
+        if self.rng.random() < 0.5:
+            duration_ms = self.rng.randint(20, timeout_ms)
+        else:
+            duration_ms = self.rng.randint(2 * timeout_ms, 4 * timeout_ms)
+        self.rng.choice(pool).stall(duration_ms)
 
     def transfer_leadership(self) -> None:
         leader = self.rng.choice(self.leaders())
         assert leader.node is not None
         target = self.rng.choice(leader.node.peers)
+        leader.on_loop(lambda: self.transfer(leader, target))
+
+    def transfer(self, leader: RaftActor, target: int) -> None:
+        """An admin's request to move leadership, served on the leader's event loop."""
+        if leader.node is None:
+            return
         try:
             leader.node.transfer_leadership(target)
         except RaftError:
