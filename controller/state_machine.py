@@ -115,6 +115,12 @@ class ControllerStateMachine:
 
     def apply(self, ready: Ready) -> None:
         """Restore a snapshot, replay committed entries, settle the proposals they answer."""
+        node = self._node
+        if node is not None and self._leader_term is not None and not self._leads(node):
+            # One Ready can hold both the step-down and the new leader's commits (inputs
+            # batched during an fsync or a stalled loop): this term's proposals go first,
+            # or they would be replayed over entries that replaced them.
+            self._lose_leadership(node.term)
         if ready.snapshot is not None:
             self.images = PendingImages(decode_snapshot(ready.snapshot.data))
             self.fail_waiters("a snapshot replaced this controller's state")
@@ -163,6 +169,10 @@ class ControllerStateMachine:
             and node.applied_index >= node.term_start_index
         ):
             self._become_active(node.term)
+
+    def _leads(self, node: RaftNode) -> bool:
+        """The node still leads the term this machine's proposals belong to."""
+        return node.role is Role.LEADER and node.term == self._leader_term
 
     def _become_leader(self, term: int) -> None:
         """Raft leader, not yet active: a new QuorumController; proposals start afresh."""

@@ -10,7 +10,15 @@ from rillet.client.wire.errors import NotControllerError
 from rillet.controller.metadata.describe import cluster_id_of
 from rillet.controller.metadata.image import decode_snapshot
 from rillet.controller.metadata.quorum import ControllerConfig
-from rillet.controller.raft.core import Message, RaftConfig, RaftNode, Ready, Role, Snapshot
+from rillet.controller.raft.core import (
+    AppendRequest,
+    Message,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+    Snapshot,
+)
 from rillet.controller.raft.driver import RaftDriver
 from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
@@ -203,3 +211,47 @@ def test_tick_fences_a_silent_broker_on_the_active_controller_only() -> None:
     active.tick(10**9)
     q.run(200)
     assert q.machines[3].image.brokers[7].fenced
+
+
+def test_a_step_down_and_the_new_leaders_commits_in_one_ready_drop_the_old_proposals() -> None:
+    """Inputs batched between two Readies (during a slow fsync, or when a stalled event
+    loop runs again) can depose a leader and commit the new leader's entries at once.
+    Its proposals of the old term must go before those entries apply: replayed over
+    them, the unregistration of a broker whose registration was replaced broke the
+    image (MetadataInvariantError in apply(), stopping the controller)."""
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    old = q.machines[1]
+    q.isolate(1)
+    first = old.propose(register(old, 7))
+    assert old.ctl is not None
+    old.propose(old.ctl.unregister_broker(old.images.pending, 7)[0])
+    q.drivers[1].process_ready()
+    # 2 leads term 2 and commits its no-op at `first`; 1 is never ticked meanwhile.
+    q.now_ms += 2 * T_MS
+    q.nodes[2].election_deadline_ms = q.now_ms
+    q.nodes[3].election_deadline_ms = q.now_ms + 2 * T_MS
+    for _ in range(20):
+        q.now_ms += 10
+        q.drivers[2].tick()
+        q.drivers[3].tick()
+        q.deliver()
+    new = q.nodes[2]
+    assert new.role is Role.LEADER and new.term == 2 and new.commit_index >= first
+    assert q.nodes[1].role is Role.LEADER and old.active
+    q.nodes[1].step(
+        AppendRequest(
+            term=2,
+            src=2,
+            dst=1,
+            prev_index=first - 1,
+            prev_term=new.log.term(first - 1) or 0,
+            entries=new.log.entries_between(first, new.commit_index),
+            commit=new.commit_index,
+            sent_ms=q.now_ms,
+        )
+    )
+    q.drivers[1].process_ready()  # raised MetadataInvariantError in apply()
+    assert not old.active and q.nodes[1].commit_index == new.commit_index
+    assert old.images.pending == old.image and 7 not in old.image.brokers
