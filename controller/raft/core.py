@@ -20,6 +20,10 @@ leader stickiness (a follower that heard from a leader in the last T ignores vot
 log replication with fast back-off, commit of current-term entries by counting (a
 no-op starts every term), a leader lease, snapshots and InstallSnapshot, and
 leadership transfer through TimeoutNow. Membership is fixed by configuration.
+
+Any number of inputs may arrive between two Readies (everything that came in during an
+fsync, or while the event loop was stalled), so a role or term change drops, in the same
+step, what the role or term being left still had queued (`enter_role`, `enter_term`).
 """
 
 from __future__ import annotations
