@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rillet.broker.config import broker_config_table
 from rillet.client.admin import Admin
@@ -45,6 +46,7 @@ from rillet.client.wire.errors import RilletError
 from rillet.controller.config import controller_config_table
 from rillet.tools.local_cluster import LocalCluster
 
+T = TypeVar("T")
 STAMP = struct.Struct(">d")  # the send time (time.time()) at the head of each e2e value
 
 
@@ -124,13 +126,17 @@ def main() -> None:
                     "broker.session.timeout.ms": args.session_timeout_ms
                 }
             cluster.node_overrides.update(node_overrides)
-        cluster.start()
-        try:
-            cluster.wait_ready()
-            result = run(cluster, args)
-        finally:
-            cluster.stop(timeout_s=30)
-    print(json.dumps(result, indent=2))
+        print(json.dumps(run_started(cluster, lambda: run(cluster, args)), indent=2))
+
+
+def run_started(cluster: LocalCluster, body: Callable[[], T], stop_timeout_s: float = 30) -> T:
+    """Start ``cluster``, wait until every broker is registered, run ``body``, stop it."""
+    cluster.start()
+    try:
+        cluster.wait_ready()
+        return body()
+    finally:
+        cluster.stop(timeout_s=stop_timeout_s)
 
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster_bench import create_topic, peak_rss_mb, rillet
+from cluster_bench import create_topic, peak_rss_mb, rillet, run_started
 
 from rillet.client.admin import Admin
 from rillet.client.wire.errors import RilletError
@@ -132,13 +132,7 @@ def main() -> None:
         cluster = LocalCluster(
             Path(tmp), controllers=args.controllers, brokers=args.brokers, ephemeral_ports=True
         )
-        cluster.start()
-        try:
-            cluster.wait_ready()
-            result = run(cluster, args)
-        finally:
-            cluster.stop(timeout_s=60)
-    print(json.dumps(result, indent=2))
+        print(json.dumps(run_started(cluster, lambda: run(cluster, args), 60), indent=2))
 
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
