@@ -169,12 +169,23 @@ async def delete_topics(
 async def alter_partition(
     server: ControllerServer, ctl: QuorumController, f: m.AlterPartitionRequest
 ) -> m.AlterPartitionResponse:
-    image: MetadataImage = server.images.pending
+    """A broker sends every pending ISR change of its partitions in one request. Each
+    item's checks read only its own partition and the brokers, so items of distinct
+    partitions are all checked against the pending image; only an item whose partition
+    an earlier item of this request changed needs an image with that change (rebuilt
+    then: a rebuild copies the topic's partition map, so one per item made a request of
+    thousands of one topic's partitions quadratic)."""
+    base: MetadataImage = server.images.pending
+    image = base
     records: list[MetadataRecord] = []
+    changed: set[tuple[str, int]] = set()  # changed by this request, not yet in ``image``
     out = []
     for t in f.topics:
         results = []
         for p in t.partitions:
+            if (t.topic, p.partition) in changed:
+                image = replay_records(base, records)
+                changed.clear()
             recs, r = ctl.alter_partition(
                 image,
                 f.broker_id,
@@ -185,9 +196,9 @@ async def alter_partition(
                 p.partition_epoch,
                 p.new_isr,
             )
-            if recs:  # a later item of the same request must see this one's effect
-                image = replay_records(image, recs)
+            if recs:
                 records += recs
+                changed.add((t.topic, p.partition))
             results.append(
                 m.IsrResult(
                     partition=p.partition,

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from rillet.client.wire import messages as m
 from rillet.client.wire.errors import code_of
+from rillet.controller import handlers
 from rillet.controller.metadata.describe import describe_cluster, describe_topics
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
@@ -691,3 +693,78 @@ def test_pending_images_reset_drops_uncommitted_proposals() -> None:
     images.propose([RegisterBroker(3, "i", 3)], 3, 2)
     images.reset()
     assert images.pending is images.committed
+
+
+# ------------------------------------------------------------------ AlterPartition batches
+
+
+class _HandlerServer:
+    """What controller/handlers.py's alter_partition reads of the server: the pending
+    image, and ``commit`` (records kept, as one Raft entry would hold them)."""
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.images = PendingImages(image)
+        self.entries: list[list[Any]] = []
+
+    async def commit(self, records: list[Any]) -> None:
+        self.entries.append(list(records))
+
+
+def _isr_item(p: Partition, isr: tuple[int, ...], partition_epoch: int | None = None) -> Any:
+    epoch = p.partition_epoch if partition_epoch is None else partition_epoch
+    return m.IsrProposal(p.partition, p.leader_epoch, list(isr), epoch)
+
+
+async def test_one_alter_partition_request_of_many_partitions_rebuilds_no_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker batches every pending ISR change into one request. The items are of
+    distinct partitions, whose checks read only their own partition and the brokers, so
+    the handler checks them all against the pending image: rebuilding the image after
+    each one (a copy of the topic's partition map each time) made a request of thousands
+    of partitions of one topic quadratic."""
+    c = Cluster()
+    c.create("t", partitions=600, rf=3)
+    leader = c.p("t", 0).leader
+    led = [p for _, p in c.image.partitions_led_by(leader)]
+    assert len(led) >= 100
+    rebuilds = []
+    real = handlers.replay_records
+    monkeypatch.setattr(
+        handlers, "replay_records", lambda *a, **k: rebuilds.append(1) or real(*a, **k)
+    )
+    server = _HandlerServer(c.image)
+    request = m.AlterPartitionRequest(
+        broker_id=leader,
+        broker_epoch=c.epochs[leader],
+        topics=[m.AlterPartitionTopic("t", [_isr_item(p, p.isr[:2]) for p in led])],
+    )
+    response = await handlers.alter_partition(server, c.ctl, request)  # type: ignore[arg-type]
+    (topic,) = response.topics
+    assert [r.partition for r in topic.partitions] == [p.partition for p in led]
+    assert all(r.error_code == 0 for r in topic.partitions)
+    assert [tuple(r.isr) for r in topic.partitions] == [p.isr[:2] for p in led]
+    assert [r.partition_epoch for r in topic.partitions] == [p.partition_epoch + 1 for p in led]
+    (entry,) = server.entries
+    assert sorted(rec.partition for rec in entry) == sorted(p.partition for p in led)
+    assert rebuilds == []
+
+
+async def test_a_partition_twice_in_one_alter_partition_request_sees_its_first_change() -> None:
+    c = Cluster()
+    c.create("t", partitions=2, rf=3)
+    p, other = c.p("t", 0), c.p("t", 1)
+    server = _HandlerServer(c.image)
+    items = [_isr_item(p, p.isr[:2]), _isr_item(p, p.isr[:1], p.partition_epoch + 1)]
+    if other.leader == p.leader:
+        items.insert(1, _isr_item(other, other.isr[:2]))
+    request = m.AlterPartitionRequest(
+        broker_id=p.leader,
+        broker_epoch=c.epochs[p.leader],
+        topics=[m.AlterPartitionTopic("t", items)],
+    )
+    response = await handlers.alter_partition(server, c.ctl, request)  # type: ignore[arg-type]
+    results = response.topics[0].partitions
+    assert all(r.error_code == 0 for r in results)
+    assert tuple(results[-1].isr) == p.isr[:1]
+    assert results[-1].partition_epoch == p.partition_epoch + 2
