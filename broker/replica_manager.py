@@ -31,11 +31,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rillet.broker.config import BrokerConfig, topic_log_config
+from rillet.broker.link.alter_partition_manager import (
+    AlterPartitionManager,
+    AlterPartitionsSender,
+    Proposal,
+)
 from rillet.broker.replica import Replica
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader, FetchResult
 from rillet.broker.replication import hw_checkpoint
@@ -46,7 +51,6 @@ from rillet.broker.replication.types import (
     ProposeAlterPartition,
     ReplicationConfig,
 )
-from rillet.client.runtime.tasks import on_death_fatal
 from rillet.client.wire import errors
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import (
@@ -65,13 +69,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-AlterPartitionSender = Callable[
-    [str, int, ProposeAlterPartition], Awaitable[AlterPartitionResponse]
-]
-REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
-
 
 NONE = errors.NONE
+REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 NOT_ENOUGH_REPLICAS = errors.code_of("NOT_ENOUGH_REPLICAS")
 NOT_ENOUGH_REPLICAS_AFTER_APPEND = errors.code_of("NOT_ENOUGH_REPLICAS_AFTER_APPEND")
 STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
@@ -97,12 +97,14 @@ class ReplicaManager:
         self,
         config: BrokerConfig,
         logs: LogManager,
-        alter_partition: AlterPartitionSender | None = None,
+        alter_partitions: AlterPartitionsSender | None = None,
     ) -> None:
         self.config = config
         self.broker_id = config.node_id
         self.logs = logs
-        self.alter_partition = alter_partition
+        # Every ISR proposal of this broker's leaders goes through one queue, so one
+        # request carries all of them (broker/link/alter_partition_manager.py).
+        self.alter_partitions = AlterPartitionManager(alter_partitions or _no_controller)
         self.image: MetadataImage = EMPTY_IMAGE
         self.replicas: dict[TopicPartition, Replica] = {}
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
@@ -112,7 +114,6 @@ class ReplicaManager:
             self.broker_id, self.replicas, lambda: self.image, self.partition_error
         )
         self._refusal_logged_ms: dict[str, int] = {}
-        self._tasks: set[asyncio.Task] = set()
         self._metadata_waiters: list[asyncio.Future[None]] = []
         self.on_roles_changed: Callable[[], None] | None = None  # the fetchers' sync
         self._checkpointed_hw: dict[TopicPartition, int] = {}
@@ -292,6 +293,7 @@ class ReplicaManager:
             if replica is not None:
                 replica.driver.shutdown()
                 replica.wake()
+            self.alter_partitions.drop(tp)
             self._checkpointed_hw.pop(tp, None)
         self._roles_changed()
         if delete_log and tps:
@@ -323,58 +325,42 @@ class ReplicaManager:
     # -- AlterPartition (the driver's network sends it here) --------------------------------
 
     def _send_alter_partition(self, replica: Replica, proposal: ProposeAlterPartition) -> None:
-        logger.info(
+        """Queued with every other pending proposal of this broker: the manager sends
+        them together, one request at a time (broker/link/alter_partition_manager.py)."""
+        logger.debug(
             "%s: proposing ISR %s (leader epoch %d, partition epoch %d)",
             replica.log.name,
             list(proposal.new_isr),
             proposal.leader_epoch,
             proposal.partition_epoch,
         )
-        self._spawn(self._alter_partition(replica, proposal))
-
-    async def _alter_partition(self, replica: Replica, proposal: ProposeAlterPartition) -> None:
-        try:
-            if self.alter_partition is None:
-                raise errors.RequestTimedOutError("no controller channel")
-            response = await self.alter_partition(replica.topic, replica.partition, proposal)
-        except errors.RilletError as e:
-            response = AlterPartitionResponse(e.code)
-        except Exception:  # a bug or a dropped channel: the core resends on its next tick
-            logger.exception("%s: AlterPartition failed", replica.log.name)
-            response = AlterPartitionResponse(REQUEST_TIMED_OUT)
-        logger.info(
-            "%s: AlterPartition answered %s, isr %s, partition epoch %d",
-            replica.log.name,
-            errors.error_name(response.error_code),
-            list(response.isr),
-            response.partition_epoch,
+        tp = TopicPartition(replica.topic, replica.partition)
+        self.alter_partitions.submit(
+            tp, proposal, lambda response: self._on_alter_answer(replica, proposal, response)
         )
-        if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is replica:
-            state = replica.state
-            replica.driver.on_alter_partition_response(proposal.proposal_id, response)
-            logger.info(
-                "%s: after AlterPartition %d: core leader epoch %d, partition epoch "
-                "%d, isr %s, pending %s",
-                replica.log.name,
-                proposal.proposal_id,
-                state.leader_epoch,
-                state.partition_epoch,
-                list(state.isr),
-                _pending_str(state),
-            )
+
+    def _on_alter_answer(
+        self, replica: Replica, proposal: ProposeAlterPartition, response: AlterPartitionResponse
+    ) -> None:
+        if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is not replica:
+            return  # removed (or re-created) meanwhile: not for the current core
+        state = replica.state
+        replica.driver.on_alter_partition_response(proposal.proposal_id, response)
+        logger.debug(
+            "%s: after AlterPartition %d: core leader epoch %d, partition epoch %d, isr %s, "
+            "pending %s",
+            replica.log.name,
+            proposal.proposal_id,
+            state.leader_epoch,
+            state.partition_epoch,
+            list(state.isr),
+            _pending_str(state),
+        )
 
     def is_isr_eligible(self, broker_id: int) -> bool:
         """Registered and unfenced in this broker's image (the core asks before it
         proposes an ISR expansion; the controller checks again)."""
         return self.image.is_unfenced(broker_id)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        # Policy fatal: the task feeds the AlterPartition answer back into the core and
-        # applies its effects; if that raises, the core's state and the log disagree.
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        on_death_fatal(task, "applying an AlterPartition answer")
 
     # -- produce -----------------------------------------------------------------------------
 
@@ -569,16 +555,16 @@ class ReplicaManager:
         for replica in list(self.replicas.values()):
             replica.driver.shutdown()
             replica.wake()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await self.alter_partitions.close()
         try:
             await self.checkpoint_high_watermarks()
         except OSError:
             logger.exception("final high-watermark checkpoint failed")
         self.replicas.clear()
+
+
+async def _no_controller(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+    raise errors.RequestTimedOutError("no controller channel")
 
 
 def _pending_str(state: PartitionState) -> str:

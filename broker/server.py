@@ -38,17 +38,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
 from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
 from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.handlers.produce import ProduceHandler
+from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
-from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
 from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
@@ -79,10 +80,9 @@ class ControllerLink(Protocol):
         """Send a typed request to the active controller; its typed response (a
         request-level error is raised)."""
 
-    async def alter_partition(
-        self, topic: str, partition: int, proposal: ProposeAlterPartition
-    ) -> AlterPartitionResponse:
-        """Send one AlterPartition for one partition."""
+    async def alter_partitions(self, batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        """Send one AlterPartition request carrying every ISR proposal of ``batch``; the
+        answers in the batch's order (a request-level error is raised)."""
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Ask to have leaderships moved away; True once the controller says done."""
@@ -132,7 +132,7 @@ class BrokerServer:
         )
         await self.logs.start()
         link = self.link
-        self.replicas = ReplicaManager(cfg, self.logs, alter_partition=link.alter_partition)
+        self.replicas = ReplicaManager(cfg, self.logs, alter_partitions=link.alter_partitions)
         self.replicas.load_hw_checkpoint()
         self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
         self.replicas.on_roles_changed = self.fetchers.sync

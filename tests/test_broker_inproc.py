@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ import pytest
 from helpers import wait_until_async
 
 from rillet.broker.config import BrokerConfig, broker_config_table
-from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.link.alter_partition_manager import Proposal
+from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.broker.server import BrokerServer, MetadataListener
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
@@ -109,8 +110,8 @@ class FakeLink:
             return m.DeleteTopicsResponse(responses=deleted)
         raise AssertionError(message)
 
-    async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
-        return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))
+    async def alter_partitions(self, batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        return [AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))] * len(batch)
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         self.shutdown_requested = True

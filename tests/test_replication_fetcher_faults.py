@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ import pytest
 from helpers import wait_until_async
 from test_broker_inproc import batch, broker_config, produce
 
-from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.link.alter_partition_manager import Proposal
+from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.broker.server import BrokerServer, MetadataListener
 from rillet.client.wire import errors
 from rillet.client.wire.connection import Connection
@@ -81,8 +82,8 @@ class Link:
     async def forward(self, message: Any) -> Any:
         raise AssertionError(message)
 
-    async def alter_partition(self, topic: str, partition: int, proposal: ProposeAlterPartition):
-        return AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))
+    async def alter_partitions(self, batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        return [AlterPartitionResponse(errors.code_of("OPERATION_NOT_ATTEMPTED"))] * len(batch)
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         return True

@@ -19,17 +19,22 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from rillet.broker.config import BrokerConfig
+from rillet.broker.link.alter_partition_manager import (
+    Proposal,
+    alter_partition_answers,
+    alter_partition_request,
+)
 from rillet.broker.link.controller_client import (
     BrokerLifecycle,
     ControllerChannel,
     MetadataFollower,
 )
-from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.tasks import on_death_fatal
-from rillet.client.wire import messages as m
 from rillet.client.wire.connection import R, RequestMessage
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import MetadataDelta, MetadataImage
@@ -46,29 +51,6 @@ TEST_FAULT_ENV = "RILLET_TEST_FAULT"
 
 class InjectedTestFault(RuntimeError):
     """Raised where ``RILLET_TEST_FAULT`` asks for a fault (tests only)."""
-
-
-def alter_partition_request(
-    broker_id: int, broker_epoch: int, topic: str, partition: int, proposal: ProposeAlterPartition
-) -> m.AlterPartitionRequest:
-    """One partition's ISR proposal as the request the active controller answers."""
-    item = m.IsrProposal(
-        partition=partition,
-        leader_epoch=proposal.leader_epoch,
-        new_isr=list(proposal.new_isr),
-        partition_epoch=proposal.partition_epoch,
-    )
-    return m.AlterPartitionRequest(
-        broker_id=broker_id,
-        broker_epoch=broker_epoch,
-        topics=[m.AlterPartitionTopic(topic, [item])],
-    )
-
-
-def alter_partition_answer(response: m.AlterPartitionResponse) -> AlterPartitionResponse:
-    """The controller's answer to `alter_partition_request`, as the replication core reads it."""
-    r = response.topics[0].partitions[0]
-    return AlterPartitionResponse(r.error_code, tuple(r.isr), r.leader_epoch, r.partition_epoch)
 
 
 class QuorumLink:
@@ -149,15 +131,13 @@ class QuorumLink:
         response, _ = await self.channel.call(message)
         return response
 
-    async def alter_partition(
-        self, topic: str, partition: int, proposal: ProposeAlterPartition
-    ) -> AlterPartitionResponse:
+    async def alter_partitions(self, batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        """One AlterPartition request carrying every proposal of ``batch`` (see
+        broker/link/alter_partition_manager.py); the answers in the batch's order."""
         assert self.lifecycle is not None
         broker_epoch = self.lifecycle.state.broker_epoch
-        request = alter_partition_request(
-            self.config.node_id, broker_epoch, topic, partition, proposal
-        )
-        return alter_partition_answer(await self.forward(request))
+        request = alter_partition_request(self.config.node_id, broker_epoch, batch)
+        return alter_partition_answers(batch, await self.forward(request))
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         if self.lifecycle is None or not self.lifecycle.state.registered:

@@ -35,6 +35,12 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from rillet.broker.link.alter_partition_manager import (
+    AlterItem,
+    AlterPartitionQueue,
+    alter_partition_answers,
+    alter_partition_request,
+)
 from rillet.broker.link.controller_client import (
     BROKER_ID_NOT_REGISTERED,
     NOT_CONTROLLER,
@@ -44,14 +50,18 @@ from rillet.broker.link.controller_client import (
     RequestRetry,
     apply_fetched,
 )
-from rillet.broker.link.controller_link import alter_partition_answer, alter_partition_request
 from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.wire import errors, schemas
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import NotControllerError
 from rillet.controller import handlers
-from rillet.controller.metadata.image import EMPTY_IMAGE, MetadataDelta, MetadataImage
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    MetadataDelta,
+    MetadataImage,
+    TopicPartition,
+)
 from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
 from rillet.controller.raft.core import Ready
 from rillet.controller.server import ControllerServer
@@ -553,6 +563,7 @@ class ControllerLink:
         self.heartbeat_due: int | None = None  # None: one in flight, or not registered yet
         self.fetch_due: int | None = None
         self.register_due: int | None = None
+        self.alter_queue = AlterPartitionQueue()
 
     def start(self) -> None:
         self.register()
@@ -632,6 +643,11 @@ class ControllerLink:
             self.heartbeat()
         if self.fetch_due is not None and now_ms >= self.fetch_due:
             self.fetch()
+        for item, answer in self.alter_queue.take_answers_due():  # replaced, never sent
+            item.on_answer(answer)
+        alter_due = self.alter_queue.next_due_ms(now_ms)
+        if alter_due is not None and now_ms >= alter_due:
+            self.send_alters()
 
     # -- the lifecycle (BrokerLifecycle, QuorumLink._register_and_follow) -------------------
 
@@ -710,7 +726,7 @@ class ControllerLink:
 
         self.call(request, done, CALL_DEADLINE_MS, REQUEST_TIMEOUT_MS + FETCH_MAX_WAIT_MS)
 
-    # -- AlterPartition (QuorumLink.alter_partition) ------------------------------------------
+    # -- AlterPartition (the broker's AlterPartitionManager) -------------------------------
 
     def alter_partition(
         self,
@@ -719,14 +735,28 @@ class ControllerLink:
         proposal: ProposeAlterPartition,
         on_answer: Callable[[AlterPartitionResponse], None],
     ) -> None:
-        request = alter_partition_request(
-            self.broker_id, self.broker_epoch, topic, partition, proposal
-        )
+        """Queued in the production `AlterPartitionQueue`, sent as the broker's
+        AlterPartitionManager sends: one request at a time carrying every queued item,
+        the next one after a failure only once its backoff has passed (``tick``)."""
+        self.alter_queue.submit(AlterItem(TopicPartition(topic, partition), proposal, on_answer))
+        self.send_alters()
+
+    def send_alters(self) -> None:
+        queue = self.alter_queue
+        batch = queue.next_request(self.clock())
+        if batch is None:
+            return
+        proposals = [(item.tp, item.proposal) for item in batch]
+        request = alter_partition_request(self.broker_id, self.broker_epoch, proposals)
 
         def done(response: Any, payload: bytes, code: int) -> None:
-            # ReplicaManager._alter_partition: a failed call answers with its error.
-            on_answer(
-                alter_partition_answer(response) if response else AlterPartitionResponse(code)
-            )
+            now_ms = self.clock()
+            if response is not None:
+                answers = queue.on_answers(alter_partition_answers(proposals, response), now_ms)
+            else:
+                answers = queue.on_failure(code, now_ms)
+            for item, answer in answers:
+                item.on_answer(answer)
+            self.send_alters()
 
         self.call(request, done, CALL_DEADLINE_MS)

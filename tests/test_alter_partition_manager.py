@@ -1,0 +1,265 @@
+"""AlterPartition batching (broker/link/alter_partition_manager.py): every pending ISR
+proposal of a broker in one request, one request in flight, each answer back to its
+partition, backoff after a failed request and after a partition's refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from rillet.broker.link.alter_partition_manager import (
+    AlterItem,
+    AlterPartitionManager,
+    AlterPartitionQueue,
+    Proposal,
+    alter_partition_answers,
+    alter_partition_request,
+    summarize,
+)
+from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.client.wire import errors
+from rillet.client.wire import messages as m
+from rillet.controller.metadata.image import TopicPartition
+
+E = errors.code_of
+
+
+def proposal(partition: int, leader_epoch: int = 3, partition_epoch: int = 5):
+    return ProposeAlterPartition(partition + 1, 1, leader_epoch, partition_epoch, (1, 2))
+
+
+class Answers:
+    """Collects what each item was answered, by partition."""
+
+    def __init__(self) -> None:
+        self.got: dict[TopicPartition, list[AlterPartitionResponse]] = {}
+
+    def item(self, topic: str, partition: int, **epochs: int) -> AlterItem:
+        tp = TopicPartition(topic, partition)
+        return AlterItem(tp, proposal(partition, **epochs), self.got.setdefault(tp, []).append)
+
+    def deliver(self, answers: Sequence[tuple[AlterItem, AlterPartitionResponse]]) -> None:
+        for item, answer in answers:
+            item.on_answer(answer)
+
+
+def accept(batch: Sequence[AlterItem]) -> list[AlterPartitionResponse]:
+    return [
+        AlterPartitionResponse(0, i.proposal.new_isr, i.proposal.leader_epoch, 6) for i in batch
+    ]
+
+
+def test_many_partitions_go_in_one_request_and_the_next_waits_for_its_answer() -> None:
+    queue, answers = AlterPartitionQueue(), Answers()
+    for p in range(500):
+        queue.submit(answers.item("a" if p % 2 else "b", p))
+    batch = queue.next_request(now_ms=0)
+    assert batch is not None and [i.tp.partition for i in batch] == list(range(500))
+    queue.submit(answers.item("c", 0))
+    assert queue.next_request(0) is None and queue.next_due_ms(0) is None  # one in flight
+
+    answers.deliver(queue.on_answers(accept(batch), now_ms=10))
+    assert all(len(answers.got[i.tp]) == 1 for i in batch)
+    assert all(answers.got[i.tp][0].error_code == 0 for i in batch)
+    assert queue.next_due_ms(10) == 10
+    (late,) = queue.next_request(10) or []
+    assert late.tp == TopicPartition("c", 0)
+
+
+def test_a_request_carries_at_most_max_items() -> None:
+    queue, answers = AlterPartitionQueue(max_items=2000), Answers()
+    for p in range(4500):
+        queue.submit(answers.item("t", p))
+    sizes = []
+    while (batch := queue.next_request(0)) is not None:
+        sizes.append(len(batch))
+        queue.on_answers(accept(batch), 0)
+    assert sizes == [2000, 2000, 500]
+
+
+def test_the_wire_request_groups_by_topic_and_answers_go_back_to_their_partition() -> None:
+    batch: list[Proposal] = [
+        (TopicPartition("a", 0), proposal(0)),
+        (TopicPartition("b", 7), proposal(7, leader_epoch=9)),
+        (TopicPartition("a", 3), proposal(3)),
+    ]
+    request = alter_partition_request(4, 12, batch)
+    assert (request.broker_id, request.broker_epoch) == (4, 12)
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in request.topics] == [
+        ("a", [0, 3]),
+        ("b", [7]),
+    ]
+    assert request.topics[1].partitions[0].leader_epoch == 9
+    # The controller answers topic by topic; one partition it left out.
+    response = m.AlterPartitionResponse(
+        topics=[
+            m.AlterPartitionTopicResult(
+                "b", [m.IsrResult(7, E("FENCED_LEADER_EPOCH"), -1, 10, [], 2)]
+            ),
+            m.AlterPartitionTopicResult("a", [m.IsrResult(3, 0, 1, 3, [1, 2], 6)]),
+        ]
+    )
+    answers = alter_partition_answers(batch, response)
+    assert [a.error_code for a in answers] == [
+        E("UNKNOWN_SERVER_ERROR"),
+        E("FENCED_LEADER_EPOCH"),
+        0,
+    ]
+    assert answers[2] == AlterPartitionResponse(0, (1, 2), 3, 6)
+
+
+def test_a_failed_request_answers_every_item_and_the_next_one_backs_off() -> None:
+    queue, answers = AlterPartitionQueue(backoff_min_ms=100, backoff_max_ms=400), Answers()
+    for p in range(3):
+        queue.submit(answers.item("t", p))
+    first = queue.next_request(1000)
+    assert first is not None
+    answers.deliver(queue.on_failure(E("NOT_CONTROLLER"), 1000))
+    assert [a.error_code for got in answers.got.values() for a in got] == [E("NOT_CONTROLLER")] * 3
+
+    # The cores resend at their next tick: held until the backoff passes, doubling.
+    delays = []
+    now = 1000
+    for _ in range(4):
+        for p in range(3):
+            queue.submit(answers.item("t", p))
+        assert queue.next_request(now) is None
+        due = queue.next_due_ms(now)
+        assert due is not None
+        delays.append(due - now)
+        now = due
+        assert queue.next_request(now) is not None
+        queue.on_failure(E("REQUEST_TIMED_OUT"), now)
+    assert delays == [100, 200, 400, 400]
+
+    # An answer resets it.
+    queue.submit(answers.item("t", 0))
+    batch = queue.next_request(now + 400)
+    assert batch is not None
+    queue.on_answers(accept(batch), now + 400)
+    queue.submit(answers.item("t", 1))
+    assert queue.next_request(now + 400) is not None
+
+
+def test_a_refused_partition_is_not_proposed_again_in_the_same_view_before_its_backoff() -> None:
+    queue, answers = AlterPartitionQueue(backoff_min_ms=100, backoff_max_ms=800), Answers()
+    refused = AlterPartitionResponse(E("NOT_LEADER_OR_FOLLOWER"))
+    now = 0
+    queue.submit(answers.item("t", 0))
+    batch = queue.next_request(now)
+    assert batch is not None
+    holds = []
+    for _ in range(5):
+        queue.on_answers([refused], now)
+        queue.submit(answers.item("t", 0))  # the core's resend at its next tick
+        queue.submit(answers.item("t", 1))  # another partition is not held back
+        batch = queue.next_request(now)
+        assert batch is not None and [i.tp.partition for i in batch] == [1]
+        queue.on_answers(accept(batch), now)
+        due = queue.next_due_ms(now)
+        assert due is not None
+        holds.append(due - now)
+        now = due
+        batch = queue.next_request(now)
+        assert batch is not None and [i.tp.partition for i in batch] == [0]
+    assert holds == [100, 200, 400, 800, 800]
+
+    # A new view (the next leader or partition epoch) is proposed at once.
+    queue.on_answers([refused], now)
+    queue.submit(answers.item("t", 0, partition_epoch=6))
+    assert queue.next_request(now) is not None
+    # And an accepted proposal clears the hold.
+    queue.on_answers([AlterPartitionResponse(0, (1, 2), 3, 7)], now)
+    queue.submit(answers.item("t", 0, partition_epoch=7))
+    batch = queue.next_request(now)
+    assert batch is not None
+    queue.on_answers([refused], now)
+    queue.submit(answers.item("t", 0, partition_epoch=7))
+    assert queue.next_due_ms(now) == now + 100
+
+
+def test_a_removed_partition_is_dropped_and_a_replaced_proposal_is_not_attempted() -> None:
+    queue, answers = AlterPartitionQueue(), Answers()
+    queue.submit(answers.item("t", 0))
+    queue.drop(TopicPartition("t", 0))  # the partition left this broker
+    replaced = answers.item("t", 1)
+    queue.submit(replaced)
+    queue.submit(answers.item("t", 1))  # from a replica re-created meanwhile
+    answers.deliver(queue.take_answers_due())
+    assert answers.got[TopicPartition("t", 1)] == [
+        AlterPartitionResponse(E("OPERATION_NOT_ATTEMPTED"))
+    ]
+    batch = queue.next_request(0)
+    assert batch is not None and [i.tp for i in batch] == [TopicPartition("t", 1)]
+    assert batch[0] is not replaced
+    assert answers.got[TopicPartition("t", 0)] == []
+
+    # A proposal for a partition in flight waits for the next request (never two items
+    # of one partition in a request).
+    queue.submit(answers.item("t", 1))
+    assert queue.next_request(0) is None
+    queue.on_answers(accept(batch), 0)
+    again = queue.next_request(0)
+    assert again is not None and [i.tp for i in again] == [TopicPartition("t", 1)]
+
+
+def test_summary_counts_accepted_and_refused_by_error() -> None:
+    queue, answers = AlterPartitionQueue(), Answers()
+    for p in range(4):
+        queue.submit(answers.item("t", p))
+    batch = queue.next_request(0)
+    assert batch is not None
+    fenced = AlterPartitionResponse(E("FENCED_LEADER_EPOCH"))
+    out = queue.on_answers(accept(batch[:2]) + [fenced, fenced], 0)
+    assert summarize(out) == "4 partitions: 2 accepted, refused: FENCED_LEADER_EPOCH 2"
+
+
+async def test_the_manager_sends_proposals_made_together_in_one_request() -> None:
+    sent: list[list[Proposal]] = []
+    release = asyncio.Event()
+
+    async def send(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        sent.append(list(batch))
+        await release.wait()
+        return [AlterPartitionResponse(0, p.new_isr, p.leader_epoch, 6) for _, p in batch]
+
+    manager = AlterPartitionManager(send)
+    got: dict[int, list[AlterPartitionResponse]] = {}
+    try:
+        for p in range(300):  # one fetch answer can make a leader expand every partition
+            manager.submit(TopicPartition("t", p), proposal(p), got.setdefault(p, []).append)
+        while not sent:
+            await asyncio.sleep(0)
+        for p in range(300, 310):  # while the first request is out
+            manager.submit(TopicPartition("t", p), proposal(p), got.setdefault(p, []).append)
+        release.set()
+        while len(sent) < 2 or any(not v for v in got.values()):
+            await asyncio.sleep(0)
+        assert [len(b) for b in sent] == [300, 10]
+        assert all(len(v) == 1 and v[0].error_code == 0 for v in got.values())
+    finally:
+        await manager.close()
+
+
+async def test_the_manager_answers_every_item_when_the_request_fails() -> None:
+    async def send(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        raise errors.NotControllerError("no active controller")
+
+    manager = AlterPartitionManager(send)
+    got: list[AlterPartitionResponse] = []
+    try:
+        for p in range(5):
+            manager.submit(TopicPartition("t", p), proposal(p), got.append)
+        while len(got) < 5:
+            await asyncio.sleep(0)
+        assert got == [AlterPartitionResponse(E("NOT_CONTROLLER"))] * 5
+        assert manager.requests == 1 and manager.queue.not_before_ms > 0
+    finally:
+        await manager.close()
+
+
+def test_on_answers_without_a_request_in_flight_is_a_bug() -> None:
+    with pytest.raises(ValueError):
+        AlterPartitionQueue().on_answers([], 0)
