@@ -143,6 +143,16 @@ class ReplicaManager:
             self._become(tp, p, image)
         for tp, p in sorted(changes.followers.items()):
             self._become(tp, p, image)
+        if changes.leaders or changes.followers or changes.deletes:
+            # One line per delta: with thousands of partitions, a line per partition per
+            # leader or ISR change drowned the log (each partition is logged at DEBUG).
+            logger.info(
+                "metadata offset %d: leader of %s, follower of %s, removed %s",
+                image.offset,
+                _some(changes.leaders),
+                _some(changes.followers),
+                _some(changes.deletes),
+            )
         self._apply_config_changes(delta, image)
         self._roles_changed()
         waiters, self._metadata_waiters = self._metadata_waiters, []
@@ -209,7 +219,7 @@ class ReplicaManager:
             role = f"follower of {p.leader}"
         # Metadata's view and the core's, side by side: they differ when the core kept a
         # newer state (an AlterPartition answer) or ignored this one as stale.
-        logger.info(
+        logger.debug(
             "%s-%d: %s; metadata leader epoch %d, partition epoch %d, isr %s; "
             "core leader epoch %d, partition epoch %d, isr %s, pending %s",
             tp.topic,
@@ -561,6 +571,15 @@ class ReplicaManager:
         except OSError:
             logger.exception("final high-watermark checkpoint failed")
         self.replicas.clear()
+
+
+def _some(tps: Iterable[TopicPartition], shown: int = 5) -> str:
+    """``3 (t-0, t-1, u-4)``; past ``shown`` partitions only the first ones are named."""
+    names = [f"{tp.topic}-{tp.partition}" for tp in sorted(tps)]
+    if not names:
+        return "0"
+    more = f", +{len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} ({', '.join(names[:shown])}{more})"
 
 
 async def _no_controller(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -235,3 +236,35 @@ def test_reassign_to_a_broker_that_joined_later(cluster_factory, tmp_path: Path)
         producer.send_many("moves", [b"after"])
         producer.flush()
     assert read_all(cluster, "moves", len(values) + 1) == [*values, b"after"]
+
+
+def test_isr_expansions_of_many_partitions_are_batched(cluster_factory) -> None:  # noqa: ANN001
+    """A broker that comes back rejoins the ISR of each of its 60 partitions through
+    AlterPartition requests of its leaders, many partitions per request (each request
+    logged once, with its counts), not one request and log line per partition."""
+    cluster = leadership_cluster(cluster_factory, **{"auto.leader.rebalance.enable": False})
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("many", 60, 3)])
+    wait_until(lambda: all_in_sync(cluster, "many"), message="many: full ISRs")
+    victim = 3
+    cluster.stop_node(victim)
+    wait_until(
+        lambda: all(victim not in p.isr for p in partitions(cluster, "many")),
+        message=f"broker {victim} out of every ISR",
+    )
+    node_logs = {b: cluster.node_dir(b) / "node.log" for b in BROKERS if b != victim}
+    offsets = {b: path.stat().st_size for b, path in node_logs.items()}
+    cluster.start_node(victim)
+    wait_until(lambda: all_in_sync(cluster, "many"), message=f"broker {victim} back in the ISRs")
+
+    requests, accepted = 0, 0
+    for b, path in node_logs.items():
+        with open(path, "rb") as f:
+            f.seek(offsets[b])
+            text = f.read().decode(errors="replace")
+        assert "proposing ISR" not in text
+        for match in re.finditer(r"AlterPartition: (\d+) partitions: (\d+) accepted", text):
+            requests += 1
+            accepted += int(match.group(2))
+    assert accepted >= 60  # every partition's expansion went through a logged request
+    assert requests < accepted

@@ -5,23 +5,30 @@ answer with typed per-partition results (the handlers only decode and encode).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 from helpers import stamped
 from test_replication_checkpoint import broker_config
 
+from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.replica import LogStorage
 from rillet.broker.replica_fetch import FetchParams, FetchPartition
 from rillet.broker.replica_manager import AppendResult, ReplicaManager
-from rillet.broker.replication.types import AppendFetched
+from rillet.broker.replication.types import AlterPartitionResponse, AppendFetched
 from rillet.client.wire import errors, records
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
+    Endpoint,
     MetadataDelta,
     MetadataImage,
+    Partition,
+    RegisterBroker,
+    Topic,
     TopicPartition,
+    UnfenceBroker,
 )
 from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
 from rillet.storage import Log, LogConfig, LogManager
@@ -184,3 +191,45 @@ async def test_a_fetch_for_another_incarnation_of_the_topic_is_refused(
     ).partitions
     assert same.error_code == errors.NONE and same.nbytes > 0
     assert other.error_code == E("INCONSISTENT_TOPIC_ID") and other.records is None
+
+
+async def test_isr_expansions_of_many_partitions_go_in_one_alter_partition_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower's fetch of 40 partitions lets the leader expand every ISR: one
+    AlterPartition request carries them all, each answer reaches its partition, a
+    partition removed before the request went is left out, and the log holds one INFO
+    line per request and per metadata delta, not one per partition."""
+    sent: list[list[Proposal]] = []
+
+    async def alter_partitions(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        sent.append(list(batch))
+        return [AlterPartitionResponse(0, p.new_isr, p.leader_epoch, 1) for _, p in batch]
+
+    logs = LogManager(tmp_path)
+    logs.startup()
+    manager = ReplicaManager(broker_config(tmp_path), logs, alter_partitions=alter_partitions)
+    endpoints = (Endpoint("BROKER", "h", 1),)
+    recs: list = [RegisterBroker(b, f"inc-{b}", 1, endpoints, None) for b in (1, 2)]
+    recs += [UnfenceBroker(b, 1) for b in (1, 2)]
+    recs.append(Topic("t", "tid"))
+    recs += [Partition("tid", p, (1, 2), (1,), 1, 0, 0) for p in range(40)]
+    with caplog.at_level(logging.INFO, logger="rillet.broker"):
+        await commit(manager, EMPTY_IMAGE, recs)
+        params = FetchParams(replica_id=2, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20)
+        wanted = [FetchPartition("t", p, 0, -1, 0, 1 << 20) for p in range(40)]
+        await manager.fetch_messages(params, wanted)
+        await manager.remove(TopicPartition("t", 39), delete_log=False)
+        while not sent or manager.alter_partitions.queue.in_flight is not None:
+            await asyncio.sleep(0)
+        (batch,) = sent
+        assert [tp.partition for tp, _ in batch] == list(range(39))
+        assert all(p.new_isr == (1, 2) for _, p in batch)
+        assert all(manager.replicas[TopicPartition("t", p)].state.isr == (1, 2) for p in range(39))
+        await manager.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert lines == [
+        "metadata offset 0: leader of 40 (t-0, t-1, t-2, t-3, t-4, +35 more), follower of 0, "
+        "removed 0",
+        "AlterPartition: 39 partitions: 39 accepted",
+    ]
