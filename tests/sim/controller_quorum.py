@@ -21,7 +21,10 @@ NOT_CONTROLLER's leader hint, rotate when a voter does not answer, back off), th
 lifecycle registers, heartbeats, and registers again with a fresh incarnation when the
 controller says its epoch is stale or its registration gone, and the follower
 long-polls FetchMetadata, applies each answer with the production `apply_fetched` and
-hands the broker nothing before it first catches up (the production `CatchUpGate`).
+hands the broker nothing before it first catches up (the production `CatchUpGate`);
+AlterPartition proposals queue in the production `AlterPartitionQueue` and go out as the
+broker's AlterPartitionManager sends them (one request in flight, every queued partition
+in it, backoff after a failure or a refusal).
 
 Every node reads its own clock (clocks.py): Raft timers, broker sessions and request
 timeouts all run on drifting clocks.

@@ -740,7 +740,8 @@ class BrokerActor:
     # -- what the Replica's driver sends to the controller -----------------------------
 
     def send_alter_partition(self, replica: SimReplica, proposal: ProposeAlterPartition) -> None:
-        """Through the link (a failed call answers with its error, as ReplicaManager's)."""
+        """Queued in the link's AlterPartitionQueue, as the ReplicaManager queues it (a
+        failed request answers with its error)."""
         assert self.link is not None
         key = (replica.serial, proposal.proposal_id)
         self.alter_out[key] = replica
