@@ -14,8 +14,10 @@ handlers only decode, call and encode:
 
 Effects the cores return are carried out by ``PartitionDriver.apply``
 (broker/replication/driver.py), the interpreter the simulator runs too; this module
-supplies its I/O: the storage.Log, the controller channel for AlterPartition, the
-futures of acks=all produces and the parked fetches (``Replica`` is the driver's network).
+supplies its I/O: the storage.Log, the ``AlterPartitionManager`` that batches every
+AlterPartition of this broker into one request at a time
+(broker/link/alter_partition_manager.py), the futures of acks=all produces and the parked
+fetches (``Replica`` is the driver's network).
 
 Followers fetch through broker/replication/fetcher.py (one fetcher per source broker); after every
 metadata change ``on_roles_changed`` (the FetcherManager's ``sync``) moves partitions
