@@ -19,6 +19,7 @@ from rillet.broker.link.alter_partition_manager import (
     summarize,
 )
 from rillet.broker.replication.types import AlterPartitionResponse, ProposeAlterPartition
+from rillet.client.runtime import tasks
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import TopicPartition
@@ -263,3 +264,27 @@ async def test_the_manager_answers_every_item_when_the_request_fails() -> None:
 def test_on_answers_without_a_request_in_flight_is_a_bug() -> None:
     with pytest.raises(ValueError):
         AlterPartitionQueue().on_answers([], 0)
+
+
+async def test_an_answer_that_raises_is_a_fatal_fault() -> None:
+    """The core that raised applying its answer disagrees with its log now: the process
+    must stop (docs/broker.md, "Faults"), not go on with a sender that died silently."""
+    faults: list[tuple[str, BaseException]] = []
+    previous = tasks.set_fatal_handler(lambda what, error: faults.append((what, error)))
+
+    async def send(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        return [AlterPartitionResponse(0)] * len(batch)
+
+    def broken(answer: AlterPartitionResponse) -> None:
+        raise ValueError("no AlterPartition 1 is outstanding")
+
+    manager = AlterPartitionManager(send)
+    try:
+        manager.submit(TopicPartition("t", 0), proposal(0), broken)
+        while not faults:
+            await asyncio.sleep(0)
+        ((what, error),) = faults
+        assert what == "applying an AlterPartition answer" and isinstance(error, ValueError)
+    finally:
+        tasks.set_fatal_handler(previous)
+        await manager.close()
