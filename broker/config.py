@@ -63,6 +63,8 @@ BROKER_KEYS = ConfigTable(
         Key("replica.fetch.response.max.bytes", int, 10 * MIB,
             "Follower fetch: bytes per response."),
         Key("replica.fetch.wait.max.ms", int, 500, "Follower fetch: longest wait at the leader."),
+        Key("max.incremental.fetch.session.cache.slots", int, 1000,
+            "Fetch sessions (incremental fetch) a broker keeps; 0 disables them."),
         Key("replica.fetch.backoff.ms", int, 1000,
             "Follower fetch: pause before retrying a partition that failed, or a lost leader."),
         Key("replica.high.watermark.checkpoint.interval.ms", int, 5000,
@@ -156,6 +158,7 @@ class BrokerConfig:
             ("replica.fetch.response.max.bytes", 1),
             ("replica.fetch.wait.max.ms", 0),
             ("replica.fetch.backoff.ms", 0),
+            ("max.incremental.fetch.session.cache.slots", 0),
             ("replica.high.watermark.checkpoint.interval.ms", 1),
         ):
             if config[name] < value:

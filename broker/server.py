@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
 from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.handlers.produce import ProduceHandler
@@ -101,6 +102,10 @@ class BrokerServer:
         self.logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
         self.fetchers: FetcherManager | None = None
+        # Incremental fetch sessions (broker/fetch_session.py), kept across connections.
+        self.fetch_sessions = FetchSessionCache(
+            self.config["max.incremental.fetch.session.cache.slots"]
+        )
         self.metrics: BrokerMetrics | None = None
         self.rpc: RpcServer | None = None
         self.host, self.port = self.config.broker_address
@@ -191,7 +196,7 @@ class BrokerServer:
         meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
         by_api: list[tuple[schemas.Api, Handler]] = [
             (schemas.PRODUCE, ProduceHandler(self.replicas)),
-            (schemas.FETCH, FetchHandler(self.replicas, self.metrics)),
+            (schemas.FETCH, FetchHandler(self.replicas, self.metrics, self.fetch_sessions)),
             (schemas.LIST_OFFSETS, ListOffsetsHandler(self.replicas)),
             (schemas.METADATA, meta.metadata),
             (schemas.DESCRIBE_CLUSTER, meta.describe_cluster),

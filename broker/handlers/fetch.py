@@ -30,8 +30,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.metrics import BrokerMetrics
-from rillet.broker.replica_fetch import FetchParams, FetchPartition
+from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchPartitionResult
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import FileRange, Request, Response
 from rillet.client.wire import errors
@@ -51,9 +52,15 @@ _result: Callable[[tuple[Any, ...]], m.FetchPartitionResult] = partial(
 
 
 class FetchHandler:
-    def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        metrics: BrokerMetrics,
+        sessions: FetchSessionCache | None = None,
+    ) -> None:
         self.replicas = replicas
         self.metrics = metrics
+        self.sessions = sessions if sessions is not None else FetchSessionCache()
         # Bytes this broker served to consumers as a follower (fetch from follower), in
         # the broker's own registry beside bytes_out, which counts them too.
         self.follower_bytes_out = Counter(
@@ -72,7 +79,7 @@ class FetchHandler:
             req.max_bytes,
             req.rack_id if replica_id == CONSUMER else "",
         )
-        partitions = [
+        listed = [
             FetchPartition(
                 t.topic,
                 p.partition,
@@ -85,14 +92,27 @@ class FetchHandler:
             for t in req.topics
             for p in t.partitions
         ]
-        result = await self.replicas.fetch_messages(params, partitions)
+        forgotten = [(t.topic, p) for t in req.forgotten for p in t.partitions]
+        context = self.sessions.new_context(
+            replica_id, req.session_id, req.session_epoch, listed, forgotten
+        )
+        if isinstance(context, int):
+            return Response(m.FetchResponse([], error_code=context))
+        result = await self.replicas.fetch_messages(params, context.partitions)
         # ---- no await from fetch_messages' last read to the return: ranges pinned ----
+        # Rows go out topic by topic (a session's order may interleave topics), and the
+        # payload in the rows' order.
+        by_topic: dict[str, list[FetchPartitionResult]] = {}
+        for r in context.answer(result.partitions):
+            group = by_topic.get(r.topic)
+            if group is None:
+                group = by_topic[r.topic] = []
+            group.append(r)
         payload: list[FileRange] = []
         out: list[m.FetchTopicResult] = []
-        i = 0
-        for t in req.topics:
+        for topic, group in by_topic.items():
             rows = []
-            for r in result.partitions[i : i + len(t.partitions)]:
+            for r in group:
                 hw = r.high_watermark
                 diverging = r.diverging_epoch
                 data = r.records
@@ -115,12 +135,11 @@ class FetchHandler:
                         )
                     )
                 )
-            i += len(t.partitions)
-            out.append(m.FetchTopicResult(t.topic, rows))
+            out.append(m.FetchTopicResult(topic, rows))
         self.metrics.bytes_out.inc(result.nbytes)
         if result.follower_nbytes:
             self.follower_bytes_out.inc(result.follower_nbytes)
-        return Response(m.FetchResponse(out), payload)
+        return Response(m.FetchResponse(out, session_id=context.session_id), payload)
 
 
 class ListOffsetsHandler:

@@ -54,6 +54,7 @@ from rillet.broker.replication.types import (
     FetchResponse,
     ReplicationInvariantError,
 )
+from rillet.client.fetch_session import FetchSessionBuilder
 from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
@@ -205,6 +206,8 @@ class SourceFetcher:
         self.partitions: dict[TopicPartition, float] = {}  # tp -> loop time it may fetch again
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
+        # The incremental fetch session with this leader (client/fetch_session.py).
+        self.session = FetchSessionBuilder()
         self._task: asyncio.Task[None] | None = None
         self.restarts = 0  # loop restarts after unexpected errors (tests, diagnosis)
 
@@ -260,6 +263,7 @@ class SourceFetcher:
                     self.source_id,
                     backoff_s,
                 )
+            self.session.reset()  # the next fetch is full and opens a new session
             self._close()
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
@@ -268,7 +272,7 @@ class SourceFetcher:
         backoff_s = RECONNECT_BACKOFF_MIN_S
         while True:
             request, sent = self._build_request()
-            if not sent:
+            if request is None:
                 await self._wait_for_work()
                 continue
             try:
@@ -277,11 +281,20 @@ class SourceFetcher:
                 response, payload = await conn.call(request, timeout_ms=timeout_ms)
             except (RilletError, OSError) as e:
                 logger.info("fetcher from %d: %s; retrying in %.2fs", self.source_id, e, backoff_s)
+                # The request may or may not have been answered: start a new session.
+                self.session.reset()
                 self._close()
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
                 continue
             backoff_s = RECONNECT_BACKOFF_MIN_S
+            if not self.session.on_response(response):
+                logger.info(
+                    "fetcher from %d: fetch session answered %s; fetching in full",
+                    self.source_id,
+                    errors.error_name(response.error_code),
+                )
+                continue
             self._handle_response(response, payload, sent)
 
     async def _wait_for_work(self) -> None:
@@ -305,11 +318,12 @@ class SourceFetcher:
         self._conn = await Connection.open(*address, client_id=f"replica-{config.broker_id}")
         return self._conn
 
-    def _build_request(self) -> tuple[m.FetchRequest, Sent]:
+    def _build_request(self) -> tuple[m.FetchRequest | None, Sent]:
+        """The next Fetch and what it covers; None when no partition may fetch now."""
         config = self.manager.config
         now = asyncio.get_running_loop().time()
         sent: Sent = {}
-        by_topic: dict[str, list[m.FetchPartition]] = {}
+        wanted: dict[tuple[str, int], m.FetchPartition] = {}
         for tp, not_before in list(self.partitions.items()):
             replica = self.manager.replicas.replicas.get(tp)
             if not_before > now or replica is None or source_of(replica) != self.source_id:
@@ -322,25 +336,31 @@ class SourceFetcher:
             if req is None:
                 continue
             sent[tp] = (replica, req)
-            by_topic.setdefault(tp.topic, []).append(
-                _partition(
-                    (
-                        tp.partition,
-                        req.fetch_offset,
-                        req.last_fetched_epoch,
-                        req.current_leader_epoch,
-                        replica.log.log_start_offset,
-                        config.partition_max_bytes,
-                        replica.topic_id,
-                    )
+            wanted[tp] = _partition(
+                (
+                    tp.partition,
+                    req.fetch_offset,
+                    req.last_fetched_epoch,
+                    req.current_leader_epoch,
+                    replica.log.log_start_offset,
+                    config.partition_max_bytes,
+                    replica.topic_id,
                 )
             )
+        if not sent:
+            return None, sent
+        # Only partitions whose row changed go out (an incremental fetch); the leader
+        # still reads, long-polls on and records our position for every one.
+        session = self.session.build(wanted)
         request = m.FetchRequest(
             replica_id=config.broker_id,
             max_wait_ms=config.max_wait_ms,
             min_bytes=1,
             max_bytes=config.response_max_bytes,
-            topics=[m.FetchTopic(topic, parts) for topic, parts in by_topic.items()],
+            topics=session.topics,
+            session_id=session.session_id,
+            session_epoch=session.session_epoch,
+            forgotten=session.forgotten,
         )
         return request, sent
 

@@ -69,6 +69,8 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (42, "INVALID_REQUEST", False, "The request is malformed."),
     (55, "OPERATION_NOT_ATTEMPTED", False, "The server did not attempt the operation."),
     (56, "KAFKA_STORAGE_ERROR", True, "The disk holding the log failed."),
+    (70, "FETCH_SESSION_ID_NOT_FOUND", True, "The fetch session is not in the broker's cache."),
+    (71, "INVALID_FETCH_SESSION_EPOCH", True, "The fetch session epoch is not the expected one."),
     (74, "FENCED_LEADER_EPOCH", True, "The request's leader epoch is older than the broker's."),
     (75, "UNKNOWN_LEADER_EPOCH", True, "The request's leader epoch is newer than the broker's."),
     (77, "STALE_BROKER_EPOCH", False, "The broker epoch is not current."),

@@ -101,6 +101,13 @@ class FetchTopic(NamedTuple):
     partitions: list[FetchPartition]
 
 
+class ForgottenTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[int]
+
+
 class ListOffsetsPartitionResult(NamedTuple):
     """On the wire: ``[partition, error_code, timestamp, offset, leader_epoch]``."""
 
@@ -356,6 +363,8 @@ class FetchResponse(NamedTuple):
     topics: list[FetchTopicResult]
     throttle_time_ms: int = 0
     error_code: int = 0
+    # the session this fetch opened or used; 0: none
+    session_id: int = 0
 
     def to_header(self) -> dict[str, Any]:
         return self._asdict()
@@ -380,6 +389,13 @@ class FetchRequest(NamedTuple):
     replica_epoch: int = -1
     isolation_level: int = 0
     rack_id: str = ""
+    # the fetch session (KIP-227); 0: none, or ask for one (epoch 0)
+    session_id: int = 0
+    # 0: full fetch opening a session; n > 0: the n-th incremental fetch, listing only changed
+    # partitions; -1: no session (full fetch; closes session_id)
+    session_epoch: int = -1
+    # incremental: partitions to drop from the session
+    forgotten: list[ForgottenTopic] = []
 
     def to_header(self) -> dict[str, Any]:
         return self._asdict()

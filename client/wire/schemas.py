@@ -781,6 +781,25 @@ FETCH = declare(
             Array(Struct("FetchTopic", F("topic", STR), F("partitions", Array(FETCH_PARTITION)))),
         ),
         F("rack_id", STR, default=""),
+        F(
+            "session_id",
+            INT,
+            default=0,
+            doc="the fetch session (KIP-227); 0: none, or ask for one (epoch 0)",
+        ),
+        F(
+            "session_epoch",
+            INT,
+            default=-1,
+            doc="0: full fetch opening a session; n > 0: the n-th incremental fetch, listing "
+            "only changed partitions; -1: no session (full fetch; closes session_id)",
+        ),
+        F(
+            "forgotten",
+            Array(Struct("ForgottenTopic", F("topic", STR), F("partitions", Array(INT)))),
+            default=[],
+            doc="incremental: partitions to drop from the session",
+        ),
     ],
     response=[
         THROTTLE,
@@ -791,6 +810,7 @@ FETCH = declare(
                 Struct("FetchTopicResult", F("topic", STR), F("partitions", Array(FETCH_RESULT)))
             ),
         ),
+        F("session_id", INT, default=0, doc="the session this fetch opened or used; 0: none"),
     ],
     payload="response",
     doc="Read batches; the payload is each partition's `nbytes` of batches, in order.",

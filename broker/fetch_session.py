@@ -1,0 +1,234 @@
+"""Fetch sessions (Kafka's KIP-227 incremental fetch), the leader's side: a pure state
+machine, no I/O and no clock; the Fetch handler (broker/handlers/fetch.py) is its driver.
+
+A follower of 6,700 partitions, or a consumer of thousands, used to send every partition
+on every Fetch and get an answer for every one, though almost all were idle. With a
+session the broker remembers what the client fetches, so each request lists only what
+changed and each answer only what has news:
+
+- ``session_epoch`` 0 is a **full fetch** that opens a session: the request lists every
+  partition, the answer carries all of them and the new ``session_id`` (0 when the cache
+  is full and no session could be made: the client simply fetches in full again).
+- ``session_epoch`` n > 0 is the n-th **incremental fetch** of ``session_id``: the request
+  lists only partitions that are new or whose fetch offset, epochs or max bytes changed,
+  plus ``forgotten`` ones; the broker reads *every* partition of the session (so a long
+  poll still wakes on data for partitions the request did not list, and a follower's
+  position is still recorded on each of its partitions, as the ISR needs), and answers
+  only partitions with records, a new high watermark or log start offset, an error, a
+  diverging epoch or a preferred read replica.
+- ``session_epoch`` -1 is a **sessionless full fetch**, as before sessions existed; with a
+  ``session_id`` it also closes that session.
+
+A request naming an unknown session is answered FETCH_SESSION_ID_NOT_FOUND, one with the
+wrong epoch INVALID_FETCH_SESSION_EPOCH; the client then starts over with a full fetch.
+The epoch makes a lost or repeated answer harmless: the client moves to the next epoch
+only once it holds the answer, so an incremental answer ("only what changed since the
+last answer") is never computed against an answer the client did not see.
+
+Both sides drop a partition answered with an error from the session (the client lists
+it again in full if it still wants it), so a session holds only partitions this broker
+serves: its memory is bounded by the broker's partitions, and the cache by
+``max.incremental.fetch.session.cache.slots`` sessions (Kafka's default, 1000). When the
+cache is full a new session evicts the least recently used consumer session; follower
+sessions (a handful per broker, and the ones replication depends on) are evicted only to
+make room for another follower's. A follower owns at most one session per leader: its new
+full fetch replaces its old session (a restarted follower leaves none behind).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rillet.broker.replica_fetch import FetchPartition, FetchPartitionResult
+from rillet.client.wire import errors
+
+INITIAL_EPOCH = 0  # a full fetch opening a session
+FINAL_EPOCH = -1  # no session: a full fetch, closing session_id if one is named
+NO_SESSION = 0
+MAX_EPOCH = (1 << 31) - 1  # epochs wrap to 1 after this (0 and -1 are taken)
+FETCH_SESSION_ID_NOT_FOUND = errors.code_of("FETCH_SESSION_ID_NOT_FOUND")
+INVALID_FETCH_SESSION_EPOCH = errors.code_of("INVALID_FETCH_SESSION_EPOCH")
+NONE = errors.NONE
+CONSUMER = -1
+
+Key = tuple[str, int]  # (topic, partition)
+
+
+def next_epoch(epoch: int) -> int:
+    return 1 if epoch >= MAX_EPOCH else epoch + 1
+
+
+@dataclass(slots=True)
+class CachedPartition:
+    """A session partition: what the client last asked, and what we last answered."""
+
+    fetch: FetchPartition
+    high_watermark: int = -1  # -1: never answered, so the next answer includes it
+    log_start_offset: int = -1
+
+
+@dataclass(slots=True)
+class FetchSession:
+    id: int
+    replica_id: int  # CONSUMER, or the follower's broker id (it owns the session)
+    epoch: int  # what the next incremental request must carry
+    partitions: dict[Key, CachedPartition] = field(default_factory=dict)
+
+
+class FetchContext:
+    """One Fetch's plan: the partitions to read (request order for a sessionless fetch,
+    session order otherwise) and ``answer``, which picks what goes back."""
+
+    __slots__ = ("session", "session_id", "incremental", "partitions")
+
+    def __init__(
+        self, session: FetchSession | None, incremental: bool, partitions: list[FetchPartition]
+    ) -> None:
+        self.session = session
+        self.session_id = session.id if session is not None else NO_SESSION
+        self.incremental = incremental
+        self.partitions = partitions
+
+    def answer(self, results: Sequence[FetchPartitionResult]) -> list[FetchPartitionResult]:
+        """The results to send, given one per ``partitions`` entry in order, and the
+        session updated to what the client will have seen."""
+        session = self.session
+        if session is None:
+            return list(results)
+        cached = session.partitions
+        out: list[FetchPartitionResult] = []
+        moved: list[Key] = []
+        for r in results:
+            key = (r.topic, r.partition)
+            c = cached.get(key)
+            if r.error_code != NONE:
+                cached.pop(key, None)  # the client drops it too and re-adds it in full
+                out.append(r)
+                continue
+            if c is None:  # not possible unless the caller mixed contexts; answer anyway
+                out.append(r)
+                continue
+            changed = r.high_watermark != c.high_watermark or (
+                r.log_start_offset != c.log_start_offset
+            )
+            has_data = r.records is not None
+            if (
+                not self.incremental
+                or changed
+                or has_data
+                or r.diverging_epoch is not None
+                or r.preferred_read_replica >= 0
+            ):
+                c.high_watermark = r.high_watermark
+                c.log_start_offset = r.log_start_offset
+                out.append(r)
+            if has_data:
+                moved.append(key)
+        # Partitions that got data go to the back of the session order, so a busy one
+        # early in it cannot take the whole response budget every time (as Kafka).
+        for key in moved:
+            c = cached.pop(key, None)
+            if c is not None:
+                cached[key] = c
+        return out
+
+
+class FetchSessionCache:
+    """The broker's sessions, at most ``max_slots`` (0 disables sessions)."""
+
+    def __init__(self, max_slots: int = 1000, rng: random.Random | None = None) -> None:
+        self.max_slots = max_slots
+        self._rng = rng or random.Random()
+        self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # LRU first
+        self._by_replica: dict[int, int] = {}  # follower id -> its session id
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: int) -> FetchSession | None:
+        return self._sessions.get(session_id)
+
+    def new_context(
+        self,
+        replica_id: int,
+        session_id: int,
+        epoch: int,
+        listed: Iterable[FetchPartition],
+        forgotten: Iterable[Key] = (),
+    ) -> FetchContext | int:
+        """The context for one Fetch, or the error code to answer it with."""
+        if epoch == FINAL_EPOCH:
+            if session_id != NO_SESSION:
+                self._close(session_id, replica_id)
+            return FetchContext(None, False, list(listed))
+        if epoch == INITIAL_EPOCH:
+            if session_id != NO_SESSION:
+                self._close(session_id, replica_id)
+            partitions = {(p.topic, p.partition): CachedPartition(p) for p in listed}
+            session = self._create(replica_id, partitions)
+            fetches = [c.fetch for c in partitions.values()]
+            return FetchContext(session, False, fetches)
+        if epoch < FINAL_EPOCH or session_id == NO_SESSION:
+            return INVALID_FETCH_SESSION_EPOCH
+        session = self._sessions.get(session_id)
+        if session is None or session.replica_id != replica_id:
+            return FETCH_SESSION_ID_NOT_FOUND
+        if session.epoch != epoch:
+            return INVALID_FETCH_SESSION_EPOCH
+        session.epoch = next_epoch(epoch)
+        self._sessions.move_to_end(session_id)
+        cached = session.partitions
+        for key in forgotten:
+            cached.pop(key, None)
+        for p in listed:
+            key = (p.topic, p.partition)
+            c = cached.get(key)
+            if c is None:
+                cached[key] = CachedPartition(p)
+            else:
+                c.fetch = p  # keep what we last answered: only news goes out
+        return FetchContext(session, True, [c.fetch for c in cached.values()])
+
+    def _create(
+        self, replica_id: int, partitions: dict[Key, CachedPartition]
+    ) -> FetchSession | None:
+        if self.max_slots <= 0:
+            return None
+        if replica_id != CONSUMER and replica_id in self._by_replica:
+            self._close(self._by_replica[replica_id], replica_id)
+        if len(self._sessions) >= self.max_slots and not self._evict_for(replica_id):
+            return None
+        session_id = NO_SESSION
+        while session_id == NO_SESSION or session_id in self._sessions:
+            session_id = self._rng.randint(1, MAX_EPOCH)
+        session = FetchSession(session_id, replica_id, next_epoch(INITIAL_EPOCH), partitions)
+        self._sessions[session_id] = session
+        if replica_id != CONSUMER:
+            self._by_replica[replica_id] = session_id
+        return session
+
+    def _evict_for(self, replica_id: int) -> bool:
+        """Free a slot: the least recently used consumer session, else (for a follower)
+        the least recently used follower session. False: a consumer gets no session."""
+        victim = next((s for s in self._sessions.values() if s.replica_id == CONSUMER), None)
+        if victim is None and replica_id != CONSUMER:
+            victim = next(iter(self._sessions.values()))
+        if victim is None:
+            return False
+        self._remove(victim)
+        self.evictions += 1
+        return True
+
+    def _close(self, session_id: int, replica_id: int) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None and session.replica_id == replica_id:
+            self._remove(session)
+
+    def _remove(self, session: FetchSession) -> None:
+        del self._sessions[session.id]
+        if self._by_replica.get(session.replica_id) == session.id:
+            del self._by_replica[session.replica_id]
