@@ -62,7 +62,8 @@ class FetchSessionBuilder:
         self.incremental_fetches = 0
 
     def build(self, wanted: dict[Key, m.FetchPartition]) -> SessionRequest:
-        """The next request for ``wanted`` ((topic, partition) -> its row)."""
+        """The next request for ``wanted`` ((topic, partition) -> its row), which the
+        builder keeps: do not change it afterwards."""
         self._pending = wanted
         if self.epoch == INITIAL_EPOCH:
             self.full_fetches += 1
@@ -97,13 +98,19 @@ class FetchSessionBuilder:
             self._sent = {}
             return True
         self.epoch = 1 if self.epoch >= MAX_EPOCH else self.epoch + 1
-        self._sent = pending
         # A partition answered with an error left the broker's session: list it again
-        # in full next time, if it is still wanted.
-        for t in response.topics:
-            for r in t.partitions:
-                if r.error_code != errors.NONE:
-                    pending.pop((t.topic, r.partition), None)
+        # in full next time, if it is still wanted. (``pending`` is the caller's dict.)
+        errored = [
+            (t.topic, r.partition)
+            for t in response.topics
+            for r in t.partitions
+            if r.error_code != errors.NONE
+        ]
+        if errored:
+            pending = dict(pending)
+            for key in errored:
+                pending.pop(key, None)
+        self._sent = pending
         return True
 
     def reset(self) -> None:
