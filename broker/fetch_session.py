@@ -152,6 +152,13 @@ class FetchSessionCache:
     def get(self, session_id: int) -> FetchSession | None:
         return self._sessions.get(session_id)
 
+    def clear(self) -> None:
+        """Drop every session (each client's next incremental fetch is refused, and it
+        starts over with a full one)."""
+        self.evictions += len(self._sessions)
+        self._sessions.clear()
+        self._by_replica.clear()
+
     def new_context(
         self,
         replica_id: int,

@@ -34,6 +34,7 @@ from functools import partial
 from itertools import repeat
 from typing import NamedTuple
 
+from rillet.client.fetch_session import FetchSessionBuilder
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
@@ -182,6 +183,7 @@ class Consumer:
         self._buffered_chunks: dict[TopicPartition, int] = {}  # prefetch: at most 2 each
         self._in_flight: set[TopicPartition] = set()
         self._fetchers: dict[int, asyncio.Task] = {}
+        self._sessions: dict[int, FetchSessionBuilder] = {}  # incremental fetch, per broker
         self._wakeup = asyncio.Event()  # the fetch loop: something changed
         self._data = asyncio.Event()  # getmany: records arrived or an error is waiting
         self._error: BaseException | None = None
@@ -489,29 +491,51 @@ class Consumer:
     async def _fetch_from(self, node: int, tps: list[TopicPartition]) -> None:
         snap = self._meta.snapshot
         generations = {tp: self._generations.get(tp, 0) for tp in tps}
-        by_topic: dict[str, list[m.FetchPartition]] = {}
+        wanted: dict[tuple[str, int], m.FetchPartition] = {}
         for tp in tps:
             epoch = snap.topics[tp.topic][tp.partition].leader_epoch
-            by_topic.setdefault(tp.topic, []).append(
-                m.FetchPartition(
-                    partition=tp.partition,
-                    fetch_offset=self._fetch_positions[tp],
-                    last_fetched_epoch=-1,
-                    current_leader_epoch=epoch,
-                    log_start_offset=-1,
-                    partition_max_bytes=self.max_partition_fetch_bytes,
-                )
+            wanted[tp] = m.FetchPartition(
+                partition=tp.partition,
+                fetch_offset=self._fetch_positions[tp],
+                last_fetched_epoch=-1,
+                current_leader_epoch=epoch,
+                log_start_offset=-1,
+                partition_max_bytes=self.max_partition_fetch_bytes,
             )
-        request = m.FetchRequest(
-            replica_id=-1,
-            max_wait_ms=self.fetch_max_wait_ms,
-            min_bytes=self.fetch_min_bytes,
-            max_bytes=self.fetch_max_bytes - self._buffered_bytes,
-            topics=[m.FetchTopic(t, ps) for t, ps in by_topic.items()],
-            rack_id=self.client_rack,
-        )
         conn = await self._meta.connection(node)
-        response, payload = await conn.call(request)
+        session = self._sessions.get(node)
+        if session is None:
+            session = self._sessions[node] = FetchSessionBuilder()
+        for _attempt in range(2):
+            # Only partitions whose row changed go out (an incremental fetch); the broker
+            # answers only partitions with news, and waits on all of them.
+            s = session.build(wanted)
+            request = m.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=self.fetch_max_wait_ms,
+                min_bytes=self.fetch_min_bytes,
+                max_bytes=self.fetch_max_bytes - self._buffered_bytes,
+                topics=s.topics,
+                rack_id=self.client_rack,
+                session_id=s.session_id,
+                session_epoch=s.session_epoch,
+                forgotten=s.forgotten,
+            )
+            try:
+                response, payload = await conn.call(request)
+            except BaseException:
+                session.reset()  # answered or not: the next fetch is full, a new session
+                raise
+            if session.on_response(response):
+                break
+            # The broker lost the session (evicted, restarted): fetch in full at once.
+            log.info(
+                "broker %d: fetch session answered %s; fetching in full",
+                node,
+                error_for(response.error_code).name,
+            )
+        else:
+            raise error_for(response.error_code, f"fetch from broker {node}")
         self.stats["fetches"] += 1
         self.bytes_by_node[node] = self.bytes_by_node.get(node, 0) + len(payload)
         pos = 0
