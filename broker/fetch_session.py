@@ -14,8 +14,8 @@ changed and each answer only what has news:
   plus ``forgotten`` ones; the broker reads *every* partition of the session (so a long
   poll still wakes on data for partitions the request did not list, and a follower's
   position is still recorded on each of its partitions, as the ISR needs), and answers
-  only partitions with records, a new high watermark or log start offset, an error, a
-  diverging epoch or a preferred read replica.
+  the partitions the request listed and those with records, a new high watermark or log
+  start offset, an error, a diverging epoch or a preferred read replica.
 - ``session_epoch`` -1 is a **sessionless full fetch**, as before sessions existed; with a
   ``session_id`` it also closes that session.
 
@@ -197,7 +197,11 @@ class FetchSessionCache:
             if c is None:
                 cached[key] = CachedPartition(p)
             else:
-                c.fetch = p  # keep what we last answered: only news goes out
+                # A listed partition is always answered: its client may have changed
+                # more than its offset (a new leader epoch, a re-created topic's new
+                # replica) and must not be left without the high watermark it now needs.
+                c.fetch = p
+                c.high_watermark = c.log_start_offset = -1
         return FetchContext(session, True, [c.fetch for c in cached.values()])
 
     def _create(

@@ -75,9 +75,11 @@ def test_incremental_fetch_reads_the_whole_session_and_answers_only_news() -> No
     p0, p1, p2 = ctx.partitions
     sent = ctx.answer([ok(p0, hw=5), ok(p1, hw=6), ok(p2, hw=5, nbytes=10)])
     assert [r.partition for r in sent] == [1, 2]
-    # The partition that got data goes to the back of the read order (fairness).
+    # The partition that got data goes to the back of the read order (fairness); a
+    # listed partition is answered even with nothing new.
     ctx = ctx_of(cache.new_context(FOLLOWER, sid, 3, [fp(2, offset=7)]))
     assert [(p.partition, p.fetch_offset) for p in ctx.partitions] == [(0, 0), (1, 0), (2, 7)]
+    assert [r.partition for r in ctx.answer([ok(p, hw=6) for p in ctx.partitions])] == [0, 2]
 
 
 def test_listed_and_forgotten_partitions_update_the_session() -> None:
@@ -301,6 +303,7 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
             raise AssertionError("a full fetch after a session error must succeed")
         by_partition = {r.partition: r for r in answered}
         assert by_partition.keys() <= wanted
+        assert {p.partition for p in listed} <= by_partition.keys()  # listed: answered
         for p in wanted:
             expected = full[p]
             got = by_partition.get(p)
