@@ -141,6 +141,10 @@ async def test_an_evicted_session_falls_back_to_a_full_fetch_without_loss(
         assert (await produce(pair.conn, TOPIC, partition, batch(b"x", b"y")))[1] == 0
     await wait_until_async(lambda: all(pair.follower_leo(p) == 2 for p in range(5)))
     await steady(recorder, FOLLOWER)
+    assert pair.leader.metrics is not None
+    registry = pair.leader.metrics.registry
+    assert registry.get_sample_value("rillet_broker_fetch_session_evictions") == 1
+    assert registry.get_sample_value("rillet_broker_fetch_sessions") == 1
     after = recorder.of(FOLLOWER)[start:]
     i = next(i for i, s in enumerate(after) if s.error_code)  # a fetch out may end first
     assert after[i].error_code == FETCH_SESSION_ID_NOT_FOUND

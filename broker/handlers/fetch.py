@@ -28,7 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.metrics import BrokerMetrics
@@ -68,6 +68,18 @@ class FetchHandler:
             "Fetched bytes a follower replica sent to consumers",
             registry=metrics.registry,
         )
+        # Kafka: NumIncrementalFetchSessions, IncrementalFetchSessionEvictionsPerSec.
+        sessions = self.sessions
+        Gauge(
+            "rillet_broker_fetch_sessions",
+            "Incremental fetch sessions in the cache",
+            registry=metrics.registry,
+        ).set_function(lambda: float(len(sessions)))
+        Gauge(
+            "rillet_broker_fetch_session_evictions",
+            "Fetch sessions evicted to make room for new ones",
+            registry=metrics.registry,
+        ).set_function(lambda: float(sessions.evictions))
 
     async def __call__(self, request: Request) -> Response:
         req: m.FetchRequest = request.message
