@@ -6,6 +6,8 @@ through its real fetcher, and consumers fetching from broker 1.
   partition whose fetch offset moved is listed alone, and the answer carries only it.
 - An evicted session (the leader's cache emptied) makes the follower and the consumer
   start over with a full fetch, and no record is lost or duplicated.
+- So does a restarted leader (a new process's empty cache, a new port): both start over
+  with a full fetch, then fetch incrementally again.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from pathlib import Path
 import pytest
 from helpers import wait_until_async
 from test_broker_inproc import batch, produce
-from test_replication_fetcher_faults import TOPIC, Pair, SharedMetadata, start_pair
+from test_replication_fetcher_faults import TOPIC, Link, Pair, SharedMetadata, start_pair
 
 from rillet.broker.handlers.fetch import FetchHandler
+from rillet.broker.server import BrokerServer
 from rillet.client.consumer import Consumer
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
-from rillet.controller.metadata.image import TopicPartition
+from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import Partition, TopicPartition
 
 PARTITIONS = 40
 FETCH_SESSION_ID_NOT_FOUND = errors.code_of("FETCH_SESSION_ID_NOT_FOUND")
@@ -193,3 +197,73 @@ async def test_a_consumer_fetches_incrementally_and_survives_eviction(
     after = recorder.of(CONSUMER)[start:]
     assert any(s.error_code == FETCH_SESSION_ID_NOT_FOUND for s in after)
     assert got == expected  # nothing lost, nothing twice, in order
+
+
+async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without_loss(
+    recorded: tuple[Pair, Recorder], tmp_path: Path
+) -> None:
+    pair, recorder = recorded
+    link = pair.leader.link
+    assert isinstance(link, Link)
+    consumer = Consumer(
+        assignment=[(TOPIC, p) for p in range(PARTITIONS)],
+        bootstrap=f"127.0.0.1:{pair.follower.port},127.0.0.1:{pair.leader.port}",
+        from_beginning=True,
+        fetch_max_wait_ms=50,
+        retry_backoff_ms=20,
+    )
+    expected: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    conn = pair.conn
+
+    async def send(partitions: range, value: bytes) -> None:
+        for p in partitions:
+            assert (await produce(conn, TOPIC, p, batch(value)))[1] == 0
+            expected[p].append(value)
+
+    async def consume_all() -> bool:
+        for tp, recs in (await consumer.getmany(timeout_ms=20)).items():
+            got[tp.partition].extend(r.value for r in recs)
+        return got == expected
+
+    async with consumer:
+        await send(range(0, PARTITIONS, 4), b"before")
+        await wait_until_async(consume_all)
+        await steady(recorder, FOLLOWER)
+        await steady(recorder, CONSUMER)
+        follower_start = len(recorder.of(FOLLOWER))
+        consumer_start = len(recorder.of(CONSUMER))
+
+        # Restart the leader on its log directory (a new port, found through metadata):
+        # its session cache starts empty.
+        leader = pair.leader
+        await leader.stop(controlled=False)
+        link.shared.listeners.remove(leader._on_metadata)
+        restarted = BrokerServer(leader.config, link=Link(link.shared, 1))  # type: ignore[arg-type]
+        await restarted.start()
+        # As a controller would on the broker's return: leadership under a new epoch.
+        topic = link.shared.image.topic(TOPIC)
+        assert topic is not None
+        await link.shared.commit(
+            [Partition(topic.topic_id, p, (1, 2), (1, 2), 1, 1, 1) for p in range(PARTITIONS)]
+        )
+        conn = await Connection.open("127.0.0.1", restarted.port)
+        try:
+            await send(range(0, PARTITIONS, 3), b"after")
+            await wait_until_async(consume_all)
+            await wait_until_async(
+                lambda: all(pair.follower_leo(p) == len(expected[p]) for p in range(PARTITIONS))
+            )
+            for partition in range(PARTITIONS):
+                a, b = logs(Pair(restarted, pair.follower, conn), partition)
+                assert a == b  # the follower's copy: nothing lost, nothing twice
+            await steady(recorder, FOLLOWER)
+        finally:
+            conn.close()
+            await restarted.stop(controlled=False)
+    # Both started over with a full fetch at the restarted broker (naming, to close it,
+    # the session they lost), then went incremental.
+    for seen in (recorder.of(FOLLOWER)[follower_start:], recorder.of(CONSUMER)[consumer_start:]):
+        assert seen[0].session_epoch == 0 and not seen[0].error_code
+        assert any(s.session_epoch > 0 for s in seen)
+    assert got == expected  # the consumer's: nothing lost, nothing twice, in order
