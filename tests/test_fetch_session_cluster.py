@@ -159,44 +159,59 @@ async def test_an_evicted_session_falls_back_to_a_full_fetch_without_loss(
         assert leader == follower  # nothing lost, nothing twice
 
 
+@dataclass
+class Tally:
+    """Records produced through ``conn`` and records ``consumer`` returned, per partition."""
+
+    consumer: Consumer
+    conn: Connection
+    expected: dict[int, list[bytes]] = field(
+        default_factory=lambda: {p: [] for p in range(PARTITIONS)}
+    )
+    got: dict[int, list[bytes]] = field(default_factory=lambda: {p: [] for p in range(PARTITIONS)})
+
+    async def send(self, partitions: range, value: bytes) -> None:
+        for p in partitions:
+            assert (await produce(self.conn, TOPIC, p, batch(value)))[1] == 0
+            self.expected[p].append(value)
+
+    async def consume_all(self) -> bool:
+        for tp, recs in (await self.consumer.getmany(timeout_ms=20)).items():
+            self.got[tp.partition].extend(r.value for r in recs)
+        return self.got == self.expected
+
+
+def consumer_of(*brokers: BrokerServer) -> Consumer:
+    return Consumer(
+        assignment=[(TOPIC, p) for p in range(PARTITIONS)],
+        bootstrap=",".join(f"127.0.0.1:{b.port}" for b in brokers),
+        from_beginning=True,
+        fetch_max_wait_ms=50,
+        retry_backoff_ms=20,
+    )
+
+
 async def test_a_consumer_fetches_incrementally_and_survives_eviction(
     recorded: tuple[Pair, Recorder],
 ) -> None:
     pair, recorder = recorded
-    consumer = Consumer(
-        assignment=[(TOPIC, p) for p in range(PARTITIONS)],
-        bootstrap=f"127.0.0.1:{pair.leader.port}",
-        from_beginning=True,
-        fetch_max_wait_ms=50,
-    )
-    expected: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-
-    async def send(partitions: range, value: bytes) -> None:
-        for p in partitions:
-            assert (await produce(pair.conn, TOPIC, p, batch(value)))[1] == 0
-            expected[p].append(value)
-
-    async def consume_all() -> bool:
-        for tp, recs in (await consumer.getmany(timeout_ms=20)).items():
-            got[tp.partition].extend(r.value for r in recs)
-        return got == expected
-
+    consumer = consumer_of(pair.leader)
+    tally = Tally(consumer, pair.conn)
     async with consumer:
-        await send(range(0, PARTITIONS, 7), b"one")
-        await wait_until_async(consume_all)
+        await tally.send(range(0, PARTITIONS, 7), b"one")
+        await wait_until_async(tally.consume_all)
         start = await steady(recorder, CONSUMER)
         assert all(not s.listed for s in recorder.of(CONSUMER)[start - 3 : start])
         assert pair.leader.fetch_sessions.get(recorder.of(CONSUMER)[-1].session_id)
 
         pair.leader.fetch_sessions.clear()  # evicted (or the broker restarted)
-        await send(range(0, PARTITIONS, 3), b"two")
-        await wait_until_async(consume_all)
-        await send(range(1, PARTITIONS, 5), b"three")
-        await wait_until_async(consume_all)
+        await tally.send(range(0, PARTITIONS, 3), b"two")
+        await wait_until_async(tally.consume_all)
+        await tally.send(range(1, PARTITIONS, 5), b"three")
+        await wait_until_async(tally.consume_all)
     after = recorder.of(CONSUMER)[start:]
     assert any(s.error_code == FETCH_SESSION_ID_NOT_FOUND for s in after)
-    assert got == expected  # nothing lost, nothing twice, in order
+    assert tally.got == tally.expected  # nothing lost, nothing twice, in order
 
 
 async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without_loss(
@@ -205,30 +220,11 @@ async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without
     pair, recorder = recorded
     link = pair.leader.link
     assert isinstance(link, Link)
-    consumer = Consumer(
-        assignment=[(TOPIC, p) for p in range(PARTITIONS)],
-        bootstrap=f"127.0.0.1:{pair.follower.port},127.0.0.1:{pair.leader.port}",
-        from_beginning=True,
-        fetch_max_wait_ms=50,
-        retry_backoff_ms=20,
-    )
-    expected: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    conn = pair.conn
-
-    async def send(partitions: range, value: bytes) -> None:
-        for p in partitions:
-            assert (await produce(conn, TOPIC, p, batch(value)))[1] == 0
-            expected[p].append(value)
-
-    async def consume_all() -> bool:
-        for tp, recs in (await consumer.getmany(timeout_ms=20)).items():
-            got[tp.partition].extend(r.value for r in recs)
-        return got == expected
-
+    consumer = consumer_of(pair.follower, pair.leader)
+    tally = Tally(consumer, pair.conn)
     async with consumer:
-        await send(range(0, PARTITIONS, 4), b"before")
-        await wait_until_async(consume_all)
+        await tally.send(range(0, PARTITIONS, 4), b"before")
+        await wait_until_async(tally.consume_all)
         await steady(recorder, FOLLOWER)
         await steady(recorder, CONSUMER)
         follower_start = len(recorder.of(FOLLOWER))
@@ -247,12 +243,14 @@ async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without
         await link.shared.commit(
             [Partition(topic.topic_id, p, (1, 2), (1, 2), 1, 1, 1) for p in range(PARTITIONS)]
         )
-        conn = await Connection.open("127.0.0.1", restarted.port)
+        conn = tally.conn = await Connection.open("127.0.0.1", restarted.port)
         try:
-            await send(range(0, PARTITIONS, 3), b"after")
-            await wait_until_async(consume_all)
+            await tally.send(range(0, PARTITIONS, 3), b"after")
+            await wait_until_async(tally.consume_all)
             await wait_until_async(
-                lambda: all(pair.follower_leo(p) == len(expected[p]) for p in range(PARTITIONS))
+                lambda: all(
+                    pair.follower_leo(p) == len(tally.expected[p]) for p in range(PARTITIONS)
+                )
             )
             for partition in range(PARTITIONS):
                 a, b = logs(Pair(restarted, pair.follower, conn), partition)
@@ -266,4 +264,4 @@ async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without
     for seen in (recorder.of(FOLLOWER)[follower_start:], recorder.of(CONSUMER)[consumer_start:]):
         assert seen[0].session_epoch == 0 and not seen[0].error_code
         assert any(s.session_epoch > 0 for s in seen)
-    assert got == expected  # the consumer's: nothing lost, nothing twice, in order
+    assert tally.got == tally.expected  # the consumer's: nothing lost, nothing twice, in order
