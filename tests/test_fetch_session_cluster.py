@@ -215,7 +215,7 @@ async def test_a_consumer_fetches_incrementally_and_survives_eviction(
 
 
 async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without_loss(
-    recorded: tuple[Pair, Recorder], tmp_path: Path
+    recorded: tuple[Pair, Recorder],
 ) -> None:
     pair, recorder = recorded
     link = pair.leader.link
@@ -243,7 +243,7 @@ async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without
         await link.shared.commit(
             [Partition(topic.topic_id, p, (1, 2), (1, 2), 1, 1, 1) for p in range(PARTITIONS)]
         )
-        conn = tally.conn = await Connection.open("127.0.0.1", restarted.port)
+        tally.conn = await Connection.open("127.0.0.1", restarted.port)
         try:
             await tally.send(range(0, PARTITIONS, 3), b"after")
             await wait_until_async(tally.consume_all)
@@ -253,11 +253,11 @@ async def test_a_restarted_leader_makes_follower_and_consumer_start_over_without
                 )
             )
             for partition in range(PARTITIONS):
-                a, b = logs(Pair(restarted, pair.follower, conn), partition)
+                a, b = logs(Pair(restarted, pair.follower, tally.conn), partition)
                 assert a == b  # the follower's copy: nothing lost, nothing twice
             await steady(recorder, FOLLOWER)
         finally:
-            conn.close()
+            tally.conn.close()
             await restarted.stop(controlled=False)
     # Both started over with a full fetch at the restarted broker (naming, to close it,
     # the session they lost), then went incremental.
