@@ -34,7 +34,7 @@ from functools import partial
 from itertools import repeat
 from typing import NamedTuple
 
-from rillet.client.fetch_session import FetchSessionBuilder
+from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
@@ -522,7 +522,9 @@ class Consumer:
                 forgotten=s.forgotten,
             )
             try:
-                response, payload = await conn.call(request)
+                response, payload = await conn.call(request, raise_errors=False)
+                if response.error_code and response.error_code not in SESSION_ERRORS:
+                    raise error_for(response.error_code, f"fetch from broker {node}")
             except BaseException:
                 session.reset()  # answered or not: the next fetch is full, a new session
                 raise

@@ -12,6 +12,7 @@ through its real fetcher, and consumers fetching from broker 1.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,9 @@ async def test_an_evicted_session_falls_back_to_a_full_fetch_without_loss(
 ) -> None:
     pair, recorder = recorded
     start = await steady(recorder, FOLLOWER)
+    assert pair.follower.fetchers is not None
+    fetcher = pair.follower.fetchers.fetchers[1]
+    conn = fetcher._conn
     pair.leader.fetch_sessions.clear()
     for partition in range(5):
         assert (await produce(pair.conn, TOPIC, partition, batch(b"x", b"y")))[1] == 0
@@ -157,6 +161,7 @@ async def test_an_evicted_session_falls_back_to_a_full_fetch_without_loss(
     for partition in range(PARTITIONS):
         leader, follower = logs(pair, partition)
         assert leader == follower  # nothing lost, nothing twice
+    assert fetcher._conn is conn  # a session error is not a connection error
 
 
 @dataclass
@@ -192,8 +197,9 @@ def consumer_of(*brokers: BrokerServer) -> Consumer:
 
 
 async def test_a_consumer_fetches_incrementally_and_survives_eviction(
-    recorded: tuple[Pair, Recorder],
+    recorded: tuple[Pair, Recorder], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rillet.client.consumer")
     pair, recorder = recorded
     consumer = consumer_of(pair.leader)
     tally = Tally(consumer, pair.conn)
@@ -210,7 +216,10 @@ async def test_a_consumer_fetches_incrementally_and_survives_eviction(
         await tally.send(range(1, PARTITIONS, 5), b"three")
         await wait_until_async(tally.consume_all)
     after = recorder.of(CONSUMER)[start:]
-    assert any(s.error_code == FETCH_SESSION_ID_NOT_FOUND for s in after)
+    i = next(i for i, s in enumerate(after) if s.error_code)
+    assert after[i].error_code == FETCH_SESSION_ID_NOT_FOUND
+    assert after[i + 1].session_epoch == 0  # a full fetch at once: not a failed fetch
+    assert not any("failed" in r.getMessage() for r in caplog.records)
     assert tally.got == tally.expected  # nothing lost, nothing twice, in order
 
 

@@ -54,7 +54,7 @@ from rillet.broker.replication.types import (
     FetchResponse,
     ReplicationInvariantError,
 )
-from rillet.client.fetch_session import FetchSessionBuilder
+from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
 from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
@@ -278,7 +278,11 @@ class SourceFetcher:
             try:
                 conn = await self._connect()
                 timeout_ms = self.manager.config.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
-                response, payload = await conn.call(request, timeout_ms=timeout_ms)
+                response, payload = await conn.call(
+                    request, timeout_ms=timeout_ms, raise_errors=False
+                )
+                if response.error_code and response.error_code not in SESSION_ERRORS:
+                    raise errors.error_for(response.error_code, "fetch")
             except (RilletError, OSError) as e:
                 logger.info("fetcher from %d: %s; retrying in %.2fs", self.source_id, e, backoff_s)
                 # The request may or may not have been answered: start a new session.
@@ -289,6 +293,8 @@ class SourceFetcher:
                 continue
             backoff_s = RECONNECT_BACKOFF_MIN_S
             if not self.session.on_response(response):
+                # The leader lost our session (evicted, restarted): a full fetch at once,
+                # on the same connection.
                 logger.info(
                     "fetcher from %d: fetch session answered %s; fetching in full",
                     self.source_id,
