@@ -14,7 +14,9 @@ What is counted, all per batch or per request, never per record:
 - under-replicated partitions: led partitions whose ISR is smaller than their replica
   set, read from the replica manager when sampled;
 - failed partitions: followed partitions the fetcher stopped fetching after an
-  unexpected error (docs/broker.md, "Faults"), read from the fetcher manager.
+  unexpected error (docs/broker.md, "Faults"), read from the fetcher manager;
+- event-loop lag: the largest lag and a histogram from the broker's `LoopLagMonitor`
+  (how long some callback held the loop; docs/design.md, "Event-loop stalls").
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rillet.client.runtime.looplag import LoopLagMonitor
 
 RATE_WINDOW_S = 10.0
 LATENCY_BUCKETS_S = (
@@ -50,7 +54,9 @@ class BrokerMetrics:
         self,
         under_replicated: Callable[[], int] = lambda: 0,
         failed_partitions: Callable[[], int] = lambda: 0,
+        loop_lag: LoopLagMonitor | None = None,
     ) -> None:
+        self.loop_lag = loop_lag
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.bytes_in = Counter("rillet_broker_bytes_in", "Produced bytes appended", registry=r)
@@ -75,6 +81,12 @@ class BrokerMetrics:
             registry=r,
         )
         self.failed_partitions.set_function(lambda: float(failed_partitions()))
+        self.loop_lag_max = Gauge(
+            "rillet_broker_event_loop_lag_max_ms",
+            "Largest event-loop lag since start",
+            registry=r,
+        )
+        self.loop_lag_max.set_function(lambda: loop_lag.max_lag_ms if loop_lag else 0.0)
         self.idle = Gauge(
             "rillet_broker_request_handler_idle_percent",
             "100 * (1 - CPU share of the process)",
@@ -152,4 +164,5 @@ class BrokerMetrics:
             ),
             "failed_partitions": int(get("rillet_broker_failed_partitions") or 0),
             "request_latency": latency,
+            **(self.loop_lag.snapshot() if self.loop_lag is not None else {}),
         }

@@ -52,6 +52,7 @@ from rillet.broker.replica_manager import ReplicaManager
 from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.config import Config
+from rillet.client.runtime.looplag import LoopLagMonitor
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
 from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
@@ -112,6 +113,11 @@ class BrokerServer:
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
         self._caught_up = asyncio.Event()  # set by the first metadata: requests flow
+        self.loop_lag = LoopLagMonitor(
+            f"broker-{self.node_id}",
+            warn_ms=self.config["event.loop.stall.warn.ms"],
+            watchdog=True,
+        )
 
     @property
     def link(self) -> ControllerLink:
@@ -135,6 +141,7 @@ class BrokerServer:
             flush_check_interval_ms=cfg["log.flush.scheduler.interval.ms"],
             on_log_failure=self._log_dir_failed,
         )
+        self.loop_lag.start()
         await self.logs.start()
         link = self.link
         self.replicas = ReplicaManager(cfg, self.logs, alter_partitions=link.alter_partitions)
@@ -142,7 +149,7 @@ class BrokerServer:
         self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
         self.replicas.on_roles_changed = self.fetchers.sync
         self.metrics = BrokerMetrics(
-            self.replicas.under_replicated_count, self.fetchers.failed_count
+            self.replicas.under_replicated_count, self.fetchers.failed_count, self.loop_lag
         )
         self.replicas.metrics = self.metrics  # bytes and messages in, per append
         self.rpc = RpcServer(
@@ -257,6 +264,7 @@ class BrokerServer:
                 await self._link.stop()
         if self.rpc is not None:
             await self.rpc.stop()
+        self.loop_lag.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

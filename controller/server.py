@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rillet.client.runtime.looplag import LoopLagMonitor
 from rillet.client.runtime.rpc_server import Response, RpcServer
 from rillet.client.wire.errors import (
     InvalidConfigError,
@@ -98,6 +99,9 @@ class ControllerServer:
         self._applied: asyncio.Future[None] | None = None  # resolved and replaced per apply
         self._meta_cluster_id: str | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self.loop_lag = LoopLagMonitor(
+            f"controller-{self.node_id}", warn_ms=config["event.loop.stall.warn.ms"], watchdog=True
+        )
         # Milliseconds, monotonic: session deadlines and the Raft timers read it.
         self.clock: Callable[[], int] = monotonic_ms
         self.node: RaftNode
@@ -131,6 +135,7 @@ class ControllerServer:
         loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
         self._applied = loop.create_future()
+        self.loop_lag.start()
         self._check_meta_properties()
         self.store = await loop.run_in_executor(None, RaftStore, self.log_dir)
         state = await loop.run_in_executor(None, self.store.load)
@@ -189,6 +194,7 @@ class ControllerServer:
         await self.raft_loop.stop()
         await self.transport.stop()
         self.machine.fail_waiters("controller stopped")
+        self.loop_lag.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("controller %d: stopped", self.node_id)
 
@@ -254,6 +260,7 @@ class ControllerServer:
             "active": self.active,
             "cluster_id": self.cluster_id,
             "applied_offset": self.images.committed.offset,
+            **self.loop_lag.snapshot(),
         }
 
     # -- Raft plumbing -------------------------------------------------------------

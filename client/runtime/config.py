@@ -190,6 +190,13 @@ def node_keys(default_roles: str) -> ConfigTable:
             Key("socket.request.max.bytes", int, 100 * 1024 * 1024, "Largest request frame."),
             Key("max.connections", int, 10_000, "Connections accepted at once; more are refused."),
             Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
+            Key(
+                "event.loop.stall.warn.ms",
+                int,
+                200,
+                "Log a WARNING, with what the event loop was running, when it is held this"
+                ' long (docs/design.md, "Event-loop stalls").',
+            ),
         ]
     )
 

@@ -1,0 +1,128 @@
+"""Event-loop lag: how late a task that sleeps a fixed interval wakes up.
+
+Every node runs one event loop for its RPC handlers, Raft timers and heartbeats, so one
+callback that holds the loop for a second delays all of them: a controller that stalls
+longer than the election timeout loses its quorum, a broker that stalls longer than the
+session timeout is fenced. ``LoopLagMonitor`` measures it: a task sleeps ``interval_ms``
+and records how much later than that it woke (the *lag*, which is the longest stretch
+some other callback held the loop in that interval, near enough). It keeps the largest
+lag seen and a histogram, and logs a WARNING for a lag over ``warn_ms``.
+
+Logging *what* held the loop is what makes the warning useful, and a sleeping task only
+learns of the stall after it ended. So a watchdog thread (``watchdog=True``) checks every
+``interval_ms`` whether the loop task is overdue by more than ``warn_ms`` and, once per
+stall, captures the loop thread's current Python stack (``sys._current_frames``: cheap,
+no tracing); the WARNING then carries it. The thread only reads a timestamp and, rarely,
+a frame, so it costs nothing measurable; it is a daemon and stops with the monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+# Upper bounds in milliseconds; the last bucket counts everything above the last bound.
+LAG_BUCKETS_MS = (5, 10, 25, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+class LoopLagMonitor:
+    def __init__(
+        self,
+        name: str,
+        *,
+        interval_ms: int = 50,
+        warn_ms: int = 200,
+        watchdog: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.name = name
+        self.interval_ms = interval_ms
+        self.warn_ms = warn_ms
+        self.clock = clock
+        self.sleep = sleep
+        self.max_lag_ms = 0.0
+        self.samples = 0
+        self.stalls = 0  # lags over warn_ms
+        self.buckets = [0] * (len(LAG_BUCKETS_MS) + 1)
+        self._watchdog = watchdog
+        self._expected_wake = 0.0  # when the loop task should run next (clock seconds)
+        self._loop_thread: int | None = None
+        self._stack: str | None = None  # what the loop ran during the current stall
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- measuring -----------------------------------------------------------------
+
+    def observe(self, lag_ms: float, stack: str | None = None) -> None:
+        """Record one wake-up ``lag_ms`` late (and what held the loop, when known)."""
+        lag_ms = max(lag_ms, 0.0)
+        self.samples += 1
+        self.max_lag_ms = max(self.max_lag_ms, lag_ms)
+        self.buckets[bisect.bisect_left(LAG_BUCKETS_MS, lag_ms)] += 1
+        if lag_ms > self.warn_ms:
+            self.stalls += 1
+            where = f"; the loop was running:\n{stack}" if stack else ""
+            log.warning("%s: event loop stalled for %.0f ms%s", self.name, lag_ms, where)
+
+    def snapshot(self) -> dict[str, object]:
+        """The figures as plain numbers: max, count, stalls and the histogram buckets."""
+        bounds = [*(str(b) for b in LAG_BUCKETS_MS), "inf"]
+        return {
+            "loop_lag_max_ms": round(self.max_lag_ms, 1),
+            "loop_lag_samples": self.samples,
+            "loop_stalls": self.stalls,
+            "loop_lag_buckets_ms": dict(zip(bounds, self.buckets, strict=True)),
+        }
+
+    async def run(self) -> None:
+        """Sleep ``interval_ms`` over and over; each wake-up's lateness is a sample."""
+        interval_s = self.interval_ms / 1000
+        while True:
+            start = self.clock()
+            self._expected_wake = start + interval_s
+            await self.sleep(interval_s)
+            late_ms = (self.clock() - start - interval_s) * 1000
+            stack, self._stack = self._stack, None
+            self.observe(late_ms, stack)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        """Start measuring on the running loop (and the watchdog thread, if asked)."""
+        self._loop_thread = threading.get_ident()
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="loop-lag")
+        if self._watchdog:
+            self._thread = threading.Thread(
+                target=self._watch, name=f"{self.name}-loop-watchdog", daemon=True
+            )
+            self._thread.start()
+        return self._task
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _watch(self) -> None:
+        interval_s = self.interval_ms / 1000
+        while not self._stop.wait(interval_s):
+            overdue_ms = (self.clock() - self._expected_wake) * 1000
+            if overdue_ms > self.warn_ms and self._stack is None and self._expected_wake:
+                self._stack = self.loop_stack()
+
+    def loop_stack(self) -> str | None:
+        """The loop thread's Python stack right now (innermost last), or None."""
+        frame = sys._current_frames().get(self._loop_thread or -1)
+        if frame is None:
+            return None
+        return "".join(traceback.format_stack(frame, limit=12))

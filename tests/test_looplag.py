@@ -1,0 +1,64 @@
+"""LoopLagMonitor: lateness of a periodic wake-up becomes max, histogram and warnings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from rillet.client.runtime.looplag import LoopLagMonitor
+
+
+class FakeTime:
+    """A clock and a sleep: each sleep takes its interval plus the next scripted stall."""
+
+    def __init__(self, stalls_ms: list[float]) -> None:
+        self.now = 0.0
+        self.stalls_ms = list(stalls_ms)
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        if not self.stalls_ms:
+            raise asyncio.CancelledError
+        self.now += seconds + self.stalls_ms.pop(0) / 1000
+
+
+def test_lateness_is_recorded_as_max_histogram_and_stalls(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeTime([0, 3, 40, 350, 7])
+    monitor = LoopLagMonitor(
+        "node-1", interval_ms=50, warn_ms=200, clock=fake.clock, sleep=fake.sleep
+    )
+    with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+        asyncio.run(monitor.run())
+    snap = monitor.snapshot()
+    assert snap["loop_lag_max_ms"] == pytest.approx(350, abs=0.1)
+    assert snap["loop_lag_samples"] == 5
+    assert snap["loop_stalls"] == 1
+    buckets = snap["loop_lag_buckets_ms"]
+    assert isinstance(buckets, dict)
+    assert buckets["5"] == 2 and buckets["10"] == 1 and buckets["50"] == 1 and buckets["500"] == 1
+    stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(stalls) == 1 and "350 ms" in stalls[0].getMessage()
+
+
+def test_a_stall_warning_names_what_the_loop_was_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> str | None:
+        monitor = LoopLagMonitor("node-1")
+        monitor.start()
+        stack = monitor.loop_stack()  # taken on the loop thread itself: this coroutine
+        monitor.stop()
+        return stack
+
+    stack = asyncio.run(main())
+    assert stack is not None and "main" in stack
+    monitor = LoopLagMonitor("node-1", warn_ms=100)
+    with caplog.at_level(logging.WARNING):
+        monitor.observe(250, stack)
+    assert "the loop was running" in caplog.text and "in main" in caplog.text
