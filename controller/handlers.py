@@ -2,8 +2,13 @@
 
 Every write follows the seam in docs/metadata.md: the operation reads
 ``server.images.pending`` and returns (records, response); the records are proposed as
-one Raft entry and the response goes out only once they commit. An operation that
-writes nothing is answered after whatever it read from the pending image commits.
+bounded Raft entries (a large operation as several, the loop getting a turn between
+them: docs/controller.md, "Large operations") and the response goes out only once they
+commit. An operation that writes nothing is answered after whatever it read from the
+pending image commits. CreateTopics, DeleteTopics, ElectLeaders and
+AlterPartitionReassignments wait at most their request's ``timeout_ms`` (when > 0): then
+the items that succeeded answer REQUEST_TIMED_OUT, and the operation carries on, as in
+Kafka.
 Requests that reach a controller that is not active, or whose proposal is lost with
 the leadership, get NOT_CONTROLLER carrying ``leader_id``, ``leader_host`` and
 ``leader_port`` so the caller can redirect.
@@ -12,6 +17,7 @@ the leadership, get NOT_CONTROLLER carrying ``leader_id``, ``leader_host`` and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +49,8 @@ Handler = Callable[[Request], Awaitable[Response | None]]
 ActiveHandler = Callable[["ControllerServer", QuorumController, Any], Awaitable[Any]]
 
 INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
+REQUEST_TIMED_OUT = code_of("REQUEST_TIMED_OUT")
+TIMED_OUT_MESSAGE = "not committed within the request's timeout; the operation goes on"
 FETCH_METADATA_MAX_WAIT_MS = 30_000
 
 
@@ -139,13 +147,21 @@ async def create_topics(
         for t in f.topics
     ]
     records, results = ctl.create_topics(server.images.pending, topics, f.validate_only)
-    await server.commit(records)
+    # The new topics are building until their last entry is proposed: while this
+    # operation still proposes them, the ticker must not take them for orphans.
+    building = {r.topic_id for r in results if r.topic_id} if records else set()
+    ctl.building |= building
+    try:
+        committed = await _propose(server, records)
+    finally:
+        ctl.building -= building
+    timed_out = not await _wait_commit(server, committed, f.timeout_ms)
     return m.CreateTopicsResponse(
         topics=[
             m.CreatableTopicResult(
                 name=r.name,
-                error_code=r.error_code,
-                error_message=r.error_message or None,
+                error_code=REQUEST_TIMED_OUT if timed_out and r.error_code == 0 else r.error_code,
+                error_message=TIMED_OUT_MESSAGE if timed_out else r.error_message or None,
                 num_partitions=r.num_partitions,
                 replication_factor=r.replication_factor,
             )
@@ -154,11 +170,49 @@ async def create_topics(
     )
 
 
+async def _propose(
+    server: ControllerServer, records: list[MetadataRecord]
+) -> asyncio.Future[None] | None:
+    """Propose (bounded entries, yielding between them); the last commit's future, or
+    None when there is nothing to write."""
+    return await server.propose_yielding(records) if records else None
+
+
+async def _wait_commit(
+    server: ControllerServer, committed: asyncio.Future[None] | None, timeout_ms: int
+) -> bool:
+    """Until the proposal commits (True) or ``timeout_ms`` passes (False; a timeout of 0
+    or less waits as long as it takes). With nothing proposed, waits for what was read."""
+    timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
+    try:
+        async with asyncio.timeout(timeout_s):
+            if committed is None:
+                await server.wait_applied(server.images.pending.offset)
+            else:
+                await asyncio.shield(committed)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _timed_out(results: list[Any], timed_out: bool) -> list[Any]:
+    """Results as they stand, or each success turned into REQUEST_TIMED_OUT."""
+    if not timed_out:
+        return results
+    return [
+        dataclasses.replace(r, error_code=REQUEST_TIMED_OUT, error_message=TIMED_OUT_MESSAGE)
+        if r.error_code == 0
+        else r
+        for r in results
+    ]
+
+
 async def delete_topics(
     server: ControllerServer, ctl: QuorumController, f: m.DeleteTopicsRequest
 ) -> m.DeleteTopicsResponse:
     records, results = ctl.delete_topics(server.images.pending, list(f.topic_names))
-    await server.commit(records)
+    committed = await _propose(server, records)
+    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
     return m.DeleteTopicsResponse(
         responses=[
             m.DeletableTopicResult(r.name, r.error_code, r.error_message or None) for r in results
@@ -219,7 +273,8 @@ async def elect_leaders(
 ) -> m.ElectLeadersResponse:
     topics = None if f.topics is None else list(f.topics)
     records, results = ctl.elect_preferred_leaders(server.images.pending, topics)
-    await server.commit(records)
+    committed = await _propose(server, records)
+    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
     return m.ElectLeadersResponse(results=_partition_results(results))
 
 
@@ -231,7 +286,8 @@ async def alter_partition_reassignments(
         for p in f.partitions
     ]
     records, results = ctl.reassign_partitions(server.images.pending, moves)
-    await server.commit(records)
+    committed = await _propose(server, records)
+    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
     return m.AlterPartitionReassignmentsResponse(results=_partition_results(results))
 
 

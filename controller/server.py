@@ -276,10 +276,14 @@ class ControllerServer:
     # -- proposals and waiting -----------------------------------------------------
 
     def propose(self, records: list[MetadataRecord]) -> asyncio.Future[None]:
-        """Propose one operation's records as one entry; the future resolves at commit.
+        """Propose an operation's records (bounded entries, all at once); the future
+        resolves when the last commits. Raises NotControllerError when this node cannot
+        propose."""
+        future, settle = self._commit_future()
+        self.machine.propose(records, settle)
+        return future
 
-        Raises NotControllerError when this node cannot propose.
-        """
+    def _commit_future(self) -> tuple[asyncio.Future[None], Callable[[Exception | None], None]]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def settle(error: Exception | None) -> None:
@@ -290,13 +294,25 @@ class ControllerServer:
             else:
                 future.set_exception(error)
 
-        self.machine.propose(records, settle)
+        return future, settle
+
+    async def propose_yielding(self, records: list[MetadataRecord]) -> asyncio.Future[None]:
+        """`propose`, giving the loop a turn between entries, so that a large operation
+        (thousands of records) never holds it for long: Raft messages, heartbeats and
+        other requests run in between, and may propose entries in between too. Returns
+        the future of the last entry's commit."""
+        chunks = self.machine.split(records)
+        for chunk in chunks[:-1]:
+            self.machine.propose_chunk(chunk)
+            await asyncio.sleep(0)
+        future, settle = self._commit_future()
+        self.machine.propose_chunk(chunks[-1], settle)
         return future
 
     async def commit(self, records: list[MetadataRecord]) -> None:
         """Propose and wait for the commit; with no records, wait for what was read."""
         if records:
-            await self.propose(records)
+            await (await self.propose_yielding(records))
         else:
             await self.wait_applied(self.images.pending.offset)
 

@@ -14,7 +14,11 @@ in production (`ControllerServer`) and in the Raft simulation alike. It owns:
   the image by everyone else;
 - the snapshot policy: a snapshot after so many records or bytes since the last one;
 - pending proposals: each proposal's callback fires once its entry commits, or fails
-  when leadership or the log moved under it.
+  when leadership or the log moved under it;
+- entry bounds (`EntryLimits`): an operation's records are proposed as as many entries
+  as it takes to keep each under a record count and a byte size, so no single entry
+  stalls the loops that append, replicate, apply and fetch it (docs/controller.md,
+  "Large operations").
 
 Callbacks, not futures, report outcomes, so the asyncio server and the simulator wrap the
 same object.
@@ -65,6 +69,37 @@ class SnapshotPolicy:
     max_bytes: int = 16 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class EntryLimits:
+    """The most records, and encoded bytes, one Raft entry may hold (a single record
+    larger than ``max_bytes`` still goes, alone)."""
+
+    max_records: int = 1000
+    max_bytes: int = 256 * 1024
+
+
+Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one entry
+
+
+def split_records(records: list[MetadataRecord], limits: EntryLimits) -> list[Chunk]:
+    """``records`` cut into consecutive entries, each within ``limits``, in order."""
+    out: list[Chunk] = []
+    step = limits.max_records
+    for start in range(0, max(len(records), 1), step):
+        _encode_within(records[start : start + step], limits.max_bytes, out)
+    return out
+
+
+def _encode_within(records: list[MetadataRecord], max_bytes: int, out: list[Chunk]) -> None:
+    data = encode_records(records)
+    if len(data) <= max_bytes or len(records) <= 1:
+        out.append((records, data))
+        return
+    half = len(records) // 2  # rare (records of several KiB each): halve until they fit
+    _encode_within(records[:half], max_bytes, out)
+    _encode_within(records[half:], max_bytes, out)
+
+
 class ControllerStateMachine:
     def __init__(
         self,
@@ -72,6 +107,7 @@ class ControllerStateMachine:
         controller_config: ControllerConfig,
         snapshot_policy: SnapshotPolicy,
         *,
+        entry_limits: EntryLimits = EntryLimits(),
         new_cluster_id: Callable[[], str],
         rng: random.Random,
         on_applied: Callable[[], None] = lambda: None,
@@ -80,6 +116,7 @@ class ControllerStateMachine:
         self.node_id = node_id
         self.controller_config = controller_config
         self.snapshot_policy = snapshot_policy
+        self.entry_limits = entry_limits
         self.new_cluster_id = new_cluster_id
         self.rng = rng
         self.on_applied = on_applied  # after every apply and every loss of leadership
@@ -238,14 +275,28 @@ class ControllerStateMachine:
     # -- proposals ---------------------------------------------------------------------
 
     def propose(self, records: list[MetadataRecord], on_commit: OnCommit | None = None) -> int:
-        """Propose one operation's records as one entry; returns its log index.
+        """Propose an operation's records as bounded entries (`split_records`); returns
+        the last one's index. ``on_commit`` fires when the last entry commits (Raft
+        commits in order, so the others have too).
 
-        Raises NotControllerError when this node cannot propose.
+        Raises NotControllerError when this node cannot propose; entries proposed before
+        it stand (the caller decides what a partial proposal means).
         """
+        chunks = self.split(records)
+        for chunk in chunks[:-1]:
+            self.propose_chunk(chunk)
+        return self.propose_chunk(chunks[-1], on_commit)
+
+    def split(self, records: list[MetadataRecord]) -> list[Chunk]:
+        return split_records(records, self.entry_limits)
+
+    def propose_chunk(self, chunk: Chunk, on_commit: OnCommit | None = None) -> int:
+        """Propose one entry of `split`'s; returns its log index."""
         if not self.active or self._propose_entry is None or self._node is None:
             raise NotControllerError(f"controller {self.node_id} is not active")
+        records, data = chunk
         try:
-            index = self._propose_entry(encode_records(records))
+            index = self._propose_entry(data)
         except (NotLeader, TooManyUncommitted) as e:
             raise NotControllerError(str(e)) from None
         term = self._node.term

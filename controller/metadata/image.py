@@ -136,10 +136,16 @@ class UnfenceBroker:
 
 @dataclass(frozen=True, slots=True)
 class Topic:
+    """A topic is created. ``partition_count`` > 0: it has that many partitions, whose
+    records may follow in later entries; until the last one is applied the topic is
+    *building*: in the image's ``building_topics`` only, invisible to brokers and clients
+    (docs/controller.md, "Large operations"). 0 (version 0): complete at once."""
+
     TYPE: ClassVar[int] = 5
-    VERSION: ClassVar[int] = 0
+    VERSION: ClassVar[int] = 1
     name: str
     topic_id: str
+    partition_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +405,11 @@ class TopicImage:
     name: str
     topic_id: str
     partitions: Mapping[int, Partition]
+    partition_count: int = 0  # a building topic's full count (Topic.partition_count)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.partitions) >= self.partition_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +427,8 @@ class MetadataImage:
     topics_by_name: Mapping[str, TopicImage] = _empty()
     configs: Mapping[tuple[int, str], Mapping[str, str]] = _empty()
     remote_segments: Mapping[tuple[str, int], Mapping[str, RemoteSegment]] = _empty()
+    # Topics whose partitions are still arriving, by id: only the controller reads them.
+    building_topics: Mapping[str, TopicImage] = _empty()
 
     def topic(self, name: str) -> TopicImage | None:
         return self.topics_by_name.get(name)
@@ -467,8 +480,20 @@ class LocalChanges:
 class _TopicDelta:
     name: str
     topic_id: str
-    created: bool
+    created: bool  # not complete in the base image: created here, or building there
     partitions: dict[int, Partition] = dataclasses.field(default_factory=dict)
+    partition_count: int = 0
+    building: TopicImage | None = None  # the base image's building topic, if any
+
+    def all_partitions(self) -> dict[int, Partition]:
+        """Its partitions after this delta, for a topic not complete in the base image."""
+        if self.building is None:
+            return self.partitions
+        return {**self.building.partitions, **self.partitions}
+
+    @property
+    def complete(self) -> bool:
+        return not self.created or len(self.all_partitions()) >= self.partition_count
 
 
 class MetadataDelta:
@@ -487,6 +512,7 @@ class MetadataDelta:
         self.changed_brokers: dict[int, RegisterBroker | None] = {}  # None: unregistered
         self._topics: dict[str, _TopicDelta] = {}  # by topic id: created or touched
         self.deleted_topics: dict[str, str] = {}  # topic id -> name, of the base image
+        self.aborted_topics: set[str] = set()  # building topics of the base image removed
         self._configs: dict[tuple[int, str], dict[str, str]] = {}  # touched resources
         self._remote: dict[tuple[str, int], dict[str, RemoteSegment]] = {}
 
@@ -534,13 +560,18 @@ class MetadataDelta:
         td = self._topics.get(topic_id)
         if td is not None:
             return td.name
-        if topic_id in self.deleted_topics:
+        if topic_id in self.deleted_topics or topic_id in self.aborted_topics:
             return None
-        t = self.image.topics_by_id.get(topic_id)
+        t = self.image.topics_by_id.get(topic_id) or self.image.building_topics.get(topic_id)
         return None if t is None else t.name
 
     def _name_taken(self, name: str) -> bool:
         if any(td.name == name for td in self._topics.values() if td.created):
+            return True
+        if any(
+            t.name == name and t.topic_id not in self.aborted_topics
+            for t in self.image.building_topics.values()
+        ):
             return True
         t = self.image.topics_by_name.get(name)
         return t is not None and t.topic_id not in self.deleted_topics
@@ -548,25 +579,33 @@ class MetadataDelta:
     def _replay_topic(self, rec: Topic) -> None:
         check(self._topic_name(rec.topic_id) is None, f"topic id {rec.topic_id} exists")
         check(rec.topic_id not in self.image.topics_by_id, f"topic id {rec.topic_id} reused")
+        check(rec.topic_id not in self.image.building_topics, f"topic id {rec.topic_id} reused")
         check(not self._name_taken(rec.name), f"topic {rec.name} exists")
-        self._topics[rec.topic_id] = _TopicDelta(rec.name, rec.topic_id, created=True)
+        self._topics[rec.topic_id] = _TopicDelta(
+            rec.name, rec.topic_id, created=True, partition_count=rec.partition_count
+        )
 
     def _touch_topic(self, topic_id: str) -> _TopicDelta:
         td = self._topics.get(topic_id)
         if td is None:
             name = require(self._topic_name(topic_id), f"record for unknown topic id {topic_id}")
-            td = self._topics[topic_id] = _TopicDelta(name, topic_id, created=False)
+            building = self.image.building_topics.get(topic_id)
+            if building is None:
+                td = _TopicDelta(name, topic_id, created=False)
+            else:
+                td = _TopicDelta(name, topic_id, True, {}, building.partition_count, building)
+            self._topics[topic_id] = td
         return td
 
     def current_partition(self, topic_id: str, partition: int) -> Partition | None:
         td = self._topics.get(topic_id)
         if td is not None and partition in td.partitions:
             return td.partitions[partition]
-        if td is not None and td.created:
+        if td is not None and td.created and td.building is None:
             return None
-        if topic_id in self.deleted_topics:
+        if topic_id in self.deleted_topics or topic_id in self.aborted_topics:
             return None
-        t = self.image.topics_by_id.get(topic_id)
+        t = self.image.topics_by_id.get(topic_id) or self.image.building_topics.get(topic_id)
         return None if t is None else t.partitions.get(partition)
 
     def _replay_partition(self, rec: Partition) -> None:
@@ -596,7 +635,9 @@ class MetadataDelta:
     def _replay_remove_topic(self, rec: RemoveTopic) -> None:
         name = require(self._topic_name(rec.topic_id), f"RemoveTopic of unknown {rec.topic_id}")
         td = self._topics.pop(rec.topic_id, None)
-        if td is None or not td.created:
+        if rec.topic_id in self.image.building_topics:
+            self.aborted_topics.add(rec.topic_id)  # never visible: nothing for listeners
+        elif td is None or not td.created:
             self.deleted_topics[rec.topic_id] = name
         self._config((RESOURCE_TOPIC, name)).clear()
         for key in [k for k in self._remote if k[0] == rec.topic_id]:
@@ -630,7 +671,7 @@ class MetadataDelta:
                 else:
                     merged[broker_id] = reg
             brokers = _frozen(merged)
-        by_id, by_name = self._apply_topics()
+        by_id, by_name, building = self._apply_topics()
         return MetadataImage(
             offset=self.offset,
             epoch=self.epoch,
@@ -639,43 +680,63 @@ class MetadataDelta:
             topics_by_name=by_name,
             configs=_merge_nested(img.configs, self._configs, ()),
             remote_segments=_merge_nested(
-                img.remote_segments, self._remote, tuple(self.deleted_topics)
+                img.remote_segments, self._remote, (*self.deleted_topics, *self.aborted_topics)
             ),
+            building_topics=building,
         )
 
-    def _apply_topics(self) -> tuple[Mapping[str, TopicImage], Mapping[str, TopicImage]]:
+    def _apply_topics(
+        self,
+    ) -> tuple[Mapping[str, TopicImage], Mapping[str, TopicImage], Mapping[str, TopicImage]]:
+        """(by id, by name, building): a topic whose partitions are not all there yet goes
+        to ``building`` and stays out of the maps everyone else reads."""
         img = self.image
-        if not self._topics and not self.deleted_topics:
-            return img.topics_by_id, img.topics_by_name
+        if not self._topics and not self.deleted_topics and not self.aborted_topics:
+            return img.topics_by_id, img.topics_by_name, img.building_topics
         by_id, by_name = dict(img.topics_by_id), dict(img.topics_by_name)
+        building = dict(img.building_topics)
+        for topic_id in self.aborted_topics:
+            del building[topic_id]
         for topic_id, name in self.deleted_topics.items():
             del by_id[topic_id]
             if by_name.get(name) is not None and by_name[name].topic_id == topic_id:
                 del by_name[name]
         for topic_id, td in self._topics.items():
-            base = None if td.created else img.topics_by_id[topic_id]
-            parts = dict(base.partitions) if base is not None else {}
-            parts.update(td.partitions)
-            t = TopicImage(td.name, topic_id, _frozen(parts))
-            by_id[topic_id] = by_name[td.name] = t
+            if td.created:
+                parts = dict(td.all_partitions())
+            else:
+                parts = dict(img.topics_by_id[topic_id].partitions)
+                parts.update(td.partitions)
+            if len(parts) >= td.partition_count:  # complete: the count has done its job
+                building.pop(topic_id, None)
+                by_id[topic_id] = by_name[td.name] = TopicImage(td.name, topic_id, _frozen(parts))
+            else:
+                building[topic_id] = TopicImage(
+                    td.name, topic_id, _frozen(parts), td.partition_count
+                )
         check(len(by_id) == len(by_name), "topic maps by id and by name disagree")
-        return _frozen(by_id), _frozen(by_name)
+        return _frozen(by_id), _frozen(by_name), _frozen(building)
 
     # -- what changed, for listeners -------------------------------------------------
 
     @property
     def created_topics(self) -> dict[str, str]:
-        """Topic id -> name of topics created by this delta (and not deleted again)."""
-        return {tid: td.name for tid, td in self._topics.items() if td.created}
+        """Topic id -> name of topics created by this delta (and not deleted again); a topic
+        built over several entries is created by the delta that completes it."""
+        return {tid: td.name for tid, td in self._topics.items() if td.created and td.complete}
 
     @property
     def changed_configs(self) -> frozenset[tuple[int, str]]:
         return frozenset(self._configs)
 
     def changed_partitions(self) -> Iterator[tuple[str, Partition]]:
-        """(topic name, new state) of every partition a record set or changed."""
+        """(topic name, new state) of every partition a record set or changed; a topic
+        completed by this delta yields all its partitions, one still building none."""
         for td in self._topics.values():
-            for p in td.partitions.values():
+            if not td.complete:
+                continue
+            parts = td.all_partitions() if td.created else td.partitions
+            for p in parts.values():
                 yield td.name, p
 
     def local_changes(self, broker_id: int) -> LocalChanges:
@@ -755,6 +816,10 @@ def image_to_records(image: MetadataImage) -> list[MetadataRecord]:
     for name in sorted(image.topics_by_name):
         t = image.topics_by_name[name]
         out.append(Topic(t.name, t.topic_id))
+        out.extend(t.partitions[p] for p in sorted(t.partitions))
+    for topic_id in sorted(image.building_topics):
+        t = image.building_topics[topic_id]
+        out.append(Topic(t.name, t.topic_id, t.partition_count))
         out.extend(t.partitions[p] for p in sorted(t.partitions))
     for (rtype, rname), kv in sorted(image.configs.items()):
         out.extend(Config(rtype, rname, k, v) for k, v in sorted(kv.items()))

@@ -34,9 +34,10 @@ state after the records; they are true once the records commit.
 from __future__ import annotations
 
 import base64
+import logging
 import random
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -64,6 +65,7 @@ from rillet.controller.metadata.image import (
     RemoteSegment,
     RemoveTopic,
     Topic,
+    TopicImage,
     UnfenceBroker,
     UnregisterBroker,
     apply_partition_change,
@@ -82,6 +84,8 @@ from rillet.controller.metadata.topic_config import (
     unclean_election_enabled,
     validate_topic_config,
 )
+
+log = logging.getLogger(__name__)
 
 NONE = 0
 UNKNOWN_TOPIC_OR_PARTITION = code_of("UNKNOWN_TOPIC_OR_PARTITION")
@@ -241,6 +245,9 @@ class QuorumController:
         self._shutting_down: set[int] = set()
         self._shutdown_ready_offset: dict[int, int] = {}
         self._next_rebalance_ms: int | None = None
+        # Ids of building topics whose records an operation of this controller is still
+        # proposing (docs/controller.md, "Large operations"); the others are orphans.
+        self.building: set[str] = set()
 
     # -- soft state ------------------------------------------------------------------
 
@@ -393,7 +400,7 @@ class QuorumController:
         """PartitionChanges taking leadership and ISR seats off ``gone`` brokers."""
         eligible = self.eligible(image, exclude=gone)
         out: list[MetadataRecord] = []
-        for t, p in image.iter_partitions():
+        for t, p in _controller_partitions(image):
             if p.leader in gone or any(b in gone for b in p.isr):
                 unclean = unclean_election_enabled(image.topic_config(t.name))
                 change = remove_brokers(p, gone, eligible, unclean)
@@ -412,7 +419,7 @@ class QuorumController:
 
     def _elect_offline(self, image: MetadataImage, eligible: Eligible) -> list[MetadataRecord]:
         out: list[MetadataRecord] = []
-        for t, p in image.iter_partitions():
+        for t, p in _controller_partitions(image):
             if p.leader == NO_LEADER:
                 unclean = unclean_election_enabled(image.topic_config(t.name))
                 change = elect_offline(p, eligible, unclean)
@@ -434,11 +441,27 @@ class QuorumController:
         return self._fence_records(image, stale) if stale else []
 
     def tick(self, image: MetadataImage, now_ms: int) -> Result:
-        """Time passes: session expiry first; a leader rebalance only on a quiet tick."""
+        """Time passes: session expiry first; a leader rebalance only on a quiet tick;
+        building topics no operation of this controller is still writing are removed."""
         records = self.maybe_fence_stale_brokers(image, now_ms)
         if not records:
             records = self.maybe_rebalance_leaders(image, now_ms)
-        return Result(records, None)
+        return Result(self.abort_orphan_topics(image) + records, None)
+
+    def abort_orphan_topics(self, image: MetadataImage) -> list[MetadataRecord]:
+        """RemoveTopic for each building topic not in ``self.building``: an earlier leader,
+        or a failed proposal of this one, left it with part of its partitions. Nobody
+        outside the controller ever saw it, so removing it is an abort (the client got
+        an error or a timeout and may retry)."""
+        orphans = sorted(set(image.building_topics) - self.building)
+        for topic_id in orphans:
+            log.warning(
+                "removing topic %r: its creation did not finish (%d of %d partitions)",
+                image.building_topics[topic_id].name,
+                len(image.building_topics[topic_id].partitions),
+                image.building_topics[topic_id].partition_count,
+            )
+        return [RemoveTopic(topic_id) for topic_id in orphans]
 
     # -- topics -----------------------------------------------------------------------------
 
@@ -481,6 +504,8 @@ class QuorumController:
             return fail(INVALID_TOPIC, name_error)
         if image.topic(t.name) is not None:
             return fail(TOPIC_ALREADY_EXISTS, f"topic {t.name!r} already exists")
+        if any(b.name == t.name for b in image.building_topics.values()):
+            return fail(TOPIC_ALREADY_EXISTS, f"topic {t.name!r} is being created")
         clash = _colliding_topic(image, t.name)
         if clash:
             return fail(INVALID_TOPIC, f"{t.name!r} collides with {clash!r} ('.' vs '_')")
@@ -492,7 +517,9 @@ class QuorumController:
             return fail(*placed)
         topic_id = self._new_topic_id(image, taken_ids)
         eligible = self.eligible(image)
-        records: list[MetadataRecord] = [Topic(t.name, topic_id)]
+        # partition_count: the records may be split over several entries (the server's
+        # propose); the topic stays invisible until its last partition is applied.
+        records: list[MetadataRecord] = [Topic(t.name, topic_id, len(placed))]
         records += [Config(RESOURCE_TOPIC, t.name, k, v) for k, v in sorted(configs.items())]
         for p, replicas in enumerate(placed):
             isr = tuple(b for b in replicas if eligible(b))
@@ -802,6 +829,15 @@ def _check_assignments(
     return out
 
 
+def _controller_partitions(image: MetadataImage) -> Iterator[tuple[TopicImage, Partition]]:
+    """Every partition, building topics' too: fencing and elections must cover a topic
+    whose creation is under way, or it would complete with a fenced leader."""
+    yield from image.iter_partitions()
+    for t in image.building_topics.values():
+        for p in t.partitions.values():
+            yield t, p
+
+
 def _partition_response(topic: str, p: Partition) -> AlterPartitionResponse:
     return AlterPartitionResponse(
         NONE, "", topic, p.partition, p.leader, p.leader_epoch, p.isr, p.partition_epoch
@@ -839,15 +875,24 @@ class PendingImages:
     ) -> tuple[MetadataDelta, MetadataImage]:
         """Apply committed (offset, epoch, records) entries, in log order."""
         delta = MetadataDelta(self.committed)
-        for offset, epoch, records in entries:
+        ours = True  # every entry is the head of our own proposals, in order
+        for i, (offset, epoch, records) in enumerate(entries):
             delta.replay_all(records, offset, epoch)
             delta.offset, delta.epoch = offset, epoch  # an entry may hold no records
+            if ours and (i >= len(self._proposed) or self._proposed[i][:2] != (offset, epoch)):
+                ours = False
         self.committed = delta.apply()
         self._proposed = [e for e in self._proposed if e[0] > self.committed.offset]
-        pending = MetadataDelta(self.committed)
-        for offset, epoch, records in self._proposed:
-            pending.replay_all(records, offset, epoch)
-        self.pending = pending.apply() if self._proposed else self.committed
+        if not self._proposed:
+            self.pending = self.committed
+        elif not ours:
+            pending = MetadataDelta(self.committed)
+            for offset, epoch, records in self._proposed:
+                pending.replay_all(records, offset, epoch)
+            self.pending = pending.apply()
+        # else: the entries were our proposals, so pending (committed + all proposals)
+        # is already right; replaying the rest again on every commit made a long run of
+        # proposals (a large operation's entries) cost quadratic time.
         return delta, self.committed
 
     def reset(self) -> None:
