@@ -75,7 +75,7 @@ class EntryLimits:
     larger than ``max_bytes`` still goes, alone)."""
 
     max_records: int = 1000
-    max_bytes: int = 256 * 1024
+    max_bytes: int = 128 * 1024
 
 
 Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one entry
