@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
@@ -40,9 +40,7 @@ from rillet.controller.metadata.quorum import (
     QuorumController,
 )
 from rillet.controller.raft.core import RaftNode
-
-if TYPE_CHECKING:
-    from rillet.controller.server import ControllerServer
+from rillet.controller.server import ControllerServer, retrieve_outcome
 
 Handler = Callable[[Request], Awaitable[Response | None]]
 # (server, controller, typed request) -> typed response
@@ -191,6 +189,8 @@ async def _wait_commit(
             else:
                 await asyncio.shield(committed)
     except TimeoutError:
+        if committed is not None:
+            committed.add_done_callback(retrieve_outcome)
         return False
     return True
 

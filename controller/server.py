@@ -301,12 +301,14 @@ class ControllerServer:
         (thousands of records) never holds it for long: Raft messages, heartbeats and
         other requests run in between, and may propose entries in between too. Returns
         the future of the last entry's commit."""
+        future, settle = self._commit_future()
         chunks = self.machine.split(records)
-        for chunk in chunks[:-1]:
+        chunk = next(chunks)
+        for following in chunks:
             self.machine.propose_chunk(chunk)
             await asyncio.sleep(0)
-        future, settle = self._commit_future()
-        self.machine.propose_chunk(chunks[-1], settle)
+            chunk = following
+        self.machine.propose_chunk(chunk, settle)
         return future
 
     async def commit(self, records: list[MetadataRecord]) -> None:
@@ -343,7 +345,11 @@ class ControllerServer:
         while True:
             await asyncio.sleep(interval_s)
             with contextlib.suppress(NotControllerError):
-                self.machine.tick(self.clock())
+                records = self.machine.tick_records(self.clock())
+                if records:  # fencing a broker that leads thousands of partitions: long
+                    # Nobody waits for the commit; a lost leadership fails it quietly.
+                    committed = await self.propose_yielding(records)
+                    committed.add_done_callback(retrieve_outcome)
 
     def not_controller(self) -> Response:
         """NOT_CONTROLLER with where to go instead (leader id, host, port; -1/"" unknown)."""
@@ -390,4 +396,11 @@ class ControllerServer:
         self._meta_cluster_id = self.cluster_id
 
 
-__all__ = ["ControllerServer"]
+def retrieve_outcome(future: asyncio.Future[None]) -> None:
+    """Mark a commit future's error as seen when nobody awaits it any more (asyncio logs
+    an error for an exception never retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+__all__ = ["ControllerServer", "retrieve_outcome"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rillet.client.wire.errors import NotControllerError
@@ -81,13 +81,14 @@ class EntryLimits:
 Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one entry
 
 
-def split_records(records: list[MetadataRecord], limits: EntryLimits) -> list[Chunk]:
-    """``records`` cut into consecutive entries, each within ``limits``, in order."""
-    out: list[Chunk] = []
+def split_records(records: list[MetadataRecord], limits: EntryLimits) -> Iterator[Chunk]:
+    """``records`` cut into consecutive entries, each within ``limits``, in order; lazily,
+    so a caller that yields between entries also spreads the encoding."""
     step = limits.max_records
     for start in range(0, max(len(records), 1), step):
+        out: list[Chunk] = []
         _encode_within(records[start : start + step], limits.max_bytes, out)
-    return out
+        yield from out
 
 
 def _encode_within(records: list[MetadataRecord], max_bytes: int, out: list[Chunk]) -> None:
@@ -172,7 +173,7 @@ class ControllerStateMachine:
             self._since_snapshot_records += len(records)
             self._since_snapshot_bytes += len(e.data)
         if entries:
-            self.images.commit(entries)
+            self.images.commit(entries, want_delta=False)
             for index, term, _ in entries:
                 waiter = self._waiters.pop(index, None)
                 if waiter is not None:
@@ -282,12 +283,12 @@ class ControllerStateMachine:
         Raises NotControllerError when this node cannot propose; entries proposed before
         it stand (the caller decides what a partial proposal means).
         """
-        chunks = self.split(records)
+        chunks = list(self.split(records))
         for chunk in chunks[:-1]:
             self.propose_chunk(chunk)
         return self.propose_chunk(chunks[-1], on_commit)
 
-    def split(self, records: list[MetadataRecord]) -> list[Chunk]:
+    def split(self, records: list[MetadataRecord]) -> Iterator[Chunk]:
         return split_records(records, self.entry_limits)
 
     def propose_chunk(self, chunk: Chunk, on_commit: OnCommit | None = None) -> int:
@@ -307,11 +308,15 @@ class ControllerStateMachine:
 
     def tick(self, now_ms: int) -> None:
         """Session expiry and leader rebalance, on the active controller only."""
-        if not self.active or self.ctl is None:
-            return
-        records, _ = self.ctl.tick(self.images.pending, now_ms)
+        records = self.tick_records(now_ms)
         if records:
             self.propose(records)
+
+    def tick_records(self, now_ms: int) -> list[MetadataRecord]:
+        """What `tick` would propose (the server proposes it giving the loop turns)."""
+        if not self.active or self.ctl is None:
+            return []
+        return self.ctl.tick(self.images.pending, now_ms).records
 
     def fail_waiters(self, reason: str) -> None:
         waiters, self._waiters = self._waiters, {}

@@ -56,21 +56,21 @@ def plan_topic(image: MetadataImage, name: str, partitions: int) -> list[Metadat
 def test_split_entries_stay_within_their_limits_and_keep_record_order() -> None:
     records = plan_topic(brokers_image(), "big", 5000)
     limits = EntryLimits(max_records=700, max_bytes=16 * 1024)
-    chunks = split_records(records, limits)
+    chunks = list(split_records(records, limits))
     assert len(chunks) > len(records) // 700  # the byte limit cut some further
     for part, data in chunks:
         assert 1 <= len(part) <= 700 and len(data) <= 16 * 1024
         assert decode_records(data) == part
     assert [r for part, _ in chunks for r in part] == records
     # A record bigger than the byte limit still goes, alone.
-    ((part, data),) = split_records(records[:1], EntryLimits(max_bytes=8))
+    ((part, data),) = list(split_records(records[:1], EntryLimits(max_bytes=8)))
     assert part == records[:1] and len(data) > 8
 
 
 def test_a_topic_split_over_entries_is_invisible_until_complete_then_whole() -> None:
     base = brokers_image()
     records = plan_topic(base, "big", 2500)
-    chunks = split_records(records, EntryLimits(max_records=1000))
+    chunks = list(split_records(records, EntryLimits(max_records=1000)))
     assert len(chunks) == 3
     image = base
     for i, (part, _) in enumerate(chunks):
@@ -93,7 +93,7 @@ def test_a_topic_split_over_entries_is_invisible_until_complete_then_whole() -> 
 def test_an_orphaned_building_topic_is_removed_and_its_name_freed() -> None:
     base = brokers_image()
     records = plan_topic(base, "big", 2500)
-    first, *_ = split_records(records, EntryLimits(max_records=1000))
+    first, *_ = list(split_records(records, EntryLimits(max_records=1000)))
     half = replay_records(base, first[0], 10, 1)
     (topic_id,) = half.building_topics
     creating = QuorumController(ControllerConfig(), random.Random(1))
@@ -117,7 +117,7 @@ def test_an_orphaned_building_topic_is_removed_and_its_name_freed() -> None:
 def test_fencing_a_broker_moves_leadership_off_building_partitions_too() -> None:
     base = brokers_image()
     records = plan_topic(base, "big", 2500)
-    first, *_ = split_records(records, EntryLimits(max_records=1000))
+    first, *_ = list(split_records(records, EntryLimits(max_records=1000)))
     half = replay_records(base, first[0], 10, 1)
     ctl = QuorumController(ControllerConfig(), random.Random(1))
     moves = ctl._fence_records(half, [1])
@@ -129,7 +129,7 @@ def test_fencing_a_broker_moves_leadership_off_building_partitions_too() -> None
 def test_committing_our_own_proposals_keeps_pending_equal_to_a_rebuild() -> None:
     base = brokers_image()
     records = plan_topic(base, "big", 2500)
-    chunks = split_records(records, EntryLimits(max_records=500))
+    chunks = list(split_records(records, EntryLimits(max_records=500)))
     images = PendingImages(base)
     entries = [(10 + i, 1, part) for i, (part, _) in enumerate(chunks)]
     for offset, epoch, part in entries:
@@ -193,7 +193,7 @@ def test_a_leader_change_half_way_through_a_split_proposal_leaves_no_half_topic(
     q = unfenced_quorum(EntryLimits(max_records=40))
     old = q.machines[1]
     records = plan_on(old, "big", 150)
-    chunks = old.split(records)
+    chunks = list(old.split(records))
     assert old.ctl is not None
     old.ctl.building.add(next(r.topic_id for r in records if isinstance(r, Topic)))
     for chunk in chunks[:2]:  # these commit everywhere
@@ -218,3 +218,21 @@ def test_a_leader_change_half_way_through_a_split_proposal_leaves_no_half_topic(
     q.machines[new].propose(again)
     q.run(100)
     assert all(m.image.partition_count() == 150 for m in q.machines.values())
+
+
+def test_committing_every_pending_proposal_at_once_takes_the_pending_image() -> None:
+    base = brokers_image()
+    chunks = list(split_records(plan_topic(base, "big", 2500), EntryLimits(max_records=500)))
+    entries = [(10 + i, 1, part) for i, (part, _) in enumerate(chunks)]
+    images = PendingImages(base)
+    for offset, epoch, part in entries:
+        images.propose(part, offset, epoch)
+    pending = images.pending
+    delta, committed = images.commit(entries[:2], want_delta=False)  # a prefix: replayed
+    assert delta is not None and committed.offset == 11 and images.pending is pending
+    delta, committed = images.commit(entries[2:], want_delta=False)  # the rest: no replay
+    assert delta is None and committed is pending is images.pending
+    whole = base
+    for offset, epoch, part in entries:
+        whole = replay_records(whole, part, offset, epoch)
+    assert committed == whole

@@ -871,16 +871,27 @@ class PendingImages:
         self._proposed.append((offset, epoch, records))
 
     def commit(
-        self, entries: Iterable[tuple[int, int, list[MetadataRecord]]]
-    ) -> tuple[MetadataDelta, MetadataImage]:
-        """Apply committed (offset, epoch, records) entries, in log order."""
+        self,
+        entries: Sequence[tuple[int, int, list[MetadataRecord]]],
+        want_delta: bool = True,
+    ) -> tuple[MetadataDelta | None, MetadataImage]:
+        """Apply committed (offset, epoch, records) entries, in log order.
+
+        Without ``want_delta``, entries that are exactly every proposal still pending
+        are not replayed at all: the pending image already is their result (the active
+        controller's common case, which made it replay a large operation twice).
+        """
+        ours = len(entries) <= len(self._proposed) and all(
+            e[:2] == p[:2] for e, p in zip(entries, self._proposed, strict=False)
+        )  # the entries are the head of our own proposals, in order
+        if ours and not want_delta and len(entries) == len(self._proposed):
+            self.committed = self.pending
+            self._proposed.clear()
+            return None, self.committed
         delta = MetadataDelta(self.committed)
-        ours = True  # every entry is the head of our own proposals, in order
-        for i, (offset, epoch, records) in enumerate(entries):
+        for offset, epoch, records in entries:
             delta.replay_all(records, offset, epoch)
             delta.offset, delta.epoch = offset, epoch  # an entry may hold no records
-            if ours and (i >= len(self._proposed) or self._proposed[i][:2] != (offset, epoch)):
-                ours = False
         self.committed = delta.apply()
         self._proposed = [e for e in self._proposed if e[0] > self.committed.offset]
         if not self._proposed:
