@@ -48,6 +48,8 @@ ActiveHandler = Callable[["ControllerServer", QuorumController, Any], Awaitable[
 
 INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
 REQUEST_TIMED_OUT = code_of("REQUEST_TIMED_OUT")
+# A CreateTopics of this many partitions or more is planned on a worker thread.
+PLAN_OFF_LOOP_PARTITIONS = 1000
 TIMED_OUT_MESSAGE = "not committed within the request's timeout; the operation goes on"
 FETCH_METADATA_MAX_WAIT_MS = 30_000
 
@@ -144,7 +146,7 @@ async def create_topics(
         )
         for t in f.topics
     ]
-    records, results = ctl.create_topics(server.images.pending, topics, f.validate_only)
+    records, results = await _plan_create_topics(server, ctl, topics, f.validate_only)
     # The new topics are building until their last entry is proposed: while this
     # operation still proposes them, the ticker must not take them for orphans.
     building = {r.topic_id for r in results if r.topic_id} if records else set()
@@ -166,6 +168,30 @@ async def create_topics(
             for r in results
         ]
     )
+
+
+async def _plan_create_topics(
+    server: ControllerServer,
+    ctl: QuorumController,
+    topics: list[CreatableTopic],
+    validate_only: bool,
+) -> tuple[list[MetadataRecord], list[Any]]:
+    """`create_topics` on the pending image; a large one (placement and records for
+    thousands of partitions: 100 ms or more) on a worker thread, so the loop keeps its
+    timing (the GIL passes back and forth every few ms). The planner reads only the
+    immutable image and a copy of the controller's state; if the pending image changed
+    meanwhile in a way that matters (a name taken, a broker fenced), plan again here."""
+    image = server.images.pending
+    size = sum(max(t.num_partitions, len(t.assignments or ()), 1) for t in topics)
+    if size < PLAN_OFF_LOOP_PARTITIONS:
+        return ctl.create_topics(image, topics, validate_only)
+    planner = ctl.planner()
+    planned = await asyncio.to_thread(planner.create_topics, image, topics, validate_only)
+    if server.ctl is not ctl:
+        raise NotControllerError("leadership lost while planning")
+    if not ctl.plan_still_holds(image, server.images.pending):
+        return ctl.create_topics(server.images.pending, topics, validate_only)
+    return planned
 
 
 async def _propose(

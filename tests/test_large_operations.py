@@ -236,3 +236,18 @@ def test_committing_every_pending_proposal_at_once_takes_the_pending_image() -> 
     for offset, epoch, part in entries:
         whole = replay_records(whole, part, offset, epoch)
     assert committed == whole
+
+
+def test_a_plan_made_off_the_loop_is_kept_only_while_its_inputs_hold() -> None:
+    base = brokers_image()
+    ctl = QuorumController(ControllerConfig(), random.Random(1))
+    planner = ctl.planner()
+    records, results = planner.create_topics(base, [CreatableTopic("big", 2000, 3, {}, None)])
+    assert results[0].error_code == 0 and len(records) == 2001
+    assert ctl.plan_still_holds(base, base)
+    other = replay_records(base, plan_topic(base, "other", 3), 10, 1)
+    assert not ctl.plan_still_holds(base, other)  # the names taken changed
+    fenced = replay_records(base, ctl._fence_records(base, [2]), 10, 1)
+    assert not ctl.plan_still_holds(base, fenced)  # who may hold a replica changed
+    beat = dataclasses.replace(base, offset=10)  # only the offset moved
+    assert ctl.plan_still_holds(base, beat)

@@ -448,6 +448,28 @@ class QuorumController:
             records = self.maybe_rebalance_leaders(image, now_ms)
         return Result(self.abort_orphan_topics(image) + records, None)
 
+    def planner(self) -> QuorumController:
+        """A copy to plan with on another thread (`create_topics` reads the immutable
+        image, the config, the rng and who is shutting down): its own rng, drawn from
+        this one, and its own copy of the soft state it reads."""
+        copy = QuorumController(self.config, random.Random(self.rng.getrandbits(64)))
+        copy._shutting_down = set(self._shutting_down)
+        return copy
+
+    def plan_still_holds(self, planned_on: MetadataImage, image: MetadataImage) -> bool:
+        """Whether a `create_topics` plan made by `planner` on ``planned_on`` is what this
+        controller would plan on ``image`` now, up to its random choices: the same
+        topic names are taken and the same brokers are eligible."""
+        if image is planned_on:
+            return True
+        then, now = self.eligible(planned_on), self.eligible(image)
+        return (
+            image.topics_by_name.keys() == planned_on.topics_by_name.keys()
+            and image.building_topics.keys() == planned_on.building_topics.keys()
+            and image.brokers.keys() == planned_on.brokers.keys()
+            and all(then(b) == now(b) for b in image.brokers)
+        )
+
     def abort_orphan_topics(self, image: MetadataImage) -> list[MetadataRecord]:
         """RemoveTopic for each building topic not in ``self.building``: an earlier leader,
         or a failed proposal of this one, left it with part of its partitions. Nobody
