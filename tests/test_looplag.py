@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import pytest
@@ -62,3 +63,21 @@ def test_a_stall_warning_names_what_the_loop_was_running(
     with caplog.at_level(logging.WARNING):
         monitor.observe(250, stack)
     assert "the loop was running" in caplog.text and "in main" in caplog.text
+
+
+def test_garbage_collection_on_the_loop_thread_is_timed_and_named_in_a_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> LoopLagMonitor:
+        monitor = LoopLagMonitor("node-1")
+        monitor.start()
+        gc.collect()
+        monitor.stop()
+        return monitor
+
+    monitor = asyncio.run(main())
+    assert monitor.gc_max_ms > 0 and monitor.snapshot()["gc_max_ms"] == round(monitor.gc_max_ms, 1)
+    assert monitor._on_gc not in gc.callbacks
+    with caplog.at_level(logging.WARNING):
+        monitor.observe(300, None, gc_ms=250)
+    assert "300 ms (250 ms of it collecting garbage)" in caplog.text

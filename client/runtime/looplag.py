@@ -14,12 +14,18 @@ learns of the stall after it ended. So a watchdog thread (``watchdog=True``) che
 stall, captures the loop thread's current Python stack (``sys._current_frames``: cheap,
 no tracing); the WARNING then carries it. The thread only reads a timestamp and, rarely,
 a frame, so it costs nothing measurable; it is a daemon and stops with the monitor.
+
+A stall can also come from the cyclic garbage collector, which runs inside whatever
+allocation triggered it (often in C, where the stack shows nothing): a ``gc.callbacks``
+hook times every collection, and a stall warning says how much of it was collection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import gc
 import logging
 import sys
 import threading
@@ -53,6 +59,9 @@ class LoopLagMonitor:
         self.samples = 0
         self.stalls = 0  # lags over warn_ms
         self.buckets = [0] * (len(LAG_BUCKETS_MS) + 1)
+        self.gc_max_ms = 0.0  # the longest garbage collection seen
+        self._gc_ms = 0.0  # collection time since the last wake-up
+        self._gc_started: float | None = None
         self._watchdog = watchdog
         self._expected_wake = 0.0  # when the loop task should run next (clock seconds)
         self._loop_thread: int | None = None
@@ -63,16 +72,20 @@ class LoopLagMonitor:
 
     # -- measuring -----------------------------------------------------------------
 
-    def observe(self, lag_ms: float, stack: str | None = None) -> None:
-        """Record one wake-up ``lag_ms`` late (and what held the loop, when known)."""
+    def observe(self, lag_ms: float, stack: str | None = None, gc_ms: float = 0.0) -> None:
+        """Record one wake-up ``lag_ms`` late (what held the loop and how much of it was
+        garbage collection, when known)."""
         lag_ms = max(lag_ms, 0.0)
         self.samples += 1
         self.max_lag_ms = max(self.max_lag_ms, lag_ms)
         self.buckets[bisect.bisect_left(LAG_BUCKETS_MS, lag_ms)] += 1
         if lag_ms > self.warn_ms:
             self.stalls += 1
+            collecting = f" ({gc_ms:.0f} ms of it collecting garbage)" if gc_ms >= 1 else ""
             where = f"; the loop was running:\n{stack}" if stack else ""
-            log.warning("%s: event loop stalled for %.0f ms%s", self.name, lag_ms, where)
+            log.warning(
+                "%s: event loop stalled for %.0f ms%s%s", self.name, lag_ms, collecting, where
+            )
 
     def snapshot(self) -> dict[str, object]:
         """The figures as plain numbers: max, count, stalls and the histogram buckets."""
@@ -81,6 +94,7 @@ class LoopLagMonitor:
             "loop_lag_max_ms": round(self.max_lag_ms, 1),
             "loop_lag_samples": self.samples,
             "loop_stalls": self.stalls,
+            "gc_max_ms": round(self.gc_max_ms, 1),
             "loop_lag_buckets_ms": dict(zip(bounds, self.buckets, strict=True)),
         }
 
@@ -93,13 +107,15 @@ class LoopLagMonitor:
             await self.sleep(interval_s)
             late_ms = (self.clock() - start - interval_s) * 1000
             stack, self._stack = self._stack, None
-            self.observe(late_ms, stack)
+            gc_ms, self._gc_ms = self._gc_ms, 0.0
+            self.observe(late_ms, stack, gc_ms)
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> asyncio.Task[None]:
         """Start measuring on the running loop (and the watchdog thread, if asked)."""
         self._loop_thread = threading.get_ident()
+        gc.callbacks.append(self._on_gc)
         self._task = asyncio.get_running_loop().create_task(self.run(), name="loop-lag")
         if self._watchdog:
             self._thread = threading.Thread(
@@ -110,8 +126,21 @@ class LoopLagMonitor:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
         if self._task is not None:
             self._task.cancel()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if threading.get_ident() != self._loop_thread:
+            return  # a collection on another thread does not hold the loop
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            took_ms = (time.perf_counter() - self._gc_started) * 1000
+            self._gc_started = None
+            self._gc_ms += took_ms
+            self.gc_max_ms = max(self.gc_max_ms, took_ms)
 
     def _watch(self) -> None:
         interval_s = self.interval_ms / 1000
