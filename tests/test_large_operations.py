@@ -21,6 +21,7 @@ from rillet.controller.metadata.image import (
     MetadataImage,
     MetadataRecord,
     Partition,
+    PartitionMap,
     RegisterBroker,
     RemoveTopic,
     Topic,
@@ -251,3 +252,23 @@ def test_a_plan_made_off_the_loop_is_kept_only_while_its_inputs_hold() -> None:
     assert not ctl.plan_still_holds(base, fenced)  # who may hold a replica changed
     beat = dataclasses.replace(base, offset=10)  # only the offset moved
     assert ctl.plan_still_holds(base, beat)
+
+
+def test_changing_one_partition_of_a_wide_topic_copies_one_page_not_the_topic() -> None:
+    base = brokers_image()
+    image = replay_records(base, plan_topic(base, "big", 10_000), 10, 1)
+    ctl = QuorumController(ControllerConfig(), random.Random(1))
+    (topic,) = image.topics_by_name.values()
+    before = topic.partitions
+    assert isinstance(before, PartitionMap) and len(before) == 10_000
+    change = ctl._fence_records(image, [1])[0]  # one PartitionChange, partition n
+    after = replay_records(image, [change], 11, 1).topics_by_name["big"].partitions
+    assert isinstance(after, PartitionMap) and len(after) == 10_000
+    shared = [k for k in before._pages if before._pages[k] is after._pages[k]]
+    assert len(shared) == len(before._pages) - 1  # every page but the changed one
+    assert after[change.partition] != before[change.partition]
+    assert dict(after.items()) == {
+        **dict(before.items()),
+        change.partition: after[change.partition],
+    }
+    assert list(after) == sorted(after) and list(after.values()) == [after[i] for i in after]
