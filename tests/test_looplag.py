@@ -81,3 +81,10 @@ def test_garbage_collection_on_the_loop_thread_is_timed_and_named_in_a_stall(
     with caplog.at_level(logging.WARNING):
         monitor.observe(300, None, gc_ms=250)
     assert "300 ms (250 ms of it collecting garbage)" in caplog.text
+
+
+def test_a_stall_reports_the_stack_sampled_most_often_and_its_share() -> None:
+    monitor = LoopLagMonitor("node-1")
+    monitor._samples = {"stack a": 3, "stack b": 1}
+    assert monitor._most_sampled() == "(in 3 of 4 samples)\nstack a"
+    assert monitor._most_sampled() is None  # the next stall starts afresh

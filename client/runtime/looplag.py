@@ -10,10 +10,12 @@ lag seen and a histogram, and logs a WARNING for a lag over ``warn_ms``.
 
 Logging *what* held the loop is what makes the warning useful, and a sleeping task only
 learns of the stall after it ended. So a watchdog thread (``watchdog=True``) checks every
-``interval_ms`` whether the loop task is overdue by more than ``warn_ms`` and, once per
-stall, captures the loop thread's current Python stack (``sys._current_frames``: cheap,
-no tracing); the WARNING then carries it. The thread only reads a timestamp and, rarely,
-a frame, so it costs nothing measurable; it is a daemon and stops with the monitor.
+``interval_ms`` whether the loop task is overdue by more than ``warn_ms`` and, while it
+is, samples the loop thread's current Python stack (``sys._current_frames``: cheap, no
+tracing); the WARNING then carries the stack seen most often during the stall, with its
+share of the samples (a poor man's profile: a long stall is rarely one call). Outside a
+stall the thread only reads a timestamp, so it costs nothing measurable; it is a daemon
+and stops with the monitor.
 
 A stall can also come from the cyclic garbage collector, which runs inside whatever
 allocation triggered it (often in C, where the stack shows nothing): a ``gc.callbacks``
@@ -65,7 +67,7 @@ class LoopLagMonitor:
         self._watchdog = watchdog
         self._expected_wake = 0.0  # when the loop task should run next (clock seconds)
         self._loop_thread: int | None = None
-        self._stack: str | None = None  # what the loop ran during the current stall
+        self._samples: dict[str, int] = {}  # stacks seen during the current stall
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
@@ -106,7 +108,7 @@ class LoopLagMonitor:
             self._expected_wake = start + interval_s
             await self.sleep(interval_s)
             late_ms = (self.clock() - start - interval_s) * 1000
-            stack, self._stack = self._stack, None
+            stack = self._most_sampled()
             gc_ms, self._gc_ms = self._gc_ms, 0.0
             self.observe(late_ms, stack, gc_ms)
 
@@ -146,8 +148,18 @@ class LoopLagMonitor:
         interval_s = self.interval_ms / 1000
         while not self._stop.wait(interval_s):
             overdue_ms = (self.clock() - self._expected_wake) * 1000
-            if overdue_ms > self.warn_ms and self._stack is None and self._expected_wake:
-                self._stack = self.loop_stack()
+            if overdue_ms > self.warn_ms and self._expected_wake:
+                stack = self.loop_stack()
+                if stack is not None:
+                    self._samples[stack] = self._samples.get(stack, 0) + 1
+
+    def _most_sampled(self) -> str | None:
+        """The stack sampled most often during the stall that just ended, and its share."""
+        samples, self._samples = self._samples, {}
+        if not samples:
+            return None
+        stack, count = max(samples.items(), key=lambda kv: kv[1])
+        return f"(in {count} of {sum(samples.values())} samples)\n{stack}"
 
     def loop_stack(self) -> str | None:
         """The loop thread's Python stack right now (innermost last), or None."""
