@@ -80,7 +80,7 @@ def test_garbage_collection_on_the_loop_thread_is_timed_and_named_in_a_stall(
     assert monitor._on_gc not in gc.callbacks
     with caplog.at_level(logging.WARNING):
         monitor.observe(300, None, gc_ms=250)
-    assert "300 ms (250 ms of it collecting garbage)" in caplog.text
+    assert "300 ms (250 ms collecting garbage)" in caplog.text
 
 
 def test_a_stall_reports_the_stack_sampled_most_often_and_its_share() -> None:

@@ -83,7 +83,7 @@ class LoopLagMonitor:
         self.buckets[bisect.bisect_left(LAG_BUCKETS_MS, lag_ms)] += 1
         if lag_ms > self.warn_ms:
             self.stalls += 1
-            collecting = f" ({gc_ms:.0f} ms of it collecting garbage)" if gc_ms >= 1 else ""
+            collecting = f" ({gc_ms:.0f} ms collecting garbage)" if gc_ms >= 1 else ""
             where = f"; the loop was running:\n{stack}" if stack else ""
             log.warning(
                 "%s: event loop stalled for %.0f ms%s%s", self.name, lag_ms, collecting, where
