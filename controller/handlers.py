@@ -40,7 +40,7 @@ from rillet.controller.metadata.quorum import (
     QuorumController,
 )
 from rillet.controller.raft.core import RaftNode
-from rillet.controller.server import ControllerServer, retrieve_outcome
+from rillet.controller.server import ControllerServer
 
 Handler = Callable[[Request], Awaitable[Response | None]]
 # (server, controller, typed request) -> typed response
@@ -152,10 +152,9 @@ async def create_topics(
     building = {r.topic_id for r in results if r.topic_id} if records else set()
     ctl.building |= building
     try:
-        committed = await _propose(server, records)
+        timed_out = not await server.commit_within(records, f.timeout_ms)
     finally:
         ctl.building -= building
-    timed_out = not await _wait_commit(server, committed, f.timeout_ms)
     return m.CreateTopicsResponse(
         topics=[
             m.CreatableTopicResult(
@@ -186,39 +185,12 @@ async def _plan_create_topics(
     if size < PLAN_OFF_LOOP_PARTITIONS:
         return ctl.create_topics(image, topics, validate_only)
     planner = ctl.planner()
-    planned = await asyncio.to_thread(planner.create_topics, image, topics, validate_only)
+    planned = await server.off_loop(planner.create_topics, image, topics, validate_only)
     if server.ctl is not ctl:
         raise NotControllerError("leadership lost while planning")
     if not ctl.plan_still_holds(image, server.images.pending):
         return ctl.create_topics(server.images.pending, topics, validate_only)
     return planned
-
-
-async def _propose(
-    server: ControllerServer, records: list[MetadataRecord]
-) -> asyncio.Future[None] | None:
-    """Propose (bounded entries, yielding between them); the last commit's future, or
-    None when there is nothing to write."""
-    return await server.propose_yielding(records) if records else None
-
-
-async def _wait_commit(
-    server: ControllerServer, committed: asyncio.Future[None] | None, timeout_ms: int
-) -> bool:
-    """Until the proposal commits (True) or ``timeout_ms`` passes (False; a timeout of 0
-    or less waits as long as it takes). With nothing proposed, waits for what was read."""
-    timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
-    try:
-        async with asyncio.timeout(timeout_s):
-            if committed is None:
-                await server.wait_applied(server.images.pending.offset)
-            else:
-                await asyncio.shield(committed)
-    except TimeoutError:
-        if committed is not None:
-            committed.add_done_callback(retrieve_outcome)
-        return False
-    return True
 
 
 def _timed_out(results: list[Any], timed_out: bool) -> list[Any]:
@@ -237,8 +209,7 @@ async def delete_topics(
     server: ControllerServer, ctl: QuorumController, f: m.DeleteTopicsRequest
 ) -> m.DeleteTopicsResponse:
     records, results = ctl.delete_topics(server.images.pending, list(f.topic_names))
-    committed = await _propose(server, records)
-    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
+    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
     return m.DeleteTopicsResponse(
         responses=[
             m.DeletableTopicResult(r.name, r.error_code, r.error_message or None) for r in results
@@ -299,8 +270,7 @@ async def elect_leaders(
 ) -> m.ElectLeadersResponse:
     topics = None if f.topics is None else list(f.topics)
     records, results = ctl.elect_preferred_leaders(server.images.pending, topics)
-    committed = await _propose(server, records)
-    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
+    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
     return m.ElectLeadersResponse(results=_partition_results(results))
 
 
@@ -312,8 +282,7 @@ async def alter_partition_reassignments(
         for p in f.partitions
     ]
     records, results = ctl.reassign_partitions(server.images.pending, moves)
-    committed = await _propose(server, records)
-    results = _timed_out(results, not await _wait_commit(server, committed, f.timeout_ms))
+    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
     return m.AlterPartitionReassignmentsResponse(results=_partition_results(results))
 
 

@@ -29,7 +29,7 @@ import random
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rillet.client.runtime.looplag import LoopLagMonitor
 from rillet.client.runtime.rpc_server import Response, RpcServer
@@ -49,6 +49,8 @@ from rillet.controller.raft.transport import RaftTransport
 from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 META_PROPERTIES = "meta.properties"
 NOT_CONTROLLER = code_of("NOT_CONTROLLER")
@@ -310,6 +312,26 @@ class ControllerServer:
             chunk = following
         self.machine.propose_chunk(chunk, settle)
         return future
+
+    async def commit_within(self, records: list[MetadataRecord], timeout_ms: int) -> bool:
+        """`commit` through `propose_yielding`, waiting at most ``timeout_ms`` (0 or less:
+        as long as it takes): False when the wait timed out (the proposal goes on)."""
+        committed = await self.propose_yielding(records) if records else None
+        try:
+            async with asyncio.timeout(timeout_ms / 1000 if timeout_ms > 0 else None):
+                if committed is None:
+                    await self.wait_applied(self.images.pending.offset)
+                else:
+                    await asyncio.shield(committed)
+        except TimeoutError:
+            if committed is not None:
+                committed.add_done_callback(retrieve_outcome)
+            return False
+        return True
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread (a pure planner on an immutable image)."""
+        return await asyncio.to_thread(fn, *args)
 
     async def commit(self, records: list[MetadataRecord]) -> None:
         """Propose and wait for the commit; with no records, wait for what was read."""

@@ -224,6 +224,15 @@ class ControllerActor(RaftActor):
             self.settle_reads()
         return wait
 
+    async def commit_within(self, records: list, timeout_ms: int) -> bool:
+        """ControllerServer.commit_within; the simulation has no request timeouts."""
+        await self.commit(records)
+        return True
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """ControllerServer.off_loop: the simulation plans in place (deterministic)."""
+        return fn(*args)
+
     def settle_reads(self) -> None:
         machine, node = self.machine, self.node
         waiting = []
