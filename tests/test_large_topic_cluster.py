@@ -18,7 +18,7 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.tools.local_cluster import LocalCluster
 
-# About 75 s on this 2-core machine, nearly all of it the brokers creating 3,000 replicas
+# 20-75 s on this shared 2-core machine, most of it the brokers creating 3,000 replicas
 # each: slow, so `make test` skips it.
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
