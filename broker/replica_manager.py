@@ -64,7 +64,7 @@ from rillet.controller.metadata.image import (
     Partition,
     TopicPartition,
 )
-from rillet.storage import LogManager
+from rillet.storage import Log, LogManager
 
 if TYPE_CHECKING:
     from rillet.broker.metrics import BrokerMetrics
@@ -141,6 +141,7 @@ class ReplicaManager:
                 replica.driver.on_brokers_changed(changed)
         for tp, p in sorted({**changes.leaders, **changes.followers}.items()):
             await self._remove_if_recreated(tp, p.topic_id)
+        await self._create_logs({**changes.leaders, **changes.followers}, image)
         for tp, p in sorted(changes.leaders.items()):
             self._become(tp, p, image)
         for tp, p in sorted(changes.followers.items()):
@@ -161,6 +162,36 @@ class ReplicaManager:
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    async def _create_logs(
+        self, assigned: Mapping[TopicPartition, Partition], image: MetadataImage
+    ) -> None:
+        """Create the logs of newly assigned partitions on a worker thread. Each new log
+        costs a mkdir and several fsyncs: for the thousands of partitions one CreateTopics
+        can assign, that held the loop for minutes, its heartbeats stopped and the
+        controller fenced the broker. Nothing else opens these logs meanwhile: metadata
+        deltas are applied one at a time, and the rest of the broker finds no replica."""
+        new = [
+            (
+                tp,
+                p.topic_id,
+                topic_log_config(self.logs.default_config, image.topic_config(tp.topic)),
+            )
+            for tp, p in sorted(assigned.items())
+            if self.logs.get(tp.topic, tp.partition) is None
+        ]
+        if not new:
+            return
+
+        def open_all() -> list[Log]:
+            return [
+                self.logs.open_unregistered(tp.topic, tp.partition, cfg, topic_id=topic_id)
+                for tp, topic_id, cfg in new
+            ]
+
+        logs = await asyncio.get_running_loop().run_in_executor(None, open_all)
+        for (tp, _, _), log in zip(new, logs, strict=True):
+            self.logs.register(tp.topic, tp.partition, log)
 
     async def wait_metadata(self, timeout_s: float) -> bool:
         """Wait for the next metadata change; False on timeout."""

@@ -139,23 +139,48 @@ class LogManager:
         log = self.logs.get((topic, partition))
         cfg = _as_config(config, self.default_config) if config is not None else None
         if log is None:
-            path = self.data_dir / partition_dir_name(topic, partition)
-            log = Log.open(
-                path, cfg or self.default_config, clock=self.clock, background=self.background
-            )
-            log.failure_listener = self._log_failed
-            self.logs[(topic, partition)] = log
+            log = self.open_unregistered(topic, partition, cfg)
+            self.register(topic, partition, log)
         elif cfg is not None:
             log.config = cfg
         if topic_id is not None:
-            invariant(
-                log.topic_id in (None, topic_id),
-                f"{log.name}: directory belongs to topic id {log.topic_id}, not {topic_id}",
-            )
-            if log.topic_id is None:
-                checkpoints.write_topic_id(log.directory, topic_id)
-                log.topic_id = topic_id
+            self._claim(log, topic_id)
         return log
+
+    def open_unregistered(
+        self,
+        topic: str,
+        partition: int,
+        config: LogConfig | None = None,
+        *,
+        topic_id: str | None = None,
+    ) -> Log:
+        """The blocking part of ``get_or_create`` for a log not open yet (mkdir, recovery,
+        fsynced checkpoints), touching no shared state: run it in a thread, then
+        ``register`` the log on the loop. A broker given thousands of new partitions in
+        one metadata delta creates them this way, so its loop keeps heartbeating."""
+        path = self.data_dir / partition_dir_name(topic, partition)
+        log = Log.open(
+            path, config or self.default_config, clock=self.clock, background=self.background
+        )
+        log.failure_listener = self._log_failed
+        if topic_id is not None:
+            self._claim(log, topic_id)
+        return log
+
+    def register(self, topic: str, partition: int, log: Log) -> None:
+        invariant((topic, partition) not in self.logs, f"{log.name}: registered twice")
+        self.logs[(topic, partition)] = log
+
+    @staticmethod
+    def _claim(log: Log, topic_id: str) -> None:
+        invariant(
+            log.topic_id in (None, topic_id),
+            f"{log.name}: directory belongs to topic id {log.topic_id}, not {topic_id}",
+        )
+        if log.topic_id is None:
+            checkpoints.write_topic_id(log.directory, topic_id)
+            log.topic_id = topic_id
 
     def _log_failed(self, log: Log, error: BaseException) -> None:
         if self.on_log_failure is not None:

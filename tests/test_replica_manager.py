@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -233,3 +234,29 @@ async def test_isr_expansions_of_many_partitions_go_in_one_alter_partition_reque
         "removed 0",
         "AlterPartition: 39 partitions: 39 accepted",
     ]
+
+
+async def test_new_logs_are_created_while_the_loop_keeps_running(
+    manager: ReplicaManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Creating a log is a mkdir and several fsyncs: created on the loop, the thousands
+    of partitions of one CreateTopics held a broker's loop for about 100 s, its
+    heartbeats stopped and the controller fenced it. They are created on a worker
+    thread: here the creation blocks until a coroutine on the loop has run."""
+    loop_ran = threading.Event()
+    real_open = LogManager.open_unregistered
+
+    def open_after_the_loop_ran(self: LogManager, *args: object, **kwargs: object) -> Log:
+        assert loop_ran.wait(timeout=30), "the loop was blocked while logs were created"
+        return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LogManager, "open_unregistered", open_after_the_loop_ran)
+
+    async def on_the_loop() -> None:
+        loop_ran.set()
+
+    quorum = QuorumController(ControllerConfig())
+    created = quorum.create_topics(manager.image, [("more", 20, 1, {})]).records
+    asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(on_the_loop()))
+    await commit(manager, manager.image, created)
+    assert all(manager.replicas[TopicPartition("more", p)].is_leader for p in range(20))
