@@ -27,11 +27,15 @@ from rillet.client.wire.connection import R, RequestMessage
 from rillet.client.wire.errors import (
     ElectionNotNeededError,
     RilletError,
+    TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
     error_for,
 )
 
 T = TypeVar("T")
+# How much longer than an operation's timeout_ms its request may take: the broker answers
+# by then (a controller past timeout_ms answers REQUEST_TIMED_OUT).
+CALL_MARGIN_MS = 5_000
 
 
 class AdminError(Exception):
@@ -245,29 +249,65 @@ class Admin:
         """Create topics; AdminError lists the ones that failed (e.g. already exists)."""
         todo = {t.name: t for t in topics}
         errors: dict[str, RilletError] = {}
+        # An attempt that timed out (or lost its connection) may still create its topics:
+        # a controller past timeout_ms answers REQUEST_TIMED_OUT and carries on. A retry
+        # then hears TOPIC_ALREADY_EXISTS for our own topic; it counts as created once the
+        # topic shows with the partitions and replication factor asked for.
+        uncertain: set[str] = set()
+        exists: dict[str, NewTopic] = {}
         deadline = time.monotonic() + self.timeout_ms / 1000
         while todo:
-            response = await self._request(
-                m.CreateTopicsRequest(
-                    topics=[_creatable(t) for t in todo.values()],
-                    timeout_ms=self.timeout_ms,
-                    validate_only=validate_only,
-                )
+            request = m.CreateTopicsRequest(
+                topics=[_creatable(t) for t in todo.values()],
+                timeout_ms=self.timeout_ms,
+                validate_only=validate_only,
             )
+            try:
+                # Past the operation's own timeout: the broker answers by then.
+                response = await self._meta.request_any(
+                    request, timeout_ms=self.timeout_ms + CALL_MARGIN_MS
+                )
+            except RilletError as e:
+                if not e.retriable or time.monotonic() >= deadline:
+                    raise
+                uncertain.update(todo)
+                await asyncio.sleep(self.retry_backoff_s)
+                continue
             retry: dict[str, NewTopic] = {}
             for r in response.topics:
                 if r.error_code == 0:
                     continue
                 error = error_for(r.error_code, r.error_message or "")
-                if error.retriable and time.monotonic() < deadline:
+                if isinstance(error, TopicAlreadyExistsError) and r.name in uncertain:
+                    exists[r.name] = todo[r.name]
+                elif error.retriable and time.monotonic() < deadline:
                     retry[r.name] = todo[r.name]
+                    uncertain.add(r.name)
                 else:
                     errors[r.name] = error
             todo = retry
             if todo:
                 await asyncio.sleep(self.retry_backoff_s)
+        for name, topic in exists.items():
+            if not await self._shows_as_asked(topic, deadline):
+                errors[name] = TopicAlreadyExistsError(f"topic {name!r} already exists")
         if errors:
             raise AdminError("create topics", errors)
+
+    async def _shows_as_asked(self, topic: NewTopic, deadline: float) -> bool:
+        """Whether ``topic`` is visible with the shape asked for (waiting, until
+        ``deadline``, while a large topic is still being built and invisible)."""
+        while True:
+            try:
+                (desc,) = await self.describe_topics([topic.name])
+                parts = desc.partitions
+                return (topic.num_partitions in (-1, len(parts))) and (
+                    topic.replication_factor in (-1, len(parts[0].replicas) if parts else -1)
+                )
+            except (AdminError, RilletError):
+                if time.monotonic() >= deadline:
+                    return False
+            await asyncio.sleep(self.retry_backoff_s)
 
     async def delete_topics(self, names: Iterable[str]) -> None:
         names = list(names)

@@ -53,6 +53,9 @@ class FakeCluster:
         self.servers: dict[int, RpcServer] = {}
         self.topics: dict[str, list[FakePartition]] = {}
         self.produce_requests = 0
+        # The next N CreateTopics create their topics but answer REQUEST_TIMED_OUT, as a
+        # controller past the request's timeout_ms does while the operation goes on.
+        self.create_timeouts = 0
 
     async def start(self) -> FakeCluster:
         for node in self.broker_ids:
@@ -257,6 +260,10 @@ class FakeCluster:
                 out.append([name, e, f"topic {name!r} already exists", n, rf])
             elif n <= 0:
                 out.append([name, InvalidPartitionsError.code, "partitions must be > 0", n, rf])
+            elif self.create_timeouts > 0:
+                self.create_timeouts -= 1
+                self.create(name, n, rf)
+                out.append([name, 7, "timed out; the creation goes on", n, rf])
             else:
                 self.create(name, n, rf)
                 out.append([name, 0, None, n, rf])

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from test_client_fake_broker import FakeCluster
 
+from rillet.client.admin import Admin, AdminError, NewTopic
 from rillet.client.metadata import MetadataClient
 from rillet.client.wire.errors import NetworkError
 
@@ -69,3 +70,22 @@ async def test_a_broker_that_never_answers_is_left_for_another(fake) -> None:  #
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_create_that_timed_out_but_went_on_counts_as_created(fake) -> None:  # noqa: ANN001
+    """A controller past a CreateTopics' timeout_ms answers REQUEST_TIMED_OUT and carries
+    on (10,000 partitions took longer than 30 s). The admin's retry then heard
+    TOPIC_ALREADY_EXISTS for its own topic, and `rillet topic create` failed. A topic it
+    may have created itself counts once it shows as asked; one that existed already,
+    or in another shape, still fails."""
+    fake.create_timeouts = 1
+    async with Admin(fake.bootstrap, retry_backoff_ms=10) as admin:
+        await admin.create_topics([NewTopic("slow", 4, 1)])
+        (desc,) = await admin.describe_topics(["slow"])
+        assert len(desc.partitions) == 4
+        with pytest.raises(AdminError, match="TOPIC_ALREADY_EXISTS"):
+            await admin.create_topics([NewTopic("t", 1, 1)])  # the fixture's, never ours
+        fake.create_timeouts = 1
+        fake.create("shaped", 2, 1)  # someone else's, with 2 partitions
+        with pytest.raises(AdminError, match="TOPIC_ALREADY_EXISTS"):
+            await admin.create_topics([NewTopic("shaped", 3, 1)])

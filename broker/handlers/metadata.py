@@ -136,19 +136,23 @@ class MetadataHandlers:
 
     async def create_topics(self, request: Request) -> Response:
         req: m.CreateTopicsRequest = request.message
+        started = asyncio.get_running_loop().time()
         response: m.CreateTopicsResponse = await self.forward(req)
         if not req.validate_only:
             created = [t.name for t in response.topics if t.error_code == errors.NONE]
             await self._wait_image(
-                lambda im: all(_has_leaders(im, n) for n in created), req.timeout_ms
+                lambda im: all(_has_leaders(im, n) for n in created), _left(req, started)
             )
         return Response(response)
 
     async def delete_topics(self, request: Request) -> Response:
         req: m.DeleteTopicsRequest = request.message
+        started = asyncio.get_running_loop().time()
         response: m.DeleteTopicsResponse = await self.forward(req)
         deleted = [t.name for t in response.responses if t.error_code == errors.NONE]
-        await self._wait_image(lambda im: all(im.topic(n) is None for n in deleted), req.timeout_ms)
+        await self._wait_image(
+            lambda im: all(im.topic(n) is None for n in deleted), _left(req, started)
+        )
         return Response(response)
 
     async def elect_leaders(self, request: Request) -> Response:
@@ -182,6 +186,13 @@ class MetadataHandlers:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await self.replicas.wait_metadata(remaining):
                 return
+
+
+def _left(req: m.CreateTopicsRequest | m.DeleteTopicsRequest, started: float) -> int:
+    """What is left of the request's timeout_ms: the controller may have used it all (it
+    answers REQUEST_TIMED_OUT then), and a client waits about that long, not twice it."""
+    elapsed_ms = (asyncio.get_running_loop().time() - started) * 1000
+    return max(int(req.timeout_ms - elapsed_ms), 0)
 
 
 def _has_leaders(image: MetadataImage, name: str) -> bool:
