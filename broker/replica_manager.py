@@ -134,14 +134,16 @@ class ReplicaManager:
         the leader or follower role for every partition that changed here."""
         changes = delta.local_changes(self.broker_id)
         await self.remove_many(sorted(changes.deletes), delete_log=True)
+        for tp, p in sorted({**changes.leaders, **changes.followers}.items()):
+            await self._remove_if_recreated(tp, p.topic_id)
+        await self._create_logs({**changes.leaders, **changes.followers}, image)
+        # Only now, with no await until the roles are taken: a request that sees the new
+        # image (a CreateTopics waiting for it) must find the new partitions' replicas.
         self.image = image
         if delta.changed_brokers:
             changed = delta.changed_brokers.keys()
             for replica in self.replicas.values():
                 replica.driver.on_brokers_changed(changed)
-        for tp, p in sorted({**changes.leaders, **changes.followers}.items()):
-            await self._remove_if_recreated(tp, p.topic_id)
-        await self._create_logs({**changes.leaders, **changes.followers}, image)
         for tp, p in sorted(changes.leaders.items()):
             self._become(tp, p, image)
         for tp, p in sorted(changes.followers.items()):
