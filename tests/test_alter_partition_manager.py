@@ -288,3 +288,54 @@ async def test_an_answer_that_raises_is_a_fatal_fault() -> None:
     finally:
         tasks.set_fatal_handler(previous)
         await manager.close()
+
+
+def test_a_refusal_of_a_partition_dropped_in_flight_leaves_no_hold() -> None:
+    """The answer to a removed partition's proposal still comes back (it was in flight);
+    its refusal (a deleted topic's UNKNOWN_TOPIC_OR_PARTITION) must not leave a hold per
+    deleted partition for the broker's lifetime, nor delay the first proposal of a topic
+    re-created with the same name, whose epochs start over at the same values."""
+    queue, answers = AlterPartitionQueue(), Answers()
+    for p in range(3):
+        queue.submit(answers.item("t", p, leader_epoch=0, partition_epoch=0))
+    batch = queue.next_request(0)
+    assert batch is not None
+    for p in range(3):
+        queue.drop(TopicPartition("t", p))  # the topic is deleted
+    unknown = AlterPartitionResponse(E("UNKNOWN_TOPIC_OR_PARTITION"))
+    queue.on_answers([unknown] * 3, 0)
+    assert queue.held == 0
+    queue.submit(answers.item("t", 0, leader_epoch=0, partition_epoch=0))  # re-created
+    again = queue.next_request(0)
+    assert again is not None and [i.tp for i in again] == [TopicPartition("t", 0)]
+
+
+async def test_a_request_cancelled_in_flight_does_not_wedge_the_queue() -> None:
+    """Cancelling the sender mid-request (close) must release the request in flight: a
+    manager started again by a later proposal sends it, and that proposal, rather than
+    finding one request in flight forever (no ISR change of this broker would ever be
+    sent again)."""
+    sent: list[list[Proposal]] = []
+    hang = asyncio.Event()
+
+    async def send(batch: Sequence[Proposal]) -> list[AlterPartitionResponse]:
+        sent.append(list(batch))
+        if len(sent) == 1:
+            await hang.wait()  # never set: cancelled in flight
+        return [AlterPartitionResponse(0, p.new_isr, p.leader_epoch, 6) for _, p in batch]
+
+    manager = AlterPartitionManager(send)
+    got: dict[int, list[AlterPartitionResponse]] = {}
+    try:
+        manager.submit(TopicPartition("t", 0), proposal(0), got.setdefault(0, []).append)
+        while not sent:
+            await asyncio.sleep(0)
+        await manager.close()
+        assert manager.queue.in_flight is None
+        manager.submit(TopicPartition("t", 1), proposal(1), got.setdefault(1, []).append)
+        while len(got[1]) < 1 or len(got[0]) < 1:
+            await asyncio.sleep(0)
+        assert [[tp.partition for tp, _ in b] for b in sent] == [[0], [0, 1]]
+        assert got[0][0].error_code == 0 and got[1][0].error_code == 0
+    finally:
+        await manager.close()

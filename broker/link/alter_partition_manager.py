@@ -24,7 +24,10 @@ entry, and a controller that refused them was asked again at every tick. As Kafk
     leader and partition epochs) before its own backoff passes, doubling per refusal up
     to the cap: the core resends a transient refusal at every tick, and without this a
     refusing controller would be asked again and again;
-  - ``drop(tp)``: a partition removed from this broker leaves the queue unsent.
+  - ``drop(tp)``: a partition removed from this broker leaves the queue unsent (if its
+    proposal is in flight, the answer is delivered but leaves no refusal hold behind);
+  - a request whose sender is cancelled (``close``) goes back to the queue, so a
+    manager started again sends it: it is never left "in flight" for ever.
 - ``AlterPartitionManager``: the asyncio loop around it for the broker process (one
   task, started with the first proposal); the replication simulator drives the same
   queue from its own clock (tests/sim/controller_quorum.py).
@@ -100,6 +103,9 @@ class AlterPartitionQueue:
         self._backoff_ms = backoff_min_ms
         self._holds: dict[TopicPartition, _Hold] = {}
         self._answers_due: list[Answer] = []  # replaced items, answered outside a request
+        # Partitions dropped while a request is in flight: their answers still come back
+        # (to a replica that ignores them) but must not leave a hold behind.
+        self._dropped: set[TopicPartition] = set()
 
     def submit(self, item: AlterItem) -> None:
         replaced = self.unsent.pop(item.tp, None)
@@ -112,6 +118,13 @@ class AlterPartitionQueue:
         for the answer)."""
         self.unsent.pop(tp, None)
         self._holds.pop(tp, None)
+        if self.in_flight is not None:
+            self._dropped.add(tp)
+
+    @property
+    def held(self) -> int:
+        """Partitions whose refused view is remembered (tests, diagnosis)."""
+        return len(self._holds)
 
     def take_answers_due(self) -> list[Answer]:
         """Answers owed outside any request (proposals replaced before they were sent)."""
@@ -162,7 +175,7 @@ class AlterPartitionQueue:
 
     def on_answers(self, answers: Sequence[AlterPartitionResponse], now_ms: int) -> list[Answer]:
         """The controller answered the request in flight: each item's answer, in order."""
-        batch = self._take_in_flight()
+        batch, dropped = self._take_in_flight()
         self._backoff_ms = self.backoff_min_ms
         self.not_before_ms = 0
         out: list[Answer] = []
@@ -170,24 +183,40 @@ class AlterPartitionQueue:
             answer = (
                 answers[i] if i < len(answers) else AlterPartitionResponse(UNKNOWN_SERVER_ERROR)
             )
-            self._note(item, answer.error_code, now_ms)
+            if item.tp not in dropped:
+                self._note(item, answer.error_code, now_ms)
             out.append((item, answer))
         return out
 
     def on_failure(self, error_code: int, now_ms: int) -> list[Answer]:
         """The request in flight failed as a whole: every item gets ``error_code``, and
         the next request waits the backoff."""
-        batch = self._take_in_flight()
+        batch, _ = self._take_in_flight()
         self.not_before_ms = now_ms + self._backoff_ms
         self._backoff_ms = min(self.backoff_max_ms, self._backoff_ms * 2)
         return [(item, AlterPartitionResponse(error_code)) for item in batch]
 
-    def _take_in_flight(self) -> list[AlterItem]:
+    def on_abandoned(self) -> None:
+        """The request in flight will never be answered (its sender was cancelled): its
+        items go back to the queue, ahead of newer ones, for the next request. Left in
+        flight, no request would ever go again, and each core would wait forever for
+        its one answer."""
+        batch, dropped = self._take_in_flight()
+        newer, self.unsent = self.unsent, {}
+        for item in batch:
+            if item.tp not in dropped:
+                self.unsent[item.tp] = item
+        for item in newer.values():
+            self.submit(item)  # replaces (answers NOT_ATTEMPTED) an older item of its tp
+
+    def _take_in_flight(self) -> tuple[list[AlterItem], set[TopicPartition]]:
+        """The request in flight, and which of its partitions were dropped meanwhile."""
         batch = self.in_flight
         if batch is None:
             raise ValueError("no AlterPartition request is in flight")
         self.in_flight = None
-        return batch
+        dropped, self._dropped = self._dropped, set()
+        return batch, dropped
 
     def _note(self, item: AlterItem, error_code: int, now_ms: int) -> None:
         if error_code == errors.NONE:
@@ -340,6 +369,9 @@ class AlterPartitionManager:
         queue = self.queue
         try:
             responses = await self.send([(item.tp, item.proposal) for item in batch])
+        except asyncio.CancelledError:
+            queue.on_abandoned()  # close(): a manager started again sends them
+            raise
         except errors.RilletError as e:
             answers = queue.on_failure(e.code, self.now_ms())
             logger.info(
