@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rillet.broker.link.alter_partition_manager import (
     AlterItem,
@@ -339,3 +341,107 @@ async def test_a_request_cancelled_in_flight_does_not_wedge_the_queue() -> None:
         assert got[0][0].error_code == 0 and got[1][0].error_code == 0
     finally:
         await manager.close()
+
+
+OPS = st.one_of(
+    st.tuples(st.just("submit"), st.integers(0, 4), st.integers(0, 2)),
+    st.tuples(st.just("drop"), st.integers(0, 4), st.just(0)),
+    st.tuples(st.just("send"), st.just(0), st.just(0)),
+    st.tuples(st.just("answer"), st.just(0), st.integers(0, 3)),  # bit i: item i refused
+    st.tuples(st.just("fail"), st.just(0), st.just(0)),
+    st.tuples(st.just("abandon"), st.just(0), st.just(0)),
+    st.tuples(st.just("time"), st.just(0), st.integers(1, 1500)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(OPS, max_size=50))
+def test_every_proposal_is_answered_once_unless_dropped_unsent(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Whatever happens (replacements, drops, refusals, failed and abandoned requests),
+    each proposal is answered at most once, one request at most is in flight, no request
+    names a partition twice, the queue always knows when it can send next, holds only
+    partitions still here, and once the controller accepts everything every proposal
+    not dropped unsent is answered."""
+    queue = AlterPartitionQueue(max_items=3)
+    answered: dict[int, list[int]] = {}
+    dropped_unsent: set[int] = set()
+    dropped_in_flight: set[int] = set()  # answered if the request is, unsent if abandoned
+    hosted: set[TopicPartition] = set()
+    serial = 0
+    now = 0
+
+    def item(p: int, epoch: int) -> AlterItem:
+        nonlocal serial
+        serial += 1
+        n = serial
+        answered[n] = []
+        return AlterItem(
+            TopicPartition("t", p),
+            proposal(p, leader_epoch=epoch, partition_epoch=epoch),
+            lambda a: answered[n].append(a.error_code),
+        )
+
+    def deliver(answers: Sequence[tuple[AlterItem, AlterPartitionResponse]]) -> None:
+        for i, a in answers:
+            i.on_answer(a)
+
+    ids: dict[int, int] = {}  # id(item) -> serial, to follow drops of unsent items
+    for what, p, n in ops:
+        if what == "submit":
+            new = item(p, n)
+            ids[id(new)] = serial
+            hosted.add(new.tp)
+            queue.submit(new)
+        elif what == "drop":
+            tp = TopicPartition("t", p)
+            gone = queue.unsent.get(tp)
+            if gone is not None:
+                dropped_unsent.add(ids[id(gone)])
+            for i in queue.in_flight or ():
+                if i.tp == tp:
+                    dropped_in_flight.add(ids[id(i)])
+            hosted.discard(tp)
+            queue.drop(tp)
+        elif what == "send":
+            batch = queue.next_request(now)
+            if batch is not None:
+                assert len({i.tp for i in batch}) == len(batch) <= 3
+        elif queue.in_flight is not None and what == "answer":
+            refused = AlterPartitionResponse(E("INVALID_UPDATE_VERSION"))
+            deliver(
+                queue.on_answers(
+                    [
+                        refused if n >> k & 1 else accept([i])[0]
+                        for k, i in enumerate(queue.in_flight)
+                    ],
+                    now,
+                )
+            )
+        elif queue.in_flight is not None and what == "fail":
+            deliver(queue.on_failure(E("REQUEST_TIMED_OUT"), now))
+        elif queue.in_flight is not None and what == "abandon":
+            queue.on_abandoned()
+            dropped_unsent |= dropped_in_flight
+        if queue.in_flight is None:
+            dropped_in_flight.clear()
+        if what == "time":
+            now += n
+        deliver(queue.take_answers_due())
+        assert all(len(a) <= 1 for a in answered.values())
+        assert queue.held <= len(hosted) and set(queue._holds) <= hosted
+        if queue.in_flight is None and queue.unsent:
+            assert queue.next_due_ms(now) is not None
+
+    for _ in range(100):  # the controller now accepts everything
+        if queue.in_flight is not None:
+            deliver(queue.on_answers(accept(queue.in_flight), now))
+        deliver(queue.take_answers_due())
+        due = queue.next_due_ms(now)
+        if due is None and queue.in_flight is None:
+            break
+        now = max(now, due or now)
+        queue.next_request(now)
+    for n, got in answered.items():
+        assert len(got) == (0 if n in dropped_unsent else 1), n
