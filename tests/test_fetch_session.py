@@ -19,6 +19,7 @@ from rillet.broker.fetch_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
     INVALID_FETCH_SESSION_EPOCH,
+    MAX_EPOCH,
     FetchContext,
     FetchSessionCache,
 )
@@ -267,6 +268,10 @@ STEP = st.one_of(
     st.tuples(st.just("want"), st.integers(0, 5), st.booleans()),
     st.tuples(st.just("evict"), st.just(0), st.just(0)),
     st.tuples(st.just("restart"), st.just(0), st.just(0)),
+    st.tuples(st.just("lose"), st.just(0), st.just(0)),  # the broker answers, the client
+    # never gets it (a broken connection, a timeout): it resets
+    st.tuples(st.just("seek"), st.integers(0, 5), st.integers(0, 3)),  # may be a no-op
+    st.tuples(st.just("wrap"), st.just(0), st.just(0)),  # epochs about to wrap
 )
 
 
@@ -282,7 +287,7 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
     cache = FetchSessionCache(max_slots=2, rng=random.Random(0))
     builder = FetchSessionBuilder()
 
-    def fetch() -> None:
+    def fetch(lose: bool = False) -> None:
         rows = {("t", p): row(p, positions[p]) for p in sorted(wanted)}
         full = {p: model[p].read(_to_broker("t", r)) for (_, p), r in rows.items()}
         for _attempt in range(2):  # a session error is followed by a full fetch at once
@@ -292,6 +297,11 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
             context = cache.new_context(
                 replica_id, req.session_id, req.session_epoch, listed, forgotten
             )
+            if lose:
+                if not isinstance(context, int):
+                    context.answer([model[p.partition].read(p) for p in context.partitions])
+                builder.reset()
+                return
             if isinstance(context, int):
                 assert not builder.on_response(m.FetchResponse([], error_code=context))
                 continue
@@ -338,6 +348,14 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
                 cache.new_context(other, 0, INITIAL_EPOCH, [])
         elif what == "restart":
             cache = FetchSessionCache(max_slots=2, rng=random.Random(1))
+        elif what == "lose":
+            fetch(lose=True)
+        elif what == "seek":
+            positions[p] = min(part.log_end, part.log_start + n)
+        elif what == "wrap":
+            session = cache.get(builder.session_id)
+            if session is not None and session.epoch == builder.epoch:
+                session.epoch = builder.epoch = MAX_EPOCH
         else:
             fetch()
     fetch()
