@@ -29,9 +29,14 @@ Both sides drop a partition answered with an error from the session (the client 
 it again in full if it still wants it), so a session holds only partitions this broker
 serves: its memory is bounded by the broker's partitions, and the cache by
 ``max.incremental.fetch.session.cache.slots`` sessions (Kafka's default, 1000). When the
-cache is full a new session evicts the least recently used consumer session; follower
-sessions (a handful per broker, and the ones replication depends on) are evicted only to
-make room for another follower's. A follower owns at most one session per leader: its new
+cache is full a new consumer session evicts the least recently used consumer session,
+but only one idle for ``min_eviction_ms`` (Kafka's 2 minutes); otherwise the new consumer
+fetches without a session. With more busy consumers than slots, evicting one in use
+made its next fetch a refusal and its full fetch evict the next one, and so on: every
+fetch of every consumer a refusal plus a full fetch. A follower's new session evicts
+the least recently used consumer session, idle or not; follower sessions (a handful per
+broker, and the ones replication depends on) are evicted only to make room for another
+follower's. A follower owns at most one session per leader: its new
 full fetch replaces its old session (a restarted follower leaves none behind).
 """
 
@@ -53,6 +58,7 @@ FETCH_SESSION_ID_NOT_FOUND = errors.code_of("FETCH_SESSION_ID_NOT_FOUND")
 INVALID_FETCH_SESSION_EPOCH = errors.code_of("INVALID_FETCH_SESSION_EPOCH")
 NONE = errors.NONE
 CONSUMER = -1
+MIN_EVICTION_MS = 120_000  # a consumer session idle this long may be evicted (as Kafka)
 
 Key = tuple[str, int]  # (topic, partition)
 
@@ -76,6 +82,7 @@ class FetchSession:
     replica_id: int  # CONSUMER, or the follower's broker id (it owns the session)
     epoch: int  # what the next incremental request must carry
     partitions: dict[Key, CachedPartition] = field(default_factory=dict)
+    last_used_ms: int = 0
 
 
 class FetchContext:
@@ -139,8 +146,14 @@ class FetchContext:
 class FetchSessionCache:
     """The broker's sessions, at most ``max_slots`` (0 disables sessions)."""
 
-    def __init__(self, max_slots: int = 1000, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        max_slots: int = 1000,
+        rng: random.Random | None = None,
+        min_eviction_ms: int = MIN_EVICTION_MS,
+    ) -> None:
         self.max_slots = max_slots
+        self.min_eviction_ms = min_eviction_ms
         self._rng = rng or random.Random()
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # LRU first
         self._by_replica: dict[int, int] = {}  # follower id -> its session id
@@ -166,8 +179,10 @@ class FetchSessionCache:
         epoch: int,
         listed: Iterable[FetchPartition],
         forgotten: Iterable[Key] = (),
+        now_ms: int = 0,
     ) -> FetchContext | int:
-        """The context for one Fetch, or the error code to answer it with."""
+        """The context for one Fetch, or the error code to answer it with. ``now_ms``
+        (any monotonic clock) only decides which sessions are idle enough to evict."""
         if epoch == FINAL_EPOCH:
             if session_id != NO_SESSION:
                 self._close(session_id, replica_id)
@@ -176,7 +191,7 @@ class FetchSessionCache:
             if session_id != NO_SESSION:
                 self._close(session_id, replica_id)
             partitions = {(p.topic, p.partition): CachedPartition(p) for p in listed}
-            session = self._create(replica_id, partitions)
+            session = self._create(replica_id, partitions, now_ms)
             fetches = [c.fetch for c in partitions.values()]
             return FetchContext(session, False, fetches)
         if epoch < FINAL_EPOCH or session_id == NO_SESSION:
@@ -187,6 +202,7 @@ class FetchSessionCache:
         if session.epoch != epoch:
             return INVALID_FETCH_SESSION_EPOCH
         session.epoch = next_epoch(epoch)
+        session.last_used_ms = now_ms
         self._sessions.move_to_end(session_id)
         cached = session.partitions
         for key in forgotten:
@@ -205,27 +221,36 @@ class FetchSessionCache:
         return FetchContext(session, True, [c.fetch for c in cached.values()])
 
     def _create(
-        self, replica_id: int, partitions: dict[Key, CachedPartition]
+        self, replica_id: int, partitions: dict[Key, CachedPartition], now_ms: int
     ) -> FetchSession | None:
         if self.max_slots <= 0:
             return None
         if replica_id != CONSUMER and replica_id in self._by_replica:
             self._close(self._by_replica[replica_id], replica_id)
-        if len(self._sessions) >= self.max_slots and not self._evict_for(replica_id):
+        if len(self._sessions) >= self.max_slots and not self._evict_for(replica_id, now_ms):
             return None
         session_id = NO_SESSION
         while session_id == NO_SESSION or session_id in self._sessions:
             session_id = self._rng.randint(1, MAX_EPOCH)
-        session = FetchSession(session_id, replica_id, next_epoch(INITIAL_EPOCH), partitions)
+        session = FetchSession(
+            session_id, replica_id, next_epoch(INITIAL_EPOCH), partitions, now_ms
+        )
         self._sessions[session_id] = session
         if replica_id != CONSUMER:
             self._by_replica[replica_id] = session_id
         return session
 
-    def _evict_for(self, replica_id: int) -> bool:
-        """Free a slot: the least recently used consumer session, else (for a follower)
-        the least recently used follower session. False: a consumer gets no session."""
+    def _evict_for(self, replica_id: int, now_ms: int) -> bool:
+        """Free a slot: the least recently used consumer session (for a consumer, only
+        an idle one), else (for a follower) the least recently used follower session.
+        False: a consumer gets no session."""
         victim = next((s for s in self._sessions.values() if s.replica_id == CONSUMER), None)
+        if (
+            victim is not None
+            and replica_id == CONSUMER
+            and now_ms - victim.last_used_ms < self.min_eviction_ms
+        ):
+            return False  # in use: evicting it would only make it evict another
         if victim is None and replica_id != CONSUMER:
             victim = next(iter(self._sessions.values()))
         if victim is None:

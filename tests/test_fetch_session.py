@@ -138,8 +138,9 @@ def test_the_cache_is_bounded_evicting_consumers_least_recently_used_first() -> 
     follower = ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(0)])).session_id
     c1 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)])).session_id
     c2 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)])).session_id
-    ctx_of(cache.new_context(CONSUMER, c1, 1, []))  # c1 used: c2 is now the LRU consumer
-    c3 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)])).session_id
+    ctx_of(cache.new_context(CONSUMER, c1, 1, [], now_ms=1))  # c2 is now the LRU consumer
+    later = cache.min_eviction_ms  # c2 idle that long: evictable (test below)
+    c3 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)], now_ms=later)).session_id
     assert len(cache) == 3 and cache.evictions == 1
     assert cache.get(c2) is None and cache.get(c1) and cache.get(c3) and cache.get(follower)
     assert cache.new_context(CONSUMER, c2, 1, []) == FETCH_SESSION_ID_NOT_FOUND
@@ -152,6 +153,26 @@ def test_the_cache_is_bounded_evicting_consumers_least_recently_used_first() -> 
     assert ctx_of(full.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)])).session_id == 0
     f4 = ctx_of(full.new_context(4, 0, INITIAL_EPOCH, [fp(0)])).session_id
     assert full.get(f2) is None and full.get(f3) and full.get(f4)
+
+
+def test_a_consumer_does_not_evict_a_session_in_use() -> None:
+    """More consumers than slots: a new consumer must not evict one fetching right now
+    (that one's next fetch is refused, its full fetch evicts the next, and so on: every
+    fetch of every consumer becomes a refusal and a full fetch, worse than no sessions).
+    It fetches without a session until some session has been idle for
+    ``min_eviction_ms`` (Kafka: 2 minutes)."""
+    cache = FetchSessionCache(max_slots=2, rng=random.Random(1), min_eviction_ms=1000)
+    c1 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)], now_ms=0)).session_id
+    c2 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)], now_ms=0)).session_id
+    ctx_of(cache.new_context(CONSUMER, c1, 1, [], now_ms=500))
+    late = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)], now_ms=999))
+    assert late.session_id == 0 and cache.get(c1) and cache.get(c2) and cache.evictions == 0
+    # c2 idle for min_eviction_ms: it goes (the least recently used), c1 stays.
+    c3 = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0)], now_ms=1000)).session_id
+    assert c3 and cache.get(c2) is None and cache.get(c1) and cache.evictions == 1
+    # A follower still evicts a consumer in use (replication depends on its session).
+    f = ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(0)], now_ms=1000)).session_id
+    assert f and len(cache) == 2 and cache.evictions == 2
 
 
 def test_zero_slots_disables_sessions() -> None:

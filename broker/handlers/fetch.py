@@ -24,6 +24,7 @@ once, and the consumer fetches the partition from that follower until it fails.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -105,8 +106,9 @@ class FetchHandler:
             for p in t.partitions
         ]
         forgotten = [(t.topic, p) for t in req.forgotten for p in t.partitions]
+        now_ms = int(asyncio.get_running_loop().time() * 1000)
         context = self.sessions.new_context(
-            replica_id, req.session_id, req.session_epoch, listed, forgotten
+            replica_id, req.session_id, req.session_epoch, listed, forgotten, now_ms
         )
         if isinstance(context, int):
             return Response(m.FetchResponse([], error_code=context))
