@@ -361,9 +361,10 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
         elif what == "error":
             part.error = bool(n)
         elif what == "want":
+            # The client keeps what it learnt (a follower's core, a consumer's position):
+            # wanted again before the next fetch, the partition was never forgotten at
+            # the broker, and its unchanged high watermark is not sent again.
             (wanted.add if n else wanted.discard)(p)
-            if not n:
-                known.pop(p, None)
         elif what == "evict":  # other clients take every slot
             for other in (8, 9):  # followers: they evict consumers and followers alike
                 cache.new_context(other, 0, INITIAL_EPOCH, [])
