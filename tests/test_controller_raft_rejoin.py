@@ -1,15 +1,19 @@
-"""A voter that lost its disk (wiped metadata.log.dir) rejoins: the leader notices that
-its log now ends below its match index and replicates it afresh, through a snapshot when
-the entries it needs were compacted. Driven by hand with the Raft tests' harness."""
+"""A voter that lost its disk (wiped metadata.log.dir) rejoins: its answers carry the new
+storage's id, so the leader knows the log that acknowledged its match index is gone and
+replicates it afresh, through a snapshot when the entries it needs were compacted. Driven
+by hand with the Raft tests' harness."""
 
 from __future__ import annotations
 
 from test_raft import T_MS, Harness
 
+from rillet.controller.raft.core import StorageState
+
 
 def wipe(h: Harness, node_id: int) -> None:
-    """The node restarts with empty storage (as a controller whose dir was deleted)."""
-    h.restart(node_id, None)
+    """The node restarts with empty storage (as a controller whose dir was deleted), which
+    has a storage id of its own."""
+    h.restart(node_id, StorageState(storage_id=h.nodes[node_id].storage_id + 1))
 
 
 def test_wiped_follower_is_replicated_again_from_the_start() -> None:

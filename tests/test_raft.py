@@ -393,6 +393,7 @@ def test_ready_twice_without_advance_is_a_usage_error() -> None:
             hint_index=3,
             hint_term=1,
             sent_ms=123,
+            storage_id=7,
         ),
         InstallSnapshot(
             term=2, src=1, dst=2, snapshot_index=9, snapshot_term=2, data=b"img", sent_ms=5
@@ -509,3 +510,151 @@ def test_a_node_adopting_a_newer_term_drops_what_it_queued_in_the_older_one() ->
     assert [(e.index, e.term) for e in ready.entries] == [(1, 1), (2, 2)]
     acks = [(m.term, m.match_index) for m in ready.messages if isinstance(m, AppendResponse)]
     assert acks == [(2, 2)]
+
+
+# A follower's log is gone only when its storage changed (a wiped or replaced disk: a new
+# storage id in its answers); an answer from the same storage that seems to say its log
+# ends below its match index is older than the acknowledgement that set that match.
+
+
+def settle(leader: RaftNode, follower: RaftNode) -> None:
+    """Deliver, in order, what the two send each other (messages to others are lost)."""
+    for _ in range(100):
+        sent = [m for node in (leader, follower) for m in take_messages(node)]
+        sent = [m for m in sent if m.dst in (leader.node_id, follower.node_id)]
+        if not sent:
+            return
+        for msg in sent:
+            (leader if msg.dst == leader.node_id else follower).step(msg)
+    raise AssertionError("messages did not settle")
+
+
+def take_messages(node: RaftNode) -> list[Message]:
+    if not node.has_ready():
+        return []
+    ready = node.ready()
+    node.advance(ready)
+    return list(ready.messages)
+
+
+def appends_to(node: RaftNode, dst: int) -> list[AppendRequest]:
+    return [m for m in take_messages(node) if isinstance(m, AppendRequest) and m.dst == dst]
+
+
+def follower_with_storage(storage_id: int) -> RaftNode:
+    state = StorageState(storage_id=storage_id)
+    return RaftNode(RaftConfig(node_id=2, voters=(1, 2, 3)), state, rng=random.Random(2))
+
+
+def leader_with_follower_at_5() -> tuple[RaftNode, RaftNode]:
+    """Leader 1 of term 1 and follower 2 (storage 21), both holding entries 1-5."""
+    leader, follower = leader_at_2000_ms(), follower_with_storage(21)
+    leader.tick(2100)  # a heartbeat finds where the follower's log ends
+    for i in range(4):
+        leader.propose(b"%d" % i)
+    settle(leader, follower)
+    assert leader.progress[2].match_index == 5 == follower.log.last_index()
+    return leader, follower
+
+
+def test_a_rejection_reordered_behind_the_acknowledgement_keeps_the_match_index() -> None:
+    """Append A (entries 6-10) and append B (sent later, after 10) reach the follower B
+    first: it rejects B (its log ends at 5), then accepts A. The leader gets A's
+    acknowledgement (match 10), then B's rejection: a stale answer of the same storage,
+    not a lost log (the send times of the requests do not order the follower's work)."""
+    leader, follower = leader_with_follower_at_5()
+    for i in range(5):
+        leader.propose(b"a%d" % i)
+    [a] = appends_to(leader, 2)
+    leader.tick(2110)
+    for i in range(5):
+        leader.propose(b"b%d" % i)
+    [b] = appends_to(leader, 2)
+    assert (a.entries[-1].index, b.prev_index) == (10, 10) and b.sent_ms > a.sent_ms
+    follower.step(b)
+    [rejection] = take_messages(follower)
+    follower.step(a)
+    [acknowledgement] = take_messages(follower)
+    assert not rejection.success and acknowledgement.success
+    leader.step(acknowledgement)
+    assert leader.progress[2].match_index == 10
+    leader.step(rejection)
+    assert leader.progress[2].match_index == 10
+    ready = leader.ready()
+    assert "follower_lost_state" not in [e.kind for e in ready.events]
+
+
+def test_a_follower_with_a_new_storage_is_replicated_afresh() -> None:
+    """A wiped disk: the follower answers with a new storage id and an empty log."""
+    leader, _ = leader_with_follower_at_5()
+    wiped = follower_with_storage(22)
+    leader.tick(2200)  # heartbeat: prev_index 5, which the empty log lacks
+    for msg in appends_to(leader, 2):
+        wiped.step(msg)
+    [rejection] = take_messages(wiped)
+    assert rejection.storage_id == 22 and rejection.hint_index == 0
+    leader.step(rejection)
+    assert leader.progress[2].match_index == 0
+    assert "follower_lost_state" in [e.kind for e in leader.events]
+    settle(leader, wiped)
+    assert wiped.log.last_index() == 5 and leader.progress[2].match_index == 5
+
+
+def test_answers_from_a_replaced_storage_are_ignored() -> None:
+    """Once the leader has heard from the new storage, a late acknowledgement from the
+    old one would count entries the follower no longer holds."""
+    leader, _ = leader_with_follower_at_5()
+    late = AppendResponse(
+        term=1,
+        src=2,
+        dst=1,
+        success=True,
+        match_index=5,
+        reject_index=0,
+        hint_index=0,
+        hint_term=0,
+        sent_ms=2100,
+        storage_id=21,
+    )
+    wiped = follower_with_storage(22)
+    leader.tick(2200)
+    for msg in appends_to(leader, 2):
+        wiped.step(msg)
+    for msg in take_messages(wiped):
+        leader.step(msg)
+    assert leader.progress[2].match_index == 0
+    leader.step(late)
+    assert leader.progress[2].match_index == 0
+
+
+def test_a_follower_restarted_on_the_same_storage_keeps_its_match_index() -> None:
+    leader, follower = leader_with_follower_at_5()
+    state = StorageState(
+        HardState(follower.term, follower.vote, follower.commit_index),
+        None,
+        tuple(follower.log.entries),
+        storage_id=21,
+    )
+    restarted = RaftNode(follower.config, state, rng=random.Random(2), now_ms=2150)
+    leader.tick(2200)
+    settle(leader, restarted)
+    assert leader.progress[2].match_index == 5
+    assert "follower_lost_state" not in [e.kind for e in leader.events]
+
+
+def test_an_answer_without_a_storage_id_is_accepted() -> None:
+    """A peer running an older version sends no storage id: it decodes as 0."""
+    raw = AppendResponse(
+        term=1,
+        src=2,
+        dst=1,
+        success=True,
+        match_index=1,
+        reject_index=0,
+        hint_index=0,
+        hint_term=0,
+        sent_ms=5,
+    ).to_dict()
+    del raw["storage_id"]
+    msg = message_from_dict(raw)
+    assert isinstance(msg, AppendResponse) and msg.storage_id == 0

@@ -12,6 +12,7 @@ from rillet.controller.raft.store import (
     HARD_STATE_FILE,
     LOG_FILE,
     SNAPSHOT_FILE,
+    STORAGE_ID_FILE,
     RaftStore,
     RaftStoreCorruption,
 )
@@ -168,3 +169,44 @@ def test_single_node_persists_ready_and_restarts_from_store(tmp_path: Path) -> N
     restarted = RaftNode(config, RaftStore(tmp_path).load(), now_ms=5000)
     assert restarted.term == 1 and restarted.vote == 1
     assert restarted.log.term(index) == 1 and restarted.commit_index == index
+
+
+def test_a_new_store_gets_a_storage_id_that_survives_reopen(tmp_path: Path) -> None:
+    store = RaftStore(tmp_path)
+    storage_id = store.storage_id
+    assert storage_id > 0 and store.load().storage_id == storage_id
+    store.append(entries(1, 3))
+    store.install_snapshot(Snapshot(9, 2, b"leader-state"))  # the same disk, a new log
+    store.close()
+    assert RaftStore(tmp_path).load().storage_id == storage_id
+
+
+def test_a_wiped_directory_gets_a_new_storage_id(tmp_path: Path) -> None:
+    first = RaftStore(tmp_path / "a")
+    first.close()
+    for path in (tmp_path / "a").iterdir():
+        path.unlink()
+    assert RaftStore(tmp_path / "a").storage_id != first.storage_id
+
+
+def test_a_store_written_before_storage_ids_gets_one_on_open(tmp_path: Path) -> None:
+    store = RaftStore(tmp_path)
+    store.append(entries(1, 3))
+    store.save_hard_state(HardState(term=1, vote=1, commit=2))
+    store.close()
+    (tmp_path / STORAGE_ID_FILE).unlink()  # as an older version left the directory
+    upgraded = RaftStore(tmp_path)
+    state = upgraded.load()
+    assert state.storage_id > 0 and [e.index for e in state.entries] == [1, 2, 3]
+    upgraded.close()
+    assert RaftStore(tmp_path).storage_id == state.storage_id
+
+
+def test_corrupt_storage_id_is_reported(tmp_path: Path) -> None:
+    RaftStore(tmp_path).close()
+    path = tmp_path / STORAGE_ID_FILE
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RaftStoreCorruption, match="CRC"):
+        RaftStore(tmp_path)
