@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 __all__ = [
     "AppendRequest",
@@ -147,6 +147,10 @@ class StorageState:
     hard_state: HardState = HardState()
     snapshot: Snapshot | None = None
     entries: tuple[Entry, ...] = ()
+    # Names the disk this state lives on: created with the store, kept for its life, new
+    # after a wipe. Followers put it in every answer, so a leader knows whether the log
+    # that acknowledged an index is still there (0: none, a peer of an older version).
+    storage_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +249,7 @@ class AppendResponse(Message):
     hint_index: int  # on failure: where the leader should back off to (see handle_)
     hint_term: int  # on failure: the follower's term at prev_index, 0 if it had none
     sent_ms: int  # echo of the request's sent_ms
+    storage_id: int = 0  # the follower's StorageState.storage_id
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,6 +292,8 @@ def message_from_dict(raw: dict[str, object]) -> Message:
     kwargs: dict[str, object] = {}
     for f in fields(cls):
         if f.name not in raw:
+            if f.default is not MISSING:  # added later: older peers do not send it
+                continue
             raise ValueError(f"{kind} lacks field {f.name!r}")
         value = raw[f.name]
         if f.name == "entries":
@@ -465,7 +472,10 @@ class Progress:
     snapshot_sent_ms: int = NEVER_MS
     last_heard_ms: int = NEVER_MS
     lease_sent_ms: int = NEVER_MS  # sent_ms of the newest request this follower answered
-    match_sent_ms: int = NEVER_MS  # sent_ms of the request whose success set match_index
+    # The follower storage whose answers this progress reflects (None until the first),
+    # and the ones it replaced: their late answers speak for a log that is gone.
+    storage_id: int | None = None
+    retired_storage_ids: set[int] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------------------
@@ -493,6 +503,7 @@ class RaftNode:
         state = storage_state or StorageState()
         self.config = config
         self.node_id = config.node_id
+        self.storage_id = state.storage_id
         self.peers = tuple(v for v in config.voters if v != config.node_id)
         self.quorum = len(config.voters) // 2 + 1
         self.rng = rng if rng is not None else random.Random()
@@ -959,6 +970,7 @@ class RaftNode:
                     hint_index=0,
                     hint_term=0,
                     sent_ms=0,
+                    storage_id=self.storage_id,
                 )
             )
         elif isinstance(msg, PreVoteRequest):
@@ -1003,6 +1015,7 @@ class RaftNode:
                 hint_index=0,
                 hint_term=0,
                 sent_ms=msg.sent_ms,
+                storage_id=self.storage_id,
             )
         )
 
@@ -1046,6 +1059,7 @@ class RaftNode:
                 hint_index=hint_index,
                 hint_term=hint_term,
                 sent_ms=msg.sent_ms,
+                storage_id=self.storage_id,
             )
         )
 
@@ -1194,11 +1208,15 @@ class RaftNode:
 
     def handle_append_response(self, msg: AppendResponse) -> None:
         pr = self.progress[msg.src]
+        if msg.storage_id in pr.retired_storage_ids:
+            return  # a late answer from a disk the follower no longer has
+        if pr.storage_id is None:
+            pr.storage_id = msg.storage_id
+        elif msg.storage_id != pr.storage_id:
+            self.follower_lost_state(msg.src, pr, msg.storage_id)
         pr.last_heard_ms = self.now_ms
         pr.lease_sent_ms = max(pr.lease_sent_ms, msg.sent_ms)
         if msg.success:
-            if msg.match_index >= pr.match_index:
-                pr.match_sent_ms = max(pr.match_sent_ms, msg.sent_ms)
             self.handle_append_success(msg.src, pr, msg.match_index)
         else:
             self.handle_append_reject(msg.src, pr, msg)
@@ -1223,8 +1241,8 @@ class RaftNode:
         self.send_append(peer)
 
     def handle_append_reject(self, peer: int, pr: Progress, msg: AppendResponse) -> None:
-        if self.follower_lost_state(peer, pr, msg):
-            return
+        # The storage that acknowledged match_index still holds it, so a rejection at or
+        # below it answers an older request, overtaken by the acknowledgement on the way.
         if msg.reject_index <= pr.match_index or pr.state is ProgressState.SNAPSHOT:
             return  # stale, or answered by the snapshot in flight
         if msg.hint_term == 0:
@@ -1238,28 +1256,27 @@ class RaftNode:
         pr.probe_sent = False
         self.send_append(peer)
 
-    def follower_lost_state(self, peer: int, pr: Progress, msg: AppendResponse) -> bool:
-        """A follower whose log now ends below its match index, in answer to a request sent
-        after the one that set that match, lost its disk (a replaced or wiped controller).
-        Start over from what it holds (entries or a snapshot) instead of waiting forever
-        for acknowledgements of entries it no longer has. The commit index never moves
-        back; a lower match only makes later commits wait for other voters."""
-        if msg.hint_term != 0 or msg.hint_index >= pr.match_index:
-            return False
-        if msg.sent_ms <= pr.match_sent_ms:
-            return False  # a reordered answer to an older request
+    def follower_lost_state(self, peer: int, pr: Progress, storage_id: int) -> None:
+        """The follower answers from another storage than the one that acknowledged
+        `match_index` (a wiped or replaced disk): what that storage held is gone. Start
+        over from what the new one holds, as for a follower never heard from; the answer
+        at hand then places it. The commit index never moves back; a lower match only
+        makes later commits wait for other voters. Only a change of storage lowers a
+        match: within one storage, acknowledged entries are durable."""
         self.emit(
             "follower_lost_state",
-            f"{peer} lost its log: it ends at {msg.hint_index} "
-            f"below its match index {pr.match_index}; replicating it afresh",
+            f"{peer} lost its log: storage {pr.storage_id} that acknowledged index "
+            f"{pr.match_index} was replaced by storage {storage_id}; replicating it afresh",
         )
-        pr.match_index = msg.hint_index
-        pr.next_index = msg.hint_index + 1
-        pr.match_sent_ms = msg.sent_ms
+        if pr.storage_id is not None:
+            pr.retired_storage_ids.add(pr.storage_id)
+        pr.storage_id = storage_id
+        pr.match_index = 0
+        pr.next_index = 1
         pr.state = ProgressState.PROBE
         pr.probe_sent = False
-        self.send_append(peer)
-        return True
+        pr.pending_snapshot_index = 0
+        pr.snapshot_sent_ms = NEVER_MS
 
     def maybe_commit(self) -> None:
         if self.role is not Role.LEADER:

@@ -10,6 +10,10 @@ Directory layout:
 - `hardstate`: `u32 crc32c | u64 term | i64 vote (-1 = none) | u64 commit`, replaced
   atomically (temp file, fsync, rename, fsync directory).
 - `snapshot`: `u32 crc32c | u64 index | u64 term | data`, replaced the same way.
+- `storage.id`: `u32 crc32c | u64 id`, a random non-zero id written (atomically) when the
+  directory is first opened, and never changed. A wiped or replaced directory gets a new
+  one, which is how the leader learns that this voter's log is gone (docs/raft.md). A
+  directory written before storage ids existed gets one on open.
 
 Recovery on open: a torn or CRC-failing tail of `raft.log` is truncated away. Only
 unacknowledged entries can be torn, since appends fsync before any acknowledgement; if
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,18 +34,20 @@ import crc32c
 
 from rillet.controller.raft.core import Entry, HardState, Ready, Snapshot, StorageState
 
-__all__ = ["RaftStore", "RaftStoreCorruption", "RaftStoreError"]
+__all__ = ["RaftStore", "RaftStoreCorruption", "RaftStoreError", "STORAGE_ID_FILE"]
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "raft.log"
 HARD_STATE_FILE = "hardstate"
 SNAPSHOT_FILE = "snapshot"
+STORAGE_ID_FILE = "storage.id"
 
 _RECORD_HEAD = struct.Struct(">II")  # length, crc
 _RECORD_BODY = struct.Struct(">QQB")  # term, index, kind
 _HARD_STATE = struct.Struct(">IQqQ")  # crc, term, vote, commit
 _SNAPSHOT_HEAD = struct.Struct(">IQQ")  # crc, index, term
+_STORAGE_ID = struct.Struct(">IQ")  # crc, id
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
@@ -89,6 +96,7 @@ class RaftStore:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.storage_id = self._read_or_create_storage_id()
         self.hard_state = self._read_hard_state()
         self.snapshot = self._read_snapshot()
         self._offsets: list[int] = []  # byte offset of each record, entry i at [i - first]
@@ -142,7 +150,7 @@ class RaftStore:
     def load(self) -> StorageState:
         """What a RaftNode needs to start: hard state, snapshot and the stored entries."""
         entries = tuple(self.entries(self.first_index, self.last_index))
-        return StorageState(self.hard_state, self.snapshot, entries)
+        return StorageState(self.hard_state, self.snapshot, entries, self.storage_id)
 
     # -- writes -----------------------------------------------------------
 
@@ -257,6 +265,27 @@ class RaftStore:
             self._terms.append(entry.term)
             offset += _RECORD_HEAD.size + _RECORD_BODY.size + len(entry.data)
         self._end = offset
+
+    def _read_or_create_storage_id(self) -> int:
+        """Durable before any answer can carry it: a crash must not change it."""
+        path = self.directory / STORAGE_ID_FILE
+        if path.exists():
+            raw = path.read_bytes()
+            if len(raw) != _STORAGE_ID.size:
+                raise RaftStoreCorruption(f"{path}: {len(raw)} bytes, expected {_STORAGE_ID.size}")
+            crc, storage_id = _STORAGE_ID.unpack(raw)
+            if crc != crc32c.crc32c(raw[4:]):
+                raise RaftStoreCorruption(f"{path}: CRC mismatch")
+            if storage_id == 0:  # 0 means "no id" on the wire
+                raise RaftStoreCorruption(f"{path}: storage id 0")
+            return storage_id
+        storage_id = secrets.randbelow(2**63 - 1) + 1
+        body = _STORAGE_ID.pack(0, storage_id)[4:]
+        _write_atomically(
+            self.directory, STORAGE_ID_FILE, struct.pack(">I", crc32c.crc32c(body)) + body
+        )
+        logger.info("raft store %s: new storage id %d", self.directory, storage_id)
+        return storage_id
 
     def _read_hard_state(self) -> HardState:
         path = self.directory / HARD_STATE_FILE
