@@ -14,7 +14,7 @@ import pytest
 from sim.raft_cluster import RaftInvariants, SimulationFailure, run_seed
 from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 
-from rillet.controller.raft.core import Entry, RaftNode, Role
+from rillet.controller.raft.core import AppendResponse, Entry, Progress, RaftNode, Role
 from rillet.controller.raft.driver import BlockingWrite, RaftDriver
 from rillet.controller.state_machine import ControllerStateMachine
 
@@ -122,6 +122,35 @@ def test_a_leader_that_keeps_its_pending_broadcast_after_stepping_down_fails(
     monkeypatch.setattr(RaftNode, "enter_role", keep_broadcast_pending)
     monkeypatch.setattr(RaftNode, "broadcast_due", lambda self: self.broadcast_pending)
     assert "the driver failed: KeyError" in first_failing_seed()
+
+
+def test_a_leader_that_dates_a_lost_log_by_request_send_times_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heuristic storage ids replaced: a rejection saying the follower's log ends
+    below its match index, answering a request sent after the one that set the match,
+    meant a lost disk. Reordering alone makes it fire (the follower rejects the later
+    request before it accepts the earlier one); the simulator wipes no disk then."""
+    match_sent: dict[tuple[int, int], int] = {}  # (leader, follower) -> sent_ms of the match
+    respond = RaftNode.handle_append_response
+    reject = RaftNode.handle_append_reject
+
+    def remember_match_sent(self: RaftNode, msg: AppendResponse) -> None:
+        pr = self.progress[msg.src]
+        if msg.success and msg.match_index >= pr.match_index:
+            key = (self.node_id, msg.src)
+            match_sent[key] = max(match_sent.get(key, msg.sent_ms), msg.sent_ms)
+        respond(self, msg)
+
+    def lost_if_sent_later(self: RaftNode, peer: int, pr: Progress, msg: AppendResponse) -> None:
+        sent_later = msg.sent_ms > match_sent.get((self.node_id, peer), msg.sent_ms)
+        if msg.hint_term == 0 and msg.hint_index < pr.match_index and sent_later:
+            self.follower_lost_state(peer, pr, msg.storage_id)
+        reject(self, peer, pr, msg)
+
+    monkeypatch.setattr(RaftNode, "handle_append_response", remember_match_sent)
+    monkeypatch.setattr(RaftNode, "handle_append_reject", lost_if_sent_later)
+    assert "no disk was wiped" in first_failing_seed()
 
 
 # Leader completeness as Raft states it: an entry committed in term T is in the log of

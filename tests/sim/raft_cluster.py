@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
@@ -60,6 +61,7 @@ from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
 from .trace import Trace
 
+_LOST_STORAGE = re.compile(r"storage (\d+) that acknowledged")
 REPLAY_COMMAND = "RILLET_SIM_SEED={seed} .venv/bin/pytest tests/test_raft_sim.py -k replay -s"
 MAX_READIES_PER_RUN = 1000  # a Ready loop that does not settle is a bug of the core
 
@@ -83,6 +85,7 @@ class SimDurableStore:
     hard_state: HardState = HardState()
     snapshot: Snapshot | None = None
     entries: list[Entry] = field(default_factory=list)
+    storage_id: int = 0  # a wiped disk comes back with a new one
 
     def snapshot_index(self) -> int:
         return self.snapshot.index if self.snapshot else 0
@@ -119,7 +122,7 @@ class SimDurableStore:
             self.entries = [e for e in self.entries if e.index > snapshot.index]
 
     def load(self) -> StorageState:
-        return StorageState(self.hard_state, self.snapshot, tuple(self.entries))
+        return StorageState(self.hard_state, self.snapshot, tuple(self.entries), self.storage_id)
 
 
 # ---------------------------------------------------------------------------
@@ -139,6 +142,7 @@ class RaftInvariants:
         self.snapshot_at: dict[int, bytes] = {}
         self.cluster_id: str | None = None
         self.checked_leaders: set[tuple[int, int]] = set()
+        self.wiped_storage_ids: set[int] = set()
 
     def on_persist(self, node_id: int, ready: Ready, durable: SimDurableStore) -> None:
         """Log matching: one (index, term) names one payload and one previous term (the
@@ -192,6 +196,18 @@ class RaftInvariants:
             self.cluster_id = cluster_id
         elif cluster_id != self.cluster_id:
             self.fail(f"node {node_id} learns cluster id {cluster_id}, not {self.cluster_id}")
+
+    def on_lost_state(self, leader_id: int, text: str) -> None:
+        """A leader decides a follower's log is gone only when its disk was wiped: the
+        storage it names as replaced was. (Request send times once decided it: a
+        rejection reordered behind an acknowledgement looked like a lost log.)"""
+        found = _LOST_STORAGE.search(text)
+        if found is None:
+            self.fail(f"leader {leader_id}: unparsed follower_lost_state event: {text}")
+        elif int(found.group(1)) not in self.wiped_storage_ids:
+            self.fail(
+                f"leader {leader_id} thinks a follower lost its log, no disk was wiped: {text}"
+            )
 
     def check_leader(self, node: RaftNode) -> None:
         term = node.term
@@ -269,7 +285,8 @@ class RaftActor:
             max_clock_drift_ms=cluster.options.max_clock_drift_ms,
             max_entries_per_append=cluster.options.max_entries_per_append,
         )
-        self.durable = SimDurableStore()
+        self.wipes = 0
+        self.durable = SimDurableStore(storage_id=self.new_storage_id())
         self.node: RaftNode | None = None
         self.machine: ControllerStateMachine | None = None
         self.driver: RaftDriver | None = None
@@ -314,6 +331,22 @@ class RaftActor:
         )
         self.schedule_tick()
         self.run_ready()
+
+    def new_storage_id(self) -> int:
+        """Unique per node and wipe, and drawn from no random stream."""
+        return 1000 * self.actor_id + self.wipes + 1
+
+    def wipe(self) -> None:
+        """The crashed node's disk is wiped (or replaced): it restarts empty, as at the
+        cluster's first start, on a storage with a new id."""
+        assert self.node is None, "wipe a crashed node only"
+        self.cluster.invariants.wiped_storage_ids.add(self.durable.storage_id)
+        self.wipes += 1
+        self.durable = SimDurableStore(storage_id=self.new_storage_id())
+        self.cluster.trace.add(
+            self.cluster.clock.now_ms,
+            f"node {self.actor_id}: disk wiped, new storage {self.durable.storage_id}",
+        )
 
     def crash(self, why: str) -> None:
         if self.node is None:
@@ -486,6 +519,8 @@ class RaftActor:
 
     def on_event(self, event: RaftEvent) -> None:
         self.cluster.trace.add(self.cluster.clock.now_ms, event.text)
+        if event.kind == "follower_lost_state":
+            self.cluster.invariants.on_lost_state(self.actor_id, event.text)
 
     def on_applied(self) -> None:
         """After every apply and every loss of leadership (a subclass's hook)."""
@@ -782,6 +817,7 @@ class RaftCluster:
         action = self.rng.choice(
             [
                 "crash",
+                "wipe",
                 "partition",
                 "one_way",
                 "isolate_leader",
@@ -798,6 +834,12 @@ class RaftCluster:
             actor.crash("fault injection")
             self.scheduler.after(
                 self.rng.randint(100, 2500), lambda: self.restart(actor), "restart"
+            )
+        elif action == "wipe":
+            actor = self.actors[self.rng.choice(ids)]
+            actor.crash("fault injection: its disk is to be wiped")
+            self.scheduler.after(
+                self.rng.randint(100, 2500), lambda: self.wipe_and_restart(actor), "restart"
             )
         elif action == "partition":
             self.rng.shuffle(ids)
@@ -854,6 +896,46 @@ class RaftCluster:
         except RaftError:
             return
         leader.run_ready()
+
+    def wipe_and_restart(self, actor: RaftActor) -> None:
+        if actor.node is not None:
+            return
+        if self.safe_to_wipe(actor):
+            actor.wipe()
+        else:
+            self.trace.add(self.clock.now_ms, f"node {actor.actor_id} keeps its disk: unsafe")
+        actor.start()
+
+    def safe_to_wipe(self, actor: RaftActor) -> bool:
+        """Raft assumes a voter keeps what it persisted; a wiped voter may vote again in
+        a term and for a log without its old entries. That loses nothing only when (as
+        docs/controller.md asks of operators) none of its acknowledgements or votes is
+        still needed: everything it holds is committed and every other voter holds all
+        that is committed (so its late acknowledgements commit nothing new, and a leader
+        it helps elect lacks no committed entry), and no other voter can still be or
+        become a candidate in the term it voted in."""
+        durable, committed = actor.durable, self.invariants.committed
+        last = max(committed, default=0)
+        own_last = durable.last_index()
+        own_entry = committed.get(own_last)
+        if own_last > last or (
+            own_last != durable.snapshot_index()
+            and (own_entry is None or own_entry.term != durable.term(own_last))
+        ):
+            return False
+        term, vote = durable.hard_state.term, durable.hard_state.vote
+        for other in self.actors.values():
+            if other is actor:
+                continue
+            store = other.durable
+            if last and store.snapshot_index() < last and store.term(last) != committed[last].term:
+                return False
+            other_term, other_vote = store.hard_state.term, store.hard_state.vote
+            if vote is not None and (
+                other_term < term or (other_term == term and other_vote == other.actor_id != vote)
+            ):
+                return False
+        return True
 
     def restart(self, actor: RaftActor) -> None:
         if actor.node is None:
