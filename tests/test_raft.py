@@ -268,19 +268,7 @@ def test_only_current_term_entries_commit_by_counting() -> None:
     assert leader.role is Role.LEADER and leader.term == 3 and leader.log.last_index() == 3
 
     def ack(match_index: int) -> None:
-        leader.step(
-            AppendResponse(
-                term=3,
-                src=2,
-                dst=1,
-                success=True,
-                match_index=match_index,
-                reject_index=0,
-                hint_index=0,
-                hint_term=0,
-                sent_ms=0,
-            )
-        )
+        leader.step(acknowledgement(match_index, term=3))
 
     ack(2)  # a majority (1 and 2) now holds index 2, of term 2
     assert leader.commit_index == 1
@@ -541,6 +529,24 @@ def appends_to(node: RaftNode, dst: int) -> list[AppendRequest]:
     return [m for m in take_messages(node) if isinstance(m, AppendRequest) and m.dst == dst]
 
 
+def acknowledgement(
+    match_index: int, *, term: int = 1, sent_ms: int = 0, storage_id: int = 0
+) -> AppendResponse:
+    """Follower 2's answer to leader 1: it holds the leader's log up to match_index."""
+    return AppendResponse(
+        term=term,
+        src=2,
+        dst=1,
+        success=True,
+        match_index=match_index,
+        reject_index=0,
+        hint_index=0,
+        hint_term=0,
+        sent_ms=sent_ms,
+        storage_id=storage_id,
+    )
+
+
 def follower_with_storage(storage_id: int) -> RaftNode:
     state = StorageState(storage_id=storage_id)
     return RaftNode(RaftConfig(node_id=2, voters=(1, 2, 3)), state, rng=random.Random(2))
@@ -604,18 +610,7 @@ def test_answers_from_a_replaced_storage_are_ignored() -> None:
     """Once the leader has heard from the new storage, a late acknowledgement from the
     old one would count entries the follower no longer holds."""
     leader, _ = leader_with_follower_at_5()
-    late = AppendResponse(
-        term=1,
-        src=2,
-        dst=1,
-        success=True,
-        match_index=5,
-        reject_index=0,
-        hint_index=0,
-        hint_term=0,
-        sent_ms=2100,
-        storage_id=21,
-    )
+    late = acknowledgement(match_index=5, sent_ms=2100, storage_id=21)
     wiped = follower_with_storage(22)
     leader.tick(2200)
     for msg in appends_to(leader, 2):
@@ -644,17 +639,7 @@ def test_a_follower_restarted_on_the_same_storage_keeps_its_match_index() -> Non
 
 def test_an_answer_without_a_storage_id_is_accepted() -> None:
     """A peer running an older version sends no storage id: it decodes as 0."""
-    raw = AppendResponse(
-        term=1,
-        src=2,
-        dst=1,
-        success=True,
-        match_index=1,
-        reject_index=0,
-        hint_index=0,
-        hint_term=0,
-        sent_ms=5,
-    ).to_dict()
+    raw = acknowledgement(match_index=1, sent_ms=5, storage_id=0).to_dict()
     del raw["storage_id"]
     msg = message_from_dict(raw)
     assert isinstance(msg, AppendResponse) and msg.storage_id == 0

@@ -22,6 +22,12 @@ def entries(first: int, last: int, term: int = 1) -> list[Entry]:
     return [Entry(i, term, f"e{i}".encode()) for i in range(first, last + 1)]
 
 
+def flip_last_bit(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
 def test_entries_and_hard_state_survive_reopen(tmp_path: Path) -> None:
     store = RaftStore(tmp_path)
     store.append([Entry(1, 1, b"", EntryKind.NOOP), *entries(2, 5)])
@@ -100,10 +106,7 @@ def test_corrupt_hard_state_is_reported(tmp_path: Path) -> None:
     store = RaftStore(tmp_path)
     store.save_hard_state(HardState(term=7, vote=2, commit=0))
     store.close()
-    path = tmp_path / HARD_STATE_FILE
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0x01
-    path.write_bytes(bytes(raw))
+    flip_last_bit(tmp_path / HARD_STATE_FILE)
     with pytest.raises(RaftStoreCorruption, match="CRC"):
         RaftStore(tmp_path)
 
@@ -204,9 +207,6 @@ def test_a_store_written_before_storage_ids_gets_one_on_open(tmp_path: Path) -> 
 
 def test_corrupt_storage_id_is_reported(tmp_path: Path) -> None:
     RaftStore(tmp_path).close()
-    path = tmp_path / STORAGE_ID_FILE
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0x01
-    path.write_bytes(bytes(raw))
+    flip_last_bit(tmp_path / STORAGE_ID_FILE)
     with pytest.raises(RaftStoreCorruption, match="CRC"):
         RaftStore(tmp_path)
