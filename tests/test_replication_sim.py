@@ -51,12 +51,15 @@ def test_regression_seeds(seed: int) -> None:
     run_seed(seed)
 
 
-@pytest.mark.parametrize("seed", [2035, 2286])
+# Seed 2286 did it too until the controller quorum stopped re-replicating followers it
+# took for wiped (a reordered rejection), which shifted its schedule; no other seed from
+# 24 to 3600 does it now.
+@pytest.mark.parametrize("seed", [2035])
 def test_a_power_cut_replica_elected_as_the_last_isr_member(seed: int) -> None:
     """Acks=all without fsync's window (KIP-966), which the simulation does not report:
     the leader loses power, the other members leave the ISR before the controllers fence
     it, and it comes back as the ISR's last member with fewer records than were committed.
-    The checks take what it lacks as lost (once in each of these seeds) and go on."""
+    The checks take what it lacks as lost (once in this seed) and go on."""
     assert run_seed(seed).lost_by_design == 1
 
 
