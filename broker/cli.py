@@ -22,6 +22,7 @@ from typing import Any
 
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
 from rillet.client.runtime.config import Config
+from rillet.client.runtime.limits import raise_open_files_limit
 from rillet.client.wire.errors import InvalidConfigError
 
 log = logging.getLogger("rillet.broker")
@@ -80,6 +81,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print("rillet broker: process.roles must include broker", file=sys.stderr)
         return 2
     setup_logging(config["log.level"])
+    raise_open_files_limit()
     import uvloop
 
     try:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from rillet.client.runtime.limits import raise_open_files_limit
 from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
 
@@ -67,6 +68,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         print("rillet controller: process.roles must include controller", file=sys.stderr)
         return 2
     setup_logging(config["log.level"])
+    raise_open_files_limit()
     import uvloop
 
     try:

@@ -95,7 +95,13 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
             return CleanStats()
         generation = log.generation
         horizon = now - log.config.delete_retention_ms
-        stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
+        for seg in segments:  # the worker preads them: the fd cache must not close them
+            seg.pin()
+        try:
+            stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
+        finally:
+            for seg in segments:
+                seg.unpin()
         if generation != log.generation:
             logger.info("%s: log changed during compaction; discarding its output", log.name)
             await loop.run_in_executor(None, _discard, stats)

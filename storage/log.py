@@ -43,6 +43,7 @@ from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader
 from rillet.storage import checkpoints, fs
 from rillet.storage.config import LogConfig
 from rillet.storage.epoch_cache import LeaderEpochCache
+from rillet.storage.fdcache import FdCache
 from rillet.storage.fileslice import FileSlice
 from rillet.storage.invariants import invariant
 from rillet.storage.segment import LogSegment
@@ -133,6 +134,9 @@ class Log:
         self.high_watermark: int | None = None
         self.topic_id: str | None = None  # partition.metadata; set by load and LogManager
         self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
+        # Closes this log's idle segment descriptors under a process-wide bound (the log
+        # manager's); None: every descriptor stays open until the segment closes.
+        self.fd_cache: FdCache | None = None
 
     # -- opening ----------------------------------------------------------------------
 
@@ -159,6 +163,17 @@ class Log:
         log = cls(path, config or LogConfig(), clock or wall_clock_ms, background)
         load_log(log)
         return log
+
+    def use_fd_cache(self, cache: FdCache) -> None:
+        """Put every segment, and every one made from now on, under ``cache``."""
+        self.fd_cache = cache
+        for seg in self._segments:
+            seg._used = False  # opened by recovery, handed to no reader yet
+            cache.adopt(seg)
+
+    def _adopt(self, seg: LogSegment) -> None:
+        if self.fd_cache is not None:
+            self.fd_cache.adopt(seg)
 
     def _install(self, segments: list[LogSegment], log_start: int, recovery_point: int) -> None:
         """Set the loaded state; called once by recovery.load_log."""
@@ -410,6 +425,7 @@ class Log:
         )
         self._segments.append(new)
         self._bases.append(new.base_offset)
+        self._adopt(new)
         end = new.base_offset
         generation = self.generation
         cuts = self._cuts
@@ -754,6 +770,7 @@ class Log:
             self.directory, offset, self.config.index_interval_bytes, self.clock()
         )
         self._segments, self._bases = [new], [offset]
+        self._adopt(new)
         self._log_start = offset
         self.epochs.clear()
         self._after_cut()
@@ -847,6 +864,7 @@ class Log:
             del self._segments[i], self._bases[i]
         else:
             self._segments[i] = new
+            self._adopt(new)
         self._check_segments()
 
     def retire(self, segments: Sequence[LogSegment], *, files: str) -> None:
@@ -858,6 +876,8 @@ class Log:
         """
         deadline = self.clock() + self.config.file_delete_delay_ms
         for seg in segments:
+            if self.fd_cache is not None:  # its path may soon name another file: no reopen
+                self.fd_cache.forget(seg)
             deleted = [p.with_name(p.name + ".deleted") for p in seg.paths()]
             if files == "rename":
                 for path, target in zip(seg.paths(), deleted, strict=True):

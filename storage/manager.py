@@ -23,6 +23,7 @@ from typing import Any
 from rillet.client.wire.errors import InvalidTopicError
 from rillet.storage import checkpoints, cleaner, fs, retention
 from rillet.storage.config import LogConfig
+from rillet.storage.fdcache import FdCache, default_max_open
 from rillet.storage.invariants import invariant
 from rillet.storage.log import Background, Clock, Log, wall_clock_ms
 
@@ -56,6 +57,7 @@ class LogManager:
         recovery_threads: int = 4,
         on_log_failure: Callable[[Log, BaseException], None] | None = None,
         background: Background | None = None,
+        max_open_segments: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = _as_config(default_config, LogConfig())
@@ -68,6 +70,11 @@ class LogManager:
         self.on_log_failure = on_log_failure
         self.background = background  # every log's (see Log.open); None: the executor
         self.logs: dict[TopicPartition, Log] = {}
+        # Segment descriptors held open beyond this are closed when idle and clean
+        # (fdcache): a broker of 10,000 partitions must not need 10,000 descriptors.
+        self.fd_cache = FdCache(
+            default_max_open() if max_open_segments is None else max_open_segments
+        )
         self._lock_fd: int | None = None
         self._task: asyncio.Task | None = None
         self._last_retention_ms = 0
@@ -87,12 +94,7 @@ class LogManager:
             elif (tp := parse_partition_dir(entry.name)) is not None:
                 dirs.append((tp, Path(entry.path)))
         with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
-            opened = pool.map(
-                lambda d: Log.open(
-                    d[1], self.default_config, clock=self.clock, background=self.background
-                ),
-                dirs,
-            )
+            opened = pool.map(lambda d: self._open_log(d[1]), dirs)
             for (tp, _), log in zip(dirs, opened, strict=True):
                 # Unknown until the replica opens it (Kafka starts the HW at the log
                 # start): no retention or compaction before that.
@@ -102,6 +104,16 @@ class LogManager:
         for path in doomed:  # deletes interrupted by a crash
             fs.rmtree(path)
         logger.info("opened %d log(s) in %s", len(self.logs), self.data_dir)
+
+    def _open_log(self, path: Path, config: LogConfig | None = None) -> Log:
+        log = Log.open(
+            path, config or self.default_config, clock=self.clock, background=self.background
+        )
+        log.use_fd_cache(self.fd_cache)
+        # Recovery kept the log's descriptors open; no reader has them yet, so they may
+        # close now (from a start-up thread too), before the next log opens its own.
+        self.fd_cache.trim()
+        return log
 
     async def start(self, *, schedule: bool = True) -> None:
         """``startup`` in the default executor, then the maintenance task."""
@@ -160,9 +172,7 @@ class LogManager:
         ``register`` the log on the loop. A broker given thousands of new partitions in
         one metadata delta creates them this way, so its loop keeps heartbeating."""
         path = self.data_dir / partition_dir_name(topic, partition)
-        log = Log.open(
-            path, config or self.default_config, clock=self.clock, background=self.background
-        )
+        log = self._open_log(path, config)
         log.failure_listener = self._log_failed
         if topic_id is not None:
             self._claim(log, topic_id)
@@ -238,6 +248,7 @@ class LogManager:
             for log in list(self.logs.values()):
                 if not log.closed:
                     log.maybe_flush_by_time()
+            self.fd_cache.sweep()
             now = self.clock()
             if now - self._last_retention_ms >= self.retention_check_interval_ms:
                 self._last_retention_ms = now

@@ -4,7 +4,8 @@ Only the active (last) segment is written to, with plain ``fs.write`` calls on a
 unbuffered descriptor: one syscall per append, the bytes land in the page cache, and an
 fsync from an executor thread can run alongside without Python-level buffers to race on.
 Closed segments are immutable until retention, compaction or a follower's truncation
-replaces them; their descriptors open lazily on the first read.
+replaces them; their descriptors open lazily on the first read. Under an ``FdCache`` (a
+log manager's) an idle, clean descriptor may be closed and is reopened on next use.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader, stamp
 from rillet.storage import fs
+from rillet.storage.fdcache import FdCache
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
@@ -44,6 +46,12 @@ class LogSegment:
         "created_ns",
         "_since_index",
         "_last_indexed_ts",
+        "_cache",
+        "_used",
+        "_pins",
+        "_writes",
+        "_synced",
+        "_ever_opened",
     )
 
     def __init__(
@@ -71,6 +79,15 @@ class LogSegment:
         self.created_ms = 0
         self._since_index = 0
         self._last_indexed_ts = NO_TIMESTAMP - 1
+        # Descriptor book-keeping (see fdcache): the cache that may close it, used since
+        # the cache's last sweep, executor threads using it, writes (and truncations)
+        # made through it and how many of them the last completed fsync covered.
+        self._cache: FdCache | None = None
+        self._used = False
+        self._pins = 0
+        self._writes = 0
+        self._synced = 0
+        self._ever_opened = False
 
     # -- construction ---------------------------------------------------------------
 
@@ -113,9 +130,39 @@ class LogSegment:
 
     @property
     def fd(self) -> int:
-        if self._fd is None:
-            self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
-        return self._fd
+        """The open descriptor (opened, or reopened after the cache closed it, here).
+        Marks the segment used: its cache does not close it before the next sweep."""
+        self._used = True
+        fd = self._fd
+        if fd is None:
+            cache = self._cache
+            if cache is not None:
+                return cache.open(self)
+            fd = self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
+        return fd
+
+    @property
+    def dirty(self) -> bool:
+        """Written (or cut) since the start of its last completed fsync."""
+        return self._writes != self._synced
+
+    def pin(self) -> int:
+        """Open and hold the descriptor for use off the loop thread; ``unpin`` after."""
+        cache = self._cache
+        if cache is None:
+            self._pins += 1
+            return self.fd
+        with cache.lock:
+            self._pins += 1
+        return cache.open(self)
+
+    def unpin(self) -> None:
+        cache = self._cache
+        if cache is None:
+            self._pins -= 1
+            return
+        with cache.lock:
+            self._pins -= 1
 
     @property
     def is_open(self) -> bool:
@@ -138,6 +185,8 @@ class LogSegment:
         if position != self.size + len(data):
             invariant(False, f"{self.log_path}: batch sizes do not add up to the payload")
         fd = self._fd if self._fd is not None else self.fd
+        self._writes += 1
+        self._used = True
         written = fs.write(fd, data)
         if written != len(data):
             _write_all(fd, memoryview(data)[written:])
@@ -162,6 +211,8 @@ class LogSegment:
         fd = self._fd
         if fd is None:
             fd = self.fd
+        self._writes += 1
+        self._used = True
         relative = base - self.base_offset
         done = fs.write_batch(
             fd, data, base, leader_epoch, max_size, MAX_RELATIVE_OFFSET - relative
@@ -320,6 +371,8 @@ class LogSegment:
         # when the caller seals this segment, or at its roll, flush or close.
         for index in (self.index, self.time_index):
             fs.unlink(index.path, missing_ok=True)
+        # Dirty: what recovery kept may be unsynced pages of a run that crashed.
+        self._writes += 1
         if cut:
             fs.ftruncate(self.fd, scanner.end)
         self.size = scanner.end
@@ -340,6 +393,7 @@ class LogSegment:
         for index in (self.index, self.time_index):
             fs.unlink(index.path, missing_ok=True)
         fs.ftruncate(self.fd, position)
+        self._writes += 1
         self.size = position
         self.index.truncate_values_from(position)
         self.time_index.truncate_values_from(h.base_offset - self.base_offset)
@@ -389,13 +443,39 @@ class LogSegment:
         self.time_index.freeze()
 
     def fsync(self) -> None:
-        if self._fd is not None:
-            fs.fsync(self._fd)
+        """fsync the file if written through a descriptor still open; a closed one was
+        closed clean (the cache closes no dirty descriptor). Safe from any thread."""
+        writes = self._writes
+        cache = self._cache
+        if cache is None:
+            if self._fd is not None:
+                fs.fsync(self._fd)
+        else:
+            with cache.lock:
+                fd = self._fd
+                if fd is None:
+                    return
+                self._pins += 1
+            try:
+                fs.fsync(fd)
+            finally:
+                with cache.lock:
+                    self._pins -= 1
+        if writes > self._synced:
+            self._synced = writes
 
     def close(self) -> None:
-        if self._fd is not None:
-            fs.close(self._fd)
-            self._fd = None
+        cache = self._cache
+        if cache is None:
+            if self._fd is not None:
+                fs.close(self._fd)
+                self._fd = None
+        else:
+            with cache.lock:
+                if self._fd is not None:
+                    fs.close(self._fd)
+                    self._fd = None
+                cache.closed(self)
         self.index.forget()
         self.time_index.forget()
 

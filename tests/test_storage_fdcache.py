@@ -1,0 +1,171 @@
+"""The bound on open segment descriptors (storage/fdcache.py): idle clean descriptors
+close and reopen on use; dirty, pinned and just-read ones stay open; reads, appends and
+fsyncs stay right across a reopen."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rillet.client.wire import records
+from rillet.storage import LogConfig, fs
+from rillet.storage.fdcache import FdCache
+from rillet.storage.manager import LogManager
+
+SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
+
+
+def batch(i: int) -> bytes:
+    return records.encode_batch([b"v%d" % i], [b"k%d" % i], timestamps=[1000 + i])
+
+
+def open_segment_files(root: Path) -> set[str]:
+    """The segment files this process holds open under ``root``."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)) and target.endswith(".log"):
+            held.add(target)
+    return held
+
+
+def values(log, start: int = 0) -> list[bytes]:
+    return [r.value for r in records.decode_all(log.read_bytes(start, 1 << 20))]
+
+
+async def manager(tmp_path: Path, count: int, max_open: int) -> LogManager:
+    mgr = LogManager(tmp_path, SMALL, max_open_segments=max_open)
+    await mgr.start(schedule=False)
+    for p in range(count):
+        mgr.get_or_create("t", p)
+    return mgr
+
+
+async def test_idle_clean_descriptors_close_and_reopen_on_use(tmp_path):
+    mgr = await manager(tmp_path, 20, 4)
+    cache = mgr.fd_cache
+    # New logs are empty and clean: creating 20 holds no more than the bound.
+    assert len(cache) <= 4 and len(open_segment_files(tmp_path)) <= 4
+    for p in range(20):
+        mgr.get("t", p).append(batch(p), 0)
+    # Written, not yet fsynced: every written descriptor stays open through sweeps.
+    cache.sweep()
+    cache.sweep()
+    assert len(open_segment_files(tmp_path)) == 20
+    await mgr.checkpoint_recovery_points()  # the periodic flush: now all are clean
+    cache.sweep()  # first pass clears the use marks
+    cache.sweep()  # second closes what stayed idle
+    assert len(cache) <= 4 and len(open_segment_files(tmp_path)) <= 4
+    assert cache.evictions >= 16
+    # Reopened on use: reads and appends to every log are right.
+    for p in range(20):
+        log = mgr.get("t", p)
+        assert values(log) == [b"v%d" % p]
+        assert log.append(batch(100 + p), 0) == (1, 1)
+        assert values(log) == [b"v%d" % p, b"v%d" % (100 + p)]
+    assert cache.reopens >= 16
+    await mgr.close_async()
+    assert open_segment_files(tmp_path) == set()
+
+    # Start-up recovery opens every log's files; each closes once its log is open.
+    again = await manager(tmp_path, 0, 4)
+    assert len(open_segment_files(tmp_path)) <= 4
+    for p in range(20):  # and a clean reopen kept every record
+        assert values(again.get("t", p)) == [b"v%d" % p, b"v%d" % (100 + p)]
+    await again.close_async()
+
+
+async def test_flush_fsyncs_what_was_written_through_a_reopened_descriptor(tmp_path, monkeypatch):
+    mgr = await manager(tmp_path, 6, 2)
+    cache = mgr.fd_cache
+    for p in range(6):
+        mgr.get("t", p).append(batch(p), 0)
+    await mgr.checkpoint_recovery_points()
+    cache.sweep()
+    cache.sweep()
+    target = mgr.get("t", 0)
+    seg = target.active_segment
+    assert not seg.is_open  # closed clean
+    synced: list[str] = []
+    real_fsync = fs.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(fs, "fsync", recording_fsync)
+    target.append(batch(7), 0)  # reopens, writes: dirty
+    assert seg.is_open and seg.dirty
+    cache.sweep()
+    cache.sweep()
+    assert seg.is_open  # a dirty descriptor is never closed
+    await target.flush_async()
+    assert str(seg.log_path) in synced and not seg.dirty
+    assert target.recovery_point == target.log_end_offset == 2
+    await mgr.close_async()
+
+
+async def test_a_descriptor_handed_out_by_a_read_stays_open_until_the_next_sweep(tmp_path):
+    mgr = await manager(tmp_path, 10, 2)
+    cache = mgr.fd_cache
+    for p in range(10):
+        mgr.get("t", p).append(batch(p), 0)
+    await mgr.checkpoint_recovery_points()
+    cache.sweep()
+    cache.sweep()
+    # As a multi-partition fetch does in one step: read every log, then use the slices.
+    slices = [mgr.get("t", p).read(0, 1 << 20) for p in range(10)]
+    assert len(open_segment_files(tmp_path)) == 10  # all in use: none closed under them
+    for p, s in enumerate(slices):
+        assert [r.value for r in records.decode_all(s.read())] == [b"v%d" % p]
+    cache.sweep()
+    cache.sweep()
+    assert len(cache) <= 2
+    await mgr.close_async()
+
+
+async def test_pinned_and_retired_segments_are_not_closed(tmp_path):
+    mgr = await manager(tmp_path, 4, 1)
+    cache = mgr.fd_cache
+    logs = [mgr.get("t", p) for p in range(4)]
+    pinned = logs[0].active_segment
+    pinned.pin()  # as an executor thread does (the cleaner), for as long as it works
+    others = [log.active_segment for log in logs[1:]]
+    for seg in others:
+        _ = seg.fd
+    cache.sweep()
+    cache.sweep()
+    assert pinned.is_open and not any(seg.is_open for seg in others)
+    pinned.unpin()
+    _ = others[0].fd
+    cache.sweep()
+    assert not pinned.is_open and others[0].is_open
+    # A truncation retires segments (renamed to *.deleted): a reader's descriptor of a
+    # retired segment is no longer the cache's to close (its path names another file).
+    log = logs[1]
+    for i in range(200):
+        log.append(batch(i), 0)
+    await log.flush_async()
+    first = log.segments[0]
+    _ = first.fd
+    log.truncate_fully_and_start_at(500)
+    assert first.is_open and first._cache is None
+    for _ in range(3):
+        cache.sweep()
+    assert first.is_open
+    await mgr.close_async()
+
+
+def test_the_bound_follows_the_soft_open_files_limit(monkeypatch):
+    import resource
+
+    from rillet.storage import fdcache
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, 4096))
+    assert fdcache.default_max_open() == 64
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
+    assert fdcache.default_max_open() == fdcache.DEFAULT_MAX_OPEN
+    assert FdCache().max_open == fdcache.DEFAULT_MAX_OPEN
