@@ -8,12 +8,14 @@ file on the next access (``LogSegment.fd``).
 
 What may be closed, and when:
 
-- Only a *clean* segment: nothing written (or truncated) through it since its last
-  fsync began. A dirty descriptor stays open until a flush, a roll's job or the
-  manager's periodic checkpoint fsyncs it, so every fsync the log relies on runs on a
-  descriptor that saw the writes. (Linux keeps dirty pages per inode, so an fsync via a
-  reopened descriptor would cover them too, and since 4.13 it reports a writeback error
-  that happened meanwhile; keeping dirty ones open does not depend on either.)
+- Clean segments first (nothing written or cut through them since their last fsync
+  began), then dirty ones. A dirty descriptor closed with unsynced data loses nothing:
+  the page cache holds dirty pages per inode, not per descriptor, so the data is written
+  back as usual, and the segment's next fsync (a flush, a roll's job, close) reopens the
+  file and fsyncs it, which POSIX defines as flushing the *file*. A writeback error in
+  between is reported to the reopened descriptor's fsync (Linux 4.16 on: an error no
+  descriptor has seen is reported to the next one opened), and that fails the log as
+  any failed fsync does.
 - Only a segment not touched since the last ``sweep`` (second chance, as a CLOCK cache):
   a read hands out the descriptor in a ``FileSlice`` that its caller uses in the same
   event-loop step, and a sweep is a step of its own, so a descriptor handed out is never
@@ -23,9 +25,8 @@ What may be closed, and when:
 - Only on the event-loop thread, the one thread that appends and reads without the lock;
   closes and thread-side uses hold ``lock``.
 
-The bound is a target, not a hard limit: descriptors that are dirty, pinned or recently
-used stay open past it (a broker writing to 10,000 partitions at once needs their
-descriptors until the next flush).
+The bound is a target, not a hard limit: pinned and recently used descriptors stay open
+past it until the next sweep.
 """
 
 from __future__ import annotations
@@ -117,26 +118,31 @@ class FdCache:
         return self._evict(clear=False, keep=None)
 
     def _evict(self, *, clear: bool, keep: LogSegment | None) -> int:
-        closed = 0
         with self.lock:
             excess = len(self._open) - self.max_open
+            clean: list[LogSegment] = []
+            dirty: list[LogSegment] = []
             for seg in list(self._open):
-                if excess <= 0 and not clear:
-                    break
                 if seg._used:
                     if clear:
                         seg._used = False
                     continue
-                if excess <= 0 or seg is keep or seg._pins or seg._writes != seg._synced:
+                if seg is keep or seg._pins or excess <= 0:
                     continue
-                fd = seg._fd
+                if seg._writes == seg._synced:
+                    clean.append(seg)
+                    if not clear and len(clean) >= excess:
+                        break
+                else:
+                    dirty.append(seg)
+            victims = (clean + dirty)[: max(excess, 0)]  # clean ones first
+            for seg in victims:
                 del self._open[seg]
+                fd = seg._fd
                 if fd is not None:
                     seg._fd = None
                     fs.close(fd)
-                    closed += 1
-                excess -= 1
-            if not clear and excess > 0:
-                self._exhausted = True  # nothing evictable until the next sweep
-        self.evictions += closed
-        return closed
+            if not clear and len(victims) < excess:
+                self._exhausted = True  # nothing more to close until the next sweep
+        self.evictions += len(victims)
+        return len(victims)

@@ -229,7 +229,7 @@ def close_log(log) -> None:
     for seg in segments:
         if seg.index.mutable:  # the active one, and rolled ones whose job has not run
             seg.write_indexes(seg.index_snapshot(), fsync=True)
-        if seg.is_open:
+        if seg.is_open or seg.dirty:  # the fd cache may have closed a dirty one
             seg.fsync()
     log.epochs.write(log.epochs.snapshot(), fsync=True)
     checkpoints.write_offset(d / checkpoints.LOG_START_OFFSET, log.log_start_offset, fsync=True)

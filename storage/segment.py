@@ -130,15 +130,20 @@ class LogSegment:
 
     @property
     def fd(self) -> int:
-        """The open descriptor (opened, or reopened after the cache closed it, here).
-        Marks the segment used: its cache does not close it before the next sweep."""
+        """The open descriptor (opened, or reopened after the cache closed it, here),
+        for a reader that may hand it out (a ``FileSlice``): marks the segment used, so
+        its cache does not close it before the next sweep."""
         self._used = True
         fd = self._fd
-        if fd is None:
-            cache = self._cache
-            if cache is not None:
-                return cache.open(self)
-            fd = self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
+        return self._open_fd() if fd is None else fd
+
+    def _open_fd(self) -> int:
+        """Open (or reopen) the descriptor without marking the segment used: appends
+        use it at once and hand it to nobody."""
+        cache = self._cache
+        if cache is not None:
+            return cache.open(self)
+        fd = self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
         return fd
 
     @property
@@ -184,9 +189,8 @@ class LogSegment:
             position += size
         if position != self.size + len(data):
             invariant(False, f"{self.log_path}: batch sizes do not add up to the payload")
-        fd = self._fd if self._fd is not None else self.fd
+        fd = self._fd if self._fd is not None else self._open_fd()
         self._writes += 1
-        self._used = True
         written = fs.write(fd, data)
         if written != len(data):
             _write_all(fd, memoryview(data)[written:])
@@ -210,9 +214,8 @@ class LogSegment:
         base = self.next_offset
         fd = self._fd
         if fd is None:
-            fd = self.fd
+            fd = self._open_fd()
         self._writes += 1
-        self._used = True
         relative = base - self.base_offset
         done = fs.write_batch(
             fd, data, base, leader_epoch, max_size, MAX_RELATIVE_OFFSET - relative
@@ -443,8 +446,9 @@ class LogSegment:
         self.time_index.freeze()
 
     def fsync(self) -> None:
-        """fsync the file if written through a descriptor still open; a closed one was
-        closed clean (the cache closes no dirty descriptor). Safe from any thread."""
+        """fsync what was written: through the open descriptor, or, when the cache
+        closed a dirty one, through the file reopened (fsync covers the file, not the
+        descriptor). Safe from any thread."""
         writes = self._writes
         cache = self._cache
         if cache is None:
@@ -453,14 +457,27 @@ class LogSegment:
         else:
             with cache.lock:
                 fd = self._fd
-                if fd is None:
-                    return
-                self._pins += 1
-            try:
-                fs.fsync(fd)
-            finally:
-                with cache.lock:
-                    self._pins -= 1
+                if fd is None and writes == self._synced:
+                    return  # closed clean
+                if fd is not None:
+                    self._pins += 1
+            if fd is None:
+                # A descriptor of our own, closed again at once: a flush of thousands
+                # of such segments must not reopen them all into the cache.
+                try:
+                    own = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
+                except FileNotFoundError:
+                    return  # retired meanwhile (a cut): its records are gone anyway
+                try:
+                    fs.fsync(own)
+                finally:
+                    fs.close(own)
+            else:
+                try:
+                    fs.fsync(fd)
+                finally:
+                    with cache.lock:
+                        self._pins -= 1
         if writes > self._synced:
             self._synced = writes
 
