@@ -73,7 +73,7 @@ class FdCache:
     def __len__(self) -> int:
         return len(self._open)
 
-    def open(self, seg: LogSegment) -> int:
+    def fd_of(self, seg: LogSegment) -> int:
         """``seg``'s descriptor, opening its file (and evicting idle ones) if closed."""
         with self.lock:
             fd = seg._fd

@@ -142,7 +142,7 @@ class LogSegment:
         use it at once and hand it to nobody."""
         cache = self._cache
         if cache is not None:
-            return cache.open(self)
+            return cache.fd_of(self)
         fd = self._fd = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
         return fd
 
@@ -159,7 +159,7 @@ class LogSegment:
             return self.fd
         with cache.lock:
             self._pins += 1
-        return cache.open(self)
+        return cache.fd_of(self)
 
     def unpin(self) -> None:
         cache = self._cache
