@@ -113,8 +113,8 @@ class FdCache:
         return self._evict(clear=True, keep=None)
 
     def trim(self) -> int:
-        """Close idle clean descriptors down to the bound, keeping the use marks: on the
-        event-loop thread, or while none of the cache's logs is served yet."""
+        """Close idle descriptors down to the bound, keeping the use marks (what an open
+        past the bound does). On the event-loop thread only."""
         return self._evict(clear=False, keep=None)
 
     def _evict(self, *, clear: bool, keep: LogSegment | None) -> int:

@@ -171,6 +171,12 @@ class Log:
             seg._used = False  # opened by recovery, handed to no reader yet
             cache.adopt(seg)
 
+    def release_descriptors(self) -> None:
+        """Close every segment descriptor (they reopen on use): for a log opened off the
+        event loop, so that opening thousands never holds thousands of descriptors."""
+        for seg in self._segments:
+            seg.release()
+
     def _adopt(self, seg: LogSegment) -> None:
         if self.fd_cache is not None:
             self.fd_cache.adopt(seg)

@@ -96,6 +96,7 @@ class LogManager:
         with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads)) as pool:
             opened = pool.map(lambda d: self._open_log(d[1]), dirs)
             for (tp, _), log in zip(dirs, opened, strict=True):
+                log.use_fd_cache(self.fd_cache)
                 # Unknown until the replica opens it (Kafka starts the HW at the log
                 # start): no retention or compaction before that.
                 log.high_watermark = log.log_start_offset
@@ -109,10 +110,11 @@ class LogManager:
         log = Log.open(
             path, config or self.default_config, clock=self.clock, background=self.background
         )
-        log.use_fd_cache(self.fd_cache)
-        # Recovery kept the log's descriptors open; no reader has them yet, so they may
-        # close now (from a start-up thread too), before the next log opens its own.
-        self.fd_cache.trim()
+        # Recovery left the log's descriptors open; nobody else has the log yet, so they
+        # close now, before the next log opens its own: opening 10,000 logs in a thread
+        # never holds 10,000 descriptors. The loop's fd cache adopts the log at
+        # ``register`` (start-up: once opened) and it reopens what it uses.
+        log.release_descriptors()
         return log
 
     async def start(self, *, schedule: bool = True) -> None:
@@ -180,6 +182,7 @@ class LogManager:
 
     def register(self, topic: str, partition: int, log: Log) -> None:
         invariant((topic, partition) not in self.logs, f"{log.name}: registered twice")
+        log.use_fd_cache(self.fd_cache)
         self.logs[(topic, partition)] = log
 
     @staticmethod

@@ -454,6 +454,8 @@ class LogSegment:
         if cache is None:
             if self._fd is not None:
                 fs.fsync(self._fd)
+            elif writes != self._synced and not self._fsync_own():
+                return
         else:
             with cache.lock:
                 fd = self._fd
@@ -462,16 +464,8 @@ class LogSegment:
                 if fd is not None:
                     self._pins += 1
             if fd is None:
-                # A descriptor of our own, closed again at once: a flush of thousands
-                # of such segments must not reopen them all into the cache.
-                try:
-                    own = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
-                except FileNotFoundError:
-                    return  # retired meanwhile (a cut): its records are gone anyway
-                try:
-                    fs.fsync(own)
-                finally:
-                    fs.close(own)
+                if not self._fsync_own():
+                    return
             else:
                 try:
                     fs.fsync(fd)
@@ -480,6 +474,30 @@ class LogSegment:
                         self._pins -= 1
         if writes > self._synced:
             self._synced = writes
+
+    def _fsync_own(self) -> bool:
+        """fsync the file through a descriptor of our own, closed again at once (a flush
+        of thousands of closed dirty segments must not reopen them all into the cache).
+        False when the file is gone: retired meanwhile (a cut), its records with it."""
+        try:
+            own = fs.open(self.log_path, fs.O_RDWR | fs.O_APPEND)
+        except FileNotFoundError:
+            return False
+        try:
+            fs.fsync(own)
+        finally:
+            fs.close(own)
+        return True
+
+    def release(self) -> None:
+        """Close the descriptor and keep the rest (it reopens on use). Only for a
+        segment no other thread can reach yet: of a log just opened off the loop,
+        before an ``FdCache`` adopts it."""
+        invariant(self._cache is None and not self._pins, f"{self.log_path}: release in use")
+        if self._fd is not None:
+            fs.close(self._fd)
+            self._fd = None
+            self._ever_opened = True  # the next open is a reopen (FdCache.reopens)
 
     def close(self) -> None:
         cache = self._cache
