@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster_bench import create_topic, peak_rss_mb, rillet, run_started
+from cluster_bench import create_topic, peak_rss_mb, perf_produce, run_started
 
 from rillet.client.admin import Admin
 from rillet.client.wire.errors import RilletError
@@ -62,22 +62,6 @@ async def wait_full_isr(admin: Admin, topic: str, timeout_s: float) -> float:
             pass  # not visible yet, or a broker busy: ask again
         await asyncio.sleep(0.5)
     raise SystemExit(f"benchmark: {topic} did not reach a full ISR within {timeout_s:.0f}s")
-
-
-def produce(boot: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
-    return rillet(
-        boot,
-        "perf",
-        "produce",
-        "--topic",
-        topic,
-        "--num-records",
-        str(args.num_records),
-        "--record-size",
-        "100",
-        "--acks",
-        "all",
-    )
 
 
 def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float) -> dict[str, Any]:
@@ -124,6 +108,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[1000, 9000])
     parser.add_argument("--num-records", type=int, default=300_000)
+    parser.add_argument("--record-size", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=64 * 1024)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--controllers", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1800)
@@ -138,12 +124,12 @@ def main() -> None:
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     boot = cluster.bootstrap
     create_topic(boot, "small", 10, 3, "min.insync.replicas=2")
-    baseline = produce(boot, "small", args)
+    baseline = perf_produce(boot, "small", args, "all")
     creates = [
         create_step(cluster, f"scale{i}", count, args.timeout_s)
         for i, count in enumerate(args.steps)
     ]
-    loaded = produce(boot, "small", args)
+    loaded = perf_produce(boot, "small", args, "all")
     peak = {n.node_id: peak_rss_mb(n.pid) for n in cluster.nodes.values()}
     return {
         "cluster": {
