@@ -7,8 +7,11 @@ prints one JSON object:
   fresh cluster (records/s, latency);
 - ``creates``: for each ``--steps`` size (default 1,000 then 9,000 more, 10,010 in all),
   the time from CreateTopics until every partition of the new topic has a leader and a
-  full ISR, and the controller elections that happened meanwhile (the
-  ``election for term`` lines the controllers logged: the aim is none);
+  full ISR in the controller's metadata (``to_full_isr_s``), then until every leader
+  answers a ListOffsets for its partitions (``to_leaders_serving_s``: the metadata says
+  who leads before that broker has opened the log and taken the role), and the
+  controller elections that happened meanwhile (the ``election for term`` lines the
+  controllers logged: the aim is none);
 - ``loaded``: the same produce with every partition existing, and its throughput ratio
   to the baseline (aim: at least 0.8);
 - ``peak_rss_mb``: each node's peak resident set (VmHWM), controllers and brokers;
@@ -33,7 +36,8 @@ from typing import Any
 
 from cluster_bench import create_topic, peak_rss_mb, perf_produce, run_started
 
-from rillet.client.admin import Admin
+from rillet.client.admin import Admin, AdminError
+from rillet.client.consumer import Consumer
 from rillet.client.wire.errors import RilletError
 from rillet.tools.local_cluster import LocalCluster
 
@@ -58,10 +62,23 @@ async def wait_full_isr(admin: Admin, topic: str, timeout_s: float) -> float:
             (desc,) = await admin.describe_topics([topic])
             if all(p.leader >= 0 and sorted(p.isr) == sorted(p.replicas) for p in desc.partitions):
                 return time.monotonic() - t0
-        except RilletError:
-            pass  # not visible yet, or a broker busy: ask again
+        except (RilletError, AdminError):
+            # Not visible yet: the controller answered CreateTopics once it committed
+            # the topic, and the broker asked may not have applied that yet; or busy.
+            pass
         await asyncio.sleep(0.5)
     raise SystemExit(f"benchmark: {topic} did not reach a full ISR within {timeout_s:.0f}s")
+
+
+async def wait_leaders_serve(boot: str, topic: str, count: int, timeout_s: float) -> None:
+    """Until each partition's leader answers ListOffsets (the consumer retries a leader
+    that does not serve yet, NOT_LEADER_OR_FOLLOWER and the like, until its deadline)."""
+    consumer = Consumer(assignment=[], bootstrap=boot, metadata_wait_ms=int(timeout_s * 1000))
+    await consumer.start()
+    try:
+        await consumer.end_offsets([(topic, p) for p in range(count)])
+    finally:
+        await consumer.close()
 
 
 def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float) -> dict[str, Any]:
@@ -75,10 +92,13 @@ def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float)
             return await wait_full_isr(admin, topic, timeout_s)
 
     isr_s = asyncio.run(full())
+    asyncio.run(wait_leaders_serve(cluster.bootstrap, topic, count, timeout_s))
+    serving = time.monotonic() - t0
     return {
         "partitions": count,
         "create_call_s": round(created, 2),
         "to_full_isr_s": round(created + isr_s, 2),
+        "to_leaders_serving_s": round(serving, 2),
         "controller_elections": election_lines(cluster) - elections,
     }
 

@@ -351,6 +351,10 @@ class Consumer:
         result: dict[TopicPartition, int] = {}
         deadline = time.monotonic() + self.metadata_wait_ms / 1000
         todo = list(tps)
+        # Any partition may be asked for, not only assigned ones (as Kafka's endOffsets):
+        # metadata must track its topic, or no leader is ever known for it.
+        if self._meta.add_topics({tp.topic for tp in todo}):
+            await self._meta.refresh()
         while todo:
             by_node: dict[int, list[TopicPartition]] = {}
             snap = self._meta.snapshot

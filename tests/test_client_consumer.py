@@ -67,6 +67,19 @@ async def test_latest_skips_old_records(fake: FakeCluster) -> None:
         assert [r.offset for r in await consume(c, 3)] == [10, 11, 12]
 
 
+async def test_offsets_of_partitions_outside_the_assignment(fake: FakeCluster) -> None:
+    # As Kafka's endOffsets/beginningOffsets: any partition, not only assigned ones. The
+    # consumer used to look up leaders in metadata that never tracked the topic, and
+    # retried until metadata_wait_ms ran out.
+    await fill(fake, 7, partition=2)
+    async with Consumer(assignment=[], bootstrap=fake.bootstrap, metadata_wait_ms=60_000) as c:
+        assert await c.end_offsets([("t", 2), ("t", 0)]) == {
+            TopicPartition("t", 2): 7,
+            TopicPartition("t", 0): 0,
+        }
+        assert await c.beginning_offsets([("t", 2)]) == {TopicPartition("t", 2): 0}
+
+
 async def test_getmany_max_records_and_seek(fake: FakeCluster) -> None:
     await fill(fake, 100)
     async with Consumer(assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True) as c:
