@@ -154,9 +154,9 @@ class ReplicaManager:
             logger.info(
                 "metadata offset %d: leader of %s, follower of %s, removed %s",
                 image.offset,
-                _some(changes.leaders),
-                _some(changes.followers),
-                _some(changes.deletes),
+                some_partitions(changes.leaders),
+                some_partitions(changes.followers),
+                some_partitions(changes.deletes),
             )
         self._apply_config_changes(delta, image)
         self._roles_changed()
@@ -608,7 +608,7 @@ class ReplicaManager:
         self.replicas.clear()
 
 
-def _some(tps: Iterable[TopicPartition], shown: int = 5) -> str:
+def some_partitions(tps: Iterable[TopicPartition], shown: int = 5) -> str:
     """``3 (t-0, t-1, u-4)``; past ``shown`` partitions only the first ones are named."""
     names = [f"{tp.topic}-{tp.partition}" for tp in sorted(tps)]
     if not names:

@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 from helpers import stamped
@@ -18,6 +19,7 @@ from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.replica import LogStorage
 from rillet.broker.replica_fetch import FetchParams, FetchPartition
 from rillet.broker.replica_manager import AppendResult, ReplicaManager
+from rillet.broker.replication.fetcher import FetcherManager, SourceFetcher
 from rillet.broker.replication.types import AlterPartitionResponse, AppendFetched
 from rillet.client.wire import errors, records
 from rillet.controller.metadata.image import (
@@ -260,3 +262,14 @@ async def test_new_logs_are_created_while_the_loop_keeps_running(
     asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(on_the_loop()))
     await commit(manager, manager.image, created)
     assert all(manager.replicas[TopicPartition("more", p)].is_leader for p in range(20))
+
+
+def test_a_fetcher_names_a_few_added_partitions_not_all(caplog: pytest.LogCaptureFixture) -> None:
+    """A follower of thousands of partitions logged each one's name in one INFO line."""
+    fetcher = SourceFetcher(cast(FetcherManager, None), 2)
+    with caplog.at_level(logging.INFO, logger="rillet.broker"):
+        fetcher.set_partitions({TopicPartition("t", p) for p in range(3000)})
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "fetcher from 2: now 3000 partition(s), added 3000 (t-0, t-1, t-2, t-3, t-4, +2995 more)"
+    )

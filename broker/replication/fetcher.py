@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from rillet.broker.replica_manager import Replica, ReplicaManager
+from rillet.broker.replica_manager import Replica, ReplicaManager, some_partitions
 from rillet.broker.replication.partition_state import Role
 from rillet.broker.replication.types import (
     BatchInfo,
@@ -228,7 +228,7 @@ class SourceFetcher:
                 "fetcher from %d: now %d partition(s), added %s",
                 self.source_id,
                 len(self.partitions),
-                sorted(added),
+                some_partitions(added),
             )
             self._changed.set()
 
