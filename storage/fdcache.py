@@ -21,7 +21,14 @@ What may be closed, and when:
   event-loop step, and a sweep is a step of its own, so a descriptor handed out is never
   closed before its caller is done with it.
 - Never a pinned one: executor threads (fsync jobs, the cleaner) pin a segment while
-  they use its descriptor.
+  they use its descriptor. A segment's own ``close`` (a purge of a retired segment, a
+  log's close) waits for them too: the last ``unpin`` closes it. Closed under a thread
+  still using it, the descriptor's number would go to the next file opened, and that
+  thread's fsync or pread would reach the wrong file.
+- Never a retired one (``forget``): retention, truncation and compaction take segments
+  out of the log but keep their descriptors until file.delete.delay.ms has passed, for
+  reads already handed out; their paths are renamed or name another file by then, so
+  they are never reopened either.
 - Only on the event-loop thread, the one thread that appends and reads without the lock;
   closes and thread-side uses hold ``lock``.
 
@@ -34,9 +41,11 @@ from __future__ import annotations
 import asyncio
 import resource
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rillet.storage import fs
+from rillet.storage.invariants import invariant
 
 if TYPE_CHECKING:
     from rillet.storage.segment import LogSegment
@@ -62,8 +71,17 @@ def _on_loop_thread() -> bool:
 
 
 class FdCache:
-    def __init__(self, max_open: int = DEFAULT_MAX_OPEN) -> None:
+    def __init__(
+        self,
+        max_open: int = DEFAULT_MAX_OPEN,
+        *,
+        on_loop_thread: Callable[[], bool] = _on_loop_thread,
+    ) -> None:
         self.max_open = max_open
+        # Whether the caller is the one thread that may close descriptors (see above). A
+        # single-threaded simulation, which runs no event loop between its coroutines,
+        # passes ``lambda: True``.
+        self.on_loop_thread = on_loop_thread
         self.lock = threading.Lock()
         self._open: dict[LogSegment, None] = {}  # registered segments holding a descriptor
         self._exhausted = False  # the last eviction found nothing: wait for a sweep
@@ -77,6 +95,11 @@ class FdCache:
         """``seg``'s descriptor, opening its file (and evicting idle ones) if closed."""
         with self.lock:
             fd = seg._fd
+            if seg._retired:
+                # Its path is renamed or names another file now: never reopened.
+                invariant(fd is not None, f"{seg.log_path}: a retired segment reopened")
+                assert fd is not None  # for the type checker
+                return fd
             if fd is None:
                 fd = seg._fd = fs.open(seg.log_path, fs.O_RDWR | fs.O_APPEND)
                 if seg._ever_opened:
@@ -84,7 +107,7 @@ class FdCache:
                 seg._ever_opened = True
             self._open[seg] = None
             over = len(self._open) > self.max_open and not self._exhausted
-        if over and _on_loop_thread():
+        if over and self.on_loop_thread():
             self._evict(clear=False, keep=seg)
         return fd
 
@@ -97,10 +120,12 @@ class FdCache:
                 self._open[seg] = None
 
     def forget(self, seg: LogSegment) -> None:
-        """Take ``seg`` out (retired: its descriptor must outlive its path); keeps the fd."""
+        """Take ``seg`` out for good (retired: its descriptor must outlive its path, for
+        reads handed out): never closed by eviction, never reopened. It keeps this
+        cache's lock, so its close still waits for threads that pinned it."""
         with self.lock:
             self._open.pop(seg, None)
-            seg._cache = None
+            seg._retired = True
 
     def closed(self, seg: LogSegment) -> None:
         """``seg`` closed its own descriptor (caller holds ``lock``)."""

@@ -52,6 +52,8 @@ class LogSegment:
         "_writes",
         "_synced",
         "_ever_opened",
+        "_retired",
+        "_close_pending",
     )
 
     def __init__(
@@ -88,6 +90,8 @@ class LogSegment:
         self._writes = 0
         self._synced = 0
         self._ever_opened = False
+        self._retired = False  # out of the log (FdCache.forget): never reopened
+        self._close_pending = False  # closed while pinned: the last unpin closes it
 
     # -- construction ---------------------------------------------------------------
 
@@ -167,7 +171,19 @@ class LogSegment:
             self._pins -= 1
             return
         with cache.lock:
-            self._pins -= 1
+            self._unpin_locked(cache)
+
+    def _unpin_locked(self, cache: FdCache) -> None:
+        self._pins -= 1
+        if not self._pins and self._close_pending:
+            self._close_pending = False
+            self._close_fd_locked(cache)
+
+    def _close_fd_locked(self, cache: FdCache) -> None:
+        if self._fd is not None:
+            fs.close(self._fd)
+            self._fd = None
+        cache.closed(self)
 
     @property
     def is_open(self) -> bool:
@@ -459,8 +475,8 @@ class LogSegment:
         else:
             with cache.lock:
                 fd = self._fd
-                if fd is None and writes == self._synced:
-                    return  # closed clean
+                if fd is None and (writes == self._synced or self._retired):
+                    return  # closed clean, or out of the log (its path may be another's)
                 if fd is not None:
                     self._pins += 1
             if fd is None:
@@ -471,7 +487,7 @@ class LogSegment:
                     fs.fsync(fd)
                 finally:
                     with cache.lock:
-                        self._pins -= 1
+                        self._unpin_locked(cache)
         if writes > self._synced:
             self._synced = writes
 
@@ -507,10 +523,10 @@ class LogSegment:
                 self._fd = None
         else:
             with cache.lock:
-                if self._fd is not None:
-                    fs.close(self._fd)
-                    self._fd = None
-                cache.closed(self)
+                if self._pins:  # a thread is using the descriptor: it closes it after
+                    self._close_pending = True
+                else:
+                    self._close_fd_locked(cache)
         self.index.forget()
         self.time_index.forget()
 

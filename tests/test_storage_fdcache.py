@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 
 from sim.simfs import SimFileSystem
@@ -15,6 +16,7 @@ from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, fs
 from rillet.storage.fdcache import FdCache
 from rillet.storage.manager import LogManager
+from rillet.storage.recovery import purge
 
 SMALL = LogConfig(segment_bytes=4096, index_interval_bytes=256)
 
@@ -161,7 +163,7 @@ async def test_pinned_and_retired_segments_are_not_closed(tmp_path):
     first = log.segments[0]
     _ = first.fd
     log.truncate_fully_and_start_at(500)
-    assert first.is_open and first._cache is None
+    assert first.is_open and first._retired
     for _ in range(3):
         cache.sweep()
     assert first.is_open
@@ -205,3 +207,48 @@ def test_a_crash_keeps_what_a_flush_promised_through_closed_dirty_descriptors() 
         for p in range(3):
             again = Log.open(f"{NODE}/t-{p}", LogConfig())
             assert values(again) == [b"v%d" % (10 * p + i) for i in range(4)]
+
+
+def test_a_retired_segment_stays_open_while_a_background_fsync_uses_it(tmp_path, monkeypatch):
+    """A roll job (an executor thread) fsyncs every segment from the recovery point on;
+    a truncation may retire one of them meanwhile and, file.delete.delay.ms later (here
+    0), the purge (another executor thread) closes it. The close must wait for the
+    fsync: closed under it, the descriptor's number goes to the next file opened, and
+    the fsync fails with EBADF (the log turns read-only, the broker halts) or lands on
+    that other file."""
+    cache = FdCache(max_open=4)
+    jobs: list = []
+    config = LogConfig(segment_bytes=4096, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", config, background=lambda job, after: jobs.append(job))
+    log.use_fd_cache(cache)
+    log.append(batch(0), 0)
+    old = log.active_segment
+    log.roll()  # its job fsyncs ``old``: deferred
+    log.truncate_fully_and_start_at(100)  # retires ``old`` (renamed *.deleted)
+    assert old.is_open and len(jobs) == 1
+    old_file = os.fstat(old.fd).st_ino
+
+    entered, release = threading.Event(), threading.Event()
+    seen: list[int] = []
+    real_fsync = fs.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread() and not entered.is_set():
+            entered.set()
+            release.wait()
+            seen.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(fs, "fsync", slow_fsync)
+    worker = threading.Thread(target=jobs[0])
+    worker.start()
+    entered.wait()
+    purge(log.due_retired(None))  # the purge, while the job is inside old's fsync
+    reuse = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)  # takes a freed number
+    release.set()
+    worker.join()
+    os.close(reuse)
+    assert log.failure is None
+    assert seen == [old_file]  # the fsync went to old's file
+    assert not old.is_open  # and the purge's close happened once it was done
+    log.close()
