@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
+import os
 import random
 
 import pytest
@@ -24,6 +26,7 @@ from rillet.client.wire.errors import StorageError
 from rillet.storage import Log, LogConfig, checkpoints, cleaner, fs
 
 QUICK_SEEDS = 40
+FD_CACHE_QUICK_SEEDS = 20
 
 
 @pytest.mark.parametrize("block", range(2))
@@ -38,9 +41,31 @@ def test_crashes_anywhere_many_seeds() -> None:
     run_many(run_seed, QUICK_SEEDS, seeds_from_env(2_000), SimulationFailure)
 
 
+def run_seed_tiny_fd_cache(seed: int, **kwargs: object) -> object:
+    """Under an fd cache of bound 1 (even seeds) or 2 (odd seeds): see storage_model."""
+    return run_seed(seed, fd_bound=1 + seed % 2, **kwargs)
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_crashes_anywhere_under_a_tiny_fd_cache(block: int) -> None:
+    """Descriptors closed and reopened all the time (dirty ones too, the active one
+    too) change nothing a crash keeps, and no closed descriptor is ever used."""
+    run_block(run_seed_tiny_fd_cache, block, 2, FD_CACHE_QUICK_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_crashes_anywhere_under_a_tiny_fd_cache_many_seeds() -> None:
+    """make sim-long: RILLET_SIM_SEEDS / 2 seeds after the quick ones."""
+    count = seeds_from_env(2_000) // 2
+    run_many(run_seed_tiny_fd_cache, FD_CACHE_QUICK_SEEDS, count, SimulationFailure)
+
+
 def test_replay() -> None:
-    """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it)."""
-    replay(run_seed)
+    """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it); with
+    RILLET_SIM_FD_BOUND, under an fd cache of that bound."""
+    bound = os.environ.get("RILLET_SIM_FD_BOUND")
+    replay(run_seed if bound is None else functools.partial(run_seed, fd_bound=int(bound)))
 
 
 def test_a_new_logs_directory_entry_is_durable_before_it_promises_anything() -> None:

@@ -8,9 +8,13 @@ watermark, runs retention and compaction, runs deferred background jobs (a roll'
 and index write, a policy flush) in any order or never, injects I/O errors, and crashes:
 between steps, or inside any storage call (``crash_after``: between a write and its
 fsync, a truncation and its checkpoint, in the middle of a deferred job or of recovery).
-An I/O error that escapes, or a log turned read-only, halts the node: a crash too. A
-failed fsync (outside compaction, retention and reopening) must have turned the log
-read-only first. Each seed runs in both directory-entry modes of `SimFileSystem`.
+An I/O error that escapes, or a log turned read-only, halts the node: a crash too,
+except EBADF (never injected): a closed descriptor used is a failure. With ``fd_bound``
+the log runs under an fd cache (storage/fdcache.py) of that bound, with fetches (a read
+used in the same step) and cache sweeps in the schedule, so descriptors close and
+reopen all the time. A failed fsync (outside compaction, retention and reopening) must
+have turned the log read-only first. Each seed runs in both directory-entry modes of
+`SimFileSystem`.
 
 Checked after every step: the log's end and start are the model's. After every reopen:
 - every batch reads back CRC-valid, in offset order, from the log start;
@@ -44,6 +48,7 @@ from typing import Any
 from rillet.client.wire import records
 from rillet.client.wire.errors import CorruptRecordError, StorageError
 from rillet.storage import Log, LogConfig, cleaner, fs, retention
+from rillet.storage.fdcache import FdCache
 
 from .simfs import SimCrash, SimFileSystem
 
@@ -84,6 +89,10 @@ class Options:
     # Moves of the log start past unflushed records (a follower taking its leader's
     # start). Off, the action mix is the one the seeds pinned before it existed replay.
     log_start_moves: bool = True
+    # The fd cache's bound (storage/fdcache.py), tiny to close descriptors all the time,
+    # with sweeps and fetch-like reads in the schedule; None: no cache, the action mix
+    # the seeds pinned before it existed.
+    fd_bound: int | None = None
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -126,6 +135,7 @@ class StorageModel:
     removed_batches: bool = False  # compaction or retention ran: epoch starts may be lower
     now: int = 1_000_000
     trace: list[str] = field(default_factory=list)
+    fd_cache: FdCache | None = None
     step_no: int = 0
     reopens: int = 0
 
@@ -175,6 +185,8 @@ class StorageModel:
         ]
         if self.options.log_start_moves:
             steps.append((self.increment_log_start, 2))
+        if self.options.fd_bound is not None:
+            steps += [(self.fetch, 8), (self.sweep, 4)]
         actions, weights = zip(*steps, strict=True)
         for step_no in range(self.options.steps):
             self.step_no = step_no
@@ -191,6 +203,7 @@ class StorageModel:
             self.recover()
             return
         except OSError as exc:
+            self.check_descriptor(exc)
             self.check_failed_fsync(action, injected)
             self.note(f"  -> {exc!r} escaped: the node halts")
             self.halt_and_recover()
@@ -202,11 +215,20 @@ class StorageModel:
             self.fail(f"{exc!r} at {where.filename}:{where.lineno}")
         self.check_failed_fsync(action, injected)
         if self.log.failure is not None:
+            self.check_descriptor(self.log.failure)
             self.note(f"  -> log failed ({self.log.failure!r}): the node halts")
             self.halt_and_recover()
             return
         self.expect(self.log.log_end_offset == self.end, f"log end {self.log.log_end_offset}")
         self.expect(self.log.log_start_offset == self.start, "log start")
+
+    def check_descriptor(self, exc: BaseException) -> None:
+        """EBADF is never injected, and after a crash the old log is dropped: a storage
+        call on a closed descriptor is a bug (on a real system the number may already
+        name another file, and a write through it would land there)."""
+        if isinstance(exc, OSError) and exc.errno == errno.EBADF:
+            where = traceback.extract_tb(exc.__traceback__)
+            self.fail(f"a closed descriptor was used: {exc!r} at {where[-1] if where else '?'}")
 
     def check_failed_fsync(self, action: Callable[[], None], injected: int) -> None:
         """A failed fsync of the log's files (not compaction's scratch copies, not
@@ -236,11 +258,17 @@ class StorageModel:
     def fail(self, message: str) -> None:
         seed = self.options.seed
         mode = "ext4" if self.options.fsync_persists_entry else "strict"
+        bound = self.options.fd_bound
+        if bound is not None:
+            mode += f", fd bound {bound}"
+        replay = REPLAY_COMMAND.format(seed=seed)
+        if bound is not None:
+            replay = f"RILLET_SIM_FD_BOUND={bound} {replay}"
         tail = "\n".join(self.trace[-60:])
         raise SimulationFailure(
             f"storage sim seed {seed} ({mode} mode): {message}\n"
             f"model: start {self.start} end {self.end} durable end {self.durable_end}\n"
-            f"replay: {REPLAY_COMMAND.format(seed=seed)}\n"
+            f"replay: {replay}\n"
             f"trace (last 60 lines):\n{tail}"
         )
 
@@ -257,7 +285,14 @@ class StorageModel:
         self.note(f"  job queued ({caller})")
 
     def open_log(self) -> Log:
-        return Log.open(LOG_DIR, self.config, clock=lambda: self.now, background=self.background)
+        log = Log.open(LOG_DIR, self.config, clock=lambda: self.now, background=self.background)
+        if self.options.fd_bound is not None:
+            # A process's cache: a new one after every crash or reopen, as after a restart.
+            # One thread: opening past the bound closes others, as on the event loop.
+            self.fd_cache = FdCache(self.options.fd_bound, on_loop_thread=lambda: True)
+            log.release_descriptors()  # as LogManager opens a log
+            log.use_fd_cache(self.fd_cache)
+        return log
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -417,6 +452,30 @@ class StorageModel:
         if stats.rewritten:
             self.removed_batches = True
             self._resync("compaction")
+
+    def fetch(self) -> None:
+        """A fetch: read a range and use it in the same step (the RPC server preads or
+        dup()s it when the handler returns), as a follower or a consumer would."""
+        offset = self.rng.randint(self.start, self.end)
+        self.note(f"fetch from {offset}")
+        data = self.log.read(offset, self.rng.choice([100, 1000, 1 << 20])).read()
+        try:
+            batches = list(records.iter_batches(data))
+        except CorruptRecordError as exc:
+            self.fail(f"fetch at {offset}: {exc}")
+        for position, h in batches:
+            offsets, _, keys, values, _ = records.decode_columns(data, position, h)
+            for o, k, v in zip(offsets, keys, values, strict=True):
+                if (h.partition_leader_epoch, k, v) not in self.written.get(o, ()):
+                    self.fail(f"fetch at {offset}: record at {o} was never written there")
+        if batches and batches[-1][1].last_offset < offset:
+            self.fail(f"fetch at {offset} returned batches ending before it")
+
+    def sweep(self) -> None:
+        """The log manager's periodic pass over the fd cache."""
+        assert self.fd_cache is not None  # the step is scheduled only with a bound
+        closed = self.fd_cache.sweep()
+        self.note(f"fd cache sweep: {closed} closed, {len(self.fd_cache)} open")
 
     def purge(self) -> None:
         self.note("purge retired segments")
