@@ -13,6 +13,8 @@ A failure prints the one command line that replays its seed:
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 import pytest
@@ -39,6 +41,7 @@ QUICK_SEEDS = 24
 # recorded the epoch as starting at its next batch and, elected, let a returning deposed
 # leader keep its own records there below the HW (3582).
 REGRESSION_SEEDS = (14, 232, 395, 677, 3582)
+FD_CACHE_QUICK_SEEDS = 6
 
 
 @pytest.mark.parametrize("block", range(4))
@@ -70,9 +73,30 @@ def test_random_faults_many_seeds() -> None:
     run_many(run_seed, QUICK_SEEDS, seeds_from_env(2000), SimulationFailure)
 
 
+def run_seed_tiny_fd_cache(seed: int, echo_trace: bool = False) -> object:
+    """Every broker's fd cache at bound 1 (even seeds) or 2 (odd seeds)."""
+    return run_seed(seed, echo_trace, max_open_segments=1 + seed % 2)
+
+
+def test_random_faults_under_a_tiny_fd_cache() -> None:
+    """Segment descriptors closed and reopened under fetches, appends, rolls, flushes,
+    truncations, retention, compaction, crashes and restarts change nothing checked."""
+    run_block(run_seed_tiny_fd_cache, 0, 1, FD_CACHE_QUICK_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_random_faults_under_a_tiny_fd_cache_many_seeds() -> None:
+    """make sim-long: RILLET_SIM_SEEDS / 4 seeds after the quick ones."""
+    count = seeds_from_env(2000) // 4
+    run_many(run_seed_tiny_fd_cache, FD_CACHE_QUICK_SEEDS, count, SimulationFailure)
+
+
 def test_replay() -> None:
-    """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it)."""
-    replay(run_seed)
+    """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it); with
+    RILLET_SIM_FD_BOUND, every broker's fd cache at that bound."""
+    bound = os.environ.get("RILLET_SIM_FD_BOUND")
+    replay(run_seed if bound is None else functools.partial(run_seed, max_open_segments=int(bound)))
 
 
 MUTANT_SEEDS = 8

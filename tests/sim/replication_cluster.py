@@ -33,6 +33,10 @@ as after a snapshot, and must notice by the topic id its log directory records).
 Retention and compaction run on every broker's logs now and then through
 ``LogManager.run_maintenance``, bounded by the high watermark the driver stores on the
 log, as in production; a roll's fsync and index write are deferred to a later event.
+Each maintenance round sweeps the broker's fd cache (storage/fdcache.py); with
+``max_open_segments`` 1 or 2 it closes and reopens segment descriptors all the time
+(dirty and active ones too), and a closed descriptor used (EBADF, never injected) fails
+the seed.
 
 Controller faults: controllers crash (the active one often: at any write, right after
 proposing a broker's registration or AlterPartition, between a Raft append and its
@@ -243,8 +247,10 @@ def guarded(method: Callable[..., None]) -> Callable[..., None]:
         except OSError as e:
             if self.logs is None:
                 raise
+            self.cluster.check_descriptor(e)
             self.die(f"fatal I/O error {e!r}")
         if self.log_failure is not None and self.logs is not None:
+            self.cluster.check_descriptor(self.log_failure)
             self.die(f"a log turned read-only ({self.log_failure!r})")
 
     return event
@@ -332,7 +338,10 @@ class BrokerActor:
             recovery_threads=1,
             on_log_failure=self.on_log_failure,
             background=self.background,
+            max_open_segments=self.cluster.max_open_segments,
         )
+        # One thread: opening past the bound closes others, as on the event loop.
+        self.logs.fd_cache.on_loop_thread = lambda: True
         self.logs.startup()
         self.checkpointed_hw = hw_checkpoint.read(self.data_dir)
         self.replica, self.replicas = None, {}
@@ -485,6 +494,7 @@ class BrokerActor:
         if self.logs is None or incarnation != self.incarnation:
             return
         if self.now() >= self.paused_until:
+            self.logs.fd_cache.sweep()  # the LogManager's maintenance loop does, each second
             stats = self.cluster.aio.run(self.logs.run_maintenance(self.clock()))
             if stats["segments_compacted"] and self.replica is not None:
                 self.checked_end = 0  # compare the whole log again: records went
@@ -1053,9 +1063,18 @@ def read_batches(log: Log, start: int, end: int):  # noqa: ANN201
 
 
 class ReplicationCluster:
-    def __init__(self, seed: int, chaos_ms: int = 8000, echo_trace: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        chaos_ms: int = 8000,
+        echo_trace: bool = False,
+        max_open_segments: int | None = None,
+    ) -> None:
         self.seed = seed
         self.chaos_ms = chaos_ms
+        # Every broker's fd cache bound (storage/fdcache.py); None: the default, which
+        # never closes anything here. Draws nothing from the seed's random streams.
+        self.max_open_segments = max_open_segments
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.scheduler = Scheduler(self.clock)
@@ -1111,10 +1130,20 @@ class ReplicationCluster:
     def close(self) -> None:
         self.aio.close()
 
+    def check_descriptor(self, error: BaseException) -> None:
+        """EBADF is never injected: a closed descriptor used is a bug (on a real system
+        its number may name another file by then, and a write through it lands there)."""
+        if isinstance(error, OSError) and error.errno == errno.EBADF:
+            self.fail(f"a closed descriptor was used: {error!r}")
+
     def fail(self, text: str) -> NoReturn:
+        replay = REPLAY_COMMAND.format(seed=self.seed)
+        if self.max_open_segments is not None:
+            replay = f"RILLET_SIM_FD_BOUND={self.max_open_segments} {replay}"
+            text = f"(fd bound {self.max_open_segments}) {text}"
         raise SimulationFailure(
             f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
-            f"replay: {REPLAY_COMMAND.format(seed=self.seed)}\n"
+            f"replay: {replay}\n"
             f"--- trace tail ---\n{self.trace.tail()}"
         )
 
@@ -1451,8 +1480,10 @@ class ReplicationCluster:
         )
 
 
-def run_seed(seed: int, echo_trace: bool = False) -> ReplicationCluster:
-    cluster = ReplicationCluster(seed, echo_trace=echo_trace)
+def run_seed(
+    seed: int, echo_trace: bool = False, max_open_segments: int | None = None
+) -> ReplicationCluster:
+    cluster = ReplicationCluster(seed, echo_trace=echo_trace, max_open_segments=max_open_segments)
     try:
         cluster.run()
     finally:
