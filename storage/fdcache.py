@@ -16,10 +16,14 @@ What may be closed, and when:
   between is reported to the reopened descriptor's fsync (Linux 4.16 on: an error no
   descriptor has seen is reported to the next one opened), and that fails the log as
   any failed fsync does.
-- Only a segment not touched since the last ``sweep`` (second chance, as a CLOCK cache):
-  a read hands out the descriptor in a ``FileSlice`` that its caller uses in the same
-  event-loop step, and a sweep is a step of its own, so a descriptor handed out is never
-  closed before its caller is done with it.
+- Never one handed out in the current event-loop step: a read hands out the descriptor
+  in a ``FileSlice`` that its caller uses in the same step (the fetch path reads every
+  partition, then the RPC server copies or dup()s each range, with no await between),
+  so the protection ends with the step (``hand_out``). It must not last longer: a
+  follower fetching every partition each round would otherwise keep every descriptor
+  open, whatever the bound.
+- Preferably one not read since the last ``sweep`` (a read mark, as a CLOCK cache's
+  reference bit): a segment being read is likely read again soon.
 - Never a pinned one: executor threads (fsync jobs, the cleaner) pin a segment while
   they use its descriptor. A segment's own ``close`` (a purge of a retired segment, a
   log's close) waits for them too: the last ``unpin`` closes it. Closed under a thread
@@ -32,8 +36,9 @@ What may be closed, and when:
 - Only on the event-loop thread, the one thread that appends and reads without the lock;
   closes and thread-side uses hold ``lock``.
 
-The bound is a target, not a hard limit: pinned and recently used descriptors stay open
-past it until the next sweep.
+The bound is a target, not a hard limit: pinned descriptors, and those handed out in
+the current step, stay open past it (one fetch of N partitions holds up to N until its
+step ends); an open past the bound closes down to an eighth below it.
 """
 
 from __future__ import annotations
@@ -84,7 +89,12 @@ class FdCache:
         self.on_loop_thread = on_loop_thread
         self.lock = threading.Lock()
         self._open: dict[LogSegment, None] = {}  # registered segments holding a descriptor
-        self._exhausted = False  # the last eviction found nothing: wait for a sweep
+        # Segments whose descriptor a read handed out in this event-loop step: kept open
+        # until the step ends (``_end_step``, scheduled once per step), or with no loop
+        # running (a simulation), until the next sweep.
+        self._handed: list[LogSegment] = []
+        self._end_scheduled = False
+        self._exhausted = False  # the last eviction found nothing: wait for the step's end
         self.evictions = 0
         self.reopens = 0
 
@@ -127,47 +137,80 @@ class FdCache:
             self._open.pop(seg, None)
             seg._retired = True
 
+    def hand_out(self, seg: LogSegment) -> None:
+        """Keep ``seg``'s descriptor open until this event-loop step ends: a read is
+        handing it out (a ``FileSlice``). Event-loop thread only."""
+        seg._handed = True
+        self._handed.append(seg)
+        if self._end_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop, no steps: released at the next sweep
+        loop.call_soon(self._end_step)
+        self._end_scheduled = True
+
+    def _end_step(self) -> None:
+        for seg in self._handed:
+            seg._handed = False
+        self._handed.clear()
+        self._end_scheduled = False
+        self._exhausted = False
+
     def closed(self, seg: LogSegment) -> None:
         """``seg`` closed its own descriptor (caller holds ``lock``)."""
         self._open.pop(seg, None)
 
     def sweep(self) -> int:
-        """The periodic pass (event-loop thread): clear every use mark, close idle clean
-        descriptors beyond the bound. Returns how many were closed."""
-        self._exhausted = False
+        """The periodic pass (event-loop thread): close descriptors beyond the bound,
+        those not read since the last sweep first, and clear the read marks. Returns how
+        many were closed."""
+        if not self._end_scheduled:  # with a loop running, nothing of this step's
+            self._end_step()
         return self._evict(clear=True, keep=None)
 
     def trim(self) -> int:
-        """Close idle descriptors down to the bound, keeping the use marks (what an open
+        """Close descriptors down to the bound, keeping the read marks (what an open
         past the bound does). On the event-loop thread only."""
         return self._evict(clear=False, keep=None)
 
     def _evict(self, *, clear: bool, keep: LogSegment | None) -> int:
         with self.lock:
-            excess = len(self._open) - self.max_open
-            clean: list[LogSegment] = []
-            dirty: list[LogSegment] = []
-            for seg in list(self._open):
-                if seg._used:
-                    if clear:
-                        seg._used = False
-                    continue
-                if seg is keep or seg._pins or excess <= 0:
+            over = len(self._open) - self.max_open
+            if over <= 0 and not clear:
+                return 0
+            # An open past the bound closes down to an eighth below it: a stream of
+            # reopens (appends to more partitions than the bound) then pays one scan of
+            # the open set per max_open / 8 closes, not one per reopen.
+            excess = over + (self.max_open // 8 if over > 0 and not clear else 0)
+            # Not read since the last sweep before read, clean before dirty (a dirty one's
+            # next fsync opens a descriptor of its own).
+            unread_clean: list[LogSegment] = []
+            unread_dirty: list[LogSegment] = []
+            read_clean: list[LogSegment] = []
+            read_dirty: list[LogSegment] = []
+            for seg in self._open:
+                used = seg._used
+                if clear:
+                    seg._used = False
+                elif excess <= len(unread_clean):
+                    break
+                if seg is keep or seg._pins or seg._handed or excess <= 0:
                     continue
                 if seg._writes == seg._synced:
-                    clean.append(seg)
-                    if not clear and len(clean) >= excess:
-                        break
+                    (read_clean if used else unread_clean).append(seg)
                 else:
-                    dirty.append(seg)
-            victims = (clean + dirty)[: max(excess, 0)]  # clean ones first
+                    (read_dirty if used else unread_dirty).append(seg)
+            ranked = unread_clean + unread_dirty + read_clean + read_dirty
+            victims = ranked[: max(excess, 0)]
             for seg in victims:
                 del self._open[seg]
                 fd = seg._fd
                 if fd is not None:
                     seg._fd = None
                     fs.close(fd)
-            if not clear and len(victims) < excess:
-                self._exhausted = True  # nothing more to close until the next sweep
+            if not clear and len(victims) < over:
+                self._exhausted = True  # all in use or pinned until this step ends
         self.evictions += len(victims)
         return len(victims)

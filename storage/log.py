@@ -681,7 +681,8 @@ class Log:
             if h.last_offset >= end:
                 break
             stop = seg.read_end(position, h, max_bytes, end)
-            return FileSlice(seg.fd, seg.log_path, position, stop - position, h.base_offset)
+            fd = seg.hand_out()
+            return FileSlice(fd, seg.log_path, position, stop - position, h.base_offset)
         return FileSlice.empty(offset)
 
     def read_bytes(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:

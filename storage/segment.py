@@ -54,6 +54,7 @@ class LogSegment:
         "_ever_opened",
         "_retired",
         "_close_pending",
+        "_handed",
     )
 
     def __init__(
@@ -92,6 +93,7 @@ class LogSegment:
         self._ever_opened = False
         self._retired = False  # out of the log (FdCache.forget): never reopened
         self._close_pending = False  # closed while pinned: the last unpin closes it
+        self._handed = False  # handed out in this event-loop step (FdCache.hand_out)
 
     # -- construction ---------------------------------------------------------------
 
@@ -135,11 +137,20 @@ class LogSegment:
     @property
     def fd(self) -> int:
         """The open descriptor (opened, or reopened after the cache closed it, here),
-        for a reader that may hand it out (a ``FileSlice``): marks the segment used, so
-        its cache does not close it before the next sweep."""
+        for a read that uses it at once: marks the segment read, so its cache prefers
+        to close others."""
         self._used = True
         fd = self._fd
         return self._open_fd() if fd is None else fd
+
+    def hand_out(self) -> int:
+        """``fd`` for a ``FileSlice``, whose caller uses it later in this event-loop
+        step: the cache keeps it open until the step ends."""
+        fd = self.fd
+        cache = self._cache
+        if cache is not None and not self._handed:
+            cache.hand_out(self)
+        return fd
 
     def _open_fd(self) -> int:
         """Open (or reopen) the descriptor without marking the segment used: appends
