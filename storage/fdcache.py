@@ -8,14 +8,14 @@ file on the next access (``LogSegment.fd``).
 
 What may be closed, and when:
 
-- Clean segments first (nothing written or cut through them since their last fsync
-  began), then dirty ones. A dirty descriptor closed with unsynced data loses nothing:
-  the page cache holds dirty pages per inode, not per descriptor, so the data is written
-  back as usual, and the segment's next fsync (a flush, a roll's job, close) reopens the
-  file and fsyncs it, which POSIX defines as flushing the *file*. A writeback error in
-  between is reported to the reopened descriptor's fsync (Linux 4.16 on: an error no
-  descriptor has seen is reported to the next one opened), and that fails the log as
-  any failed fsync does.
+- Clean segments (nothing written or cut through them since their last fsync began)
+  before dirty ones with the same read mark (below). A dirty descriptor closed with
+  unsynced data loses nothing: the page cache holds dirty pages per inode, not per
+  descriptor, so the data is written back as usual, and the segment's next fsync (a
+  flush, a roll's job, close) reopens the file and fsyncs it, which POSIX defines as
+  flushing the *file*. A writeback error in between is reported to the reopened
+  descriptor's fsync (Linux 4.16 on: an error no descriptor has seen is reported to the
+  next one opened), and that fails the log as any failed fsync does.
 - Never one handed out in the current event-loop step: a read hands out the descriptor
   in a ``FileSlice`` that its caller uses in the same step (the fetch path reads every
   partition, then the RPC server copies or dup()s each range, with no await between),
