@@ -93,7 +93,7 @@ class FdCache:
         # until the step ends (``_end_step``, scheduled once per step), or with no loop
         # running (a simulation), until the next sweep.
         self._handed: list[LogSegment] = []
-        self._end_scheduled = False
+        self._end_loop: asyncio.AbstractEventLoop | None = None  # where _end_step waits
         self._exhausted = False  # the last eviction found nothing: wait for the step's end
         self.evictions = 0
         self.reopens = 0
@@ -142,20 +142,20 @@ class FdCache:
         handing it out (a ``FileSlice``). Event-loop thread only."""
         seg._handed = True
         self._handed.append(seg)
-        if self._end_scheduled:
+        if self._end_loop is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop, no steps: released at the next sweep
         loop.call_soon(self._end_step)
-        self._end_scheduled = True
+        self._end_loop = loop
 
     def _end_step(self) -> None:
         for seg in self._handed:
             seg._handed = False
         self._handed.clear()
-        self._end_scheduled = False
+        self._end_loop = None
         self._exhausted = False
 
     def closed(self, seg: LogSegment) -> None:
@@ -166,7 +166,13 @@ class FdCache:
         """The periodic pass (event-loop thread): close descriptors beyond the bound,
         those not read since the last sweep first, and clear the read marks. Returns how
         many were closed."""
-        if not self._end_scheduled:  # with a loop running, nothing of this step's
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        # Release what earlier steps handed out, not this one's (a sweep is a step of its
+        # own in the broker); a loop that closed before its _end_step ran leaves them too.
+        if self._end_loop is None or self._end_loop is not running:
             self._end_step()
         return self._evict(clear=True, keep=None)
 

@@ -280,3 +280,29 @@ async def test_the_bound_holds_while_every_partition_is_read_each_round(tmp_path
         mgr.fd_cache.sweep()
         assert len(mgr.fd_cache) <= 4 and len(open_segment_files(tmp_path)) <= 4
     await mgr.close_async()
+
+
+def test_descriptors_handed_out_on_a_loop_that_closed_are_released_at_the_next_sweep(tmp_path):
+    """The end of a step is a callback on the loop that handed the descriptor out: if that
+    loop closes first (a tool or test that runs one coroutine per loop), the next sweep
+    must still release them, or they would stay open past the bound for good."""
+    cache = FdCache(max_open=1)
+    logs = [Log.open(tmp_path / f"t-{p}", SMALL) for p in range(3)]
+    for p, log in enumerate(logs):
+        log.append(batch(p), 0)
+        log.use_fd_cache(cache)
+
+    loop = asyncio.new_event_loop()
+
+    def fetch_and_stop() -> None:
+        for log in logs:
+            log.read(0, 1 << 20).read()
+        loop.stop()  # the loop ends with this step: the step's end callback never runs
+
+    loop.call_soon(fetch_and_stop)
+    loop.run_forever()
+    loop.close()
+    cache.sweep()
+    assert len(cache) <= 1
+    for log in logs:
+        log.close()
