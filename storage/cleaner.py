@@ -67,8 +67,6 @@ def plan(log, now_ms: int) -> list[LogSegment]:
         chosen.append(seg)
     if not chosen or chosen[-1].base_offset <= log.clean_upto:
         return []  # nothing new since the last cleaning
-    for seg in chosen:
-        _ = seg.fd  # open on the loop thread; the worker only preads
     return chosen
 
 
@@ -95,8 +93,8 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
             return CleanStats()
         generation = log.generation
         horizon = now - log.config.delete_retention_ms
-        for seg in segments:  # the worker preads them: the fd cache must not close them
-            seg.pin()
+        for seg in segments:  # opened here, on the loop; the fd cache keeps them open
+            seg.pin()  # while the worker preads them
         try:
             stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
         finally:
