@@ -35,9 +35,12 @@ test: install lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # Long deterministic-simulator runs, kept out of `make test`: SIM_SEEDS seeds of each of
-# the three simulators (about 0.3 s a seed for all three together on one core: ~25 min).
+# the three simulators (about 0.3 s a seed for all three together on one core: ~25 min),
+# and fewer under a tiny fd cache (storage SIM_SEEDS/2, replication SIM_SEEDS/4, the
+# Log-level fd cache schedules SIM_SEEDS/5: ~15 min more).
 SIM_SEEDS ?= 5000
-SIMULATORS = tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py
+SIMULATORS = tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py \
+	tests/test_storage_fdcache_random.py
 sim-long: install
 	RILLET_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/pytest -q -m slow $(SIMULATORS)
 
