@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from sim.seeds import seeds_from_env
 from sim.storage_model import run_inline
+from test_storage_fdcache import open_segment_files
 
 from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, cleaner, retention
@@ -31,20 +32,6 @@ from rillet.storage.fdcache import FdCache
 LOGS = 3
 QUICK_SEEDS = 24
 STEPS = 300
-
-
-def live_segment_fds(root: Path) -> int:
-    """Descriptors this process holds on segment files still named ``*.log`` under root
-    (not retired ones renamed ``*.deleted`` or replaced by compaction)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)) and target.endswith(".log"):
-            count += 1
-    return count
 
 
 class Schedule:
@@ -219,7 +206,7 @@ class Schedule:
     def check_bound(self) -> None:
         self.cache.sweep()
         self.cache.sweep()
-        held = live_segment_fds(self.root)
+        held = len(open_segment_files(self.root))
         if len(self.cache) > self.bound or held > self.bound:
             self.fail(f"{len(self.cache)} cached, {held} open after two sweeps")
 
