@@ -21,7 +21,9 @@ What may be closed, and when:
   partition, then the RPC server copies or dup()s each range, with no await between),
   so the protection ends with the step (``hand_out``). It must not last longer: a
   follower fetching every partition each round would otherwise keep every descriptor
-  open, whatever the bound.
+  open, whatever the bound. Nor may one step hand out more than the bound: past it, a
+  read returns its bytes instead (``LogSegment.slice``), or a fetch of N partitions
+  would hold N descriptors.
 - Preferably one not read since the last ``sweep`` (a read mark, as a CLOCK cache's
   reference bit): a segment being read is likely read again soon.
 - Never a pinned one: executor threads (fsync jobs, the cleaner) pin a segment while
@@ -36,9 +38,9 @@ What may be closed, and when:
 - Only on the event-loop thread, the one thread that appends and reads without the lock;
   closes and thread-side uses hold ``lock``.
 
-The bound is a target, not a hard limit: pinned descriptors, and those handed out in
-the current step, stay open past it (one fetch of N partitions holds up to N until its
-step ends); an open past the bound closes down to an eighth below it.
+The bound is a target, not a hard limit: pinned descriptors and retired ones stay open
+past it, and a step holds at most the bound's worth handed out plus the one being read;
+an open past the bound closes down to an eighth below it.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ class FdCache:
 
     def hand_out(self, seg: LogSegment) -> None:
         """Keep ``seg``'s descriptor open until this event-loop step ends: a read is
-        handing it out (a ``FileSlice``). Event-loop thread only."""
+        handing it out (a ``FileSlice``, ``LogSegment.slice``). Event-loop thread only."""
         seg._handed = True
         self._handed.append(seg)
         if self._end_loop is not None:
@@ -150,6 +152,26 @@ class FdCache:
             return  # no loop, no steps: released at the next sweep
         loop.call_soon(self._end_step)
         self._end_loop = loop
+
+    def handed_out_full(self) -> bool:
+        """Whether this step's reads hold the bound's worth of descriptors: a read then
+        returns its bytes rather than one more descriptor."""
+        return len(self._handed) >= self.max_open
+
+    def close_if_over(self, seg: LogSegment) -> None:
+        """Close ``seg``'s descriptor now if the cache is past its bound and nothing
+        holds it: a read that copied its bytes since this step's reads hold the bound
+        (each such read would otherwise leave one more open until the step ends)."""
+        with self.lock:
+            fd = seg._fd
+            if len(self._open) <= self.max_open or fd is None:
+                return
+            if seg._pins or seg._handed or seg._retired:
+                return
+            self._open.pop(seg, None)
+            seg._fd = None
+            fs.close(fd)
+        self.evictions += 1
 
     def _end_step(self) -> None:
         for seg in self._handed:

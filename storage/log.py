@@ -681,8 +681,7 @@ class Log:
             if h.last_offset >= end:
                 break
             stop = seg.read_end(position, h, max_bytes, end)
-            fd = seg.hand_out()
-            return FileSlice(fd, seg.log_path, position, stop - position, h.base_offset)
+            return seg.slice(position, stop - position, h.base_offset)
         return FileSlice.empty(offset)
 
     def read_bytes(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:

@@ -16,6 +16,7 @@ from pathlib import Path
 from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader, stamp
 from rillet.storage import fs
 from rillet.storage.fdcache import FdCache
+from rillet.storage.fileslice import FileSlice
 from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
 from rillet.storage.invariants import invariant
 from rillet.storage.scan import BatchScanner, ScanProblem, read_header_at
@@ -143,14 +144,21 @@ class LogSegment:
         fd = self._fd
         return self._open_fd() if fd is None else fd
 
-    def hand_out(self) -> int:
-        """``fd`` for a ``FileSlice``, whose caller uses it later in this event-loop
-        step: the cache keeps it open until the step ends."""
+    def slice(self, position: int, length: int, first_offset: int) -> FileSlice:
+        """A read's ``FileSlice``, whose caller uses it later in this event-loop step:
+        the descriptor, which the cache keeps open until the step ends, or, when this
+        step's reads hold the cache's bound of descriptors already, the bytes (the copy
+        the RPC server's pread makes anyway) and no descriptor kept for them."""
         fd = self.fd
         cache = self._cache
-        if cache is not None and not self._handed:
+        if cache is None or self._handed:
+            return FileSlice(fd, self.log_path, position, length, first_offset)
+        if not cache.handed_out_full():
             cache.hand_out(self)
-        return fd
+            return FileSlice(fd, self.log_path, position, length, first_offset)
+        data = fs.pread(fd, length, position)
+        cache.close_if_over(self)
+        return FileSlice(-1, self.log_path, position, len(data), first_offset, data)
 
     def _open_fd(self) -> int:
         """Open (or reopen) the descriptor without marking the segment used: appends

@@ -384,3 +384,28 @@ async def test_metrics_count_bytes_and_latency(broker, conn) -> None:
     assert snap["bytes_out_total"] == len(data)
     assert snap["request_latency"]["Produce"]["count"] == 1
     assert snap["under_replicated_partitions"] == 0
+
+
+async def test_a_fetch_past_the_fd_cache_bound_sends_every_partition(broker, conn) -> None:
+    """One fetch of more partitions than the fd cache may hold open: the first ranges go
+    out from their descriptors, the rest as bytes read at once (storage/fdcache.py), and
+    the answer carries every partition's records, in its rows' order."""
+    server, link = broker
+    assert server.logs is not None
+    server.logs.fd_cache.max_open = 1
+    await link.create_topic("wide", 6)
+    for p in range(6):
+        assert (await produce(conn, "wide", p, batch(b"v%d" % p)))[1] == 0
+    header, payload = await conn.request(
+        "Fetch",
+        {
+            "replica_id": -1,
+            "max_wait_ms": 0,
+            "min_bytes": 0,
+            "max_bytes": 1 << 20,
+            "topics": [["wide", [[p, 0, -1, -1, 0, 1 << 20] for p in range(6)]]],
+        },
+    )
+    rows = header["topics"][0][1]
+    assert [row[0] for row in rows] == list(range(6)) and all(row[1] == 0 for row in rows)
+    assert values_of(bytes(payload)) == [b"v%d" % p for p in range(6)]

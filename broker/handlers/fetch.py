@@ -122,7 +122,7 @@ class FetchHandler:
             if group is None:
                 group = by_topic[r.topic] = []
             group.append(r)
-        payload: list[FileRange] = []
+        payload: list[FileRange | bytes] = []
         out: list[m.FetchTopicResult] = []
         for topic, group in by_topic.items():
             rows = []
@@ -131,7 +131,10 @@ class FetchHandler:
                 diverging = r.diverging_epoch
                 data = r.records
                 if data is not None:
-                    payload.append(FileRange(data.fd, data.position, data.length))
+                    if data.data is not None:  # read at once (storage/fdcache.py)
+                        payload.append(data.data)
+                    else:
+                        payload.append(FileRange(data.fd, data.position, data.length))
                 ends = (
                     m.EpochEndOffset(diverging.epoch, diverging.end_offset) if diverging else None
                 )
