@@ -12,7 +12,10 @@ in production (`ControllerServer`) and in the Raft simulation alike. It owns:
   an earlier leader committed;
 - the cluster id: written by the first active controller of a new quorum, learned from
   the image by everyone else;
-- the snapshot policy: a snapshot after so many records or bytes since the last one;
+- the snapshot policy: a snapshot after so many records or bytes since the last one, and
+  never before the entries applied since the last one outweigh it (so writing snapshots
+  costs at most about as much as applying the entries, however large the image), encoded
+  by a `SnapshotEncoder` (production: on a worker thread, off the event loop);
 - pending proposals: each proposal's callback fires once its entry commits, or fails
   when leadership or the log moved under it;
 - entry bounds (`EntryLimits`): an operation's records are proposed as as many entries
@@ -63,10 +66,22 @@ OnCommit = Callable[[Exception | None], None]
 
 @dataclass(frozen=True, slots=True)
 class SnapshotPolicy:
-    """Snapshot once this many records or bytes were applied since the last snapshot."""
+    """Snapshot once this many records or bytes were applied since the last snapshot, and
+    at least as many entry bytes as the last snapshot took."""
 
     max_records: int = 20_000
     max_bytes: int = 16 * 1024 * 1024
+
+
+# Encodes a (immutable) image and hands the bytes to the callback, or None when encoding
+# failed. `encode_at_once` is the default (the simulator, tests); the server encodes on a
+# worker thread: the snapshot of 50,000 partitions took about a second to encode, and on
+# the loop that stopped Raft heartbeats long enough for an election.
+SnapshotEncoder = Callable[[MetadataImage, Callable[[bytes | None], None]], None]
+
+
+def encode_at_once(image: MetadataImage, done: Callable[[bytes | None], None]) -> None:
+    done(encode_snapshot(image))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +128,7 @@ class ControllerStateMachine:
         rng: random.Random,
         on_applied: Callable[[], None] = lambda: None,
         on_cluster_id: Callable[[str], None] = lambda cid: None,
+        snapshot_encoder: SnapshotEncoder = encode_at_once,
     ) -> None:
         self.node_id = node_id
         self.controller_config = controller_config
@@ -133,6 +149,10 @@ class ControllerStateMachine:
         self._waiters: dict[int, tuple[int, OnCommit]] = {}
         self._since_snapshot_records = 0
         self._since_snapshot_bytes = 0
+        self.snapshot_encoder = snapshot_encoder
+        self._encoding: int | None = None  # offset of the image being encoded
+        self._encoded: tuple[int, bytes] | None = None  # encoded, not yet handed over
+        self._last_snapshot_bytes = 0
 
     def restore(self, snapshot: Snapshot | None) -> None:
         """At start, from the stored snapshot (the node re-delivers the entries after it)."""
@@ -163,6 +183,7 @@ class ControllerStateMachine:
             self.images = PendingImages(decode_snapshot(ready.snapshot.data))
             self.fail_waiters("a snapshot replaced this controller's state")
             self._since_snapshot_records = self._since_snapshot_bytes = 0
+            self._last_snapshot_bytes = len(ready.snapshot.data)
             log.info(
                 "controller %d: loaded snapshot at offset %d", self.node_id, ready.snapshot.index
             )
@@ -255,15 +276,30 @@ class ControllerStateMachine:
         self.on_cluster_id(cid)
 
     def _snapshot_due(self, node: RaftNode) -> tuple[int, bytes] | None:
+        """An encoded snapshot to hand to the node, once the policy says so. Encoding may
+        finish later (a worker thread): the snapshot is then handed over at a later
+        Ready, if the node has not moved past it (a leader's snapshot installed)."""
+        if self._encoding is None and self._encoded is None:
+            self._maybe_start_snapshot(node)
+        encoded, self._encoded = self._encoded, None
+        if encoded is None:
+            return None
+        offset, data = encoded
+        if not node.log.snapshot_index < offset <= node.applied_index:
+            return None
+        self._last_snapshot_bytes = len(data)
+        return encoded
+
+    def _maybe_start_snapshot(self, node: RaftNode) -> None:
         policy = self.snapshot_policy
         if (
             self._since_snapshot_records < policy.max_records
             and self._since_snapshot_bytes < policy.max_bytes
-        ):
-            return None
+        ) or self._since_snapshot_bytes < self._last_snapshot_bytes:
+            return
         image = self.images.committed
         if image.offset <= node.log.snapshot_index or image.offset > node.applied_index:
-            return None
+            return
         log.info(
             "controller %d: snapshot at offset %d after %d records",
             self.node_id,
@@ -271,7 +307,16 @@ class ControllerStateMachine:
             self._since_snapshot_records,
         )
         self._since_snapshot_records = self._since_snapshot_bytes = 0
-        return image.offset, encode_snapshot(image)
+        self._encoding = offset = image.offset
+
+        def done(data: bytes | None) -> None:
+            if self._encoding != offset:
+                return  # a reset (a snapshot installed) dropped this one
+            self._encoding = None
+            if data is not None:
+                self._encoded = (offset, data)
+
+        self.snapshot_encoder(image, done)
 
     # -- proposals ---------------------------------------------------------------------
 

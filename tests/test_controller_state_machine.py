@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from rillet.client.wire.errors import NotControllerError
 from rillet.controller.metadata.describe import cluster_id_of
-from rillet.controller.metadata.image import decode_snapshot
+from rillet.controller.metadata.image import (
+    MetadataImage,
+    decode_snapshot,
+    encode_records,
+    encode_snapshot,
+)
 from rillet.controller.metadata.quorum import ControllerConfig
 from rillet.controller.raft.core import (
     AppendRequest,
@@ -20,7 +26,12 @@ from rillet.controller.raft.core import (
     Snapshot,
 )
 from rillet.controller.raft.driver import RaftDriver
-from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
+from rillet.controller.state_machine import (
+    ControllerStateMachine,
+    SnapshotEncoder,
+    SnapshotPolicy,
+    encode_at_once,
+)
 
 T_MS = 1000
 
@@ -39,7 +50,11 @@ class Storage:
 class Quorum:
     """Three controllers; messages are delivered at once unless a link is blocked."""
 
-    def __init__(self, snapshot_policy: SnapshotPolicy = SnapshotPolicy()) -> None:
+    def __init__(
+        self,
+        snapshot_policy: SnapshotPolicy = SnapshotPolicy(),
+        snapshot_encoder: SnapshotEncoder = encode_at_once,
+    ) -> None:
         ids = (1, 2, 3)
         self.now_ms = 0
         self.queue: list[Message] = []
@@ -58,6 +73,7 @@ class Quorum:
                 new_cluster_id=lambda: "the-cluster",
                 rng=random.Random(i),
                 on_cluster_id=lambda cid, i=i: self.cluster_ids.__setitem__(i, cid),
+                snapshot_encoder=snapshot_encoder,
             )
             self.storages[i] = Storage()
             driver = RaftDriver(node, self.storages[i], self, machine, lambda: self.now_ms)
@@ -188,6 +204,61 @@ def test_snapshot_after_the_record_threshold_holds_the_committed_image() -> None
     image = decode_snapshot(snapshot.data)
     assert image.offset == snapshot.index and set(image.brokers) <= {7, 8, 9}
     assert q.nodes[1].log.snapshot_index == snapshot.index
+
+
+def test_a_snapshot_encoded_later_is_taken_then_and_raft_goes_on_meanwhile() -> None:
+    """The server encodes on a worker thread: until the bytes are back the node keeps
+    committing and applying, and then compacts to the image it asked to encode, not to
+    the newer one it has by then."""
+    asked: list[tuple[MetadataImage, Callable[[bytes | None], None]]] = []
+    q = Quorum(SnapshotPolicy(max_records=3), lambda image, done: asked.append((image, done)))
+    q.elect(1)
+    q.run(100)
+    for broker in (7, 8, 9):
+        q.machines[1].propose(register(q.machines[1], broker))
+        q.run(20)
+    assert asked and not q.storages[1].snapshots
+    first = len(asked)
+    outcomes: list[Exception | None] = []
+    q.machines[1].propose(register(q.machines[1], 10), outcomes.append)
+    q.run(20)
+    assert outcomes == [None] and not q.storages[1].snapshots  # applied, no snapshot yet
+    assert len(asked) == first  # one encoding at a time per controller
+    for image, done in asked:  # every controller's encoding finishes now
+        done(encode_snapshot(image))
+    q.run(20)
+    (snapshot,) = q.storages[1].snapshots
+    encoded_offsets = {image.offset for image, _ in asked}
+    assert snapshot.index in encoded_offsets and snapshot.index < q.machines[1].image.offset
+    assert decode_snapshot(snapshot.data).offset == snapshot.index
+    assert q.nodes[1].log.snapshot_index == snapshot.index
+
+
+def test_snapshots_wait_until_the_entries_since_outweigh_the_last_one() -> None:
+    """A snapshot costs work in proportion to the image; with an image of thousands of
+    partitions, one every ``max_records`` records snapshotted several times a second."""
+    q = Quorum(SnapshotPolicy(max_records=1))
+    q.elect(1)
+    q.run(100)
+    big: list[object] = []
+    for broker in range(100, 400):
+        big += register(q.machines[1], broker)
+    q.machines[1].propose(big)  # type: ignore[arg-type]
+    q.run(20)
+    taken = len(q.storages[1].snapshots)
+    first = q.storages[1].snapshots[-1]
+    assert 399 in decode_snapshot(first.data).brokers
+    applied = 0
+    broker = 1000
+    while len(q.storages[1].snapshots) == taken:
+        records = register(q.machines[1], broker)
+        q.machines[1].propose(records)  # type: ignore[arg-type]
+        q.run(20)
+        applied += len(encode_records(records))  # type: ignore[arg-type]
+        broker += 1
+        assert broker < 10_000, "no second snapshot"
+    assert broker - 1000 > 1  # max_records alone would have taken one at once
+    assert applied >= len(first.data)
 
 
 def test_tick_fences_a_silent_broker_on_the_active_controller_only() -> None:

@@ -32,6 +32,7 @@ from rillet.controller.metadata.image import (
     MetadataImage,
     MetadataRecord,
     decode_snapshot,
+    encode_snapshot,
 )
 from rillet.controller.metadata.quorum import ControllerConfig
 from rillet.controller.raft.core import (
@@ -55,7 +56,7 @@ from rillet.controller.raft.core import (
     message_from_dict,
 )
 from rillet.controller.raft.driver import BlockingWrite, RaftDriver
-from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
+from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy, encode_at_once
 
 from .network import LinkFaults, SimNetwork
 from .scheduler import Scheduler, SimClock
@@ -299,6 +300,8 @@ class RaftActor:
         self.backlog: list[Callable[[], None]] = []  # what arrived while it stalled
         self.tick_overdue = False  # the tick timer fired while it stalled
         self.draining = False  # handling the backlog: the Ready loop waits until done
+        # Snapshot encoding latency: its own stream, so pinned seeds replay as before.
+        self.encode_rng = random.Random((cluster.options.seed << 8) ^ node_id)
 
     # -- lifecycle ------------------------------------------------------
 
@@ -317,6 +320,9 @@ class RaftActor:
             rng=random.Random(cluster.rng.getrandbits(64)),
             on_applied=self.on_applied,
             on_cluster_id=lambda cid: cluster.invariants.on_cluster_id(self.actor_id, cid),
+            snapshot_encoder=self.encode_later
+            if cluster.options.snapshot_encode_ms != (0, 0)
+            else encode_at_once,
         )
         self.machine.restore(state.snapshot)
         self.driver = RaftDriver(self.node, self, self, self, self.clock, on_event=self.on_event)
@@ -331,6 +337,27 @@ class RaftActor:
         )
         self.schedule_tick()
         self.run_ready()
+
+    def encode_later(self, image: MetadataImage, done: Callable[[bytes | None], None]) -> None:
+        """As the server's worker thread: the bytes come back on the event loop some time
+        later, while Raft goes on (and may install a newer snapshot meanwhile)."""
+        data = encode_snapshot(image)
+        lo, hi = self.cluster.options.snapshot_encode_ms
+        incarnation = self.incarnation
+
+        def finish() -> None:
+            if incarnation != self.incarnation or self.driver is None:
+                return  # the process died: its worker thread with it
+
+            def hand_over() -> None:
+                done(data)
+                self.run_ready()
+
+            self.on_loop(hand_over)
+
+        self.cluster.scheduler.after(
+            self.encode_rng.randint(lo, hi), finish, f"snapshot encoded {self.actor_id}"
+        )
 
     def new_storage_id(self) -> int:
         """Unique per node and wipe, and drawn from no random stream."""
@@ -659,6 +686,9 @@ class SimOptions:
     stalls: bool = False  # the fault schedule also stalls event loops
     proposal_gap_ms: tuple[int, int] = (5, 80)  # between two operations during chaos
     large_topic_partitions: int = 0  # also create topics of up to this many partitions
+    # A snapshot's bytes come back this long after it is asked for (the server encodes on
+    # a worker thread); (0, 0): at once.
+    snapshot_encode_ms: tuple[int, int] = (0, 0)
 
     @classmethod
     def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
@@ -680,6 +710,8 @@ class SimOptions:
             proposal_gap_ms=(1, 10)
             if max_entries_per_append >= 8 and rng.random() < 0.5
             else (5, 80),
+            # Drawn from a stream of its own: the draws above keep their values.
+            snapshot_encode_ms=random.Random(seed ^ 0xE1C0).choice([(0, 0), (1, 30), (50, 1500)]),
         )
 
 
