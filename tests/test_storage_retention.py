@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 
@@ -163,6 +164,42 @@ async def test_manager_maintenance_runs_retention_and_compaction(tmp_path):
     stats = await manager.run_maintenance()
     assert stats["segments_deleted"] > 0 and stats["segments_compacted"] > 0
     assert old.recovery_point == old.log_end_offset  # checkpointed by the round
+    await manager.close_async()
+
+
+async def test_maintenance_walks_the_logs_a_slice_per_loop_turn(tmp_path, monkeypatch):
+    """A broker of 50,000 partitions walked every log in one loop turn per round."""
+    manager = LogManager(tmp_path)
+    await manager.start(schedule=False)
+    for p in range(5):
+        manager.get_or_create("t", p)
+    manager.logs_per_turn = 2
+    visited: list[int] = []
+
+    async def retain(log: Log, now_ms: int | None = None) -> int:
+        visited.append(int(log.name.rsplit("-", 1)[1]))  # nothing here gives the loop a turn
+        return 0
+
+    async def nothing(log: Log, now_ms: int | None = None) -> cleaner.CleanStats:
+        return cleaner.CleanStats()
+
+    async def no_purge(log: Log, now_ms: int | None = None) -> int:
+        return 0
+
+    monkeypatch.setattr(retention, "apply_retention", retain)
+    monkeypatch.setattr(cleaner, "compact", nothing)
+    monkeypatch.setattr(retention, "purge_retired", no_purge)
+    turns: list[int] = []
+
+    def other_task() -> None:  # what else the loop has to run: heartbeats, fetches
+        turns.append(len(visited))
+        if len(visited) < 5:
+            asyncio.get_running_loop().call_soon(other_task)
+
+    asyncio.get_running_loop().call_soon(other_task)
+    await manager.run_maintenance()
+    assert sorted(visited) == list(range(5))
+    assert turns[:2] == [2, 4]  # a turn after every two logs
     await manager.close_async()
 
 
