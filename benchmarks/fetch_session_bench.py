@@ -70,7 +70,7 @@ class StandaloneLink:
     async def forward(self, message: Any) -> Any:
         raise NotImplementedError
 
-    async def alter_partition(self, *args: Any) -> Any:
+    async def alter_partitions(self, *args: Any) -> Any:
         raise NotImplementedError
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:

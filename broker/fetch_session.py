@@ -48,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rillet.broker.replica_fetch import FetchPartition, FetchPartitionResult
+from rillet.broker.replication.types import FetchClock
 from rillet.client.wire import errors
 
 INITIAL_EPOCH = 0  # a full fetch opening a session
@@ -69,25 +70,79 @@ def next_epoch(epoch: int) -> int:
 
 @dataclass(slots=True)
 class CachedPartition:
-    """A session partition: what the client last asked, and what we last answered."""
+    """A session partition: what the client last asked, and what we last answered.
+    ``seq`` orders it in the session (higher: later)."""
 
     fetch: FetchPartition
     high_watermark: int = -1  # -1: never answered, so the next answer includes it
     log_start_offset: int = -1
+    seq: int = 0
 
 
 @dataclass(slots=True)
 class FetchSession:
+    """A follower's session (``watched``) reads only ``changed`` partitions plus the ones
+    a request lists: the broker marks a partition changed when anything a fetch of it
+    would see moves (FetchWatch, broker/replica.py), and keeps it marked while a read of
+    it still has something to do (records to send, a follower not in the ISR); a
+    partition whose read found the follower idle at the leader's end is unmarked, and
+    ``clock`` stands for its fetches meanwhile (FetchClock)."""
+
     id: int
     replica_id: int  # CONSUMER, or the follower's broker id (it owns the session)
     epoch: int  # what the next incremental request must carry
     partitions: dict[Key, CachedPartition] = field(default_factory=dict)
     last_used_ms: int = 0
+    changed: set[Key] = field(default_factory=set)
+    clock: FetchClock = field(default_factory=FetchClock)
+    closed: bool = False
+    watch: object = None  # the broker's FetchWatch, made on its first fetch
+    next_seq: int = 0
+
+    @property
+    def watched(self) -> bool:
+        return self.replica_id != CONSUMER
+
+    def fetches(self, keys: Iterable[Key]) -> list[FetchPartition]:
+        """The session's rows for ``keys`` (those it holds), in session order."""
+        cached = self.partitions
+        held = [c for c in (cached.get(k) for k in keys) if c is not None]
+        held.sort(key=_seq)
+        return [c.fetch for c in held]
+
+    def mark(self, key: Key) -> bool:
+        """Something a fetch of ``key`` would see changed: the next fetch reads it. False
+        when the session no longer holds it (closed, forgotten, dropped on an error)."""
+        if self.closed or key not in self.partitions:
+            return False
+        self.changed.add(key)
+        return True
+
+    def note_read(self, results: Iterable[FetchPartitionResult]) -> None:
+        """After a fetch's first read: partitions found idle are left unread until marked
+        again; the rest (records to send, an error, a follower outside the ISR or behind
+        the leader's end) are read again by the next fetch."""
+        changed = self.changed
+        for r in results:
+            key = (r.topic, r.partition)
+            if r.idle:
+                changed.discard(key)
+            else:
+                changed.add(key)
+
+    def to_back(self, c: CachedPartition) -> None:
+        c.seq = self.next_seq
+        self.next_seq += 1
+
+
+def _seq(c: CachedPartition) -> int:
+    return c.seq
 
 
 class FetchContext:
     """One Fetch's plan: the partitions to read (request order for a sessionless fetch,
-    session order otherwise) and ``answer``, which picks what goes back."""
+    session order otherwise; for a watched session's incremental fetch only those listed
+    or changed) and ``answer``, which picks what goes back."""
 
     __slots__ = ("session", "session_id", "incremental", "partitions")
 
@@ -98,6 +153,12 @@ class FetchContext:
         self.session_id = session.id if session is not None else NO_SESSION
         self.incremental = incremental
         self.partitions = partitions
+
+    @property
+    def watched(self) -> FetchSession | None:
+        """The session, if it is a watched (follower) one."""
+        session = self.session
+        return session if session is not None and session.watched else None
 
     def answer(self, results: Sequence[FetchPartitionResult]) -> list[FetchPartitionResult]:
         """The results to send, given one per ``partitions`` entry in order, and the
@@ -113,6 +174,7 @@ class FetchContext:
             c = cached.get(key)
             if r.error_code != NONE:
                 cached.pop(key, None)  # the client drops it too and re-adds it in full
+                session.changed.discard(key)
                 out.append(r)
                 continue
             if c is None:  # not possible unless the caller mixed contexts; answer anyway
@@ -140,6 +202,7 @@ class FetchContext:
             c = cached.pop(key, None)
             if c is not None:
                 cached[key] = c
+                session.to_back(c)
         return out
 
 
@@ -157,6 +220,7 @@ class FetchSessionCache:
         self._rng = rng or random.Random()
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # LRU first
         self._by_replica: dict[int, int] = {}  # follower id -> its session id
+        self._closed: list[FetchSession] = []  # watched sessions removed, not yet taken
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -169,8 +233,14 @@ class FetchSessionCache:
         """Drop every session (each client's next incremental fetch is refused, and it
         starts over with a full one)."""
         self.evictions += len(self._sessions)
-        self._sessions.clear()
-        self._by_replica.clear()
+        for session in list(self._sessions.values()):
+            self._remove(session)
+
+    def take_closed(self) -> list[FetchSession]:
+        """Watched sessions removed since the last call (closed, replaced, evicted): the
+        broker takes their watches off its replicas."""
+        closed, self._closed = self._closed, []
+        return closed
 
     def new_context(
         self,
@@ -190,7 +260,9 @@ class FetchSessionCache:
         if epoch == INITIAL_EPOCH:
             if session_id != NO_SESSION:
                 self._close(session_id, replica_id)
-            partitions = {(p.topic, p.partition): CachedPartition(p) for p in listed}
+            partitions = {
+                (p.topic, p.partition): CachedPartition(p, seq=i) for i, p in enumerate(listed)
+            }
             session = self._create(replica_id, partitions, now_ms)
             fetches = [c.fetch for c in partitions.values()]
             return FetchContext(session, False, fetches)
@@ -207,17 +279,23 @@ class FetchSessionCache:
         cached = session.partitions
         for key in forgotten:
             cached.pop(key, None)
+            session.changed.discard(key)
+        keys: list[Key] = []
         for p in listed:
             key = (p.topic, p.partition)
+            keys.append(key)
             c = cached.get(key)
             if c is None:
-                cached[key] = CachedPartition(p)
+                c = cached[key] = CachedPartition(p)
+                session.to_back(c)
             else:
                 # A listed partition is always answered: its client may have changed
                 # more than its offset (a new leader epoch, a re-created topic's new
                 # replica) and must not be left without the high watermark it now needs.
                 c.fetch = p
                 c.high_watermark = c.log_start_offset = -1
+        if session.watched:
+            return FetchContext(session, True, session.fetches({*keys, *session.changed}))
         return FetchContext(session, True, [c.fetch for c in cached.values()])
 
     def _create(
@@ -235,6 +313,7 @@ class FetchSessionCache:
         session = FetchSession(
             session_id, replica_id, next_epoch(INITIAL_EPOCH), partitions, now_ms
         )
+        session.next_seq = len(partitions)
         self._sessions[session_id] = session
         if replica_id != CONSUMER:
             self._by_replica[replica_id] = session_id
@@ -268,3 +347,6 @@ class FetchSessionCache:
         del self._sessions[session.id]
         if self._by_replica.get(session.replica_id) == session.id:
             del self._by_replica[session.replica_id]
+        session.closed = True
+        if session.watched:
+            self._closed.append(session)

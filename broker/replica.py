@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from rillet.broker.replication.driver import Clock, PartitionDriver
 from rillet.broker.replication.partition_state import PartitionState
@@ -61,6 +61,37 @@ class LogStorage:
         self.log.increment_log_start_offset(offset)
 
 
+class WatchedSession(Protocol):
+    """What a FetchWatch needs of its fetch session (broker/fetch_session.py)."""
+
+    def mark(self, key: tuple[str, int]) -> bool: ...
+
+
+class FetchWatch:
+    """A follower fetch session's watch on the replicas it reads. Whatever wakes a
+    replica's parked fetches (an append, a HW or log-start move, a role or ISR change,
+    removal) marks the partition changed in the session, so the session's next fetch
+    reads it, and wakes the session's parked fetch. Partitions nothing marked are left
+    unread: per fetch the leader reads what changed and what the follower listed, not
+    the whole session."""
+
+    __slots__ = ("session", "waiter")
+
+    def __init__(self, session: WatchedSession) -> None:
+        self.session = session
+        self.waiter: asyncio.Future[None] | None = None  # the session's parked fetch
+
+    def mark(self, key: tuple[str, int]) -> bool:
+        """False: the session no longer holds ``key`` (closed, forgotten, answered with
+        an error); the replica drops the watch."""
+        if not self.session.mark(key):
+            return False
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        return True
+
+
 class Replica:
     """One partition on this broker."""
 
@@ -73,8 +104,10 @@ class Replica:
         "driver",
         "min_insync_replicas",
         "waiters",
+        "watchers",
         "produce_waiters",
         "_send_alter",
+        "_key",
     )
 
     def __init__(
@@ -95,20 +128,27 @@ class Replica:
         self.state = state
         self.min_insync_replicas = min_insync_replicas
         self.waiters: list[asyncio.Future[None]] = []  # parked (long-poll) fetches
+        self.watchers: set[FetchWatch] = set()  # follower fetch sessions reading it
+        self._key = (topic, partition)
         self.produce_waiters: dict[Hashable, asyncio.Future[int]] = {}  # acks=all
         self._send_alter = send_alter
         self.driver = PartitionDriver(state, LogStorage(log), self, clock)
+        log.start_listener = self.wake
 
     @property
     def is_leader(self) -> bool:
         return self.state.is_leader
 
     def wake(self) -> None:
-        """Wake every fetch waiting on this partition (new data, HW move, role change)."""
+        """Wake every fetch waiting on this partition (new data, HW or log-start move,
+        role or ISR change, removal) and mark it changed in the sessions watching it."""
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+        if self.watchers:
+            for watch in [w for w in self.watchers if not w.mark(self._key)]:
+                self.watchers.discard(watch)
 
     # -- ReplicaNetwork ------------------------------------------------------------------
 

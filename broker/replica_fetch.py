@@ -17,7 +17,7 @@ from typing import Any
 
 from rillet.broker.replica import Replica
 from rillet.broker.replication.partition_state import Role
-from rillet.broker.replication.types import EpochEndOffset, FetchRequest
+from rillet.broker.replication.types import EpochEndOffset, FetchClock, FetchRequest
 from rillet.client.wire import errors
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import MetadataImage, TopicPartition
@@ -76,6 +76,9 @@ class FetchPartitionResult:
     diverging_epoch: EpochEndOffset | None = None
     preferred_read_replica: int = NO_REPLICA
     records: FileSlice | None = None
+    # A follower's read that found it in the ISR at the leader's end with nothing to
+    # send: its session may leave the partition unread until something changes.
+    idle: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -111,16 +114,21 @@ class FetchReader:
         self._noted: set[tuple[Any, ...]] = set()  # (what, tp, epoch...) logged once
 
     def read_all(
-        self, params: FetchParams, partitions: list[FetchPartition], first: bool = True
+        self,
+        params: FetchParams,
+        partitions: list[FetchPartition],
+        first: bool = True,
+        clock: FetchClock | None = None,
     ) -> FetchResult:
         """One read over every partition. A follower's position is recorded on the
         ``first`` pass only: re-reads after a long-poll wake-up must not count as fetches
-        (they would refresh its caught-up time without the follower asking again)."""
+        (they would refresh its caught-up time without the follower asking again).
+        ``clock``: the follower's fetch session's (FetchClock), None without one."""
         out = FetchResult()
         budget = params.max_bytes
         rack = params.rack_id if params.is_consumer else ""
         for p in partitions:
-            result = self.read_one(p, params.replica_id, budget, out, first, rack)
+            result = self.read_one(p, params.replica_id, budget, out, first, rack, clock)
             nbytes = result.nbytes
             if nbytes:
                 budget -= nbytes
@@ -136,6 +144,7 @@ class FetchReader:
         out: FetchResult,
         first: bool = True,
         rack: str = "",
+        clock: FetchClock | None = None,
     ) -> FetchPartitionResult:
         topic, partition, offset = p.topic, p.partition, p.fetch_offset
         replica = self.replicas.get(TopicPartition(topic, partition))
@@ -175,7 +184,7 @@ class FetchReader:
                 p.last_fetched_epoch,
                 p.current_leader_epoch,  # type: ignore[arg-type]
             )
-            decision = replica.driver.on_follower_fetch(request)
+            decision = replica.driver.on_follower_fetch(request, clock)
             code = decision.error_code or None
             diverging = decision.diverging_epoch
             limit = None
@@ -205,9 +214,11 @@ class FetchReader:
                 state.leader_epoch,
                 hw,
             )
-        return FetchPartitionResult(
-            topic, partition, NONE, hw, log.log_start_offset, records=data if nbytes else None
-        )
+        start = log.log_start_offset
+        if nbytes:
+            return FetchPartitionResult(topic, partition, NONE, hw, start, records=data)
+        idle = replica_id != CONSUMER and first and state.is_idle_follower(replica_id)
+        return FetchPartitionResult(topic, partition, NONE, hw, start, idle=idle)
 
     @staticmethod
     def _check_consumer_fetch(

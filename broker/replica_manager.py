@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rillet.broker.config import BrokerConfig, topic_log_config
+from rillet.broker.fetch_session import FetchSession
 from rillet.broker.link.alter_partition_manager import (
     AlterPartitionManager,
     AlterPartitionsSender,
     Proposal,
 )
-from rillet.broker.replica import Replica
+from rillet.broker.replica import FetchWatch, Replica
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader, FetchResult
 from rillet.broker.replication import hw_checkpoint
 from rillet.broker.replication.partition_state import PartitionState
@@ -390,7 +391,10 @@ class ReplicaManager:
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is not replica:
             return  # removed (or re-created) meanwhile: not for the current core
         state = replica.state
+        isr = state.isr
         replica.driver.on_alter_partition_response(proposal.proposal_id, response)
+        if state.isr != isr:
+            replica.wake()  # a follower that left the ISR is read again, to rejoin it
         logger.debug(
             "%s: after AlterPartition %d: core leader epoch %d, partition epoch %d, isr %s, "
             "pending %s",
@@ -502,7 +506,10 @@ class ReplicaManager:
     # -- fetch -------------------------------------------------------------------------------
 
     async def fetch_messages(
-        self, params: FetchParams, partitions: list[FetchPartition]
+        self,
+        params: FetchParams,
+        partitions: list[FetchPartition],
+        session: FetchSession | None = None,
     ) -> FetchResult:
         """Read every partition and answer per partition (Kafka: fetchMessages). With
         fewer than ``min_bytes`` available it parks one future on each partition it read;
@@ -510,9 +517,14 @@ class ReplicaManager:
         it returns once ``min_bytes`` is there, a partition has an error or a redirect,
         or ``max_wait_ms`` has passed. Nothing polls.
 
+        ``session``: a follower's fetch session (``partitions`` are then the ones it
+        listed or that changed): see ``_fetch_watched``.
+
         The last read and the return happen in one step (no ``await`` between them):
         a caller that encodes the result without awaiting first pins the byte ranges
         before retention or truncation can touch them."""
+        if session is not None:
+            return await self._fetch_watched(params, partitions, session)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0, params.max_wait_ms) / 1000
         first = True
@@ -533,6 +545,56 @@ class ReplicaManager:
                 for replica in result.touched:  # a timed-out waiter must not pile up
                     if waiter in replica.waiters:
                         replica.waiters.remove(waiter)
+
+    async def _fetch_watched(
+        self, params: FetchParams, partitions: list[FetchPartition], session: FetchSession
+    ) -> FetchResult:
+        """A follower session's fetch, at a cost that follows what changed, not the
+        session's size. The first pass reads ``partitions`` (listed or marked changed),
+        records the follower's positions with the session's clock, unmarks the partitions
+        it found idle (``FetchPartitionResult.idle``) and keeps the rest marked; then the
+        clock moves to now, standing for this fetch on every idle partition left unread.
+        A long poll parks one future on the session's watch: a change to any of its
+        partitions marks it and wakes the fetch, whose next pass reads the first pass's
+        partitions and the marked ones (a change during the poll stays marked for the
+        next fetch, which records the position)."""
+        watch = session.watch
+        if not isinstance(watch, FetchWatch):
+            watch = session.watch = FetchWatch(session)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, params.max_wait_ms) / 1000
+        result = self._reader.read_all(params, partitions, True, session.clock)
+        session.note_read(result.partitions)
+        session.clock.last_fetch_ms = self.now_ms()
+        first_keys = [(p.topic, p.partition) for p in partitions]
+        while True:
+            for replica in result.touched:
+                replica.watchers.add(watch)
+            remaining = deadline - loop.time()
+            done = result.nbytes >= params.min_bytes or result.error or result.redirect
+            if done or remaining <= 0 or session.closed:
+                return result
+            waiter: asyncio.Future[None] = loop.create_future()
+            watch.waiter = waiter
+            try:
+                await asyncio.wait([waiter], timeout=remaining)
+            finally:
+                waiter.cancel()
+                if watch.waiter is waiter:
+                    watch.waiter = None
+            wanted = session.fetches({*first_keys, *session.changed})
+            result = self._reader.read_all(params, wanted, False)
+
+    def unwatch(self, sessions: Iterable[FetchSession]) -> None:
+        """Take closed sessions' watches off the replicas they read."""
+        for session in sessions:
+            watch = session.watch
+            if not isinstance(watch, FetchWatch):
+                continue
+            for topic, partition in session.partitions:
+                replica = self.replicas.get(TopicPartition(topic, partition))
+                if replica is not None:
+                    replica.watchers.discard(watch)
 
     # -- time --------------------------------------------------------------------------------
 

@@ -125,6 +125,10 @@ class Log:
         # Told once when the log turns read-only (LogManager sets it; Kafka's
         # LogDirFailureChannel): the owner decides what a failed log means for the node.
         self.failure_listener: Callable[[Log, BaseException], None] | None = None
+        # Told after the log start moves (retention, a follower taking its leader's
+        # start, a full truncation): a broker's fetch sessions answer the new start
+        # without reading every partition on every fetch.
+        self.start_listener: Callable[[], None] | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
         # Set by the broker that replicates this log (Kafka keeps the HW on the log too).
@@ -783,6 +787,7 @@ class Log:
         # Durable like every log-start write: recovery trusts the value it reads, and an
         # unsynced file may come back from a crash torn into another number.
         checkpoints.write_offset(self.directory / checkpoints.LOG_START_OFFSET, offset, fsync=True)
+        self._start_moved()
 
     def increment_log_start_offset(self, offset: int) -> None:
         """Move the log start up to ``offset`` (a follower taking its leader's log start,
@@ -798,6 +803,11 @@ class Log:
             self.epochs.truncate_from_start(offset)
             path = self.directory / checkpoints.LOG_START_OFFSET
             checkpoints.write_offset(path, offset, fsync=True)
+        self._start_moved()
+
+    def _start_moved(self) -> None:
+        if self.start_listener is not None:
+            self.start_listener()
 
     @contextlib.contextmanager
     def _read_only_on_error(self) -> Iterator[None]:
@@ -854,6 +864,7 @@ class Log:
         self._log_start = max(self._log_start, self._bases[0])
         self.epochs.truncate_from_start(self._log_start)
         self._check_segments()
+        self._start_moved()
         return gone
 
     def files_replaced(self) -> None:

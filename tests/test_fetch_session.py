@@ -38,9 +38,13 @@ def fp(partition: int, offset: int = 0, topic: str = "t") -> FetchPartition:
     return FetchPartition(topic, partition, offset, 0, 0, 1 << 20)
 
 
-def ok(p: FetchPartition, hw: int = 0, log_start: int = 0, nbytes: int = 0) -> FetchPartitionResult:
+def ok(
+    p: FetchPartition, hw: int = 0, log_start: int = 0, nbytes: int = 0, idle: bool = False
+) -> FetchPartitionResult:
     records = FileSlice(-1, None, 0, nbytes, 0) if nbytes else None
-    return FetchPartitionResult(p.topic, p.partition, errors.NONE, hw, log_start, records=records)
+    return FetchPartitionResult(
+        p.topic, p.partition, errors.NONE, hw, log_start, records=records, idle=idle
+    )
 
 
 def ctx_of(result: FetchContext | int) -> FetchContext:
@@ -60,27 +64,66 @@ def test_full_fetch_opens_a_session_and_answers_everything() -> None:
     assert len(cache) == 1
 
 
-def test_incremental_fetch_reads_the_whole_session_and_answers_only_news() -> None:
+def test_incremental_consumer_fetch_reads_the_whole_session_and_answers_only_news() -> None:
     cache = FetchSessionCache()
-    ctx = ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(0), fp(1), fp(2)]))
+    ctx = ctx_of(cache.new_context(CONSUMER, 0, INITIAL_EPOCH, [fp(0), fp(1), fp(2)]))
     ctx.answer([ok(p, hw=5) for p in ctx.partitions])
     sid = ctx.session_id
 
-    # Nothing listed: the broker still reads all three (long poll, follower position).
-    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 1, []))
+    # Nothing listed: the broker still reads all three (the long poll parks on each).
+    ctx = ctx_of(cache.new_context(CONSUMER, sid, 1, []))
     assert ctx.incremental and [p.partition for p in ctx.partitions] == [0, 1, 2]
     assert ctx.answer([ok(p, hw=5) for p in ctx.partitions]) == []  # idle: nothing to say
 
     # Partition 1's HW moved, 2 has records: only they go out.
-    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 2, []))
+    ctx = ctx_of(cache.new_context(CONSUMER, sid, 2, []))
     p0, p1, p2 = ctx.partitions
     sent = ctx.answer([ok(p0, hw=5), ok(p1, hw=6), ok(p2, hw=5, nbytes=10)])
     assert [r.partition for r in sent] == [1, 2]
     # The partition that got data goes to the back of the read order (fairness); a
     # listed partition is answered even with nothing new.
-    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 3, [fp(2, offset=7)]))
+    ctx = ctx_of(cache.new_context(CONSUMER, sid, 3, [fp(2, offset=7)]))
     assert [(p.partition, p.fetch_offset) for p in ctx.partitions] == [(0, 0), (1, 0), (2, 7)]
     assert [r.partition for r in ctx.answer([ok(p, hw=6) for p in ctx.partitions])] == [0, 2]
+
+
+def test_a_follower_session_reads_only_what_was_listed_or_marked_changed() -> None:
+    cache = FetchSessionCache()
+    ctx = ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(p) for p in range(4)]))
+    assert [p.partition for p in ctx.partitions] == [0, 1, 2, 3]  # a full fetch reads all
+    session = ctx.watched
+    assert session is not None
+    results = [ok(p, hw=5, idle=p.partition != 1) for p in ctx.partitions]
+    session.note_read(results)  # 1 is not idle (behind, or outside the ISR): read again
+    ctx.answer(results)
+    sid = ctx.session_id
+
+    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 1, []))
+    assert [p.partition for p in ctx.partitions] == [1]
+    assert ctx.answer([ok(p, hw=5) for p in ctx.partitions]) == []
+
+    # What the broker marked changed, and what is listed, in session order.
+    assert session.mark(("t", 3)) and session.mark(("t", 0))
+    assert not session.mark(("t", 9))  # not in the session
+    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 2, [fp(2, offset=4)]))
+    assert [p.partition for p in ctx.partitions] == [0, 1, 2, 3]
+    results = [ok(p, hw=5, idle=True) for p in ctx.partitions]
+    results[3] = ok(ctx.partitions[3], hw=5, nbytes=10)  # 3 got records: to the back
+    session.note_read(results)
+    assert [r.partition for r in ctx.answer(results)] == [2, 3]
+
+    # Forgotten and errored partitions leave the changed set with the session.
+    session.mark(("t", 0))
+    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 3, [], [("t", 3)]))
+    assert [p.partition for p in ctx.partitions] == [0]
+    ctx.answer([FetchPartitionResult("t", 0, NOT_LEADER)])
+    assert session.changed == set()
+    ctx = ctx_of(cache.new_context(FOLLOWER, sid, 4, [fp(3), fp(1)]))
+    assert [p.partition for p in ctx.partitions] == [1, 3]
+    # A closed session takes no marks, and the cache hands it over for unwatching.
+    assert cache.take_closed() == []
+    ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(1)]))  # replaces it
+    assert cache.take_closed() == [session] and not session.mark(("t", 1))
 
 
 def test_listed_and_forgotten_partitions_update_the_session() -> None:
@@ -98,6 +141,8 @@ def test_an_errored_partition_leaves_the_session() -> None:
     ctx = ctx_of(cache.new_context(FOLLOWER, 0, INITIAL_EPOCH, [fp(0), fp(1)]))
     p0, p1 = ctx.partitions
     error = FetchPartitionResult("t", 1, NOT_LEADER)
+    assert ctx.watched is not None
+    ctx.watched.note_read([ok(p0), error])  # neither idle: both read again if still held
     assert ctx.answer([ok(p0), error]) == [ok(p0), error]
     ctx = ctx_of(cache.new_context(FOLLOWER, ctx.session_id, 1, []))
     assert [p.partition for p in ctx.partitions] == [0]
@@ -256,7 +301,7 @@ class PartitionModel:
         if self.error:
             return FetchPartitionResult(p.topic, p.partition, NOT_LEADER)
         nbytes = max(0, self.log_end - p.fetch_offset)
-        return ok(p, self.hw, self.log_start, nbytes)
+        return ok(p, self.hw, self.log_start, nbytes, idle=nbytes == 0)
 
 
 def _to_broker(topic: str, r: m.FetchPartition) -> FetchPartition:
@@ -320,13 +365,19 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
             )
             if lose:
                 if not isinstance(context, int):
-                    context.answer([model[p.partition].read(p) for p in context.partitions])
+                    read = [model[p.partition].read(p) for p in context.partitions]
+                    if context.watched is not None:
+                        context.watched.note_read(read)
+                    context.answer(read)
                 builder.reset()
                 return
             if isinstance(context, int):
                 assert not builder.on_response(m.FetchResponse([], error_code=context))
                 continue
-            answered = context.answer([model[p.partition].read(p) for p in context.partitions])
+            read = [model[p.partition].read(p) for p in context.partitions]
+            if context.watched is not None:  # as the broker does after a first read
+                context.watched.note_read(read)
+            answered = context.answer(read)
             wire = m.FetchTopicResult("t", [_wire(r) for r in answered])
             assert builder.on_response(m.FetchResponse([wire], session_id=context.session_id))
             break
@@ -349,8 +400,16 @@ def test_incremental_answers_tell_the_client_what_full_fetches_would(
                 positions[p] += got.nbytes  # the model's "bytes" are offsets
             assert known[p] == (expected.high_watermark, expected.log_start_offset)
 
+    def changed(p: int) -> None:
+        """What Replica.wake does: mark the partition in the client's session."""
+        session = cache.get(builder.session_id)
+        if session is not None:
+            session.mark(("t", p))
+
     for what, p, n in steps:
         part = model[p]
+        if what in ("append", "hw", "start", "error"):
+            changed(p)
         if what == "append":
             part.log_end += n
         elif what == "hw":

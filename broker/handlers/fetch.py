@@ -110,9 +110,12 @@ class FetchHandler:
         context = self.sessions.new_context(
             replica_id, req.session_id, req.session_epoch, listed, forgotten, now_ms
         )
+        closed = self.sessions.take_closed()
+        if closed:
+            self.replicas.unwatch(closed)
         if isinstance(context, int):
             return Response(m.FetchResponse([], error_code=context))
-        result = await self.replicas.fetch_messages(params, context.partitions)
+        result = await self.replicas.fetch_messages(params, context.partitions, context.watched)
         # ---- no await from fetch_messages' last read to the return: ranges pinned ----
         # Rows go out topic by topic (a session's order may interleave topics), and the
         # payload in the rows' order.

@@ -30,6 +30,7 @@ from rillet.broker.replication.types import (
     CompleteProduce,
     Effect,
     FailProduce,
+    FetchClock,
     FetchDecision,
     FetchRequest,
     FetchResponse,
@@ -218,10 +219,13 @@ class PartitionDriver:
             self.apply(state.await_produce(produce_id, last + 1, min_insync_replicas, deadline_ms))
         return LeaderAppend(errors.NONE, first, last)
 
-    def on_follower_fetch(self, request: FetchRequest) -> FetchDecision:
+    def on_follower_fetch(
+        self, request: FetchRequest, clock: FetchClock | None = None
+    ) -> FetchDecision:
         """A follower's fetch position reaches the core (HW, ISR expansion); the decision
-        says whether to send it records or a diverging epoch."""
-        decision = self.state.on_fetch_request(request, self.clock())
+        says whether to send it records or a diverging epoch. ``clock``: its fetch
+        session's (``FetchClock``), None for a sessionless fetch."""
+        decision = self.state.on_fetch_request(request, self.clock(), clock)
         self.apply(decision.effects)
         return decision
 

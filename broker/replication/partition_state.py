@@ -30,6 +30,7 @@ from rillet.broker.replication.types import (
     EpochEndOffset,
     EpochLogView,
     FailProduce,
+    FetchClock,
     FetchDecision,
     FetchRequest,
     FetchResponse,
@@ -75,13 +76,19 @@ class Role(enum.Enum):
 
 
 class ReplicaProgress:
-    """The leader's view of one follower (Kafka: ReplicaState)."""
+    """The leader's view of one follower (Kafka: ReplicaState).
+
+    ``clock``: set while the follower is caught up at the leader's log end through a
+    fetch session (``FetchClock``): every later fetch of that session repeats this
+    position, so the fetch times are at least the clock's time (``settle`` writes them
+    in before anything else reads or moves them)."""
 
     __slots__ = (
         "log_end_offset",
         "last_caught_up_time_ms",
         "last_fetch_time_ms",
         "last_fetch_leader_log_end_offset",
+        "clock",
     )
 
     def __init__(self, last_caught_up_time_ms: int = 0) -> None:
@@ -89,18 +96,42 @@ class ReplicaProgress:
         self.last_caught_up_time_ms = last_caught_up_time_ms
         self.last_fetch_time_ms = 0
         self.last_fetch_leader_log_end_offset = UNDEFINED_OFFSET
+        self.clock: FetchClock | None = None
+
+    def caught_up_time_ms(self) -> int:
+        clock = self.clock
+        if clock is None:
+            return self.last_caught_up_time_ms
+        return max(self.last_caught_up_time_ms, clock.last_fetch_ms)
 
     def is_caught_up(self, leader_log_end_offset: int, now_ms: int, lag_max_ms: int) -> bool:
         return (
             self.log_end_offset == leader_log_end_offset
-            or now_ms - self.last_caught_up_time_ms <= lag_max_ms
+            or now_ms - self.caught_up_time_ms() <= lag_max_ms
         )
 
-    def on_fetch(self, fetch_offset: int, leader_log_end_offset: int, now_ms: int) -> None:
+    def settle(self) -> None:
+        """Write in the session fetches the clock stood for, and detach it."""
+        clock = self.clock
+        if clock is not None:
+            self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, clock.last_fetch_ms)
+            self.last_fetch_time_ms = max(self.last_fetch_time_ms, clock.last_fetch_ms)
+            self.clock = None
+
+    def on_fetch(
+        self,
+        fetch_offset: int,
+        leader_log_end_offset: int,
+        now_ms: int,
+        clock: FetchClock | None = None,
+    ) -> None:
         """Kafka's updateFetchStateOrThrow: caught up now if it asked for the leader's end,
-        or caught up as of its previous fetch if it reached the end the leader had then."""
+        or caught up as of its previous fetch if it reached the end the leader had then.
+        A session's fetch at the leader's end attaches that session's ``clock``."""
+        self.settle()
         if fetch_offset >= leader_log_end_offset:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, now_ms)
+            self.clock = clock
         elif fetch_offset >= self.last_fetch_leader_log_end_offset:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, self.last_fetch_time_ms)
         self.log_end_offset = fetch_offset
@@ -321,6 +352,7 @@ class PartitionState:
         if not was_leader:
             self._followers = {}  # every follower's LEO is unknown until it fetches
         for replica_id, progress in self._followers.items():
+            progress.settle()
             progress.last_caught_up_time_ms = now_ms if replica_id in self.isr else 0
         return [AssignEpochStartOffset(leader_epoch, start)]
 
@@ -342,8 +374,11 @@ class PartitionState:
         last_fetched_epoch: int,
         now_ms: int,
         current_leader_epoch: int | None = None,
+        clock: FetchClock | None = None,
     ) -> FetchDecision:
-        """A follower fetched (Kafka: fetchRecords + updateFollowerFetchState)."""
+        """A follower fetched (Kafka: fetchRecords + updateFollowerFetchState). ``clock``:
+        the fetch came through a session whose later fetches may leave this partition
+        out while it stays caught up (see FetchClock and ``is_idle_follower``)."""
         error = self.validate_leader_epoch(current_leader_epoch)
         if error is None and (self.role is not Role.LEADER or replica_id not in self._followers):
             error = NOT_LEADER_OR_FOLLOWER
@@ -355,12 +390,16 @@ class PartitionState:
                 return self._fetch_decision(errors.NONE, EpochEndOffset(epoch, end_offset))
         if not self._log.log_start_offset <= fetch_offset <= self._leader_log_end_offset:
             return self._fetch_decision(OFFSET_OUT_OF_RANGE)
-        self._followers[replica_id].on_fetch(fetch_offset, self._leader_log_end_offset, now_ms)
+        self._followers[replica_id].on_fetch(
+            fetch_offset, self._leader_log_end_offset, now_ms, clock
+        )
         effects = self._maybe_expand_isr(replica_id)
         effects.extend(self._maybe_advance_high_watermark())
         return self._fetch_decision(errors.NONE, None, tuple(effects))
 
-    def on_fetch_request(self, request: FetchRequest, now_ms: int) -> FetchDecision:
+    def on_fetch_request(
+        self, request: FetchRequest, now_ms: int, clock: FetchClock | None = None
+    ) -> FetchDecision:
         """on_follower_fetch for a FetchRequest value."""
         return self.on_follower_fetch(
             request.replica_id,
@@ -368,7 +407,18 @@ class PartitionState:
             request.last_fetched_epoch,
             now_ms,
             request.current_leader_epoch,
+            clock,
         )
+
+    def is_idle_follower(self, replica_id: int) -> bool:
+        """Would the same fetch again change nothing but the follower's fetch times? True
+        when this broker leads, the follower is in the committed ISR (so no expansion can
+        follow) and its position is the leader's log end (nothing to send). A session
+        may then leave the partition unread until something about it changes."""
+        if self.role is not Role.LEADER or replica_id not in self.isr:
+            return False
+        progress = self._followers.get(replica_id)
+        return progress is not None and progress.log_end_offset == self._leader_log_end_offset
 
     def on_leader_append(self, log_end_offset: int, now_ms: int) -> tuple[Effect, ...]:
         """The leader appended records; its log now ends at `log_end_offset`."""

@@ -54,6 +54,25 @@ class EpochLogView(Protocol):
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
 
 
+class FetchClock:
+    """When a follower last fetched through one fetch session (milliseconds, the
+    driver's clock). The driver moves it forward once per fetch of the session; the core
+    only reads it, as it reads the log through EpochLogView.
+
+    It stands in for the fetches a follower makes of a partition it is caught up on
+    without listing it (an incremental fetch leaves such a partition out, and the leader
+    does not read it): each would record the same position at the leader's unchanged
+    log end and refresh the caught-up time. The driver must read the partition
+    explicitly (``on_follower_fetch``) before moving the clock whenever anything that
+    fetch would see has changed (an append, the log start, the leader epoch, the role,
+    the ISR), so the clock only ever stands for such repeats."""
+
+    __slots__ = ("last_fetch_ms",)
+
+    def __init__(self, last_fetch_ms: int = 0) -> None:
+        self.last_fetch_ms = last_fetch_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicationConfig:
     replica_lag_time_max_ms: int = 30_000
