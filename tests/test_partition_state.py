@@ -14,6 +14,7 @@ from rillet.broker.replication.types import (
     AlterPartitionResponse,
     AppendFetched,
     EpochEndOffset,
+    FetchClock,
     FetchResponse,
     IncrementLogStartOffset,
     ProposeAlterPartition,
@@ -672,3 +673,61 @@ def test_follower_log_start_never_passes_its_own_hw() -> None:
     # HW min(leader HW 5, own end 2) = 2: the log start follows only that far.
     assert effects == (AppendFetched(0, 2), UpdateHighWatermark(2), IncrementLogStartOffset(2))
     assert (b.log.log_start_offset, b.state.high_watermark) == (2, 2)
+
+
+# ---- fetch-session clock (a follower's idle partitions left unread) --------------------
+
+
+def test_a_session_clock_stands_for_fetches_of_an_idle_partition_left_unread() -> None:
+    """A follower caught up through a fetch session is fetched again by every fetch of
+    that session, though the leader no longer reads the partition: the session's clock
+    stands for those fetches, so an append finds it caught up as of the session's last
+    fetch (not its last explicit one), and it leaves the ISR once the session stops."""
+    a, b, c = trio(lag_ms=100, isr=(1, 2))
+    clock = FetchClock()
+    a.append(["m0"], now_ms=0)
+    a.state.on_follower_fetch(2, 1, -1, now_ms=10, current_leader_epoch=1, clock=clock)
+    assert a.state.is_idle_follower(2)
+    clock.last_fetch_ms = 250  # session fetches up to 250 that did not list it
+    a.append(["m1"], now_ms=260)
+    assert not a.state.is_idle_follower(2)
+    assert a.state.tick(340) == ()  # caught up at 250, not 10
+    # The session's next fetch reads it again: still at 1, caught up as of 250.
+    a.state.on_follower_fetch(2, 1, -1, now_ms=345, current_leader_epoch=1, clock=clock)
+    assert a.state.tick(350) == ()
+    (proposal,) = a.state.tick(351)  # the session stopped at 250: more than 100 ms ago
+    assert isinstance(proposal, ProposeAlterPartition) and proposal.new_isr == (1,)
+
+
+def test_an_idle_partition_behind_the_leader_end_ignores_the_clock() -> None:
+    a, b, c = trio(lag_ms=100, isr=(1, 2))
+    clock = FetchClock()
+    a.append(["m0"], now_ms=0)
+    # Fetching at 0 with the leader at 1: not caught up, so the clock is not attached.
+    a.state.on_follower_fetch(2, 0, -1, now_ms=10, current_leader_epoch=1, clock=clock)
+    assert not a.state.is_idle_follower(2)
+    clock.last_fetch_ms = 500
+    (proposal,) = a.state.tick(501)  # caught up last at 0 (election), never since
+    assert isinstance(proposal, ProposeAlterPartition) and proposal.new_isr == (1,)
+
+
+def test_a_new_leader_epoch_detaches_the_session_clock() -> None:
+    a, b, c = trio(lag_ms=100, isr=(1, 2))
+    clock = FetchClock()
+    a.state.on_follower_fetch(2, 0, -1, now_ms=10, current_leader_epoch=1, clock=clock)
+    a.apply(a.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=1000))
+    clock.last_fetch_ms = 5000  # the old session's fetches fail the epoch check now
+    a.append(["m0"], now_ms=1000)
+    (proposal,) = a.state.tick(1101)
+    assert isinstance(proposal, ProposeAlterPartition) and proposal.new_isr == (1,)
+
+
+def test_is_idle_follower_only_in_the_isr_at_the_leader_end() -> None:
+    a, b, c = trio(isr=(1, 2))
+    for r in (b, c):
+        r.fetch_from(a)
+    assert a.state.is_idle_follower(2)
+    assert not a.state.is_idle_follower(3)  # at the end, but may yet join the ISR
+    assert not b.state.is_idle_follower(1)  # not a leader
+    a.append(["m0"])
+    assert not a.state.is_idle_follower(2)  # records to send
