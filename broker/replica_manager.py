@@ -391,10 +391,7 @@ class ReplicaManager:
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is not replica:
             return  # removed (or re-created) meanwhile: not for the current core
         state = replica.state
-        isr = state.isr
         replica.driver.on_alter_partition_response(proposal.proposal_id, response)
-        if state.isr != isr:
-            replica.wake()  # a follower that left the ISR is read again, to rejoin it
         logger.debug(
             "%s: after AlterPartition %d: core leader epoch %d, partition epoch %d, isr %s, "
             "pending %s",
