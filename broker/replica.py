@@ -61,6 +61,15 @@ class LogStorage:
         self.log.increment_log_start_offset(offset)
 
 
+class Watcher(Protocol):
+    """Told when a replica changes (``Replica.wake``): a leader's follower fetch session
+    (FetchWatch), a follower's fetcher (broker/replication/fetcher.py)."""
+
+    def mark(self, key: tuple[str, int]) -> bool:
+        """Note that partition ``key`` changed; False: no longer interested."""
+        ...
+
+
 class WatchedSession(Protocol):
     """What a FetchWatch needs of its fetch session (broker/fetch_session.py)."""
 
@@ -128,7 +137,7 @@ class Replica:
         self.state = state
         self.min_insync_replicas = min_insync_replicas
         self.waiters: list[asyncio.Future[None]] = []  # parked (long-poll) fetches
-        self.watchers: set[FetchWatch] = set()  # follower fetch sessions reading it
+        self.watchers: set[Watcher] = set()  # fetch sessions and fetchers reading it
         self._key = (topic, partition)
         self.produce_waiters: dict[Hashable, asyncio.Future[int]] = {}  # acks=all
         self._send_alter = send_alter

@@ -14,7 +14,7 @@ a broken connection, a request that may or may not have arrived) is answered by
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from rillet.client.wire import errors
@@ -57,29 +57,58 @@ class FetchSessionBuilder:
         self.session_id = NO_SESSION
         self.epoch = INITIAL_EPOCH  # what the next request carries
         self._sent: dict[Key, m.FetchPartition] = {}  # the session, as the broker holds it
-        self._pending: dict[Key, m.FetchPartition] | None = None  # asked, not answered yet
+        # Asked, not answered yet: the whole session (``build``, a full fetch) or the
+        # changes to it (``build_changes``).
+        self._pending: dict[Key, m.FetchPartition] | _Updates | None = None
         self.full_fetches = 0  # statistics (tests, benchmarks)
         self.incremental_fetches = 0
 
     def build(self, wanted: dict[Key, m.FetchPartition]) -> SessionRequest:
         """The next request for ``wanted`` ((topic, partition) -> its row), which the
         builder keeps: do not change it afterwards."""
-        self._pending = wanted
+        return self.build_changes(wanted, None)
+
+    def build_changes(
+        self, wanted: Mapping[Key, m.FetchPartition], changed: Iterable[Key] | None
+    ) -> SessionRequest:
+        """``build(wanted)`` for a caller that knows which rows may differ from the last
+        request it had answered: ``changed`` names every key added, removed or whose row
+        changed since (None: compare them all). An incremental request then costs what
+        changed, not the session's size. ``wanted`` is copied for a full fetch, and the
+        caller may change it afterwards. A caller uses either this or ``build``, not both
+        (this one updates the builder's copy of the session in place)."""
         if self.epoch == INITIAL_EPOCH:
+            full = dict(wanted) if changed is not None or not isinstance(wanted, dict) else wanted
+            self._pending = full
             self.full_fetches += 1
             # Naming the session we gave up on closes it at the broker.
             closing = self.session_id
-            return SessionRequest(closing, INITIAL_EPOCH, _by_topic(wanted.items()), [])
+            return SessionRequest(closing, INITIAL_EPOCH, _by_topic(full.items()), [])
         sent = self._sent
-        changed = [(k, p) for k, p in wanted.items() if sent.get(k) != p]
+        if changed is None:
+            self._pending = dict(wanted) if not isinstance(wanted, dict) else wanted
+            rows = [(k, p) for k, p in wanted.items() if sent.get(k) != p]
+            gone: Iterable[Key] = sent.keys() - wanted.keys()
+        else:
+            updates: dict[Key, m.FetchPartition | None] = {}
+            for k in changed:
+                p = wanted.get(k)
+                if p is None:
+                    if k in sent:
+                        updates[k] = None
+                elif sent.get(k) != p:
+                    updates[k] = p
+            self._pending = _Updates(updates)
+            rows = [(k, p) for k, p in updates.items() if p is not None]
+            gone = [k for k, p in updates.items() if p is None]
         forgotten: dict[str, list[int]] = {}
-        for topic, partition in sent.keys() - wanted.keys():
+        for topic, partition in gone:
             forgotten.setdefault(topic, []).append(partition)
         self.incremental_fetches += 1
         return SessionRequest(
             self.session_id,
             self.epoch,
-            _by_topic(changed),
+            _by_topic(rows),
             [m.ForgottenTopic(t, ps) for t, ps in forgotten.items()],
         )
 
@@ -106,6 +135,16 @@ class FetchSessionBuilder:
             for r in t.partitions
             if r.error_code != errors.NONE
         ]
+        if isinstance(pending, _Updates):  # build_changes: apply the changes in place
+            sent = self._sent
+            for key, row in pending.items():
+                if row is None:
+                    sent.pop(key, None)
+                else:
+                    sent[key] = row
+            for key in errored:
+                sent.pop(key, None)
+            return True
         if errored:
             pending = dict(pending)
             for key in errored:
@@ -119,6 +158,10 @@ class FetchSessionBuilder:
         self.epoch = INITIAL_EPOCH
         self._sent = {}
         self._pending = None
+
+
+class _Updates(dict[Key, "m.FetchPartition | None"]):
+    """An incremental request's changes to the session (None: forgotten), pending."""
 
 
 def _by_topic(rows: Iterable[tuple[Key, m.FetchPartition]]) -> list[m.FetchTopic]:

@@ -145,7 +145,7 @@ class FetcherManager:
         )
         self.failed[tp] = FailedPartition(replica, replica.state.leader_epoch, repr(error))
         for fetcher in self.fetchers.values():
-            fetcher.partitions.pop(tp, None)
+            fetcher.remove(tp)
 
     def _forget_recovered_failures(self) -> None:
         """A failed partition under a new leader epoch, re-created or gone is retried."""
@@ -204,6 +204,14 @@ class SourceFetcher:
         self.manager = manager
         self.source_id = source_id
         self.partitions: dict[TopicPartition, float] = {}  # tp -> loop time it may fetch again
+        # The next request's rows, kept from fetch to fetch: only ``_stale`` partitions
+        # (answered, added, removed, backed off or back, or marked by their replica:
+        # a role or epoch change, a log-start move) are rebuilt, so a fetch costs what
+        # changed, not every partition followed from this leader.
+        self._rows: dict[TopicPartition, m.FetchPartition] = {}
+        self._entries: Sent = {}
+        self._stale: set[TopicPartition] = set()
+        self._held: set[TopicPartition] = set()  # backed off: left out until their time
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
         # The incremental fetch session with this leader (client/fetch_session.py).
@@ -220,9 +228,10 @@ class SourceFetcher:
     def set_partitions(self, tps: set[TopicPartition]) -> None:
         added = tps - self.partitions.keys()
         for tp in self.partitions.keys() - tps:
-            del self.partitions[tp]
+            self.remove(tp)
         for tp in added:
             self.partitions[tp] = 0.0
+        self._stale.update(added)
         if added:
             logger.info(
                 "fetcher from %d: now %d partition(s), added %s",
@@ -231,6 +240,21 @@ class SourceFetcher:
                 some_partitions(added),
             )
             self._changed.set()
+
+    def remove(self, tp: TopicPartition) -> None:
+        """Stop fetching ``tp`` (the next request forgets it)."""
+        if self.partitions.pop(tp, None) is not None:
+            self._stale.add(tp)
+
+    def mark(self, key: tuple[str, int]) -> bool:
+        """A replica this fetcher reads changed (Replica.wake): rebuild its row before the
+        next request. False: no longer fetched here (the replica drops the watch)."""
+        tp = TopicPartition(*key)
+        if tp not in self.partitions:
+            return False
+        self._stale.add(tp)
+        self._changed.set()
+        return True
 
     def stop(self) -> None:
         if self._task is not None:
@@ -264,6 +288,7 @@ class SourceFetcher:
                     backoff_s,
                 )
             self.session.reset()  # the next fetch is full and opens a new session
+            self._stale.update(self.partitions)  # and every row is rebuilt
             self._close()
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, RECONNECT_BACKOFF_MAX_S)
@@ -328,36 +353,18 @@ class SourceFetcher:
         """The next Fetch and what it covers; None when no partition may fetch now."""
         config = self.manager.config
         now = asyncio.get_running_loop().time()
-        sent: Sent = {}
-        wanted: dict[tuple[str, int], m.FetchPartition] = {}
-        for tp, not_before in list(self.partitions.items()):
-            replica = self.manager.replicas.replicas.get(tp)
-            if not_before > now or replica is None or source_of(replica) != self.source_id:
-                continue
-            try:
-                req = replica.state.fetch_request()
-            except Exception as e:  # this partition's state is broken, not the others'
-                self.manager.mark_failed(tp, replica, self.source_id, e)
-                continue
-            if req is None:
-                continue
-            sent[tp] = (replica, req)
-            wanted[tp] = _partition(
-                (
-                    tp.partition,
-                    req.fetch_offset,
-                    req.last_fetched_epoch,
-                    req.current_leader_epoch,
-                    replica.log.log_start_offset,
-                    config.partition_max_bytes,
-                    replica.topic_id,
-                )
-            )
-        if not sent:
-            return None, sent
+        for tp in [tp for tp in self._held if self.partitions.get(tp, 0.0) <= now]:
+            self._held.discard(tp)
+            self._stale.add(tp)
+        changed, self._stale = self._stale, set()
+        for tp in changed:
+            self._refresh(tp, now, config)
+        if not self._entries:
+            return None, self._entries
         # Only partitions whose row changed go out (an incremental fetch); the leader
-        # still reads, long-polls on and records our position for every one.
-        session = self.session.build(wanted)
+        # reads those and the ones that changed on its side, and its session's clock
+        # records our position on the idle rest.
+        session = self.session.build_changes(self._rows, changed)
         request = m.FetchRequest(
             replica_id=config.broker_id,
             max_wait_ms=config.max_wait_ms,
@@ -368,7 +375,39 @@ class SourceFetcher:
             session_epoch=session.session_epoch,
             forgotten=session.forgotten,
         )
-        return request, sent
+        return request, self._entries
+
+    def _refresh(self, tp: TopicPartition, now: float, config: FetcherConfig) -> None:
+        """Rebuild one partition's row, or leave it out of the next request."""
+        self._entries.pop(tp, None)
+        self._rows.pop(tp, None)
+        not_before = self.partitions.get(tp)
+        replica = self.manager.replicas.replicas.get(tp)
+        if not_before is None or replica is None or source_of(replica) != self.source_id:
+            return
+        replica.watchers.add(self)
+        if not_before > now:
+            self._held.add(tp)
+            return
+        try:
+            req = replica.state.fetch_request()
+        except Exception as e:  # this partition's state is broken, not the others'
+            self.manager.mark_failed(tp, replica, self.source_id, e)
+            return
+        if req is None:
+            return
+        self._entries[tp] = (replica, req)
+        self._rows[tp] = _partition(
+            (
+                tp.partition,
+                req.fetch_offset,
+                req.last_fetched_epoch,
+                req.current_leader_epoch,
+                replica.log.log_start_offset,
+                config.partition_max_bytes,
+                replica.topic_id,
+            )
+        )
 
     def _handle_response(self, response: m.FetchResponse, payload: memoryview, sent: Sent) -> None:
         """Feed every partition's answer to its core and apply the effects, with no
@@ -380,6 +419,7 @@ class SourceFetcher:
                 data = payload[position : position + nbytes]
                 position += nbytes
                 tp = TopicPartition(t.topic, result.partition)
+                self._stale.add(tp)  # its log, epoch or back-off may move: a new row
                 entry = sent.get(tp)
                 if entry is not None:
                     self._handle_partition(tp, entry, result, data)
@@ -446,14 +486,18 @@ class SourceFetcher:
             if delay_s is None:
                 delay_s = self.manager.config.backoff_ms / 1000
             self.partitions[tp] = asyncio.get_running_loop().time() + delay_s
+            self._stale.add(tp)
+            self._held.add(tp)
 
     def retry_now(self) -> None:
         """New metadata arrived: backed-off partitions may fetch again at once (a fenced
         epoch or a moved leader is what they were waiting for)."""
-        for tp, not_before in self.partitions.items():
-            if not_before:
+        for tp in self._held:
+            if tp in self.partitions:
                 self.partitions[tp] = 0.0
+                self._stale.add(tp)
                 self._changed.set()
+        self._held.clear()
 
 
 def fetch_response(
