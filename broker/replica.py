@@ -117,6 +117,7 @@ class Replica:
         "produce_waiters",
         "_send_alter",
         "_key",
+        "_ticking",
     )
 
     def __init__(
@@ -129,7 +130,10 @@ class Replica:
         min_insync_replicas: int,
         clock: Clock,
         send_alter: Callable[[Replica, ProposeAlterPartition], None],
+        ticking: dict[Replica, None] | None = None,
     ) -> None:
+        """``ticking``: the owner's replicas to tick (``activate``); None: the owner ticks
+        every replica itself."""
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
@@ -141,6 +145,7 @@ class Replica:
         self._key = (topic, partition)
         self.produce_waiters: dict[Hashable, asyncio.Future[int]] = {}  # acks=all
         self._send_alter = send_alter
+        self._ticking = ticking
         self.driver = PartitionDriver(state, LogStorage(log), self, clock)
         log.start_listener = self.wake
 
@@ -148,9 +153,15 @@ class Replica:
     def is_leader(self) -> bool:
         return self.state.is_leader
 
+    def activate(self) -> None:
+        """Something reached the core: tick it until ``needs_tick`` says it is idle."""
+        if self._ticking is not None:
+            self._ticking[self] = None
+
     def wake(self) -> None:
         """Wake every fetch waiting on this partition (new data, HW or log-start move,
         role or ISR change, removal) and mark it changed in the sessions watching it."""
+        self.activate()
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if not w.done():

@@ -185,6 +185,7 @@ class FetchReader:
                 p.current_leader_epoch,  # type: ignore[arg-type]
             )
             decision = replica.driver.on_follower_fetch(request, clock)
+            replica.activate()  # its position may have moved off the leader's end
             code = decision.error_code or None
             diverging = decision.diverging_epoch
             limit = None

@@ -110,6 +110,9 @@ class ReplicaManager:
         self.alter_partitions = AlterPartitionManager(alter_partitions or _no_controller)
         self.image: MetadataImage = EMPTY_IMAGE
         self.replicas: dict[TopicPartition, Replica] = {}
+        # Replicas whose core may have something to do on a tick (Replica.activate):
+        # walking every replica each tick cost 9 ms per 3,333 idle leaders.
+        self._ticking: dict[Replica, None] = {}
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
         self._produce_ids = itertools.count(1)
         self.metrics: BrokerMetrics | None = None  # set by the server once built
@@ -300,6 +303,7 @@ class ReplicaManager:
             self._min_isr(topic_config),
             self.now_ms,
             self._send_alter_partition,
+            self._ticking,
         )
         self.replicas[tp] = replica
         return replica
@@ -392,6 +396,7 @@ class ReplicaManager:
             return  # removed (or re-created) meanwhile: not for the current core
         state = replica.state
         replica.driver.on_alter_partition_response(proposal.proposal_id, response)
+        replica.activate()  # a resend may be due
         logger.debug(
             "%s: after AlterPartition %d: core leader epoch %d, partition epoch %d, isr %s, "
             "pending %s",
@@ -596,10 +601,18 @@ class ReplicaManager:
     # -- time --------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire acks=all waiters, resend AlterPartitions, propose ISR shrinks."""
-        for replica in list(self.replicas.values()):
-            if replica.is_leader or replica.state.pending_produce_count:
-                replica.driver.tick()
+        """Expire acks=all waiters, resend AlterPartitions, propose ISR shrinks: on the
+        replicas activated since they were last found idle (``needs_tick``), the only
+        ones whose tick can do anything."""
+        ticking = self._ticking
+        for replica in list(ticking):
+            tp = TopicPartition(replica.topic, replica.partition)
+            if self.replicas.get(tp) is not replica:
+                del ticking[replica]  # removed or re-created
+                continue
+            replica.driver.tick()
+            if not replica.state.needs_tick():
+                del ticking[replica]
 
     async def run_ticks(self) -> None:
         """Tick forever. No catch here: a tick that raises has left some core waiting on

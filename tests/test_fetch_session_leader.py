@@ -21,6 +21,7 @@ from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
 from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.fetch_session import FetchSessionBuilder
 from rillet.client.runtime.rpc_server import Request
@@ -267,3 +268,36 @@ async def test_a_replaced_session_takes_its_watch_off_the_replicas(leader: Leade
     follower.builder.reset()  # a restarted follower: a new full fetch, a new session
     await follower.fetch()
     assert all(len(r.watchers) == 1 for r in replicas)
+
+
+async def test_a_tick_acts_only_on_replicas_that_may_have_something_to_do(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once every follower is at the end, nothing can come of a tick: it reaches no core
+    until an append (or another event) makes one able to act, and a follower that stops
+    fetching after that append is still shrunk."""
+    ticked: list[int] = []
+    real_tick = PartitionState.tick
+    names = {id(r.state): tp.partition for tp, r in leader.manager.replicas.items()}
+
+    def tick(self: PartitionState, now_ms: int) -> tuple:
+        ticked.append(names[id(self)])
+        return real_tick(self, now_ms)
+
+    monkeypatch.setattr(PartitionState, "tick", tick)
+    leader.tick()
+    assert sorted(ticked) == list(range(N))  # positions unknown: a shrink may come
+    follower = Follower(leader)
+    await follower.fetch()
+    ticked.clear()
+    leader.tick()  # the first tick after the fetch finds every core idle
+    assert sorted(ticked) == list(range(N))
+    ticked.clear()
+    for _ in range(3):
+        leader.advance(LAG_MS)
+        leader.tick()
+    assert ticked == []
+    await leader.manager.append_records([(TopicPartition("t", 2), batch(b"a"))], 1, 1000)
+    leader.advance(LAG_MS + 1)
+    leader.tick()
+    assert ticked == [2] and leader.proposed(2) == (1,)

@@ -731,3 +731,27 @@ def test_is_idle_follower_only_in_the_isr_at_the_leader_end() -> None:
     assert not b.state.is_idle_follower(1)  # not a leader
     a.append(["m0"])
     assert not a.state.is_idle_follower(2)  # records to send
+
+
+def test_needs_tick_only_while_a_tick_could_act() -> None:
+    """A driver ticks only cores that may act on a tick: acks=all waiters to expire, an
+    ISR change to resend, or an ISR member not at the leader's end (to shrink)."""
+    a, b, c = trio(lag_ms=100)
+    assert a.state.needs_tick()  # the followers' positions are unknown yet
+    assert not b.state.needs_tick()  # a follower without acks=all waiters
+    for r in (b, c):
+        r.fetch_from(a, now_ms=1)
+    assert not a.state.needs_tick()  # every ISR member at the end: no tick can act
+    assert a.produce("p", ["m0"], now_ms=2) is None
+    assert a.state.needs_tick()  # an acks=all waiter, and members behind the end
+    for r in (b, c, b, c):
+        r.fetch_from(a, now_ms=3)
+    assert a.results == {"p": NONE} and not a.state.needs_tick()
+    a.append(["m1"], now_ms=10)
+    b.fetch_from(a, now_ms=10)
+    b.fetch_from(a, now_ms=11)  # b at the end, c behind
+    (proposal,) = a.state.tick(200)
+    assert isinstance(proposal, ProposeAlterPartition) and proposal.new_isr == (1, 2)
+    assert a.state.needs_tick()  # the shrink is in flight
+    commit(a, proposal)
+    assert not a.state.needs_tick()  # ISR (1, 2), both at the end

@@ -432,6 +432,22 @@ class PartitionState:
         self._leader_log_end_offset = log_end_offset
         return tuple(self._maybe_advance_high_watermark())
 
+    def needs_tick(self) -> bool:
+        """Could ``tick`` return effects, now or later, before another event reaches this
+        core? Only with acks=all waiters (expiry), an ISR change in flight (a resend)
+        or, on a leader, an ISR member not at the leader's log end (a shrink: one at the
+        end is caught up however long ago it fetched). A driver with thousands of idle
+        partitions ticks only those that do, re-checking a partition after any event."""
+        if len(self._purgatory):
+            return True
+        if self.role is not Role.LEADER:
+            return False
+        if self._awaiting_proposal_id is not None or self._pending is not None:
+            return True
+        leo = self._leader_log_end_offset
+        followers = self._followers
+        return any(followers[r].log_end_offset != leo for r in self.isr if r != self.broker_id)
+
     def tick(self, now_ms: int) -> tuple[Effect, ...]:
         """Time passed: expire acks=all waiters, resend a failed AlterPartition, or
         propose shrinking the ISR (Kafka: maybeShrinkIsr on the isr-expiration timer)."""
