@@ -11,11 +11,13 @@ changed and each answer only what has news:
   is full and no session could be made: the client simply fetches in full again).
 - ``session_epoch`` n > 0 is the n-th **incremental fetch** of ``session_id``: the request
   lists only partitions that are new or whose fetch offset, epochs or max bytes changed,
-  plus ``forgotten`` ones; the broker reads *every* partition of the session (so a long
-  poll still wakes on data for partitions the request did not list, and a follower's
-  position is still recorded on each of its partitions, as the ISR needs), and answers
-  the partitions the request listed and those with records, a new high watermark or log
-  start offset, an error, a diverging epoch or a preferred read replica.
+  plus ``forgotten`` ones. For a consumer the broker reads every partition of the
+  session (so a long poll still wakes on data for partitions the request did not list);
+  for a follower only the listed ones and those marked ``changed`` since (the broker's
+  FetchWatch marks them; the session's FetchClock records the follower's position on
+  the idle rest, as the ISR needs). It answers the partitions the request listed and
+  those with records, a new high watermark or log start offset, an error, a diverging
+  epoch or a preferred read replica.
 - ``session_epoch`` -1 is a **sessionless full fetch**, as before sessions existed; with a
   ``session_id`` it also closes that session.
 
