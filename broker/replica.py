@@ -70,12 +70,6 @@ class Watcher(Protocol):
         ...
 
 
-class WatchedSession(Protocol):
-    """What a FetchWatch needs of its fetch session (broker/fetch_session.py)."""
-
-    def mark(self, key: tuple[str, int]) -> bool: ...
-
-
 class FetchWatch:
     """A follower fetch session's watch on the replicas it reads. Whatever wakes a
     replica's parked fetches (an append, a HW or log-start move, a role or ISR change,
@@ -86,7 +80,7 @@ class FetchWatch:
 
     __slots__ = ("session", "waiter")
 
-    def __init__(self, session: WatchedSession) -> None:
+    def __init__(self, session: Watcher) -> None:  # a FetchSession (broker/fetch_session.py)
         self.session = session
         self.waiter: asyncio.Future[None] | None = None  # the session's parked fetch
 

@@ -75,3 +75,14 @@ async def test_a_follower_log_start_move_is_listed(tmp_path: Path) -> None:
             return row.log_start_offset if row is not None else -1
 
         await wait_until_async(lambda: sent_start() == 1)
+
+
+async def test_a_stopped_fetcher_leaves_no_watch_on_its_replicas(tmp_path: Path) -> None:
+    async with start_pair(tmp_path, SharedMetadata(), partitions=N, backoff_ms=50) as pair:
+        assert pair.follower.replicas is not None and pair.follower.fetchers is not None
+        fetcher = fetcher_of(pair)
+        await fetches_pass(fetcher, 2)
+        replicas = list(pair.follower.replicas.replicas.values())
+        assert all(fetcher in r.watchers for r in replicas)
+        await pair.follower.fetchers.stop()
+        assert not any(fetcher in r.watchers for r in replicas)

@@ -260,6 +260,12 @@ class SourceFetcher:
         if self._task is not None:
             self._task.cancel()
         self._close()
+        replicas = self.manager.replicas.replicas
+        for tp in self.partitions:  # no replica keeps a stopped fetcher alive
+            replica = replicas.get(tp)
+            if replica is not None:
+                replica.watchers.discard(self)
+        self.partitions.clear()
 
     async def wait_stopped(self) -> None:
         if self._task is not None:
