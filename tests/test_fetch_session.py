@@ -238,6 +238,58 @@ def response(session_id: int, *errored: int, error_code: int = 0) -> m.FetchResp
     return m.FetchResponse([m.FetchTopicResult("t", rows)], 0, error_code, session_id)
 
 
+BUILDER_STEP = st.one_of(
+    st.tuples(st.just("set"), st.integers(0, 5), st.integers(0, 3)),  # want, or move
+    st.tuples(st.just("drop"), st.integers(0, 5), st.just(0)),
+    st.tuples(st.just("fetch"), st.integers(-1, 5), st.just(0)),  # -1: no error
+    st.tuples(st.just("refused"), st.just(0), st.just(0)),  # a session error
+    st.tuples(st.just("reset"), st.just(0), st.just(0)),
+)
+
+
+def _request_of(s: object) -> tuple[int, int, set, set]:
+    assert isinstance(s, tuple)
+    session_id, epoch, topics, forgotten = s
+    rows = {(t.topic, p) for t in topics for p in t.partitions}
+    gone = {(t.topic, p) for t in forgotten for p in t.partitions}
+    return session_id, epoch, rows, gone
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BUILDER_STEP, max_size=40))
+def test_build_changes_asks_what_build_asks(steps: list[tuple[str, int, int]]) -> None:
+    """A caller that names what changed since its last answered request (the rows it
+    set or dropped, and the partitions the last answer carried an error for) gets the
+    request ``build`` gets by comparing every row (a follower's fetcher keeps its rows
+    and names only those)."""
+    full, delta = FetchSessionBuilder(), FetchSessionBuilder()
+    wanted: dict[tuple[str, int], m.FetchPartition] = {}
+    changed: set[tuple[str, int]] = set()
+    for what, p, n in steps:
+        key = ("t", p)
+        if what == "set":
+            wanted[key] = row(p, n)
+            changed.add(key)
+        elif what == "drop":
+            wanted.pop(key, None)
+            changed.add(key)
+        elif what == "reset":
+            full.reset()
+            delta.reset()
+        else:
+            a = full.build(dict(wanted))
+            b = delta.build_changes(wanted, changed)
+            changed = set()
+            assert _request_of(a) == _request_of(b)
+            if what == "refused":
+                answer = response(a.session_id, error_code=FETCH_SESSION_ID_NOT_FOUND)
+            else:
+                errored = (p,) if p >= 0 and key in wanted else ()
+                answer = response(a.session_id or 7, *errored)
+                changed.update(("t", e) for e in errored)
+            assert full.on_response(answer) == delta.on_response(answer)
+
+
 def test_builder_lists_only_changes_after_the_first_full_fetch() -> None:
     b = FetchSessionBuilder()
     wanted = {("t", p): row(p) for p in range(3)}
