@@ -7,7 +7,7 @@ answered, as before sessions), the full fetch that opens a session, and incremen
 fetches of that session (nothing listed, nothing answered). For each it prints the
 request and response header bytes and the leader's CPU per fetch: decoding the request
 header, the Fetch handler (session, reads, answer) and encoding the response header, as
-the RPC server does them, without the socket.
+the RPC server does them, without the socket; then the CPU of one replica tick.
 
     python benchmarks/fetch_session_bench.py --partitions 3000 --replica-id 2
 """
@@ -160,6 +160,15 @@ async def run(partitions: int, replica_id: int, rounds: int) -> dict[str, Any]:
                 total_cpu += cpu
             out["incremental"] = {"request_bytes": req_size, "response_bytes": resp_size,
                                   "leader_cpu_us": round(total_cpu / rounds)}  # fmt: skip
+            # The replica tick (replica.tick.interval.ms) once the fetches above left the
+            # follower at every log end (as a consumer, follower 2 never fetched: every
+            # partition may yet shrink its ISR, so each is ticked).
+            assert server.replicas is not None
+            server.replicas.tick()  # ticks every replica the fetches above touched, once
+            start = time.process_time()
+            for _ in range(rounds):
+                server.replicas.tick()
+            out["tick_us"] = round((time.process_time() - start) / rounds * 1e6)
             return out
         finally:
             await server.stop(controlled=False)
