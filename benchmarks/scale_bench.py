@@ -11,7 +11,9 @@ prints one JSON object:
   answers a ListOffsets for its partitions (``to_leaders_serving_s``: the metadata says
   who leads before that broker has opened the log and taken the role), and the
   controller elections that happened meanwhile (the ``election for term`` lines the
-  controllers logged: the aim is none);
+  controllers logged: the aim is none), and each node's largest event-loop stall meanwhile
+  (``max_loop_stall_ms``, controllers and brokers: the ``event loop stalled`` warnings of
+  its node log, logged over ``--stall-warn-ms``; 0 means none over it; aim: under 100 ms);
 - ``loaded``: the same produce with every partition existing, and its throughput ratio
   to the baseline (aim: at least 0.8);
 - ``peak_rss_mb``: each node's peak resident set (VmHWM), controllers and brokers;
@@ -42,6 +44,7 @@ from rillet.client.wire.errors import RilletError
 from rillet.tools.local_cluster import LocalCluster
 
 ELECTION = re.compile(rb"election for term \d+")
+STALL = re.compile(rb"event loop stalled for (\d+) ms")
 
 
 def election_lines(cluster: LocalCluster) -> int:
@@ -84,8 +87,31 @@ async def wait_leaders_serve(boot: str, topic: str, count: int, timeout_s: float
         await consumer.close()
 
 
+def log_sizes(cluster: LocalCluster) -> dict[int, int]:
+    """Each node log's size now: where a step's lines start."""
+    sizes = {}
+    for node_id in cluster.nodes:
+        path = cluster.node_dir(node_id) / "node.log"
+        sizes[node_id] = path.stat().st_size if path.exists() else 0
+    return sizes
+
+
+def max_stalls(cluster: LocalCluster, since: dict[int, int]) -> dict[str, dict[int, int]]:
+    """Each node's largest logged event-loop stall (ms) after ``since``, by role."""
+    out: dict[str, dict[int, int]] = {"controllers": {}, "brokers": {}}
+    for node in cluster.nodes.values():
+        path = cluster.node_dir(node.node_id) / "node.log"
+        with path.open("rb") as f:
+            f.seek(since.get(node.node_id, 0))
+            stalls = [int(ms) for ms in STALL.findall(f.read())]
+        role = "controllers" if node.is_controller else "brokers"
+        out[role][node.node_id] = max(stalls, default=0)
+    return out
+
+
 def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float) -> dict[str, Any]:
     elections = election_lines(cluster)
+    logs = log_sizes(cluster)
     t0 = time.monotonic()
     create_topic(cluster.bootstrap, topic, count, 3)
     created = time.monotonic() - t0
@@ -103,7 +129,12 @@ def create_step(cluster: LocalCluster, topic: str, count: int, timeout_s: float)
         "to_full_isr_s": round(created + isr_s, 2),
         "to_leaders_serving_s": round(serving, 2),
         "controller_elections": election_lines(cluster) - elections,
+        "max_loop_stall_ms": max_stalls(cluster, logs),
     }
+
+
+def peak_rss(cluster: LocalCluster) -> dict[int, float | None]:
+    return {n.node_id: peak_rss_mb(n.pid) for n in cluster.nodes.values()}
 
 
 def controller_failover(cluster: LocalCluster, timeout_s: float) -> dict[str, Any]:
@@ -136,10 +167,20 @@ def main() -> None:
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--controllers", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument(
+        "--stall-warn-ms", type=int, default=50, help="event.loop.stall.warn.ms of every node"
+    )
+    parser.add_argument(
+        "--creates-only", action="store_true", help="skip the produce runs and the failover"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rillet-scale-") as tmp:
         cluster = LocalCluster(
-            Path(tmp), controllers=args.controllers, brokers=args.brokers, ephemeral_ports=True
+            Path(tmp),
+            controllers=args.controllers,
+            brokers=args.brokers,
+            ephemeral_ports=True,
+            overrides={"event.loop.stall.warn.ms": args.stall_warn_ms},
         )
         print(json.dumps(run_started(cluster, lambda: run(cluster, args), 60), indent=2))
 
@@ -147,20 +188,25 @@ def main() -> None:
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     boot = cluster.bootstrap
     create_topic(boot, "small", 10, 3, "min.insync.replicas=2")
-    baseline = perf_produce(boot, "small", args, "all")
+    baseline = None if args.creates_only else perf_produce(boot, "small", args, "all")
     creates = [
         create_step(cluster, f"scale{i}", count, args.timeout_s)
         for i, count in enumerate(args.steps)
     ]
-    loaded = perf_produce(boot, "small", args, "all")
-    peak = {n.node_id: peak_rss_mb(n.pid) for n in cluster.nodes.values()}
-    return {
+    described = {
         "cluster": {
             "brokers": args.brokers,
             "controllers": args.controllers,
             "cpus": os.cpu_count(),
             "partitions_total": 10 + sum(args.steps),
         },
+    }
+    if baseline is None:
+        return {**described, "creates": creates, "peak_rss_mb": peak_rss(cluster)}
+    loaded = perf_produce(boot, "small", args, "all")
+    peak = peak_rss(cluster)
+    return {
+        **described,
         "baseline": baseline,
         "creates": creates,
         "loaded": loaded,
