@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ from rillet.controller.raft.core import (
     VoteResponse,
     message_from_dict,
 )
-from rillet.controller.raft.driver import RaftDriver
+from rillet.controller.raft.driver import AsyncRaftLoop, RaftDriver
 
 T_MS = 1000
 
@@ -42,9 +43,12 @@ class AppliedPayloads:
 
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
+        self.readies: list[tuple[Entry, ...]] = []  # each Ready's committed entries
 
     def apply(self, ready: Ready) -> None:
         self.payloads.extend(e.data for e in ready.committed_entries if e.kind == EntryKind.NORMAL)
+        if ready.committed_entries:
+            self.readies.append(ready.committed_entries)
 
     def after_advance(self, node: RaftNode) -> tuple[int, bytes] | None:
         return None  # these tests compact by hand
@@ -67,12 +71,17 @@ class Harness:
     """Nodes wired by hand, each run by the production `RaftDriver`: `run(ms)` ticks every
     10 ms and delivers messages instantly."""
 
-    def __init__(self, voters: int = 3, states: dict[int, StorageState] | None = None) -> None:
+    def __init__(
+        self,
+        voters: int = 3,
+        states: dict[int, StorageState] | None = None,
+        **options: int,
+    ) -> None:
         ids = tuple(range(1, voters + 1))
         self.now_ms = 0
         self.nodes = {
             i: RaftNode(
-                RaftConfig(node_id=i, voters=ids),
+                RaftConfig(node_id=i, voters=ids, **options),  # type: ignore[arg-type]
                 (states or {}).get(i),
                 rng=random.Random(i),
                 now_ms=0,
@@ -322,6 +331,81 @@ def test_proposal_during_transfer_or_on_follower_raises_not_leader() -> None:
     h.run(T_MS + 100)
     assert "timed out" in " ".join(h.events)
     h.nodes[1].propose(b"after-abort")
+
+
+def data_bytes(entries: tuple[Entry, ...]) -> int:
+    return sum(len(e.data) for e in entries)
+
+
+def test_a_ready_applies_committed_entries_within_its_byte_bound() -> None:
+    # A follower that was away commits a long backlog at once; applying runs on the event
+    # loop, so each Ready hands over at most so many bytes (a larger entry goes alone).
+    h = Harness(max_committed_bytes_per_ready=250)
+    h.elect(1)
+    h.isolate(3)
+    payloads = [b"%03d" % i + b"x" * 97 for i in range(40)] + [b"big" + b"y" * 400]
+    for p in payloads:
+        h.nodes[1].propose(p)
+    h.run(200)
+    h.heal()
+    h.run(500)
+    for node_id in (1, 2, 3):
+        assert h.applied[node_id] == payloads
+        readies = h.machines[node_id].readies
+        assert all(data_bytes(r) <= 250 or len(r) == 1 for r in readies)
+    assert len(h.machines[3].readies) >= 41 * 100 // 250  # the backlog took many Readies
+
+
+def test_an_append_request_carries_entries_within_its_byte_bound() -> None:
+    h = Harness(max_bytes_per_append=1000, max_entries_per_append=64)
+    h.elect(1)
+    h.isolate(3)
+    payloads = [b"%03d" % i + b"x" * 297 for i in range(30)] + [b"big" + b"y" * 1500]
+    for p in payloads:
+        h.nodes[1].propose(p)
+    h.run(200)
+    h.heal()
+    h.run(1000)
+    appends = [m for m in h.sent if isinstance(m, AppendRequest) and m.entries]
+    assert all(data_bytes(m.entries) <= 1000 or len(m.entries) == 1 for m in appends)
+    assert any(len(m.entries) == 3 for m in appends)  # as many as fit, not one at a time
+    assert h.applied[3] == payloads
+
+
+async def test_the_async_loop_gives_the_event_loop_a_turn_between_slices_of_commits() -> None:
+    # A node restarting with 30 committed entries of 100 bytes re-applies them, 2 per
+    # Ready; no write is needed for that, yet another task runs between every two slices.
+    entries = tuple(Entry(i, 1, b"x" * 100) for i in range(1, 31))
+    state = StorageState(HardState(term=1, vote=1, commit=30), entries=entries)
+    config = RaftConfig(node_id=1, voters=(1, 2, 3), max_committed_bytes_per_ready=200)
+    node = RaftNode(config, state, rng=random.Random(1), now_ms=0)
+    turns = 0
+    turns_at_apply: list[int] = []
+
+    class CountingMachine(AppliedPayloads):
+        def apply(self, ready: Ready) -> None:
+            super().apply(ready)
+            turns_at_apply.append(turns)
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    machine = CountingMachine()
+    driver = RaftDriver(node, MemoryStorage(), Harness(), machine, lambda: 0)
+    counter = asyncio.create_task(count_turns())
+    raft_loop = AsyncRaftLoop(driver, tick_interval_ms=10_000)
+    raft_loop.start()
+    try:
+        while len(machine.payloads) < 30:
+            await asyncio.sleep(0)
+    finally:
+        await raft_loop.stop()
+        counter.cancel()
+    assert [len(r) for r in machine.readies] == [2] * 15
+    assert all(b > a for a, b in zip(turns_at_apply, turns_at_apply[1:], strict=False))
 
 
 def test_slow_follower_catches_up_with_fast_backoff() -> None:

@@ -15,7 +15,7 @@ from sim.raft_cluster import RaftInvariants, SimulationFailure, run_seed
 from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 
 from rillet.controller.raft.core import AppendResponse, Entry, Progress, RaftNode, Role
-from rillet.controller.raft.driver import BlockingWrite, RaftDriver
+from rillet.controller.raft.driver import RaftDriver, ReadyStep
 from rillet.controller.state_machine import ControllerStateMachine
 
 # make test: each seed is ~10 s of simulated chaos then <= 20 s of healing, ~0.2 s of CPU
@@ -53,7 +53,7 @@ def first_failing_seed() -> str:
 
 def sends_before_persisting(
     self: RaftDriver, stopping: Callable[[], bool] = lambda: False
-) -> Iterator[BlockingWrite]:
+) -> Iterator[ReadyStep]:
     node = self.node
     while not stopping() and node.has_ready():
         ready = node.ready()

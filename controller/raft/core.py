@@ -164,9 +164,15 @@ class RaftConfig:
     # The lease is shortened by this much to cover clock-rate drift between nodes.
     max_clock_drift_ms: int = 100
     max_entries_per_append: int = 64
+    # Bytes of entry data per AppendRequest (at least one entry goes): a follower far
+    # behind is sent bounded messages, each written, acknowledged and applied in turn.
+    max_bytes_per_append: int = 1024 * 1024
     max_inflight_entries: int = 1024  # optimistic window per follower in REPLICATE state
     max_uncommitted_entries: int = 10_000
     max_committed_entries_per_ready: int = 1024
+    # Bytes of committed entry data one Ready hands the state machine (at least one
+    # entry): applying runs on the event loop, so this bounds how long one Ready holds it.
+    max_committed_bytes_per_ready: int = 128 * 1024
 
     def validate(self) -> None:
         if self.node_id not in self.voters:
@@ -179,9 +185,11 @@ class RaftConfig:
             raise RaftUsageError("need 0 <= max_clock_drift_ms < election_timeout_ms")
         for name in (
             "max_entries_per_append",
+            "max_bytes_per_append",
             "max_inflight_entries",
             "max_uncommitted_entries",
             "max_committed_entries_per_ready",
+            "max_committed_bytes_per_ready",
         ):
             if getattr(self, name) < 1:
                 raise RaftUsageError(f"{name} must be >= 1")
@@ -385,15 +393,27 @@ class RaftLog:
             return None
         return self.entries[index - self.snapshot_index - 1].term
 
-    def slice(self, first: int, max_count: int) -> tuple[Entry, ...]:
+    def slice(self, first: int, max_count: int, max_bytes: int | None = None) -> tuple[Entry, ...]:
+        """Up to ``max_count`` entries from ``first``; with ``max_bytes``, only as many as
+        keep their data within it (but always the first)."""
         invariant(first > self.snapshot_index, f"slice from {first} is compacted")
         start = first - self.snapshot_index - 1
-        return tuple(self.entries[start : start + max_count])
+        entries = self.entries[start : start + max_count]
+        if max_bytes is None:
+            return tuple(entries)
+        size = 0
+        for n, entry in enumerate(entries):
+            size += len(entry.data)
+            if size > max_bytes and n > 0:
+                return tuple(entries[:n])
+        return tuple(entries)
 
-    def entries_between(self, first: int, last: int) -> tuple[Entry, ...]:
+    def entries_between(
+        self, first: int, last: int, max_bytes: int | None = None
+    ) -> tuple[Entry, ...]:
         if last < first:
             return ()
-        return self.slice(first, last - first + 1)
+        return self.slice(first, last - first + 1, max_bytes)
 
     def truncate_from(self, index: int) -> None:
         invariant(index > self.snapshot_index, f"truncating compacted index {index}")
@@ -681,7 +701,9 @@ class RaftNode:
         last_apply = min(
             self.commit_index, first_apply + self.config.max_committed_entries_per_ready - 1
         )
-        committed = self.log.entries_between(first_apply, last_apply)
+        committed = self.log.entries_between(
+            first_apply, last_apply, self.config.max_committed_bytes_per_ready
+        )
         term_or_vote_changed = (hard.term, hard.vote) != (
             self.prev_hard_state.term,
             self.prev_hard_state.vote,
@@ -1143,7 +1165,11 @@ class RaftNode:
         )
         entries: tuple[Entry, ...] = ()
         if not window_full and pr.next_index <= self.log.last_index():
-            entries = self.log.slice(pr.next_index, self.config.max_entries_per_append)
+            entries = self.log.slice(
+                pr.next_index,
+                self.config.max_entries_per_append,
+                self.config.max_bytes_per_append,
+            )
         if not entries and not heartbeat:
             return
         self.send(

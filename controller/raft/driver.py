@@ -21,6 +21,13 @@ place (`process_ready`); `AsyncRaftLoop` runs them in the default executor so an
 never blocks the event loop. Inputs (`step`, `propose`, ticks) may arrive while a write
 runs there: the core allows that, and they show up in the next Ready. Proposals that
 arrive during one fsync are written by the next, which is the group commit.
+
+After each Ready that applied committed entries `ready_steps` also yields None, a turn
+boundary: `AsyncRaftLoop` gives the event loop a turn there, so a backlog of commits
+(bounded per Ready by `RaftConfig.max_committed_bytes_per_ready`) is applied a slice
+per turn, with heartbeats, votes and requests served in between, instead of in one
+long callback. Inputs arriving there are no different from inputs arriving during a
+write, which the core already allows.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ log = logging.getLogger(__name__)
 
 # A blocking write the caller runs before resuming `ready_steps` (in place or in a thread).
 BlockingWrite = Callable[[], None]
+# What `ready_steps` yields: a write to run, or None where the caller may give the loop a
+# turn before resuming.
+ReadyStep = BlockingWrite | None
 
 
 def monotonic_ms() -> int:
@@ -115,8 +125,9 @@ class RaftDriver:
 
     # -- the Ready loop --------------------------------------------------------------
 
-    def ready_steps(self, stopping: Callable[[], bool] = lambda: False) -> Iterator[BlockingWrite]:
-        """Every pending Ready, in order; yields each blocking write for the caller to run.
+    def ready_steps(self, stopping: Callable[[], bool] = lambda: False) -> Iterator[ReadyStep]:
+        """Every pending Ready, in order; yields each blocking write for the caller to run,
+        and None after a Ready that applied committed entries (a turn boundary).
 
         A Ready once taken is always finished; `stopping` is asked before taking the next.
         """
@@ -137,11 +148,14 @@ class RaftDriver:
             if wanted is not None:
                 snapshot = node.compact(*wanted)
                 yield functools.partial(self.storage.save_snapshot, snapshot)
+            if ready.committed_entries:
+                yield None
 
     def process_ready(self) -> None:
         """Run the loop to quiescence in place (the simulator, tests)."""
         for write in self.ready_steps():
-            write()
+            if write is not None:
+                write()
 
 
 class AsyncRaftLoop:
@@ -199,7 +213,10 @@ class AsyncRaftLoop:
                 await self._wake.wait()
                 self._wake.clear()
                 for write in self.driver.ready_steps(lambda: self._stopping):
-                    await loop.run_in_executor(None, write)
+                    if write is None:
+                        await asyncio.sleep(0)  # a slice of commits applied: a turn
+                    else:
+                        await loop.run_in_executor(None, write)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # a storage failure or a broken invariant: stop serving

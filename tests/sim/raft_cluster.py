@@ -55,7 +55,7 @@ from rillet.controller.raft.core import (
     VoteResponse,
     message_from_dict,
 )
-from rillet.controller.raft.driver import BlockingWrite, RaftDriver
+from rillet.controller.raft.driver import BlockingWrite, RaftDriver, ReadyStep
 from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy, encode_at_once
 
 from .network import LinkFaults, SimNetwork
@@ -486,9 +486,13 @@ class RaftActor:
         self.readies = 0
         self.run_steps(driver.ready_steps())
 
-    def run_steps(self, steps: Iterator[BlockingWrite]) -> None:
+    def run_steps(self, steps: Iterator[ReadyStep]) -> None:
         def run() -> None:
             for write in steps:
+                if write is None:
+                    # A turn boundary: inputs there are like inputs during a write, which
+                    # the writes already interleave; continuing keeps the seeds' schedules.
+                    continue
                 delay_ms = self.write_ms(write)
                 if delay_ms == 0:
                     write()
@@ -501,7 +505,7 @@ class RaftActor:
         self.guarded(run)
 
     def write_done(
-        self, incarnation: int, steps: Iterator[BlockingWrite], write: BlockingWrite
+        self, incarnation: int, steps: Iterator[ReadyStep], write: BlockingWrite
     ) -> None:
         """The write is durable now, stall or not (it ran in a thread); the Ready loop
         resumes when the event loop runs."""
