@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from test_controller_state_machine import Quorum, register
 
 from rillet.controller.metadata.image import (
@@ -229,14 +230,39 @@ def test_committing_every_pending_proposal_at_once_takes_the_pending_image() -> 
     for offset, epoch, part in entries:
         images.propose(part, offset, epoch)
     pending = images.pending
-    delta, committed = images.commit(entries[:2], want_delta=False)  # a prefix: replayed
-    assert delta is not None and committed.offset == 11 and images.pending is pending
-    delta, committed = images.commit(entries[2:], want_delta=False)  # the rest: no replay
+    delta, committed = images.commit(entries, want_delta=False)
     assert delta is None and committed is pending is images.pending
     whole = base
     for offset, epoch, part in entries:
         whole = replay_records(whole, part, offset, epoch)
     assert committed == whole
+
+
+def test_committing_a_head_of_our_proposals_takes_the_image_built_when_proposing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Raft hands commits over a slice per Ready; the active controller built each
+    # proposal's image already and must not replay the records a second time.
+    base = brokers_image()
+    chunks = list(split_records(plan_topic(base, "big", 2500), EntryLimits(max_records=500)))
+    entries = [(10 + i, 1, part) for i, (part, _) in enumerate(chunks)]
+    images = PendingImages(base)
+    built = []
+    for offset, epoch, part in entries:
+        images.propose(part, offset, epoch)
+        built.append(images.pending)
+    pending = images.pending
+    replays: list[int] = []
+    real_replay = MetadataDelta.replay_all
+    monkeypatch.setattr(
+        MetadataDelta,
+        "replay_all",
+        lambda self, *a: replays.append(1) or real_replay(self, *a),  # type: ignore[func-returns-value]
+    )
+    for n, entry in enumerate(entries):
+        delta, committed = images.commit([entry], want_delta=False)
+        assert delta is None and committed is built[n] and images.pending is pending
+    assert replays == [] and images.committed is pending
 
 
 def test_a_plan_made_off_the_loop_is_kept_only_while_its_inputs_hold() -> None:

@@ -70,6 +70,7 @@ from rillet.controller.metadata.image import (
     UnregisterBroker,
     apply_partition_change,
     check,
+    replay_records,
 )
 from rillet.controller.metadata.placement import (
     BrokerSlot,
@@ -883,7 +884,10 @@ class PendingImages:
     def __init__(self, committed: MetadataImage) -> None:
         self.committed = committed
         self.pending = committed
+        # (offset, epoch, records) of each proposal not yet committed, and the image once
+        # it and every earlier one applied: committing a head of them takes that image.
         self._proposed: list[tuple[int, int, list[MetadataRecord]]] = []
+        self._images_after: list[MetadataImage] = []
 
     def propose(self, records: list[MetadataRecord], offset: int, epoch: int) -> None:
         check(offset > self.pending.offset, f"offset {offset} not past {self.pending.offset}")
@@ -891,6 +895,7 @@ class PendingImages:
         delta.replay_all(records, offset, epoch)
         self.pending = delta.apply()
         self._proposed.append((offset, epoch, records))
+        self._images_after.append(self.pending)
 
     def commit(
         self,
@@ -906,23 +911,29 @@ class PendingImages:
         ours = len(entries) <= len(self._proposed) and all(
             e[:2] == p[:2] for e, p in zip(entries, self._proposed, strict=False)
         )  # the entries are the head of our own proposals, in order
-        if ours and not want_delta and len(entries) == len(self._proposed):
-            self.committed = self.pending
-            self._proposed.clear()
+        if ours and not want_delta and entries:
+            # Their result is already built: Raft hands commits over in slices, and
+            # replaying each slice again would double the active controller's work.
+            self.committed = self._images_after[len(entries) - 1]
+            del self._proposed[: len(entries)], self._images_after[: len(entries)]
             return None, self.committed
         delta = MetadataDelta(self.committed)
         for offset, epoch, records in entries:
             delta.replay_all(records, offset, epoch)
             delta.offset, delta.epoch = offset, epoch  # an entry may hold no records
         self.committed = delta.apply()
-        self._proposed = [e for e in self._proposed if e[0] > self.committed.offset]
+        kept = [i for i, e in enumerate(self._proposed) if e[0] > self.committed.offset]
+        self._proposed = [self._proposed[i] for i in kept]
+        self._images_after = [self._images_after[i] for i in kept]
         if not self._proposed:
             self.pending = self.committed
         elif not ours:
-            pending = MetadataDelta(self.committed)
+            image = self.committed
+            self._images_after = []
             for offset, epoch, records in self._proposed:
-                pending.replay_all(records, offset, epoch)
-            self.pending = pending.apply()
+                image = replay_records(image, records, offset, epoch)
+                self._images_after.append(image)
+            self.pending = image
         # else: the entries were our proposals, so pending (committed + all proposals)
         # is already right; replaying the rest again on every commit made a long run of
         # proposals (a large operation's entries) cost quadratic time.
@@ -930,4 +941,5 @@ class PendingImages:
 
     def reset(self) -> None:
         self._proposed.clear()
+        self._images_after.clear()
         self.pending = self.committed
