@@ -54,6 +54,7 @@ from rillet.broker.replication.types import (
     ProposeAlterPartition,
     ReplicationConfig,
 )
+from rillet.client.runtime.looplag import HeapFreezer
 from rillet.client.wire import errors
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import (
@@ -116,6 +117,8 @@ class ReplicaManager:
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
         self._produce_ids = itertools.count(1)
         self.metrics: BrokerMetrics | None = None  # set by the server once built
+        # Freezes the heap after thousands of partitions were taken on (set by the server).
+        self.heap: HeapFreezer | None = None
         self._reader = FetchReader(
             self.broker_id, self.replicas, lambda: self.image, self.partition_error
         )
@@ -164,6 +167,8 @@ class ReplicaManager:
             )
         self._apply_config_changes(delta, image)
         self._roles_changed()
+        if self.heap is not None:
+            self.heap.grew(len(changes.leaders) + len(changes.followers))
         waiters, self._metadata_waiters = self._metadata_waiters, []
         for w in waiters:
             if not w.done():

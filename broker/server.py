@@ -52,7 +52,7 @@ from rillet.broker.replica_manager import ReplicaManager
 from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.config import Config
-from rillet.client.runtime.looplag import LoopLagMonitor
+from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
 from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 MetadataListener = Callable[[MetadataDelta, MetadataImage], Awaitable[None]]
 METRICS_SAMPLE_INTERVAL_S = 1.0
+# Partitions taken on between two freezes of the heap (client/runtime/looplag.py): a
+# full garbage collection over the structures of thousands took up to 0.9 s.
+FREEZE_AFTER_PARTITIONS = 1000
 
 
 class ControllerLink(Protocol):
@@ -145,6 +148,7 @@ class BrokerServer:
         await self.logs.start()
         link = self.link
         self.replicas = ReplicaManager(cfg, self.logs, alter_partitions=link.alter_partitions)
+        self.replicas.heap = HeapFreezer(f"broker-{self.node_id}", FREEZE_AFTER_PARTITIONS)
         self.replicas.load_hw_checkpoint()
         self.fetchers = FetcherManager(self.replicas, FetcherConfig.from_broker(cfg))
         self.replicas.on_roles_changed = self.fetchers.sync

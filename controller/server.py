@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rillet.client.runtime.looplag import LoopLagMonitor
+from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
 from rillet.client.runtime.rpc_server import Response, RpcServer
 from rillet.client.wire.errors import (
     InvalidConfigError,
@@ -49,6 +49,8 @@ from rillet.controller.raft.transport import RaftTransport
 from rillet.controller.state_machine import ControllerStateMachine, SnapshotPolicy
 
 log = logging.getLogger(__name__)
+# Records applied between two freezes of the heap (client/runtime/looplag.py).
+FREEZE_AFTER_RECORDS = 5000
 
 T = TypeVar("T")
 
@@ -105,6 +107,8 @@ class ControllerServer:
         self.loop_lag = LoopLagMonitor(
             f"controller-{self.node_id}", warn_ms=config["event.loop.stall.warn.ms"], watchdog=True
         )
+        self.heap = HeapFreezer(f"controller-{self.node_id}", FREEZE_AFTER_RECORDS)
+        self._records_seen = 0
         # Milliseconds, monotonic: session deadlines and the Raft timers read it.
         self.clock: Callable[[], int] = monotonic_ms
         self.node: RaftNode
@@ -380,6 +384,9 @@ class ControllerServer:
 
     def _notify_applied(self) -> None:
         assert self._applied is not None
+        applied = self.machine.applied_records
+        self.heap.grew(applied - self._records_seen)
+        self._records_seen = applied
         if not self._applied.done():
             self._applied.set_result(None)
         self._applied = asyncio.get_running_loop().create_future()

@@ -153,6 +153,7 @@ class ControllerStateMachine:
         self._encoding: int | None = None  # offset of the image being encoded
         self._encoded: tuple[int, bytes] | None = None  # encoded, not yet handed over
         self._last_snapshot_bytes = 0
+        self.applied_records = 0  # records of every entry applied so far
 
     def restore(self, snapshot: Snapshot | None) -> None:
         """At start, from the stored snapshot (the node re-delivers the entries after it)."""
@@ -192,6 +193,7 @@ class ControllerStateMachine:
             records = decode_records(e.data) if e.kind == EntryKind.NORMAL else []
             entries.append((e.index, e.term, records))
             self._since_snapshot_records += len(records)
+            self.applied_records += len(records)
             self._since_snapshot_bytes += len(e.data)
         if entries:
             self.images.commit(entries, want_delta=False)

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from rillet.client.runtime.looplag import LoopLagMonitor
+from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
 
 
 class FakeTime:
@@ -88,3 +88,16 @@ def test_a_stall_reports_the_stack_sampled_most_often_and_its_share() -> None:
     monitor._samples = {"stack a": 3, "stack b": 1}
     assert monitor._most_sampled() == "(in 3 of 4 samples)\nstack a"
     assert monitor._most_sampled() is None  # the next stall starts afresh
+
+
+def test_the_heap_is_frozen_once_enough_state_was_added_and_counting_restarts() -> None:
+    frozen: list[int] = []
+    freezer = HeapFreezer("node-1", threshold=1000, freeze=lambda: frozen.append(1))
+    freezer.grew(600)
+    assert frozen == []
+    freezer.grew(400)
+    assert frozen == [1]
+    freezer.grew(999)
+    assert frozen == [1]
+    freezer.grew(5000)
+    assert frozen == [1, 1] and freezer.freezes == 2

@@ -20,6 +20,15 @@ and stops with the monitor.
 A stall can also come from the cyclic garbage collector, which runs inside whatever
 allocation triggered it (often in C, where the stack shows nothing): a ``gc.callbacks``
 hook times every collection, and a stall warning says how much of it was collection.
+
+``HeapFreezer`` shortens those collections. A full (generation 2) collection walks every
+tracked object, so with the structures of thousands of partitions it took 0.5 to 0.9 s
+on a broker. Once a node has added a lot of long-lived state (a broker taking on
+thousands of partitions, a controller applying thousands of records) it calls
+``gc.freeze()``, which moves every object alive then out of the collector's sight: later
+collections walk only what was allocated since. The price: a cycle among frozen objects
+that later becomes garbage is never collected (plain reference counting still frees
+everything else, which is nearly all of it), so it freezes only after growth.
 """
 
 from __future__ import annotations
@@ -167,3 +176,29 @@ class LoopLagMonitor:
         if frame is None:
             return None
         return "".join(traceback.format_stack(frame, limit=12))
+
+
+class HeapFreezer:
+    """``gc.freeze()`` once ``threshold`` units of long-lived state (partitions, records)
+    were added since the last freeze (see the module docstring)."""
+
+    def __init__(self, name: str, threshold: int, freeze: Callable[[], None] = gc.freeze) -> None:
+        self.name = name
+        self.threshold = threshold
+        self.freeze = freeze
+        self.freezes = 0
+        self._since = 0
+
+    def grew(self, units: int) -> None:
+        self._since += units
+        if self._since < self.threshold:
+            return
+        self.freeze()
+        self.freezes += 1
+        log.info(
+            "%s: froze the heap after %d additions (%d objects frozen)",
+            self.name,
+            self._since,
+            gc.get_freeze_count(),
+        )
+        self._since = 0
