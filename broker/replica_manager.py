@@ -96,6 +96,10 @@ class AppendResult:
     error_message: str | None = None
 
 
+# Partitions that take their role in one loop turn when a metadata delta is applied.
+ROLES_PER_TURN = 200
+
+
 class ReplicaManager:
     def __init__(
         self,
@@ -144,17 +148,21 @@ class ReplicaManager:
         for tp, p in sorted({**changes.leaders, **changes.followers}.items()):
             await self._remove_if_recreated(tp, p.topic_id)
         await self._create_logs({**changes.leaders, **changes.followers}, image)
-        # Only now, with no await until the roles are taken: a request that sees the new
-        # image (a CreateTopics waiting for it) must find the new partitions' replicas.
-        self.image = image
         if delta.changed_brokers:
             changed = delta.changed_brokers.keys()
             for replica in self.replicas.values():
                 replica.driver.on_brokers_changed(changed)
-        for tp, p in sorted(changes.leaders.items()):
+        # The roles are taken ROLES_PER_TURN at a time with a loop turn in between (the
+        # 10,000 partitions of one CreateTopics held the loop for over a second), and the
+        # image is published only once all are: a request that sees the new image (a
+        # CreateTopics waiting for it) must find the new partitions' replicas. Meanwhile
+        # requests read the old image, and a replica's own state answers for its role.
+        roles = [*sorted(changes.leaders.items()), *sorted(changes.followers.items())]
+        for n, (tp, p) in enumerate(roles):
+            if n and n % ROLES_PER_TURN == 0:
+                await asyncio.sleep(0)
             self._become(tp, p, image)
-        for tp, p in sorted(changes.followers.items()):
-            self._become(tp, p, image)
+        self.image = image
         if changes.leaders or changes.followers or changes.deletes:
             # One line per delta: with thousands of partitions, a line per partition per
             # leader or ISR change drowned the log (each partition is logged at DEBUG).

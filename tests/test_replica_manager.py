@@ -273,3 +273,31 @@ def test_a_fetcher_names_a_few_added_partitions_not_all(caplog: pytest.LogCaptur
     assert line == (
         "fetcher from 2: now 3000 partition(s), added 3000 (t-0, t-1, t-2, t-3, t-4, +2995 more)"
     )
+
+
+async def test_roles_are_taken_a_slice_per_turn_and_the_image_published_after_the_last(
+    manager: ReplicaManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking the roles of the 10,000 partitions of one CreateTopics in one go held a
+    broker's loop for over a second. A task running at every loop turn sees them taken a
+    slice at a time, and never sees the new image before all are taken."""
+    monkeypatch.setattr("rillet.broker.replica_manager.ROLES_PER_TURN", 5)
+    seen: list[tuple[int, bool]] = []  # (partitions leading, topic in the image)
+
+    async def watch() -> None:
+        while True:
+            leading = sum(
+                1
+                for p in range(20)
+                if (r := manager.replicas.get(TopicPartition("more", p))) and r.is_leader
+            )
+            seen.append((leading, manager.image.topic("more") is not None))
+            await asyncio.sleep(0)
+
+    quorum = QuorumController(ControllerConfig())
+    created = quorum.create_topics(manager.image, [("more", 20, 1, {})]).records
+    watcher = asyncio.create_task(watch())
+    await commit(manager, manager.image, created)
+    watcher.cancel()
+    assert {5, 10, 15} <= {leading for leading, _ in seen}
+    assert all(leading == 20 for leading, published in seen if published)

@@ -195,10 +195,5 @@ class HeapFreezer:
             return
         self.freeze()
         self.freezes += 1
-        log.info(
-            "%s: froze the heap after %d additions (%d objects frozen)",
-            self.name,
-            self._since,
-            gc.get_freeze_count(),
-        )
+        log.info("%s: froze the heap after %d additions", self.name, self._since)
         self._since = 0

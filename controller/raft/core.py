@@ -172,7 +172,7 @@ class RaftConfig:
     max_committed_entries_per_ready: int = 1024
     # Bytes of committed entry data one Ready hands the state machine (at least one
     # entry): applying runs on the event loop, so this bounds how long one Ready holds it.
-    max_committed_bytes_per_ready: int = 128 * 1024
+    max_committed_bytes_per_ready: int = 64 * 1024
 
     def validate(self) -> None:
         if self.node_id not in self.voters:
