@@ -3,16 +3,21 @@ controller: what it hands the broker while it catches up after a start."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgpack
+import pytest
 
+from rillet.broker.link import controller_client
 from rillet.broker.link.controller_client import MetadataFollower
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import (
     MetadataDelta,
     MetadataImage,
+    MetadataRecord,
     RegisterBroker,
+    decode_records,
     encode_records,
 )
 
@@ -52,3 +57,36 @@ async def test_a_starting_broker_is_handed_metadata_only_once_caught_up() -> Non
     assert delta.image.offset == -1 and set(delta.changed_brokers) == {1, 2}
     assert await follower.fetch_once() == 0
     assert len(published) == 1
+
+
+async def test_a_fetched_answer_is_replayed_an_entry_per_loop_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One answer holds up to 1 MiB of entries: replayed in one go, some 24,000
+    partition records held a broker's loop for 250-400 ms. A task that runs at every
+    loop turn sees the replay advance an entry at a time; the result is the same."""
+    entries = [[i, 1, encode_records([RegisterBroker(i, f"inc-{i}", i)])] for i in range(1, 6)]
+    payload = msgpack.packb([[0, 1, b""], *entries])  # offset 0: a duplicate, skipped
+    image = MetadataImage()
+    decoded: list[bytes] = []
+
+    def counting(data: bytes) -> list[MetadataRecord]:
+        decoded.append(data)
+        return decode_records(data)
+
+    monkeypatch.setattr(controller_client, "decode_records", counting)
+    turns: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            turns.append(len(decoded))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0)
+    fetched = await controller_client.apply_fetched_yielding(image, False, payload)
+    watcher.cancel()
+    assert fetched is not None and fetched[2] == 6
+    assert {1, 2, 3, 4} <= set(turns)  # the loop ran between entries
+    expected = controller_client.apply_fetched(image, False, payload)
+    assert expected is not None and fetched[1] == expected[1]
