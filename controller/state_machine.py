@@ -42,6 +42,7 @@ from rillet.controller.metadata.image import (
     Config,
     MetadataImage,
     MetadataRecord,
+    check,
     decode_records,
     decode_snapshot,
     encode_records,
@@ -343,12 +344,18 @@ class ControllerStateMachine:
         if not self.active or self._propose_entry is None or self._node is None:
             raise NotControllerError(f"controller {self.node_id} is not active")
         records, data = chunk
+        node = self._node
+        # Replayed onto the pending image before Raft sees it: records that do not apply
+        # (computed from an image another operation changed meanwhile) raise here. In
+        # the log they would fail every controller's apply, on every restart too.
+        index, term = node.log.last_index() + 1, node.term
+        image = self.images.prepare(records, index, term)
         try:
-            index = self._propose_entry(data)
+            proposed = self._propose_entry(data)
         except (NotLeader, TooManyUncommitted) as e:
             raise NotControllerError(str(e)) from None
-        term = self._node.term
-        self.images.propose(records, index, term)
+        check(proposed == index, f"entry proposed at {proposed}, prepared for {index}")
+        self.images.add(records, index, term, image)
         if on_commit is not None:
             self._waiters[index] = (term, on_commit)
         return index

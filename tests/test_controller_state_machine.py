@@ -11,6 +11,8 @@ from rillet.client.wire.errors import NotControllerError
 from rillet.controller.metadata.describe import cluster_id_of
 from rillet.controller.metadata.image import (
     MetadataImage,
+    MetadataInvariantError,
+    PartitionChange,
     decode_snapshot,
     encode_records,
     encode_snapshot,
@@ -326,3 +328,21 @@ def test_a_step_down_and_the_new_leaders_commits_in_one_ready_drop_the_old_propo
     q.drivers[1].process_ready()  # raised MetadataInvariantError in apply()
     assert not old.active and q.nodes[1].commit_index == new.commit_index
     assert old.images.pending == old.image and 7 not in old.image.brokers
+
+
+def test_records_that_do_not_apply_never_reach_the_log() -> None:
+    """An operation computed on a pending image that another one changed meanwhile (two
+    brokers' controlled shutdowns, whose moves are proposed an entry per loop turn) can
+    hold a change that does not apply. It used to be appended to the Raft log first:
+    every controller then failed applying it, on every restart too."""
+    q = Quorum()
+    q.elect(1)
+    q.run(100)
+    active = q.machines[1]
+    last = q.nodes[1].log.last_index()
+    with pytest.raises(MetadataInvariantError):
+        active.propose([PartitionChange("no-such-topic", 0, isr=(1,))])
+    assert q.nodes[1].log.last_index() == last and active.images.pending == active.image
+    active.propose(register(active, 7))  # the controller goes on
+    q.run(100)
+    assert all(7 in m.image.brokers for m in q.machines.values())

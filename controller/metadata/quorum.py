@@ -890,12 +890,23 @@ class PendingImages:
         self._images_after: list[MetadataImage] = []
 
     def propose(self, records: list[MetadataRecord], offset: int, epoch: int) -> None:
+        self.add(records, offset, epoch, self.prepare(records, offset, epoch))
+
+    def prepare(self, records: list[MetadataRecord], offset: int, epoch: int) -> MetadataImage:
+        """The pending image with ``records`` replayed at ``offset``, changing nothing:
+        raises MetadataInvariantError when they do not apply to it."""
         check(offset > self.pending.offset, f"offset {offset} not past {self.pending.offset}")
         delta = MetadataDelta(self.pending)
         delta.replay_all(records, offset, epoch)
-        self.pending = delta.apply()
+        return delta.apply()
+
+    def add(
+        self, records: list[MetadataRecord], offset: int, epoch: int, image: MetadataImage
+    ) -> None:
+        """Take a proposal whose `prepare` gave ``image`` (nothing proposed since)."""
+        self.pending = image
         self._proposed.append((offset, epoch, records))
-        self._images_after.append(self.pending)
+        self._images_after.append(image)
 
     def commit(
         self,
