@@ -345,6 +345,8 @@ class ControllerStateMachine:
             raise NotControllerError(f"controller {self.node_id} is not active")
         records, data = chunk
         node = self._node
+        if not self._leads(node):  # stepped down: the next Ready tells the machine
+            raise NotControllerError(f"controller {self.node_id} is no longer the leader")
         # Replayed onto the pending image before Raft sees it: records that do not apply
         # (computed from an image another operation changed meanwhile) raise here. In
         # the log they would fail every controller's apply, on every restart too.
