@@ -202,11 +202,17 @@ class ReplicaManager:
         if not new:
             return
 
+        heap = self.heap
+
         def open_all() -> list[Log]:
-            return [
-                self.logs.open_unregistered(tp.topic, tp.partition, cfg, topic_id=topic_id)
-                for tp, topic_id, cfg in new
-            ]
+            opened = []
+            for tp, topic_id, cfg in new:
+                opened.append(
+                    self.logs.open_unregistered(tp.topic, tp.partition, cfg, topic_id=topic_id)
+                )
+                if heap is not None:  # the logs are most of what grows: freeze as they do
+                    heap.grew(1)
+            return opened
 
         logs = await asyncio.get_running_loop().run_in_executor(None, open_all)
         for (tp, _, _), log in zip(new, logs, strict=True):
