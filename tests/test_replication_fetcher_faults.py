@@ -261,3 +261,29 @@ async def test_follower_ahead_of_its_leader_in_metadata_retries_soon(
 
         assert (await produce(conn, TOPIC, 0, batch(b"b")))[1] == 0
         await wait_until_async(lambda: pair.follower_leo(0) == 2)
+
+
+async def test_partitions_a_response_refuses_are_logged_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader that has not applied new metadata yet refuses every partition it covers:
+    with a line per partition, the thousands of one CreateTopics held the follower's
+    loop for 300-700 ms per response. One INFO line per error names a few and counts."""
+    caplog.set_level(logging.INFO, logger="rillet.broker.replication.fetcher")
+    shared = SharedMetadata()
+    async with start_pair(tmp_path, shared, partitions=30, backoff_ms=600_000) as pair:
+        topic = shared.image.topic(TOPIC)
+        assert topic is not None
+        delta = MetadataDelta(shared.image)
+        shared.offset += 1
+        for p in range(30):  # a new leader epoch that only the follower applies
+            delta.replay(Partition(topic.topic_id, p, (1, 2), (1, 2), 1, 1, 1), shared.offset, 1)
+        shared.image = delta.apply()
+        _, to_follower = shared.listeners
+        await to_follower(delta, shared.image)
+        await wait_until_async(
+            lambda: any("UNKNOWN_LEADER_EPOCH" in r.getMessage() for r in caplog.records)
+        )
+        lines = [r.getMessage() for r in caplog.records if "UNKNOWN_LEADER_EPOCH" in r.getMessage()]
+        assert all("UNKNOWN_LEADER_EPOCH for 30 (" in line for line in lines), lines[:3]
+        assert pair.follower_leo(0) == 0

@@ -212,6 +212,8 @@ class SourceFetcher:
         self._entries: Sent = {}
         self._stale: set[TopicPartition] = set()
         self._held: set[TopicPartition] = set()  # backed off: left out until their time
+        # Partitions of the response being handled that back off, by error code.
+        self._backing_off: dict[int, list[TopicPartition]] = {}
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
         # The incremental fetch session with this leader (client/fetch_session.py).
@@ -419,6 +421,7 @@ class SourceFetcher:
         """Feed every partition's answer to its core and apply the effects, with no
         await in between (the log cannot change under a decision)."""
         position = 0
+        self._backing_off = {}
         for t in response.topics:
             for result in t.partitions:
                 nbytes = result.nbytes
@@ -429,6 +432,17 @@ class SourceFetcher:
                 entry = sent.get(tp)
                 if entry is not None:
                     self._handle_partition(tp, entry, result, data)
+        # One line per error per response: a leader that has not applied a new topic yet
+        # refuses all its thousands of partitions, and a line each held the loop for
+        # 300-700 ms per response (each is still logged at DEBUG).
+        for code, tps in self._backing_off.items():
+            logger.info(
+                "fetch from %d answered %s for %s; backing off",
+                self.source_id,
+                errors.error_name(code),
+                some_partitions(tps),
+            )
+        self._backing_off = {}
 
     def _handle_partition(
         self,
@@ -479,12 +493,13 @@ class SourceFetcher:
             self._back_off(tp)
             return
         if code != errors.NONE and not effects:
-            logger.info(
+            logger.debug(
                 "%s: fetch from %d answered %s; backing off",
                 replica.log.name,
                 self.source_id,
                 errors.error_name(code),
             )
+            self._backing_off.setdefault(code, []).append(tp)
             self._back_off(tp, LEADER_CATCH_UP_BACKOFF_S if code in LEADER_CATCHING_UP else None)
 
     def _back_off(self, tp: TopicPartition, delay_s: float | None = None) -> None:
