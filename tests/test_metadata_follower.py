@@ -4,6 +4,7 @@ controller: what it hands the broker while it catches up after a start."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import msgpack
@@ -19,6 +20,8 @@ from rillet.controller.metadata.image import (
     RegisterBroker,
     decode_records,
     encode_records,
+    encode_snapshot,
+    records_to_image,
 )
 
 
@@ -90,3 +93,79 @@ async def test_a_fetched_answer_is_replayed_an_entry_per_loop_turn(
     assert {1, 2, 3, 4} <= set(turns)  # the loop ran between entries
     expected = controller_client.apply_fetched(image, False, payload)
     assert expected is not None and fetched[1] == expected[1]
+
+
+def _snapshot_of(brokers: int) -> tuple[MetadataImage, bytes]:
+    image = records_to_image(
+        [RegisterBroker(b, f"inc-{b}", b) for b in range(1, brokers + 1)], offset=40, epoch=3
+    )
+    return image, encode_snapshot(image)
+
+
+async def test_a_snapshot_answer_is_replayed_on_a_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot is the whole image: 50,000 partitions decoded and replayed on the loop
+    held a broker's loop for about 4 s, past its session timeout. Its result is the
+    image the snapshot holds, as a delta over the empty image."""
+    image, data = _snapshot_of(50)
+    threads: list[int] = []
+    real = controller_client.snapshot_records
+
+    def recording(payload: bytes) -> Any:
+        threads.append(threading.get_ident())
+        return real(payload)
+
+    monkeypatch.setattr(controller_client, "snapshot_records", recording)
+    fetched = await controller_client.apply_fetched_yielding(
+        MetadataImage(), True, memoryview(data)
+    )
+    assert fetched is not None
+    delta, got, count = fetched
+    assert threads and threads[0] != threading.get_ident()
+    assert count == 1 and got == image and delta.image.offset == -1
+    assert set(delta.changed_brokers) == set(image.brokers)
+
+
+class SnapshotChannel:
+    """The committed log starts with a snapshot (offset 40): a starting broker gets it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def call(self, request: m.FetchMetadataRequest, **_: Any) -> tuple[Any, memoryview]:
+        header: dict[str, Any] = {"high_watermark": 41}
+        if request.fetch_offset <= 40:
+            header["snapshot_id"] = [40, 3]
+            return m.FetchMetadataResponse.from_header(header), memoryview(self.data)
+        entry = [41, 3, encode_records([RegisterBroker(99, "inc-99", 99)])]
+        return m.FetchMetadataResponse.from_header(header), memoryview(msgpack.packb([entry]))
+
+
+async def test_the_first_caught_up_image_is_built_as_one_delta_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A starting broker's first publish is its whole image as a delta over the empty
+    one: a pass over every partition, made on a worker thread."""
+    image, data = _snapshot_of(20)
+    threads: list[int] = []
+    real = controller_client.delta_from_empty
+
+    def recording(img: MetadataImage) -> MetadataDelta:
+        threads.append(threading.get_ident())
+        return real(img)
+
+    monkeypatch.setattr(controller_client, "delta_from_empty", recording)
+    published: list[tuple[MetadataDelta, MetadataImage]] = []
+    follower = MetadataFollower(
+        SnapshotChannel(data),  # type: ignore[arg-type]
+        3,
+        listener=lambda delta, image: published.append((delta, image)),
+    )
+    assert await follower.fetch_once() == 1  # the snapshot: offset 40 of 41, held back
+    assert published == []
+    assert await follower.fetch_once() == 1
+    ((delta, got),) = published
+    assert got.offset == 41 and set(got.brokers) == set(image.brokers) | {99}
+    assert delta.image.offset == -1 and set(delta.changed_brokers) == set(got.brokers)
+    assert threads and all(t != threading.get_ident() for t in threads)

@@ -956,6 +956,12 @@ def encode_snapshot(image: MetadataImage, level: int = 3) -> bytes:
 
 
 def decode_snapshot(data: bytes) -> MetadataImage:
+    offset, epoch, records = snapshot_records(data)
+    return records_to_image(records, offset, epoch)
+
+
+def snapshot_records(data: bytes) -> tuple[int, int, Iterator[MetadataRecord]]:
+    """A snapshot's offset, epoch and records (checked: magic, CRC, count), unreplayed."""
     if len(data) < _SNAPSHOT_HEADER.size:
         raise MetadataFormatError("snapshot shorter than its header")
     magic, version, offset, epoch, count, crc = _SNAPSHOT_HEADER.unpack_from(data)
@@ -972,4 +978,4 @@ def decode_snapshot(data: bytes) -> MetadataImage:
         raise MetadataFormatError(f"undecodable snapshot body: {exc}") from exc
     if len(arrs) != count:
         raise MetadataFormatError(f"snapshot holds {len(arrs)} records, header says {count}")
-    return records_to_image((record_from_wire(a) for a in arrs), offset, epoch)
+    return offset, epoch, (record_from_wire(a) for a in arrs)
