@@ -70,7 +70,8 @@ BROKER_KEYS = ConfigTable(
         Key("replica.high.watermark.checkpoint.interval.ms", int, 5000,
             "How often high watermarks are written to `replication-offset-checkpoint`."),
         Key("replica.tick.interval.ms", int, 100,
-            "How often partitions are ticked (acks=all timeouts, ISR shrink checks)."),
+            "How often partitions with acks=all waiters or an ISR change to resend are "
+            "ticked (ISR shrink checks: every half replica.lag.time.max.ms)."),
         Key("log.segment.bytes", int, 64 * MIB, "Segment size before rolling (Kafka: 1 GiB)."),
         Key("log.roll.ms", int, 7 * DAY_MS, "Segment age before rolling."),
         Key("log.index.interval.bytes", int, 4096, "Bytes between offset-index entries."),

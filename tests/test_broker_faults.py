@@ -231,10 +231,10 @@ async def test_a_failing_replica_tick_is_fatal(
     try:
         assert server.replicas is not None
 
-        def broken_tick() -> None:
+        def broken_tick(*args: object) -> None:
             raise RuntimeError("core bug in tick")
 
-        monkeypatch.setattr(server.replicas, "tick", broken_tick)
+        monkeypatch.setattr(server.replicas, "tick_replicas", broken_tick)
         await wait_until_async(lambda: fatal.faults)
     finally:
         await server.stop(controlled=False)

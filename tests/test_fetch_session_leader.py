@@ -20,7 +20,7 @@ from rillet.broker.handlers.fetch import FetchHandler
 from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
-from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replica_manager import REQUEST_TIMED_OUT, ReplicaManager, isr_check_every
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.fetch_session import FetchSessionBuilder
@@ -301,3 +301,34 @@ async def test_a_tick_acts_only_on_replicas_that_may_have_something_to_do(
     leader.advance(LAG_MS + 1)
     leader.tick()
     assert ticked == [2] and leader.proposed(2) == (1,)
+
+
+async def test_isr_checks_wait_for_their_own_tick_but_acks_all_expiry_does_not(
+    leader: Leader,
+) -> None:
+    """Between ISR checks (every half lag time, as Kafka's isr-expiration task) a tick
+    leaves a lagging leader alone: checking every one at every tick kept a broker of
+    50,000 catching-up partitions busy most of each second. A partition with acks=all
+    waiters is ticked every time: they expire, and its ISR is checked too (a shrink is
+    what lets such waiters complete)."""
+    follower = Follower(leader)
+    await follower.fetch()
+    await leader.manager.append_records([(TopicPartition("t", 0), batch(b"a"))], 1, 1000)
+    waiting = asyncio.ensure_future(
+        leader.manager.append_records([(TopicPartition("t", 1), batch(b"b"))], -1, 1000)
+    )
+    await asyncio.sleep(0)
+    leader.advance(2 * LAG_MS)  # the follower has not fetched since: lagging on 0 and 1
+    leader.manager.tick(isr_check=False)
+    assert leader.proposed(0) is None  # idle but for the check: left for the ISR check
+    assert leader.proposed(1) == (1,)
+    result = await waiting  # expired by that tick
+    assert [r.error_code for r in result] == [REQUEST_TIMED_OUT]
+    leader.manager.tick(isr_check=True)
+    assert leader.proposed(0) == (1,)
+
+
+def test_isr_checks_come_every_half_lag_time() -> None:
+    assert isr_check_every(100, 30_000) == 150  # 15 s, Kafka's default period
+    assert isr_check_every(100, 150) == 1  # never less often than every tick
+    assert isr_check_every(1, 10) == 5

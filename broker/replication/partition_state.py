@@ -448,6 +448,15 @@ class PartitionState:
         followers = self._followers
         return any(followers[r].log_end_offset != leo for r in self.isr if r != self.broker_id)
 
+    def needs_prompt_tick(self) -> bool:
+        """Whether a tick now could do what should not wait for the next ISR check:
+        expire acks=all waiters, or resend a refused ISR change. A driver ticks these
+        every tick interval, and the rest (ISR shrink checks) every half lag time, as
+        Kafka's isr-expiration task does."""
+        if len(self._purgatory):
+            return True
+        return self.role is Role.LEADER and self._pending is not None and self._resend
+
     def tick(self, now_ms: int) -> tuple[Effect, ...]:
         """Time passed: expire acks=all waiters, resend a failed AlterPartition, or
         propose shrinking the ISR (Kafka: maybeShrinkIsr on the isr-expiration timer)."""
