@@ -18,7 +18,11 @@ prints one JSON object:
   to the baseline (aim: at least 0.8);
 - ``peak_rss_mb``: each node's peak resident set (VmHWM), controllers and brokers;
 - ``controller_failover``: kill -9 the active controller; the time until another is
-  active and a CreateTopics through a broker succeeds, with every partition existing.
+  active (DescribeQuorum) and the time until a CreateTopics through a broker succeeds
+  (each attempt listed), with every partition existing; and the same CreateTopics
+  without a kill just before (``control_create_s``): a broker answers a CreateTopics
+  once its own metadata shows the topic, so a broker still busy with an earlier large
+  batch slows both alike.
 
     python benchmarks/scale_bench.py                      # 1,000 then 10,010 partitions
     python benchmarks/scale_bench.py --steps 1000 49000   # the slow 50,000 run
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster_bench import create_topic, peak_rss_mb, perf_produce, run_started
+from controller_bench import status as quorum_status
 
 from rillet.client.admin import Admin, AdminError
 from rillet.client.consumer import Consumer
@@ -137,25 +142,68 @@ def peak_rss(cluster: LocalCluster) -> dict[int, float | None]:
     return {n.node_id: peak_rss_mb(n.pid) for n in cluster.nodes.values()}
 
 
+async def active_controller(cluster: LocalCluster, exclude: int) -> int:
+    """The controller other than ``exclude`` that says it is active (DescribeQuorum)."""
+    ports = [
+        n.controller_port
+        for n in cluster.controllers()
+        if n.node_id != exclude and n.controller_port is not None
+    ]
+    while True:
+        for port in ports:
+            view = await quorum_status(port)
+            if view is not None and view.active:
+                return view.node_id
+        await asyncio.sleep(0.02)
+
+
+def timed_create(cluster: LocalCluster, topic: str) -> tuple[float, str | None]:
+    """One ``rillet topic create`` of a 1-partition RF=3 topic: seconds and its error."""
+    t0 = time.monotonic()
+    try:
+        create_topic(cluster.bootstrap, topic, 1, 3)
+        return time.monotonic() - t0, None
+    except SystemExit as e:
+        return time.monotonic() - t0, str(e).strip().splitlines()[-1][-200:]
+
+
 def controller_failover(cluster: LocalCluster, timeout_s: float) -> dict[str, Any]:
+    """kill -9 the active controller, then two clocks from the kill: until another
+    controller is active (DescribeQuorum on the survivors), and until a CreateTopics
+    through a broker succeeds (the CLI, tried again on failure). The same CreateTopics
+    first runs once without a kill: a broker answers it only once its own metadata shows
+    the topic, so a broker still applying an earlier large batch (thousands of new logs)
+    makes every CreateTopics slow, failover or not; that figure tells them apart."""
+    control_s, control_error = timed_create(cluster, f"before-failover-{int(time.time())}")
     described = cluster.describe()
     if described is None or described.controller_id < 0:
         return {"skipped": "no active controller known"}
     active = described.controller_id
     t0 = time.monotonic()
     cluster.stop_node(active, kill=True)
-    deadline = t0 + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            create_topic(cluster.bootstrap, f"after-failover-{int(t0)}", 1, 3)
+    elected = asyncio.run(asyncio.wait_for(active_controller(cluster, active), timeout_s))
+    to_active = time.monotonic() - t0
+    attempts: list[dict[str, Any]] = []
+    topic = f"after-failover-{int(time.time())}"
+    while time.monotonic() < t0 + timeout_s:
+        took, error = timed_create(cluster, topic)
+        attempts.append({"s": round(took, 2), "error": error})
+        if error is None:
             break
-        except SystemExit:
-            time.sleep(0.2)  # no controller yet: CreateTopics fails, try again
+        time.sleep(0.2)  # no controller yet: CreateTopics fails, try again
     else:
         raise SystemExit("benchmark: no CreateTopics succeeded after the controller kill")
     took = time.monotonic() - t0
     cluster.start_node(active)
-    return {"killed": active, "to_create_topics_success_s": round(took, 2)}
+    return {
+        "killed": active,
+        "new_active": elected,
+        "to_active_controller_s": round(to_active, 2),
+        "to_create_topics_success_s": round(took, 2),
+        "create_attempts": attempts,
+        "control_create_s": round(control_s, 2),
+        "control_create_error": control_error,
+    }
 
 
 def main() -> None:
