@@ -1,9 +1,10 @@
 """RPC handlers of the controller: wire fields <-> `QuorumController` operations.
 
-Every write follows the seam in docs/metadata.md: the operation reads
-``server.images.pending`` and returns (records, response); the records are proposed as
-bounded Raft entries (a large operation as several, the loop getting a turn between
-them: docs/controller.md, "Large operations") and the response goes out only once they
+Every write follows the seam in docs/metadata.md: the operation reads the pending image
+and returns (records, response), as a plan that `ControllerServer.write` runs when no
+other operation is planning or proposing; the records are proposed as bounded Raft
+entries (a large operation as several, the loop getting a turn between them:
+docs/controller.md, "Large operations") and the response goes out only once they
 commit. An operation that writes nothing is answered after whatever it read from the
 pending image commits. CreateTopics, DeleteTopics, ElectLeaders and
 AlterPartitionReassignments wait at most their request's ``timeout_ms`` (when > 0): then
@@ -81,10 +82,12 @@ async def broker_registration(
             error_code=INCONSISTENT_CLUSTER_ID, error_message=message, broker_epoch=-1
         )
     endpoints = [tuple(e) for e in f.listeners]
-    records, resp = ctl.register_broker(
-        server.images.pending, f.broker_id, f.incarnation_id, endpoints, f.rack, server.clock()
+    resp = await server.commit(
+        ctl,
+        lambda image: ctl.register_broker(
+            image, f.broker_id, f.incarnation_id, endpoints, f.rack, server.clock()
+        ),
     )
-    await server.commit(records)
     return m.BrokerRegistrationResponse(
         error_code=resp.error_code,
         error_message=resp.error_message,
@@ -95,16 +98,18 @@ async def broker_registration(
 async def broker_heartbeat(
     server: ControllerServer, ctl: QuorumController, f: m.BrokerHeartbeatRequest
 ) -> m.BrokerHeartbeatResponse:
-    records, resp = ctl.broker_heartbeat(
-        server.images.pending,
-        f.broker_id,
-        f.broker_epoch,
-        f.current_metadata_offset,
-        f.want_fence,
-        f.want_shut_down,
-        server.clock(),
+    resp = await server.commit(
+        ctl,
+        lambda image: ctl.broker_heartbeat(
+            image,
+            f.broker_id,
+            f.broker_epoch,
+            f.current_metadata_offset,
+            f.want_fence,
+            f.want_shut_down,
+            server.clock(),
+        ),
     )
-    await server.commit(records)
     return m.BrokerHeartbeatResponse(
         error_code=resp.error_code,
         error_message=resp.error_message,
@@ -119,10 +124,12 @@ async def controlled_shutdown(
 ) -> m.ControlledShutdownResponse:
     """Kafka's old API, as a want_shutdown heartbeat: moves leaderships off the broker and
     lists what it still leads. The broker finishes with heartbeats (BrokerLifecycle)."""
-    records, resp = ctl.broker_heartbeat(
-        server.images.pending, f.broker_id, f.broker_epoch, -1, False, True, server.clock()
+    resp = await server.commit(
+        ctl,
+        lambda image: ctl.broker_heartbeat(
+            image, f.broker_id, f.broker_epoch, -1, False, True, server.clock()
+        ),
     )
-    await server.commit(records)
     led = server.images.committed.partitions_led_by(f.broker_id)
     return m.ControlledShutdownResponse(
         error_code=resp.error_code,
@@ -146,15 +153,23 @@ async def create_topics(
         )
         for t in f.topics
     ]
-    records, results = await _plan_create_topics(server, ctl, topics, f.validate_only)
-    # The new topics are building until their last entry is proposed: while this
-    # operation still proposes them, the ticker must not take them for orphans.
-    building = {r.topic_id for r in results if r.topic_id} if records else set()
-    ctl.building |= building
+    plan = await _plan_create_topics(server, ctl, topics, f.validate_only)
+    building: set[str] = set()
+
+    def create(image: MetadataImage) -> tuple[list[MetadataRecord], list[Any]]:
+        records, results = plan(image)
+        if records:
+            # The new topics are building until their last entry is proposed: while
+            # this operation still proposes them, they are not orphans.
+            building.update(r.topic_id for r in results if r.topic_id)
+            ctl.building |= building
+        return records, results
+
     try:
-        timed_out = not await server.commit_within(records, f.timeout_ms)
+        results, done = await server.commit_within(ctl, create, f.timeout_ms)
     finally:
         ctl.building -= building
+    timed_out = not done
     return m.CreateTopicsResponse(
         topics=[
             m.CreatableTopicResult(
@@ -174,23 +189,28 @@ async def _plan_create_topics(
     ctl: QuorumController,
     topics: list[CreatableTopic],
     validate_only: bool,
-) -> tuple[list[MetadataRecord], list[Any]]:
-    """`create_topics` on the pending image; a large one (placement and records for
-    thousands of partitions: 100 ms or more) on a worker thread, so the loop keeps its
-    timing (the GIL passes back and forth every few ms). The planner reads only the
-    immutable image and a copy of the controller's state; if the pending image changed
-    meanwhile in a way that matters (a name taken, a broker fenced), plan again here."""
+) -> Callable[[MetadataImage], tuple[list[MetadataRecord], list[Any]]]:
+    """`create_topics` as a plan for `ControllerServer.write`. A large one (placement
+    and records for thousands of partitions: 100 ms or more) is worked out first on a
+    worker thread, so the loop keeps its timing (the GIL passes back and forth every few
+    ms). The planner reads only the immutable image and a copy of the controller's
+    state; if, when the operation's turn to write comes, the pending image has changed
+    in a way that matters (a name taken, a broker fenced), it is planned again then."""
     image = server.images.pending
     size = sum(max(t.num_partitions, len(t.assignments or ()), 1) for t in topics)
     if size < PLAN_OFF_LOOP_PARTITIONS:
-        return ctl.create_topics(image, topics, validate_only)
+        return lambda now: ctl.create_topics(now, topics, validate_only)
     planner = ctl.planner()
     planned = await server.off_loop(planner.create_topics, image, topics, validate_only)
     if server.ctl is not ctl:
         raise NotControllerError("leadership lost while planning")
-    if not ctl.plan_still_holds(image, server.images.pending):
-        return ctl.create_topics(server.images.pending, topics, validate_only)
-    return planned
+
+    def plan(now: MetadataImage) -> tuple[list[MetadataRecord], list[Any]]:
+        if ctl.plan_still_holds(image, now):
+            return planned
+        return ctl.create_topics(now, topics, validate_only)
+
+    return plan
 
 
 def _timed_out(results: list[Any], timed_out: bool) -> list[Any]:
@@ -208,8 +228,11 @@ def _timed_out(results: list[Any], timed_out: bool) -> list[Any]:
 async def delete_topics(
     server: ControllerServer, ctl: QuorumController, f: m.DeleteTopicsRequest
 ) -> m.DeleteTopicsResponse:
-    records, results = ctl.delete_topics(server.images.pending, list(f.topic_names))
-    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
+    names = list(f.topic_names)
+    results, done = await server.commit_within(
+        ctl, lambda image: ctl.delete_topics(image, names), f.timeout_ms
+    )
+    results = _timed_out(results, not done)
     return m.DeleteTopicsResponse(
         responses=[
             m.DeletableTopicResult(r.name, r.error_code, r.error_message or None) for r in results
@@ -226,7 +249,13 @@ async def alter_partition(
     an earlier item of this request changed needs an image with that change (rebuilt
     then: a rebuild copies the topic's partition map, so one per item made a request of
     thousands of one topic's partitions quadratic)."""
-    base: MetadataImage = server.images.pending
+    topics = await server.commit(ctl, lambda base: _alter(ctl, f, base))
+    return m.AlterPartitionResponse(topics=topics)
+
+
+def _alter(
+    ctl: QuorumController, f: m.AlterPartitionRequest, base: MetadataImage
+) -> tuple[list[MetadataRecord], list[m.AlterPartitionTopicResult]]:
     image = base
     records: list[MetadataRecord] = []
     changed: set[tuple[str, int]] = set()  # changed by this request, not yet in ``image``
@@ -261,16 +290,17 @@ async def alter_partition(
                 )
             )
         out.append(m.AlterPartitionTopicResult(t.topic, results))
-    await server.commit(records)
-    return m.AlterPartitionResponse(topics=out)
+    return records, out
 
 
 async def elect_leaders(
     server: ControllerServer, ctl: QuorumController, f: m.ElectLeadersRequest
 ) -> m.ElectLeadersResponse:
     topics = None if f.topics is None else list(f.topics)
-    records, results = ctl.elect_preferred_leaders(server.images.pending, topics)
-    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
+    results, done = await server.commit_within(
+        ctl, lambda image: ctl.elect_preferred_leaders(image, topics), f.timeout_ms
+    )
+    results = _timed_out(results, not done)
     return m.ElectLeadersResponse(results=_partition_results(results))
 
 
@@ -281,8 +311,10 @@ async def alter_partition_reassignments(
         (p.topic, p.partition, tuple(p.replicas) if p.replicas is not None else None)
         for p in f.partitions
     ]
-    records, results = ctl.reassign_partitions(server.images.pending, moves)
-    results = _timed_out(results, not await server.commit_within(records, f.timeout_ms))
+    results, done = await server.commit_within(
+        ctl, lambda image: ctl.reassign_partitions(image, moves), f.timeout_ms
+    )
+    results = _timed_out(results, not done)
     return m.AlterPartitionReassignmentsResponse(results=_partition_results(results))
 
 

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 FREEZE_AFTER_RECORDS = 5000
 
 T = TypeVar("T")
+# An operation: (records to propose, its answer) from the pending image it reads.
+Plan = Callable[[MetadataImage], tuple[list[MetadataRecord], T]]
 
 META_PROPERTIES = "meta.properties"
 NOT_CONTROLLER = code_of("NOT_CONTROLLER")
@@ -102,6 +104,7 @@ class ControllerServer:
         )
         self.failure: asyncio.Future[BaseException] | None = None
         self._applied: asyncio.Future[None] | None = None  # resolved and replaced per apply
+        self._writing = asyncio.Lock()  # one operation plans and proposes at a time (write)
         self._meta_cluster_id: str | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self.loop_lag = LoopLagMonitor(
@@ -328,8 +331,9 @@ class ControllerServer:
     async def propose_yielding(self, records: list[MetadataRecord]) -> asyncio.Future[None]:
         """`propose`, giving the loop a turn between entries, so that a large operation
         (thousands of records) never holds it for long: Raft messages, heartbeats and
-        other requests run in between, and may propose entries in between too. Returns
-        the future of the last entry's commit."""
+        other requests run in between. Returns the future of the last entry's commit.
+        Operations call it through `write`, which keeps every other operation from
+        planning or proposing until the last entry is proposed."""
         future, settle = self._commit_future()
         chunks = self.machine.split(records)
         chunk = next(chunks)
@@ -340,32 +344,58 @@ class ControllerServer:
         self.machine.propose_chunk(chunk, settle)
         return future
 
-    async def commit_within(self, records: list[MetadataRecord], timeout_ms: int) -> bool:
-        """`commit` through `propose_yielding`, waiting at most ``timeout_ms`` (0 or less:
-        as long as it takes): False when the wait timed out (the proposal goes on)."""
-        committed = await self.propose_yielding(records) if records else None
+    async def write(
+        self, ctl: QuorumController, plan: Plan[T]
+    ) -> tuple[T, asyncio.Future[None] | None, int]:
+        """Run ``plan`` on the pending image and propose every entry of its records, with
+        no other operation planning or proposing in between: the entries of a large
+        operation go out over several loop turns, and the rest of them was planned on an
+        image without whatever another operation would propose meanwhile (three
+        controlled shutdowns at once: one's later entry named as leader a broker another
+        had just taken out of the ISR; that entry reached the Raft log before the pending
+        image refused it, and every controller died applying it). Returns the plan's
+        answer, the last entry's commit future (None: nothing to propose) and the pending
+        offset the plan read. NotControllerError when ``ctl`` is no longer this node's
+        controller by the time the operation's turn comes."""
+        async with self._writing:
+            if not self.active or self.ctl is not ctl:
+                raise NotControllerError("leadership changed while waiting to write")
+            read = self.images.pending.offset
+            records, answer = plan(self.images.pending)
+            committed = await self.propose_yielding(records) if records else None
+        return answer, committed, read
+
+    async def commit_within(
+        self, ctl: QuorumController, plan: Plan[T], timeout_ms: int
+    ) -> tuple[T, bool]:
+        """`write`, then wait at most ``timeout_ms`` (0 or less: as long as it takes) for
+        the commit, or with no records for what the plan read: (answer, False) when the
+        wait timed out (the proposal goes on)."""
+        answer, committed, read = await self.write(ctl, plan)
         try:
             async with asyncio.timeout(timeout_ms / 1000 if timeout_ms > 0 else None):
                 if committed is None:
-                    await self.wait_applied(self.images.pending.offset)
+                    await self.wait_applied(read)
                 else:
                     await asyncio.shield(committed)
         except TimeoutError:
             if committed is not None:
                 committed.add_done_callback(retrieve_outcome)
-            return False
-        return True
+            return answer, False
+        return answer, True
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a worker thread (a pure planner on an immutable image)."""
         return await asyncio.to_thread(fn, *args)
 
-    async def commit(self, records: list[MetadataRecord]) -> None:
-        """Propose and wait for the commit; with no records, wait for what was read."""
-        if records:
-            await (await self.propose_yielding(records))
+    async def commit(self, ctl: QuorumController, plan: Plan[T]) -> T:
+        """`write` and wait for the commit; with no records, for what the plan read."""
+        answer, committed, read = await self.write(ctl, plan)
+        if committed is not None:
+            await committed
         else:
-            await self.wait_applied(self.images.pending.offset)
+            await self.wait_applied(read)
+        return answer
 
     async def wait_applied(self, offset: int) -> None:
         """Until the committed image reaches ``offset`` (NotControllerError if leadership
@@ -396,11 +426,16 @@ class ControllerServer:
         interval_s = self.config["controller.tick.interval.ms"] / 1000
         while True:
             await asyncio.sleep(interval_s)
+            ctl = self.ctl
+            if ctl is None or not self.active:
+                continue
             with contextlib.suppress(NotControllerError):
-                records = self.machine.tick_records(self.clock())
-                if records:  # fencing a broker that leads thousands of partitions: long
+                # Fencing a broker that leads thousands of partitions: a long proposal.
+                _, committed, _ = await self.write(
+                    ctl, lambda image: (self.machine.tick_records(self.clock()), None)
+                )
+                if committed is not None:
                     # Nobody waits for the commit; a lost leadership fails it quietly.
-                    committed = await self.propose_yielding(records)
                     committed.add_done_callback(retrieve_outcome)
 
     def not_controller(self) -> Response:

@@ -699,15 +699,18 @@ def test_pending_images_reset_drops_uncommitted_proposals() -> None:
 
 
 class _HandlerServer:
-    """What controller/handlers.py's alter_partition reads of the server: the pending
-    image, and ``commit`` (records kept, as one Raft entry would hold them)."""
+    """What controller/handlers.py's alter_partition reads of the server: ``commit``,
+    which runs the operation's plan on the pending image and keeps its records (as one
+    Raft entry would hold them)."""
 
     def __init__(self, image: MetadataImage) -> None:
         self.images = PendingImages(image)
         self.entries: list[list[Any]] = []
 
-    async def commit(self, records: list[Any]) -> None:
+    async def commit(self, ctl: Any, plan: Any) -> Any:
+        records, answer = plan(self.images.pending)
         self.entries.append(list(records))
+        return answer
 
 
 def _isr_item(p: Partition, isr: tuple[int, ...], partition_epoch: int | None = None) -> Any:

@@ -210,9 +210,18 @@ class ControllerActor(RaftActor):
     def not_controller(self) -> Response:
         return ControllerServer.not_controller(self)  # type: ignore[arg-type]
 
-    def commit(self, records: list) -> Commit:
-        """ControllerServer.commit: propose and wait for the commit; with no records, wait
-        until what the operation read from the pending image has committed."""
+    async def commit(self, ctl: QuorumController, plan: Callable[[Any], Any]) -> Any:
+        """ControllerServer.commit: run ``plan`` on the pending image, propose its records
+        (every entry in one step here, so no other operation plans or proposes in
+        between, as `ControllerServer.write` guarantees) and wait for the commit; with no
+        records, until what the plan read has committed. Returns the plan's answer."""
+        if not self.active or self.ctl is not ctl:
+            raise NotControllerError("leadership changed while waiting to write")
+        records, answer = plan(self.images.pending)
+        await self._commit(records)
+        return answer
+
+    def _commit(self, records: list) -> Commit:
         machine, node = self.machine, self.node
         assert machine is not None and node is not None
         wait = Commit()
@@ -224,10 +233,11 @@ class ControllerActor(RaftActor):
             self.settle_reads()
         return wait
 
-    async def commit_within(self, records: list, timeout_ms: int) -> bool:
+    async def commit_within(
+        self, ctl: QuorumController, plan: Callable[[Any], Any], timeout_ms: int
+    ) -> tuple[Any, bool]:
         """ControllerServer.commit_within; the simulation has no request timeouts."""
-        await self.commit(records)
-        return True
+        return await self.commit(ctl, plan), True
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """ControllerServer.off_loop: the simulation plans in place (deterministic)."""
