@@ -131,6 +131,15 @@ class Log:
         self.start_listener: Callable[[], None] | None = None
         self.maintenance_lock = asyncio.Lock()
         self.closed = False
+        # The gate every roll and flush job passes (``_job``): ``close`` shuts it, then
+        # waits for the jobs inside to leave, so no job touches the log's files once the
+        # close starts. A delete renames the directory after the close, and a re-created
+        # topic may put a new log at the same path: a job let through later would fsync
+        # a missing directory (a fatal error on a live broker) or write its snapshot of
+        # the old log's index and checkpoints into the new log's files.
+        self._jobs = threading.Condition(self._state_lock)
+        self._jobs_running = 0
+        self._jobs_shut = False
         # Set by the broker that replicates this log (Kafka keeps the HW on the log too).
         # Retention and compaction touch only segments wholly below it: a segment above
         # it holds records a follower may still need, or a leader change may truncate.
@@ -455,7 +464,7 @@ class Log:
             if indexed:  # else the index stays in memory; close() writes it
                 self._freeze_if_closed(old)
 
-        self._background(self._fail_on_error(persist), after=after)
+        self._background(self._job(persist), after=after)
         return new
 
     def _freeze_if_closed(self, seg: LogSegment) -> None:
@@ -499,7 +508,35 @@ class Log:
                     self._checkpoint_epochs_locked(epochs, end)
             self._advance_recovery_point(end, generation, write=True)
 
-        return self._fail_on_error(job)
+        return self._job(job)
+
+    def _job(self, job: Callable[[], None]) -> Callable[[], None]:
+        """``job`` (a roll's or a flush's blocking part) through the close gate: a no-op
+        once the log is closing or closed (the close persists everything the job would
+        have), and, when let through, one the close waits for. A failure is still fatal
+        (``_fail_on_error``): no job runs after its log's files went away."""
+        guarded = self._fail_on_error(job)
+
+        def run() -> None:
+            with self._jobs:
+                if self._jobs_shut:
+                    return
+                self._jobs_running += 1
+            try:
+                guarded()
+            finally:
+                with self._jobs:
+                    self._jobs_running -= 1
+                    self._jobs.notify_all()
+
+        return run
+
+    def _shut_jobs(self) -> None:
+        """Let no roll or flush job start, and wait for those running. Blocks (for at
+        most one job's fsyncs); called by ``close`` before it touches any file."""
+        with self._jobs:
+            self._jobs_shut = True
+            self._jobs.wait_for(lambda: self._jobs_running == 0)
 
     def _fail_on_error(self, job: Callable[[], None]) -> Callable[[], None]:
         """``job`` (fsyncs, checkpoint writes) marking the log failed before it raises.
@@ -921,6 +958,7 @@ class Log:
             return
         from rillet.storage.recovery import close_log
 
+        self._shut_jobs()
         # A failed fsync here leaves the log failed: a retried close writes no marker.
         self._fail_on_error(lambda: close_log(self))()
 
