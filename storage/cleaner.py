@@ -22,7 +22,6 @@ Crash-safe swap: write ``X.log.cleaned`` and its indexes, fsync, rename the log 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -79,11 +78,10 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         if log.closed:  # deleted while this round waited for the lock
             return CleanStats()
         await log.wait_background()  # rolled segments' index writes must land first
-        loop = asyncio.get_running_loop()
         if log.durable_recovery_point < log.active_segment.base_offset:
             # Compaction works below the recovery point on disk (see plan): a roll moves
             # it in memory only, so write it first (a flush, captured on the loop).
-            await loop.run_in_executor(None, log._prepare_flush())
+            await log.run_tracked(log._prepare_flush())
         # Recovery ends the log where a segment from the one holding the recovery point
         # on stops short of the next base (a lost tail): a compacted segment there would
         # look like one, and everything after it would go. A cut since may lower it.
@@ -96,13 +94,13 @@ async def compact(log, now_ms: int | None = None) -> CleanStats:
         for seg in segments:  # opened here, on the loop; the fd cache keeps them open
             seg.pin()  # while the worker preads them
         try:
-            stats = await loop.run_in_executor(None, clean_segments, segments, horizon)
+            stats = await log.run_tracked(clean_segments, segments, horizon)
         finally:
             for seg in segments:
                 seg.unpin()
         if generation != log.generation:
             logger.info("%s: log changed during compaction; discarding its output", log.name)
-            await loop.run_in_executor(None, _discard, stats)
+            await log.run_tracked(_discard, stats)
             return CleanStats()
         _swap(log, stats)
         log.clean_upto = segments[-1].base_offset

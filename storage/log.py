@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import (
@@ -51,6 +51,7 @@ from rillet.storage.segment import LogSegment
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
+T = TypeVar("T")
 # Runs a log's background work instead of the default executor: receives ``job`` (the
 # blocking part) and ``after`` (its loop-thread follow-up), to call in that order, later
 # or never (a crash). Neither raises: a failed job marks the log failed and makes
@@ -697,9 +698,21 @@ class Log:
             self.failure_listener(self, exc)
 
     async def wait_background(self) -> None:
-        """Wait for background fsyncs started so far (rolls, flush policy)."""
+        """Wait for background work started so far: rolls, flushes, and the blocking
+        steps of retention and compaction (``run_tracked``)."""
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def run_tracked(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in the default executor, tracked with the background jobs: for
+        maintenance's blocking steps (retention's renames, compaction), which hold the
+        maintenance lock a delete takes. Cancelling the caller (a shutdown cancels the
+        maintenance task) cannot stop the thread, and the lock is released at once:
+        ``wait_background``, which every close goes through, still waits for it."""
+        future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return await asyncio.shield(future)
 
     # -- reads ----------------------------------------------------------------------------
 

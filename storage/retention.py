@@ -11,7 +11,6 @@ handed out (a FileSlice being sent) finish; ``purge_retired`` then closes and un
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -80,9 +79,7 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
         logger.info(
             "%s: %s deleted %d segment(s); log start now %d", log.name, reason, count, start
         )
-        await asyncio.get_running_loop().run_in_executor(
-            None, _rename_and_checkpoint, log, gone, start
-        )
+        await log.run_tracked(_rename_and_checkpoint, log, gone, start)
         log.retire(gone, files="renamed")
         return count
 
@@ -100,5 +97,5 @@ async def purge_retired(log, now_ms: int | None = None) -> int:
     """Close and unlink retired segments whose delay has passed (in the executor)."""
     due = log.due_retired(log.clock() if now_ms is None else now_ms)
     if due:
-        await asyncio.get_running_loop().run_in_executor(None, purge, due)
+        await log.run_tracked(purge, due)
     return len(due)

@@ -15,7 +15,7 @@ import pytest
 from helpers import log_records, wait_until_async
 
 from rillet.client.wire import records
-from rillet.storage import Log, LogManager, checkpoints
+from rillet.storage import Log, LogConfig, LogManager, checkpoints, retention
 from rillet.storage import manager as manager_module
 from rillet.storage.segment import LogSegment
 
@@ -124,4 +124,39 @@ def test_close_turns_later_jobs_into_no_ops(tmp_path):
         after()
     assert log.failure is None
     log.flush()  # nothing to do: the close persisted everything
+    assert log.failure is None
+
+
+async def test_a_close_waits_for_retention_whose_round_was_cancelled(tmp_path, monkeypatch):
+    # A shutdown cancels the maintenance task in retention's executor hop: the thread
+    # renames on and writes the log-start checkpoint, and the lock is released at once.
+    # The close must still wait for it (through wait_background), as a delete must.
+    config = LogConfig(segment_bytes=200, retention_bytes=0, file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", config)
+    for _ in range(6):
+        log.append(batch(5, b"r"), 1)
+    await log.wait_background()
+    log.high_watermark = log.log_end_offset
+    entered, gate = threading.Event(), threading.Event()
+    real = retention._rename_and_checkpoint
+
+    def held(log: Log, gone: list[LogSegment], start: int) -> None:
+        entered.set()
+        gate.wait(10)
+        real(log, gone, start)
+
+    monkeypatch.setattr(retention, "_rename_and_checkpoint", held)
+    round_ = asyncio.create_task(retention.apply_retention(log))
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+    round_.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await round_
+    assert not log.maintenance_lock.locked()
+    waiting = asyncio.create_task(log.wait_background())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiting.done(), "wait_background missed retention's executor step"
+    gate.set()
+    await waiting
+    await log.close_async()
     assert log.failure is None
