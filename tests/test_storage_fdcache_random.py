@@ -3,10 +3,14 @@ system (where a closed descriptor's number is handed to the next open at once, s
 stale descriptor would read or write another segment's file): appends, multi-partition
 fetches (every range read, then used, in one step as the RPC server does), rolls,
 flushes inline and as deferred background jobs run in any order, truncations, full
-truncations, retention, compaction, purges of retired segments, closes and reopens, and
-cache sweeps. Checked: every fetched record is the one the model holds at its offset,
-every log reads back whole after each reopen, and after two sweeps with nothing read in
-between the live segment files this process holds open are within the bound.
+truncations, retention, compaction, purges of retired segments, closes and reopens,
+deletes of a log re-created at once at the same path (as a topic deleted and re-created),
+and cache sweeps. A closed or deleted log's queued jobs stay queued and run later, as a
+thread may run them after the close. Checked: every fetched record is the one the model
+holds at its offset, every log reads back whole after each reopen, no log ever fails (a
+job of a deleted log must not meet its missing directory, nor write into the new log's),
+and after two sweeps with nothing read in between the live segment files this process
+holds open are within the bound.
 
 A failing seed prints its replay line:
     RILLET_FD_SEED=7 .venv/bin/pytest tests/test_storage_fdcache_random.py -k replay -s
@@ -26,8 +30,9 @@ from sim.storage_model import run_inline
 from test_storage_fdcache import open_segment_files
 
 from rillet.client.wire import records
-from rillet.storage import Log, LogConfig, cleaner, retention
+from rillet.storage import Log, LogConfig, cleaner, fs, retention
 from rillet.storage.fdcache import FdCache
+from rillet.storage.manager import DELETE_SUFFIX
 
 LOGS = 3
 QUICK_SEEDS = 24
@@ -49,6 +54,9 @@ class Schedule:
                 retention_bytes=self.rng.choice([-1, 1500]),
                 cleanup_policy="compact" if p == LOGS - 1 else "delete",
                 min_compaction_lag_ms=0,
+                # Flush jobs by policy too: they write the epoch and recovery-point
+                # checkpoints by path, so a stale one would land in a re-created log.
+                flush_messages=self.rng.choice([None, 4]),
             )
             for p in range(LOGS)
         ]
@@ -64,6 +72,7 @@ class Schedule:
         log = Log.open(self.root / f"t-{p}", self.configs[p], background=self.defer)
         log.release_descriptors()  # as the log manager opens a log
         log.use_fd_cache(self.cache)
+        log.failure_listener = lambda log, exc: self.fail(f"{log.name} failed: {exc!r}")
         return log
 
     def defer(self, job: Callable[[], None], after: Callable[[], None]) -> None:
@@ -181,10 +190,24 @@ class Schedule:
     def reopen(self) -> None:
         p = self.rng.randrange(LOGS)
         self.note(f"close and reopen log {p}")
-        self.jobs.clear()  # close waits for them in production; here they never run
-        self.logs[p].close()
+        self.logs[p].close()  # its queued jobs stay queued: each must now do nothing
         self.logs[p] = self.open(p)
         self.resync(p)
+
+    def recreate(self) -> None:
+        """Delete a log as the log manager does (close, rename aside, remove), then
+        create the same partition anew at the same path, with the old log's jobs queued."""
+        p = self.rng.randrange(LOGS)
+        self.note(f"delete log {p} and create it again")
+        old = self.logs[p]
+        old.close()
+        target = old.directory.with_name(f"{old.directory.name}.old{DELETE_SUFFIX}")
+        fs.replace(old.directory, target)
+        fs.rmtree(target)
+        for _ in range(self.rng.randrange(3)):  # jobs may run before the new log exists
+            self.run_job()
+        self.logs[p] = self.open(p)
+        self.model[p], self.compacted[p] = {}, False
 
     def resync(self, p: int) -> None:
         """Read the whole log: every record the model's; the model keeps what is there
@@ -223,6 +246,7 @@ class Schedule:
             (self.compact, 2),
             (self.purge, 2),
             (self.reopen, 1),
+            (self.recreate, 1),
         ]
         actions, weights = zip(*steps, strict=True)
         for _ in range(STEPS):
@@ -236,6 +260,10 @@ class Schedule:
         self.check_bound()
         for log in self.logs:
             log.close()
+        for p in range(LOGS):  # what the last close left must read back (checkpoints)
+            self.logs[p] = self.open(p)
+            self.resync(p)
+            self.logs[p].close()
 
 
 def run_schedule(seed: int, root: Path, echo: bool = False) -> None:
