@@ -7,17 +7,16 @@ worse, writes the old log's index and checkpoints into the new log's directory."
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers import log_records, wait_until_async
+from test_storage_topic_id import hold_first_fsync, hold_retention_step
 
 from rillet.client.wire import records
 from rillet.storage import Log, LogConfig, LogManager, checkpoints, retention
 from rillet.storage import manager as manager_module
-from rillet.storage.segment import LogSegment
 
 Job = tuple[Callable[[], None], Callable[[], None]]
 
@@ -77,23 +76,13 @@ async def test_a_flush_running_when_a_delete_closes_the_log_finishes_first(tmp_p
     await manager.start(schedule=False)
     old = manager.get_or_create("t", 0, topic_id="id-A")
     old.append(batch(5, b"old"), 7)
-    entered, gate = threading.Event(), threading.Event()
-    seg = old.active_segment
-    real_fsync = LogSegment.fsync
-
-    def held_fsync(self: LogSegment) -> None:  # holds the job in its first step
-        if self is seg and not entered.is_set():
-            entered.set()
-            gate.wait(10)
-        real_fsync(self)
-
+    entered, gate = hold_first_fsync(monkeypatch, old.active_segment)
     real_close = manager_module._close_and_rename
 
     def close_once_flushing(log: Log, target: Path) -> None:  # the walk's flush comes first
         entered.wait(10)
         real_close(log, target)
 
-    monkeypatch.setattr(LogSegment, "fsync", held_fsync)
     monkeypatch.setattr(manager_module, "_close_and_rename", close_once_flushing)
     deleting = asyncio.create_task(manager.delete("t", 0))
     await wait_until_async(lambda: old.maintenance_lock.locked())
@@ -137,15 +126,7 @@ async def test_a_close_waits_for_retention_whose_round_was_cancelled(tmp_path, m
         log.append(batch(5, b"r"), 1)
     await log.wait_background()
     log.high_watermark = log.log_end_offset
-    entered, gate = threading.Event(), threading.Event()
-    real = retention._rename_and_checkpoint
-
-    def held(log: Log, gone: list[LogSegment], start: int) -> None:
-        entered.set()
-        gate.wait(10)
-        real(log, gone, start)
-
-    monkeypatch.setattr(retention, "_rename_and_checkpoint", held)
+    entered, gate = hold_retention_step(monkeypatch)
     round_ = asyncio.create_task(retention.apply_retention(log))
     await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
     round_.cancel()

@@ -26,6 +26,39 @@ def queued_on(lock: asyncio.Lock) -> bool:
     return bool(lock._waiters)
 
 
+def hold_retention_step(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold retention's executor step (renames, log-start checkpoint) until ``gate`` is
+    set; ``entered`` is set once a thread is in it."""
+    entered, gate = threading.Event(), threading.Event()
+    real = retention._rename_and_checkpoint
+
+    def held(log, gone, start):  # widens the executor hop's window
+        entered.set()
+        gate.wait(10)
+        real(log, gone, start)
+
+    monkeypatch.setattr(retention, "_rename_and_checkpoint", held)
+    return entered, gate
+
+
+def hold_first_fsync(
+    monkeypatch: pytest.MonkeyPatch, seg: LogSegment
+) -> tuple[threading.Event, threading.Event]:
+    """Hold the first fsync of ``seg`` (a flush job's first step) until ``gate`` is set;
+    ``entered`` is set once a thread is in it."""
+    entered, gate = threading.Event(), threading.Event()
+    real_fsync = LogSegment.fsync
+
+    def held(self: LogSegment) -> None:  # widens the window of the job's first step
+        if self is seg and not entered.is_set():
+            entered.set()
+            gate.wait(10)
+        real_fsync(self)
+
+    monkeypatch.setattr(LogSegment, "fsync", held)
+    return entered, gate
+
+
 def batch(n: int, tag: bytes = b"r") -> bytes:
     return records.encode_batch([tag + b"%04d" % i for i in range(n)])
 
@@ -79,15 +112,7 @@ async def test_delete_waits_for_retention_in_flight(tmp_path, monkeypatch):
     for _ in range(30):
         old.append(batch(5, b"old"), 1)
     await old.wait_background()
-    entered, gate = threading.Event(), threading.Event()
-    real = retention._rename_and_checkpoint
-
-    def slow(log, gone, start):  # widens the executor hop's window
-        entered.set()
-        gate.wait(10)
-        real(log, gone, start)
-
-    monkeypatch.setattr(retention, "_rename_and_checkpoint", slow)
+    entered, gate = hold_retention_step(monkeypatch)
     task = asyncio.create_task(retention.apply_retention(old))
     await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
     deleting = asyncio.create_task(manager.delete("t", 0))
@@ -114,17 +139,7 @@ async def test_delete_waits_for_a_flush_in_flight(tmp_path, monkeypatch):
     await manager.start(schedule=False)
     old = manager.get_or_create("t", 0, topic_id="id-A")
     old.append(batch(5, b"old"), 7)
-    entered, gate = threading.Event(), threading.Event()
-    seg = old.active_segment
-    real_fsync = LogSegment.fsync
-
-    def slow_fsync(self):  # widens the window of the job's first step
-        if self is seg and not entered.is_set():
-            entered.set()
-            gate.wait(10)
-        real_fsync(self)
-
-    monkeypatch.setattr(LogSegment, "fsync", slow_fsync)
+    entered, gate = hold_first_fsync(monkeypatch, old.active_segment)
     flush = asyncio.create_task(old.flush_async())
     await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
     deleting = asyncio.create_task(manager.delete("t", 0))
