@@ -162,9 +162,13 @@ class Log:
         *,
         clock: Clock | None = None,
         background: Background | None = None,
+        sync_parent: bool = True,
     ) -> Log:
         """Open (or create) a partition log. Blocks: run it in a thread from a loop.
-        ``background``: see ``Background`` (default: the executor)."""
+        ``background``: see ``Background`` (default: the executor). ``sync_parent``
+        False: a created directory's entry is left for the caller to make durable
+        (``fsync_dir`` of the parent) before the log is used; LogManager does it once
+        for a whole batch of new logs."""
         from rillet.storage.recovery import load_log
 
         path = Path(directory)
@@ -173,7 +177,8 @@ class Log:
             # The new directory is an entry in its parent, durable only once the parent
             # is fsynced (fsync of a file inside does not promise it): without this, a
             # crash could lose the whole partition after a flush promised its records.
-            fs.fsync_dir(path.parent)
+            if sync_parent:
+                fs.fsync_dir(path.parent)
         log = cls(path, config or LogConfig(), clock or wall_clock_ms, background)
         load_log(log)
         return log

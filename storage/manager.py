@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -109,9 +109,15 @@ class LogManager:
             fs.rmtree(path)
         logger.info("opened %d log(s) in %s", len(self.logs), self.data_dir)
 
-    def _open_log(self, path: Path, config: LogConfig | None = None) -> Log:
+    def _open_log(
+        self, path: Path, config: LogConfig | None = None, *, sync_parent: bool = True
+    ) -> Log:
         log = Log.open(
-            path, config or self.default_config, clock=self.clock, background=self.background
+            path,
+            config or self.default_config,
+            clock=self.clock,
+            background=self.background,
+            sync_parent=sync_parent,
         )
         # Recovery left the log's descriptors open; nobody else has the log yet, so they
         # close now, before the next log opens its own: opening 10,000 logs in a thread
@@ -173,15 +179,45 @@ class LogManager:
         topic_id: str | None = None,
     ) -> Log:
         """The blocking part of ``get_or_create`` for a log not open yet (mkdir, recovery,
-        fsynced checkpoints), touching no shared state: run it in a thread, then
-        ``register`` the log on the loop. A broker given thousands of new partitions in
-        one metadata delta creates them this way, so its loop keeps heartbeating."""
-        path = self.data_dir / partition_dir_name(topic, partition)
-        log = self._open_log(path, config)
-        log.failure_listener = self._log_failed
-        if topic_id is not None:
-            self._claim(log, topic_id)
-        return log
+        partition.metadata), touching no shared state: run it in a thread, then
+        ``register`` the log on the loop. For many logs at once use
+        ``open_unregistered_many``."""
+        return self.open_unregistered_many([(topic, partition, config, topic_id)])[0]
+
+    def open_unregistered_many(
+        self,
+        specs: Sequence[tuple[str, int, LogConfig | None, str | None]],
+        on_open: Callable[[Log], None] | None = None,
+    ) -> list[Log]:
+        """``open_unregistered`` for each (topic, partition, config, topic id), with one
+        fsync of the data dir for the whole batch instead of one per new directory. A
+        broker given thousands of new partitions in one metadata delta creates them this
+        way, in a thread, so its loop keeps heartbeating; ``on_open`` is told of each.
+
+        Crash safety: each new directory is made, its partition.metadata written (file
+        fsync, rename, directory fsync), and nothing else is made durable (an empty log
+        needs no checkpoint: see recovery._persist_after_load). The data dir's fsync at
+        the end makes every new directory's entry durable; it runs even when no
+        directory was new, since an earlier batch that failed part way may have left
+        directories whose entries were never synced. Until it returns no log of the
+        batch is registered, so none has been written to: a crash before it leaves
+        some of the directories or none, each empty and opening with the right topic
+        id or none (claimed again when the partition is next created). A directory
+        such a failed attempt left with its partition.metadata also holds a segment, so
+        it does not load as fresh: loading it fsyncs the directory, entry included."""
+        opened = []
+        for topic, partition, config, topic_id in specs:
+            path = self.data_dir / partition_dir_name(topic, partition)
+            log = self._open_log(path, config, sync_parent=False)
+            log.failure_listener = self._log_failed
+            if topic_id is not None:
+                self._claim(log, topic_id)
+            opened.append(log)
+            if on_open is not None:
+                on_open(log)
+        if opened:
+            fs.fsync_dir(self.data_dir)
+        return opened
 
     def register(self, topic: str, partition: int, log: Log) -> None:
         invariant((topic, partition) not in self.logs, f"{log.name}: registered twice")

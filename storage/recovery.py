@@ -27,10 +27,21 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     marker = d / checkpoints.CLEAN_SHUTDOWN
     clean = fs.exists(marker)
     log.topic_id = checkpoints.read_topic_id(d)
-    ckpt_start = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET) or 0
-    recovery_point = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT) or 0
+    start_file = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET)
+    recovery_file = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT)
+    ckpt_start = start_file or 0
+    recovery_point = recovery_file or 0
     log.epochs, epochs_sound = LeaderEpochCache.load(d / checkpoints.LEADER_EPOCH)
     segments = loading.list_segments(d, log.config.index_interval_bytes)
+    # A new (or still empty) directory: no segment, no checkpoint, no marker. Loading
+    # it writes nothing (see _persist_after_load).
+    fresh = (
+        not segments
+        and not clean
+        and start_file is None
+        and recovery_file is None
+        and not fs.exists(d / checkpoints.LEADER_EPOCH)
+    )
     segments = _drop_below_start(segments, ckpt_start)
     if not segments:
         segments = [_new_segment(log, ckpt_start)]
@@ -54,7 +65,8 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     # no record is left at or after the start (an empty log after truncate_fully).
     log.epochs.truncate_from_start(log_start)
     log.epochs.truncate_from_end(end)
-    _persist_after_load(log, clean)
+    if not fresh:
+        _persist_after_load(log, clean)
     log._epochs_on_disk = log.epochs.entries()  # the file now holds exactly these
     log._epochs_durable_end = end
 
@@ -200,6 +212,11 @@ def _new_segment(log, base_offset: int) -> LogSegment:
 
 
 def _persist_after_load(log, clean: bool) -> None:
+    """Make what loading decided durable. Skipped for a fresh directory: its log starts
+    and ends at 0 with no epochs, which is exactly what the missing checkpoint files
+    mean to the next load, and its one new segment file needs no durable entry (a
+    directory without one loads as fresh again). The first flush or log-start move
+    writes the checkpoints, and its directory fsync persists the segment's entry too."""
     d: Path = log.directory
     # Epochs before the recovery point: the recovery point on disk must never pass what
     # the epoch file covers (Log._epochs_durable_end).

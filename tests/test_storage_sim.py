@@ -17,13 +17,14 @@ import os
 import random
 
 import pytest
+from sim.log_creation_model import run_creation_seed
 from sim.seeds import replay, run_block, run_many, seeds_from_env
 from sim.simfs import SimCrash, SimFileSystem
 from sim.storage_model import NODE, SimulationFailure, run_inline, run_seed
 
 from rillet.client.wire import records
 from rillet.client.wire.errors import StorageError
-from rillet.storage import Log, LogConfig, checkpoints, cleaner, fs
+from rillet.storage import Log, LogConfig, LogManager, checkpoints, cleaner, fs
 
 QUICK_SEEDS = 40
 FD_CACHE_QUICK_SEEDS = 20
@@ -66,6 +67,95 @@ def test_replay() -> None:
     RILLET_SIM_FD_BOUND, under an fd cache of that bound."""
     bound = os.environ.get("RILLET_SIM_FD_BOUND")
     replay(run_seed if bound is None else functools.partial(run_seed, fd_bound=int(bound)))
+
+
+CREATION_QUICK_SEEDS = 10
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_creating_logs_with_crashes_anywhere_keeps_what_creation_returned(block: int) -> None:
+    """Logs created one by one and in batches (tests/sim/log_creation_model.py)."""
+    run_block(run_creation_seed, block, 2, CREATION_QUICK_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_creating_logs_with_crashes_anywhere_many_seeds() -> None:
+    """make sim-long: RILLET_SIM_SEEDS / 2 seeds after the quick ones."""
+    count = seeds_from_env(2_000) // 2
+    run_many(run_creation_seed, CREATION_QUICK_SEEDS, count, SimulationFailure)
+
+
+def test_replay_creation() -> None:
+    """Replays RILLET_SIM_SEED of the log creation simulation with its trace."""
+    replay(run_creation_seed)
+
+
+def _counting(sim: SimFileSystem, calls: dict[str, int]) -> None:
+    for name in ("fsync", "fsync_dir"):
+        original = getattr(sim, name)
+
+        def counted(*args, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(*args)
+
+        setattr(sim, name, counted)
+
+
+def test_a_batch_of_new_logs_costs_two_fsyncs_a_log_and_survives_a_crash() -> None:
+    """A new, empty log writes no checkpoint (missing ones read as the 0 it would
+    write): its partition.metadata (file and directory fsync) is all it persists, and
+    the data dir is fsynced once for the whole batch. Once the batch returns, a crash
+    keeps every log with its topic id (strict POSIX directory entries)."""
+    sim = SimFileSystem()
+    sim.makedirs(NODE)
+    sim.sync_all()
+    calls = {"fsync": 0, "fsync_dir": 0}
+    _counting(sim, calls)
+    with fs.install(sim):
+        manager = LogManager(NODE)
+        manager.startup()
+        calls.update(fsync=0, fsync_dir=0)
+        specs = [("t", p, None, f"id-{p}") for p in range(5)]
+        logs = manager.open_unregistered_many(specs)
+        assert calls == {"fsync": 5, "fsync_dir": 6}
+        assert not {checkpoints.RECOVERY_POINT, checkpoints.LOG_START_OFFSET} & set(
+            sim.listdir(f"{NODE}/t-0")
+        )
+        for p, log in enumerate(logs):
+            manager.register("t", p, log)
+        sim.crash(NODE, random.Random(0))
+        sim.restart(NODE)
+        again = LogManager(NODE)
+        again.startup()
+        assert {tp: log.topic_id for tp, log in again.logs.items()} == {
+            ("t", p): f"id-{p}" for p in range(5)
+        }
+
+
+def test_a_directory_left_by_a_failed_batch_is_made_durable_by_the_retry() -> None:
+    """A batch that fails part way leaves directories (and partition.metadata) that
+    were never fsynced; the retry finds them, with the right id already, and must
+    still make them durable before it returns."""
+    sim = SimFileSystem()
+    sim.makedirs(NODE)
+    sim.sync_all()
+    with fs.install(sim):
+        manager = LogManager(NODE)
+        manager.startup()
+        specs = [("t", 0, None, "id-0"), ("t", 1, None, "id-1")]
+        sim.fail_next("fsync_dir", f"{NODE}/t-0")  # t-0's partition.metadata entry
+        with pytest.raises(OSError):
+            manager.open_unregistered_many(specs)
+        manager.open_unregistered_many(specs)
+        sim.crash(NODE, random.Random(0))
+        sim.restart(NODE)
+        again = LogManager(NODE)
+        again.startup()
+        assert {tp: log.topic_id for tp, log in again.logs.items()} == {
+            ("t", 0): "id-0",
+            ("t", 1): "id-1",
+        }
 
 
 def test_a_new_logs_directory_entry_is_durable_before_it_promises_anything() -> None:

@@ -151,7 +151,8 @@ async def test_delete_waits_for_a_flush_in_flight(tmp_path, monkeypatch):
     await asyncio.gather(flush, deleting)
     new = manager.get_or_create("t", 0, topic_id="id-B")
     assert not checkpoints.read_entries(new.directory / checkpoints.LEADER_EPOCH, 2)
-    assert checkpoints.read_offset(new.directory / checkpoints.RECOVERY_POINT) == 0
+    # A new log writes no recovery point: missing, it reads as 0 at the next open.
+    assert (checkpoints.read_offset(new.directory / checkpoints.RECOVERY_POINT) or 0) == 0
     await manager.close_async()
 
 
