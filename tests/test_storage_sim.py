@@ -113,7 +113,7 @@ def test_a_batch_of_new_logs_costs_two_fsyncs_a_log_and_survives_a_crash() -> No
     calls = {"fsync": 0, "fsync_dir": 0}
     _counting(sim, calls)
     with fs.install(sim):
-        manager = LogManager(NODE)
+        manager = LogManager(NODE, create_threads=1)
         manager.startup()
         calls.update(fsync=0, fsync_dir=0)
         specs = [("t", p, None, f"id-{p}") for p in range(5)]
@@ -126,7 +126,7 @@ def test_a_batch_of_new_logs_costs_two_fsyncs_a_log_and_survives_a_crash() -> No
             manager.register("t", p, log)
         sim.crash(NODE, random.Random(0))
         sim.restart(NODE)
-        again = LogManager(NODE)
+        again = LogManager(NODE, create_threads=1)
         again.startup()
         assert {tp: log.topic_id for tp, log in again.logs.items()} == {
             ("t", p): f"id-{p}" for p in range(5)
@@ -141,7 +141,7 @@ def test_a_directory_left_by_a_failed_batch_is_made_durable_by_the_retry() -> No
     sim.makedirs(NODE)
     sim.sync_all()
     with fs.install(sim):
-        manager = LogManager(NODE)
+        manager = LogManager(NODE, create_threads=1)
         manager.startup()
         specs = [("t", 0, None, "id-0"), ("t", 1, None, "id-1")]
         sim.fail_next("fsync_dir", f"{NODE}/t-0")  # t-0's partition.metadata entry
@@ -150,7 +150,7 @@ def test_a_directory_left_by_a_failed_batch_is_made_durable_by_the_retry() -> No
         manager.open_unregistered_many(specs)
         sim.crash(NODE, random.Random(0))
         sim.restart(NODE)
-        again = LogManager(NODE)
+        again = LogManager(NODE, create_threads=1)
         again.startup()
         assert {tp: log.topic_id for tp, log in again.logs.items()} == {
             ("t", 0): "id-0",

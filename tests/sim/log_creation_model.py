@@ -82,7 +82,7 @@ class CreationModel:
     def run(self) -> None:
         self.sim.makedirs(NODE)
         self.sim.sync_all()  # the node's data dir exists, durably
-        self.manager = LogManager(NODE)
+        self.manager = LogManager(NODE, recovery_threads=1, create_threads=1)
         self.manager.startup()
         for n in range(self.rounds):
             self.note(f"[{n}]")
@@ -186,7 +186,7 @@ class CreationModel:
 
     def start(self) -> LogManager:
         try:
-            manager = LogManager(NODE)
+            manager = LogManager(NODE, recovery_threads=1, create_threads=1)
             manager.startup()
         except SimCrash:
             raise
