@@ -27,20 +27,23 @@ def load_log(log) -> None:  # log: rillet.storage.log.Log (not imported: no cycl
     marker = d / checkpoints.CLEAN_SHUTDOWN
     clean = fs.exists(marker)
     log.topic_id = checkpoints.read_topic_id(d)
-    start_file = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET)
-    recovery_file = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT)
-    ckpt_start = start_file or 0
-    recovery_point = recovery_file or 0
+    ckpt_start = checkpoints.read_offset(d / checkpoints.LOG_START_OFFSET) or 0
+    recovery_point = checkpoints.read_offset(d / checkpoints.RECOVERY_POINT) or 0
     log.epochs, epochs_sound = LeaderEpochCache.load(d / checkpoints.LEADER_EPOCH)
     segments = loading.list_segments(d, log.config.index_interval_bytes)
-    # A new (or still empty) directory: no segment, no checkpoint, no marker. Loading
-    # it writes nothing (see _persist_after_load).
+    # A new (or still empty) directory: no segment, no checkpoint file (not even a
+    # malformed one), no marker. Loading it writes nothing (see _persist_after_load).
     fresh = (
         not segments
         and not clean
-        and start_file is None
-        and recovery_file is None
-        and not fs.exists(d / checkpoints.LEADER_EPOCH)
+        and not any(
+            fs.exists(d / name)
+            for name in (
+                checkpoints.LOG_START_OFFSET,
+                checkpoints.RECOVERY_POINT,
+                checkpoints.LEADER_EPOCH,
+            )
+        )
     )
     segments = _drop_below_start(segments, ckpt_start)
     if not segments:
