@@ -18,10 +18,14 @@ import os
 from collections.abc import Sequence
 
 import pytest
+from sim import replication_cluster
 from sim.replication_cluster import SimulationFailure, run_seed
 from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 from test_raft_sim import sends_before_persisting
 
+from rillet.broker.fetch_session import FetchSession
+from rillet.broker.replica import Replica
+from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
 from rillet.broker.replication.driver import PartitionDriver
 from rillet.broker.replication.follower_state import FollowerState
 from rillet.broker.replication.types import BatchInfo, Effect, Truncate, invariant
@@ -92,11 +96,89 @@ def test_random_faults_under_a_tiny_fd_cache_many_seeds() -> None:
     run_many(run_seed_tiny_fd_cache, FD_CACHE_QUICK_SEEDS, count, SimulationFailure)
 
 
+# ---- followers fetching through fetch sessions ---------------------------------------
+
+SESSION_QUICK_SEEDS = 6
+SESSION_MUTANT_SEEDS = 8
+
+
+def run_seed_in_sessions(seed: int, echo_trace: bool = False) -> object:
+    """Followers fetch through fetch sessions: the production FetchHandler, session cache,
+    FetchWatch and session clock at the leader, FetchSessionBuilder and kept rows at the
+    follower; caches dropped now and then, and on some seeds one slot for two
+    followers."""
+    return run_seed(seed, echo_trace, fetch_sessions=True)
+
+
+def test_random_faults_through_fetch_sessions() -> None:
+    """Sessions lost (leader restarts, dropped caches, evictions), refused and started
+    over, leaders changing, truncation, retention and lost, duplicated or late requests
+    change nothing checked; after the faults every follower learns the leader's HW and,
+    idle, stays in the ISR, also when a write ends a long idle spell."""
+    run_block(run_seed_in_sessions, 0, 1, SESSION_QUICK_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_random_faults_through_fetch_sessions_many_seeds() -> None:
+    """make sim-long: RILLET_SIM_SEEDS / 2 seeds after the quick ones."""
+    count = seeds_from_env(2000) // 2
+    run_many(run_seed_in_sessions, SESSION_QUICK_SEEDS, count, SimulationFailure)
+
+
+def first_failing_session_seed() -> str:
+    return first_failure(run_seed_in_sessions, SESSION_MUTANT_SEEDS, SimulationFailure)
+
+
+def test_a_session_not_marked_on_a_hw_move_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
+    """A leader whose HW moves without marking the partition in its followers' sessions
+    (nor waking anything): an idle follower, left unread, never learns the new HW."""
+    monkeypatch.setattr(Replica, "high_watermark_updated", lambda self, hw: None)
+    assert "replicas still apart" in first_failing_session_seed()
+
+
+def test_a_session_reading_only_listed_partitions_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A follower session that reads only what the request lists (marks are dropped):
+    an idle follower whose row does not change never sees the leader's new records."""
+
+    def forgetful_mark(self: FetchSession, key: tuple[str, int]) -> bool:
+        return not self.closed and key in self.partitions
+
+    monkeypatch.setattr(FetchSession, "mark", forgetful_mark)
+    assert "replicas still apart" in first_failing_session_seed()
+
+
+def test_a_session_clock_left_behind_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
+    """A session fetch that does not move its session's clock: a follower left unread
+    while idle is caught up only as of its last read, so the first write after a long
+    idle spell shrinks it from the ISR before it could fetch."""
+    watched = replication_cluster.SimReplicaManager._fetch_watched  # noqa: SLF001
+
+    async def clock_left_behind(
+        self: object, params: FetchParams, partitions: list[FetchPartition], session: FetchSession
+    ) -> FetchResult:
+        before = session.clock.last_fetch_ms
+        result = await watched(self, params, partitions, session)
+        session.clock.last_fetch_ms = before
+        return result
+
+    monkeypatch.setattr(replication_cluster.SimReplicaManager, "_fetch_watched", clock_left_behind)
+    assert "ISR changed" in first_failing_session_seed()
+
+
 def test_replay() -> None:
     """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it); with
-    RILLET_SIM_FD_BOUND, every broker's fd cache at that bound."""
+    RILLET_SIM_FD_BOUND, every broker's fd cache at that bound; with
+    RILLET_SIM_SESSIONS=1, followers fetching through fetch sessions."""
     bound = os.environ.get("RILLET_SIM_FD_BOUND")
-    replay(run_seed if bound is None else functools.partial(run_seed, max_open_segments=int(bound)))
+    kwargs: dict[str, object] = {}
+    if bound is not None:
+        kwargs["max_open_segments"] = int(bound)
+    if os.environ.get("RILLET_SIM_SESSIONS") == "1":
+        kwargs["fetch_sessions"] = True
+    replay(functools.partial(run_seed, **kwargs))
 
 
 MUTANT_SEEDS = 8

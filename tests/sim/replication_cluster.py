@@ -84,8 +84,12 @@ from typing import Any, NoReturn
 
 from rillet.broker import replica_manager
 from rillet.broker.config import topic_log_config
+from rillet.broker.fetch_session import FetchSessionCache
+from rillet.broker.handlers.fetch import FetchHandler
+from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica import LogStorage, Replica
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader
+from rillet.broker.replica_manager import ReplicaManager
 from rillet.broker.replication import hw_checkpoint
 from rillet.broker.replication.fetcher import fetch_response
 from rillet.broker.replication.partition_state import PartitionState, Role
@@ -97,6 +101,8 @@ from rillet.broker.replication.types import (
     ReplicationConfig,
     ReplicationInvariantError,
 )
+from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
+from rillet.client.runtime.rpc_server import FileRange, Request
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import RilletError
@@ -134,6 +140,7 @@ FETCH_MAX_BYTES = 400  # a few batches per fetch: followers catch up in several 
 REQUEST_TIMEOUT_MS = 300
 SESSION_TIMEOUT_MS = 600  # broker.session.timeout.ms of the controller here
 FETCH_BACKOFF_MS = 100  # replica.fetch.backoff.ms, scaled to the simulation
+LAG_MS = 400  # replica.lag.time.max.ms, scaled to the simulation
 KEYS = 16  # few keys: compaction finds superseded records in every segment
 # Small segments so logs roll, retention drops segments and compaction rewrites them;
 # each topic incarnation draws its cleanup policy.
@@ -166,6 +173,25 @@ class FetchAnswer:
     incarnation: int
     fetch_id: int
     result: m.FetchPartitionResult
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFetch:
+    """A follower's whole Fetch request through a fetch session (``fetch_sessions``)."""
+
+    incarnation: int
+    fetch_id: int
+    request: m.FetchRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFetchAnswer:
+    """The FetchHandler's response and its payload, read into bytes."""
+
+    incarnation: int
+    fetch_id: int
+    response: m.FetchResponse
     data: bytes
 
 
@@ -214,6 +240,7 @@ class SimReplica(Replica):
             MIN_ISR,
             broker.clock,
             broker.send_alter_partition,  # type: ignore[arg-type]
+            ticking=broker.manager._ticking if broker.manager is not None else None,  # noqa: SLF001
         )
         self.broker = broker
         broker.cluster.replica_serial += 1
@@ -229,6 +256,84 @@ class SimReplica(Replica):
         super().high_watermark_updated(high_watermark)
         if self.state.is_leader and self is self.broker.replica:
             self.broker.cluster.invariants.on_leader_hw(self.broker, high_watermark)
+
+
+class SimReplicaManager:
+    """The part of ReplicaManager a follower's session fetch and the tick go through,
+    as its own methods (borrowed, not copied) over the broker's replicas, FetchReader
+    and clock: ``fetch_messages`` (a session's watched read: FetchWatch, note_read,
+    the session's FetchClock), ``unwatch`` of closed sessions, and ``tick`` of only the
+    replicas activated since their core was last idle. The leader's FetchHandler
+    calls it as it calls the real one."""
+
+    fetch_messages = ReplicaManager.fetch_messages
+    _fetch_watched = ReplicaManager._fetch_watched  # noqa: SLF001
+    unwatch = ReplicaManager.unwatch
+    tick = ReplicaManager.tick
+
+    def __init__(self, broker: BrokerActor, reader: FetchReader) -> None:
+        self.replicas = broker.replicas
+        self._reader = reader
+        self._ticking: dict[Replica, None] = {}
+        self.now_ms = broker.clock  # the clock the replicas' drivers read
+
+
+class SessionFetcher:
+    """SourceFetcher's row keeping (broker/replication/fetcher.py) for the partition, on
+    one leader: the request row is kept from fetch to fetch and rebuilt only when stale
+    (answered, backed off, new, or marked by its replica through ``Replica.wake``: a
+    role or epoch change, a log-start move), and ``FetchSessionBuilder.build_changes``
+    lists it only when it differs from what the leader's session holds. A new leader
+    gets a new fetcher, so a new session (the old one stays at the old leader until the
+    follower's next full fetch there replaces it)."""
+
+    def __init__(self, broker: BrokerActor, source: int) -> None:
+        self.broker = broker
+        self.source = source
+        self.session = FetchSessionBuilder()
+        self.row: m.FetchPartition | None = None
+        self.entry: tuple[SimReplica, FetchRequest] | None = None
+        self.stale = True
+
+    def mark(self, key: tuple[str, int]) -> bool:
+        """SourceFetcher.mark: False once this fetcher is gone (the replica drops it)."""
+        if self.broker.fetcher is not self:
+            return False
+        self.stale = True
+        return True
+
+    def build(self, replica: SimReplica) -> m.FetchRequest | None:
+        """SourceFetcher._build_request: None when the partition has no row."""
+        changed: set[tuple[str, int]] = set()
+        if self.stale:
+            self.stale, changed = False, {(TOPIC, 0)}
+            self.row = self.entry = None
+            replica.watchers.add(self)
+            request = replica.state.fetch_request()
+            if request is not None:
+                self.entry = (replica, request)
+                self.row = m.FetchPartition(
+                    0,
+                    request.fetch_offset,
+                    request.last_fetched_epoch,
+                    request.current_leader_epoch,
+                    replica.log.log_start_offset,
+                    FETCH_MAX_BYTES,
+                    replica.topic_id,
+                )
+        if self.row is None:
+            return None
+        session = self.session.build_changes({(TOPIC, 0): self.row}, changed)
+        return m.FetchRequest(
+            replica_id=self.broker.actor_id,
+            max_wait_ms=0,  # no long poll here: the simulation's events stand for it
+            min_bytes=1,
+            max_bytes=FETCH_MAX_BYTES,
+            topics=session.topics,
+            session_id=session.session_id,
+            session_epoch=session.session_epoch,
+            forgotten=session.forgotten,
+        )
 
 
 def guarded(method: Callable[..., None]) -> Callable[..., None]:
@@ -280,6 +385,12 @@ class BrokerActor:
         self.replica: SimReplica | None = None
         self.replicas: dict[TopicPartition, Replica] = {}  # what the FetchReader serves
         self.reader: FetchReader | None = None
+        # With fetch sessions (the cluster's ``fetch_sessions``): the leader's FetchHandler
+        # and session cache over the ReplicaManager's own fetch and tick, and the
+        # follower's fetcher of the current leader. Lost in a crash.
+        self.manager: SimReplicaManager | None = None
+        self.handler: FetchHandler | None = None
+        self.fetcher: SessionFetcher | None = None
         self.checkpointed_hw: dict[TopicPartition, int] = {}
         self.incarnation = 0
         self.image: MetadataImage = EMPTY_IMAGE
@@ -349,6 +460,14 @@ class BrokerActor:
             self.actor_id, self.replicas, lambda: self.image, self.partition_error
         )
         self.image = EMPTY_IMAGE
+        if self.cluster.fetch_sessions:
+            cluster = self.cluster
+            self.manager = SimReplicaManager(self, self.reader)
+            sessions = FetchSessionCache(
+                cluster.session_slots, rng=random.Random(cluster.session_rng.getrandbits(64))
+            )
+            self.handler = FetchHandler(self.manager, BrokerMetrics(), sessions)  # type: ignore[arg-type]
+        self.fetcher = None
         self.fetch_out, self.alter_out, self.fetch_backoff_until = None, {}, 0
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
         log = self.logs.get(TOPIC, 0)
@@ -403,6 +522,7 @@ class BrokerActor:
             self.restart_not_before = self.now() + SESSION_TIMEOUT_MS + 100
             self.lost_power = self.may_lack_acked = True
         self.logs = self.replica = self.reader = self.link = None
+        self.manager = self.handler = self.fetcher = None
         self.replicas = {}
 
     def die(self, why: str, power_cut: bool = False) -> None:
@@ -466,8 +586,11 @@ class BrokerActor:
         self.link.tick()
         if self.logs is None:
             return  # the link's answer ended the process (controlled shutdown)
-        if self.replica is not None:
+        if self.manager is not None:
+            self.manager.tick()  # only the replicas activated since they were last idle
+        elif self.replica is not None:
             self.replica.driver.tick()
+        if self.replica is not None:
             self.maybe_fetch(self.clock())
         if self.cluster.rng.random() < 0.05:
             self.checkpoint_high_watermarks()
@@ -512,6 +635,9 @@ class BrokerActor:
             return
         if self.fetch_out is not None and now - self.fetch_sent_ms < REQUEST_TIMEOUT_MS:
             return
+        if self.cluster.fetch_sessions:
+            self.maybe_fetch_in_session(now, replica, state.leader_id)
+            return
         request = state.fetch_request()
         if request is not None:
             self.fetch_ids += 1
@@ -526,6 +652,24 @@ class BrokerActor:
                 replica.topic_id,
             )
             self.send(state.leader_id, Fetch(self.incarnation, self.fetch_ids, partition))
+
+    def maybe_fetch_in_session(self, now: int, replica: SimReplica, leader: int) -> None:
+        """The fetcher's loop, one request at a time: a request left unanswered may or
+        may not have arrived, so the session starts over (as on a connection error)."""
+        fetcher = self.fetcher
+        if fetcher is None or fetcher.source != leader:
+            fetcher = self.fetcher = SessionFetcher(self, leader)  # the leader's fetcher
+        elif self.fetch_out is not None:
+            self.note(f"fetch {self.fetch_out[0]} unanswered: the session starts over")
+            fetcher.session.reset()
+        self.fetch_out = None
+        request = fetcher.build(replica)
+        if request is None:
+            return
+        self.fetch_ids += 1
+        assert fetcher.entry is not None
+        self.fetch_out, self.fetch_sent_ms = (self.fetch_ids, *fetcher.entry), now
+        self.send(leader, SessionFetch(self.incarnation, self.fetch_ids, request))
 
     # -- messages --------------------------------------------------------------------
 
@@ -557,6 +701,12 @@ class BrokerActor:
                 incarnation == self.incarnation
             ):
                 self.on_fetch_answer(fetch_id, result, data)
+            case SessionFetch(incarnation, fetch_id, request):
+                self.serve_session_fetch(src, incarnation, fetch_id, request)
+            case SessionFetchAnswer(incarnation, fetch_id, response, data) if (
+                incarnation == self.incarnation
+            ):
+                self.on_session_answer(fetch_id, response, data)
 
     def on_shut_down(self) -> None:
         """The controller says the controlled shutdown is done: the process exits."""
@@ -616,8 +766,9 @@ class BrokerActor:
         self.replicas.pop(TP, None)
         if replica is not None:
             replica.driver.shutdown()
+            replica.wake()
         self.checkpointed_hw.pop(TP, None)
-        self.fetch_out = None
+        self.fetch_out = self.fetcher = None
         self.cluster.trace.add(self.now(), f"broker {self.actor_id}: removes its replica ({why})")
         if delete_log:
             self.checkpoint_high_watermarks()  # first: no HW of a deleted log on disk
@@ -633,6 +784,8 @@ class BrokerActor:
             self.cluster.invariants.on_become_leader(self)
         else:
             driver.become_follower(p.leader, p.leader_epoch, p.partition_epoch, p.replicas, p.isr)
+        assert self.replica is not None
+        self.replica.wake()  # as ReplicaManager: fetches and sessions see the new role
 
     def open(self, topic_id: str) -> None:
         """ReplicaManager._open: the log (created with the topic id, or reopened), its HW
@@ -646,7 +799,7 @@ class BrokerActor:
         state = PartitionState(
             self.actor_id,
             log,
-            ReplicationConfig(400),
+            ReplicationConfig(LAG_MS),
             high_watermark=hw,
             is_isr_eligible=lambda b: self.image.is_unfenced(b),
         )
@@ -699,7 +852,69 @@ class BrokerActor:
         )
         self.send(src, FetchAnswer(incarnation, fetch_id, row, data))
 
+    def serve_session_fetch(
+        self, src: int, incarnation: int, fetch_id: int, request: m.FetchRequest
+    ) -> None:
+        """The production FetchHandler, sessions and all; the payload is read at once
+        (the RPC server preads it before the next event)."""
+        assert self.handler is not None  # every broker has sessions, or none
+        req = Request(None, 0, fetch_id, "", {}, memoryview(b""), str(src), request)  # type: ignore[arg-type]
+        response = self.cluster.aio.run(self.handler(req))
+        data = b"".join(
+            fs.pread(part.file, part.length, part.offset)  # type: ignore[arg-type]
+            if isinstance(part, FileRange)
+            else bytes(part)
+            for part in response.payload
+        )
+        self.send(src, SessionFetchAnswer(incarnation, fetch_id, response.message, data))
+
+    def on_session_answer(self, fetch_id: int, response: m.FetchResponse, data: bytes) -> None:
+        """SourceFetcher's answer handling: a refused session means a full fetch at once;
+        every partition answered has its row rebuilt; an error backs off."""
+        fetcher = self.fetcher
+        if self.fetch_out is None or self.fetch_out[0] != fetch_id or fetcher is None:
+            return  # a duplicate or an answer we stopped waiting for
+        _, replica, request = self.fetch_out
+        self.fetch_out = None
+        if response.error_code and response.error_code not in SESSION_ERRORS:
+            self.cluster.fail(f"broker {self.actor_id}: fetch answered {response.error_code}")
+        if not fetcher.session.on_response(response):
+            self.note(f"fetch session refused ({errors.error_name(response.error_code)})")
+            self.maybe_fetch(self.clock())
+            return
+        view, position = memoryview(data), 0
+        for t in response.topics:
+            for result in t.partitions:
+                part = view[position : position + result.nbytes]
+                position += result.nbytes
+                fetcher.stale = True  # its log, epoch or back-off may move: a new row
+                if replica is not self.replica or (t.topic, result.partition) != (TOPIC, 0):
+                    continue  # removed or re-created while the fetch was out
+                if not self.apply_fetched(replica, request, result, part):
+                    return
+        self.maybe_fetch(self.clock())
+
     # -- fetch: the follower's side, as the fetcher hands the bytes to the driver ------
+
+    def apply_fetched(
+        self,
+        replica: SimReplica,
+        request: FetchRequest,
+        result: m.FetchPartitionResult,
+        view: memoryview,
+    ) -> bool:
+        """Hand one partition's answer to the driver; False: backing off."""
+        try:
+            effects = replica.driver.on_fetch_response(fetch_response(request, result, view), view)
+        except (ReplicationInvariantError, RilletError, OSError) as e:
+            self.fetch_error = repr(e)
+            self.note(f"applying a fetch failed: {e!r}")
+            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
+            return False
+        if result.error_code != errors.NONE and not effects:
+            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
+            return False
+        return True
 
     def on_fetch_answer(self, fetch_id: int, result: m.FetchPartitionResult, data: bytes) -> None:
         if self.fetch_out is None or self.fetch_out[0] != fetch_id:
@@ -708,18 +923,8 @@ class BrokerActor:
         self.fetch_out = None
         if replica is not self.replica:
             return  # removed or re-created while the fetch was out
-        view = memoryview(data)
-        try:
-            effects = replica.driver.on_fetch_response(fetch_response(request, result, view), view)
-        except (ReplicationInvariantError, RilletError, OSError) as e:
-            self.fetch_error = repr(e)
-            self.note(f"applying a fetch failed: {e!r}")
-            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
-            return
-        if result.error_code != errors.NONE and not effects:
-            self.fetch_backoff_until = self.clock() + FETCH_BACKOFF_MS
-            return
-        self.maybe_fetch(self.clock())
+        if self.apply_fetched(replica, request, result, memoryview(data)):
+            self.maybe_fetch(self.clock())
 
     # -- produce ----------------------------------------------------------------------
 
@@ -1069,12 +1274,22 @@ class ReplicationCluster:
         chaos_ms: int = 8000,
         echo_trace: bool = False,
         max_open_segments: int | None = None,
+        fetch_sessions: bool = False,
     ) -> None:
         self.seed = seed
         self.chaos_ms = chaos_ms
         # Every broker's fd cache bound (storage/fdcache.py); None: the default, which
         # never closes anything here. Draws nothing from the seed's random streams.
         self.max_open_segments = max_open_segments
+        # Followers fetch through fetch sessions (the production FetchHandler and
+        # session cache at the leader, FetchSessionBuilder and kept rows at the
+        # follower). What only sessions draw (session ids, the cache's size, dropped
+        # caches) comes from a stream of its own: the main streams' seeds stay as they
+        # are, and a seed without sessions replays as before.
+        self.fetch_sessions = fetch_sessions
+        self.session_rng = random.Random(f"fetch-sessions-{seed}")
+        # One slot: the two followers' sessions evict each other at every full fetch.
+        self.session_slots = self.session_rng.choice([1, 2, 1000, 1000])
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.scheduler = Scheduler(self.clock)
@@ -1110,6 +1325,7 @@ class ReplicationCluster:
         self.invariants = ReplicationInvariants(self)
         self.pending: dict[object, tuple[SimReplica, int, tuple[bytes, ...]]] = {}
         self.writes = 0
+        self.quiet = False  # the last phase: no more writes
         self.recreations = 0
         self.power_cut: int | None = None  # a broker that lost unsynced writes, not yet whole
         self.lost_by_design = 0  # elections in the window of ReplicationInvariants.lost_by_design
@@ -1141,6 +1357,9 @@ class ReplicationCluster:
         if self.max_open_segments is not None:
             replay = f"RILLET_SIM_FD_BOUND={self.max_open_segments} {replay}"
             text = f"(fd bound {self.max_open_segments}) {text}"
+        if self.fetch_sessions:
+            replay = f"RILLET_SIM_SESSIONS=1 {replay}"
+            text = f"(fetch sessions, {self.session_slots} slots) {text}"
         raise SimulationFailure(
             f"seed {self.seed}, {self.clock.now_ms} ms: {text}\n"
             f"replay: {replay}\n"
@@ -1273,6 +1492,13 @@ class ReplicationCluster:
         self.scheduler.after(200, self.ensure_topic, "ensure topic")
 
     def write(self) -> None:
+        if self.quiet:
+            return
+        self.produce_one()
+        self.scheduler.after(self.rng.randint(2, 30), self.write, "write")
+
+    def produce_one(self) -> None:
+        """One acks=all produce of 1-3 records to a leader, if one takes requests."""
         leaders = [
             b
             for b, r in self.invariants.replicas()
@@ -1285,7 +1511,6 @@ class ReplicationCluster:
             self.writes += n
             batch = records.encode_batch(values, keys, timestamp_ms=self.clock.now_ms)
             self.rng.choice(leaders).produce(batch, values)
-        self.scheduler.after(self.rng.randint(2, 30), self.write, "write")
 
     def inject_fault(self) -> None:
         if not self.chaos:
@@ -1313,6 +1538,8 @@ class ReplicationCluster:
             self.inject_controller_fault(action)
         else:
             self.inject_broker_fault(action)
+        if self.fetch_sessions and self.session_rng.random() < 0.3:
+            self.drop_fetch_sessions()
         self.scheduler.after(self.rng.randint(100, 1000), self.inject_fault, "fault")
 
     def inject_broker_fault(self, action: str) -> None:
@@ -1364,6 +1591,17 @@ class ReplicationCluster:
         elif action == "heal":
             self.network.heal()
             self.trace.add(self.clock.now_ms, "network healed")
+
+    def drop_fetch_sessions(self) -> None:
+        """A broker's session cache forgets every session (as an eviction would): each
+        follower's next incremental fetch there is refused and it fetches in full."""
+        broker = self.brokers[self.session_rng.choice(BROKER_IDS)]
+        if broker.handler is None or broker.manager is None:
+            return
+        sessions = broker.handler.sessions
+        sessions.clear()
+        broker.manager.unwatch(sessions.take_closed())
+        self.trace.add(self.clock.now_ms, f"broker {broker.actor_id}: fetch sessions dropped")
 
     def inject_controller_fault(self, action: str) -> None:
         """Controllers crash (the active one often), lose their links to the other
@@ -1457,6 +1695,61 @@ class ReplicationCluster:
         for broker in self.brokers.values():
             self.restart(broker)
 
+    def check_quiet(self, bound_ms: int = 5_000) -> None:
+        """Then the writes stop: every follower learns the leader's log end and high
+        watermark (through a session only if the leader marks the partition for it when
+        the HW moves), and, idle and caught up, stays in the ISR for several
+        replica.lag.time.max.ms, and also when one write comes after that idle spell (a
+        follower its session's fetches left unread is caught up as of its session's last
+        fetch, not of its last read: its empty fetches only move the session's clock)."""
+        self.quiet = True
+        self.run_until_settled(bound_ms, None)
+        p = self.quorum.newest_image().partition(TOPIC, 0)
+        assert p is not None
+        self.trace.add(self.clock.now_ms, f"=== quiet and caught up: {p} ===")
+        self.run_checking_isr(3 * LAG_MS, p)
+        self.produce_one()
+        self.run_until_settled(bound_ms, p)
+        self.run_checking_isr(LAG_MS, p)
+
+    def run_until_settled(self, bound_ms: int, isr_of: Any) -> None:
+        deadline = self.clock.now_ms + bound_ms
+        while not self.settled():
+            if self.clock.now_ms >= deadline:
+                self.fail(f"quiet: replicas still apart after {bound_ms} ms\n{self.states()}")
+            self.run_checking_isr(20, isr_of)
+
+    def run_checking_isr(self, duration_ms: int, p: Any) -> None:
+        """Run ``duration_ms``; with ``p`` (an image Partition), no ISR change on the
+        way: none committed, none proposed."""
+        until = self.clock.now_ms + duration_ms
+        while self.clock.now_ms < until:
+            self.scheduler.run_until(min(until, self.clock.now_ms + 20), self.after_event)
+            if p is None:
+                continue
+            now = self.quorum.newest_image().partition(TOPIC, 0)
+            leaders = [r.state for _, r in self.invariants.replicas() if r.state.is_leader]
+            if now != p or any(s.isr != p.isr or s.pending_isr_change for s in leaders):
+                self.fail(
+                    f"quiet: idle caught-up followers' ISR changed: {p} -> {now}\n{self.states()}"
+                )
+
+    def settled(self) -> bool:
+        """Three live replicas of the current topic at one log end and high watermark."""
+        held = list(self.invariants.replicas())
+        ends = {(r.log.log_end_offset, r.state.high_watermark) for _, r in held}
+        p = self.quorum.newest_image().partition(TOPIC, 0)
+        return (
+            len(held) == 3
+            and len(ends) == 1
+            and p is not None
+            and len(p.isr) == 3
+            and next(iter(ends))[0] == next(iter(ends))[1]
+        )
+
+    def states(self) -> str:
+        return "\n".join(b.status() for b in self.brokers.values())
+
     def check_liveness(self, bound_ms: int = 10_000) -> None:
         """After healing, a controller is active again, the ISR refills and a new write is
         acknowledged."""
@@ -1466,6 +1759,7 @@ class ReplicationCluster:
             self.scheduler.run_until(self.clock.now_ms + 50, self.after_event)
             p = self.quorum.newest_image().partition(TOPIC, 0)
             if p is not None and len(p.isr) == 3 and self.invariants.acked > acked_before:
+                self.check_quiet()
                 return
         p = self.quorum.newest_image().partition(TOPIC, 0)
         states = "\n".join(b.status() for b in self.brokers.values())
@@ -1481,9 +1775,17 @@ class ReplicationCluster:
 
 
 def run_seed(
-    seed: int, echo_trace: bool = False, max_open_segments: int | None = None
+    seed: int,
+    echo_trace: bool = False,
+    max_open_segments: int | None = None,
+    fetch_sessions: bool = False,
 ) -> ReplicationCluster:
-    cluster = ReplicationCluster(seed, echo_trace=echo_trace, max_open_segments=max_open_segments)
+    cluster = ReplicationCluster(
+        seed,
+        echo_trace=echo_trace,
+        max_open_segments=max_open_segments,
+        fetch_sessions=fetch_sessions,
+    )
     try:
         cluster.run()
     finally:
