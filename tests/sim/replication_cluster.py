@@ -38,6 +38,12 @@ Each maintenance round sweeps the broker's fd cache (storage/fdcache.py); with
 (dirty and active ones too), and a closed descriptor used (EBADF, never injected) fails
 the seed.
 
+With ``fetch_sessions`` followers fetch through fetch sessions: the production
+``FetchHandler`` and ``FetchSessionCache`` at the leader over the ReplicaManager's own
+fetch, unwatch and tick (``SimReplicaManager``), a ``FetchSessionBuilder`` and a kept
+request row at the follower (``SessionFetcher``); caches are lost on restart, dropped
+now and then, or one slot for two followers, drawn from a random stream of their own.
+
 Controller faults: controllers crash (the active one often: at any write, right after
 proposing a broker's registration or AlterPartition, between a Raft append and its
 commit), are cut from the other controllers or from the brokers for a while, pause, and
@@ -68,7 +74,9 @@ Invariants, checked after every event (per topic incarnation):
   term, log matching, committed entries never change, the same image at every offset,
   an active controller is a leader, messages only carry what is already durable;
 - after the faults heal, a controller is active again, the ISR refills and a new write
-  is acknowledged (liveness).
+  is acknowledged (liveness); then the writes stop, every follower reaches the leader's
+  log end and high watermark, and the ISR does not change while they idle, nor when one
+  more write ends the idle spell.
 """
 
 from __future__ import annotations
@@ -1735,7 +1743,9 @@ class ReplicationCluster:
                 )
 
     def settled(self) -> bool:
-        """Three live replicas of the current topic at one log end and high watermark."""
+        """Three live replicas of the current topic at one log end and high watermark,
+        all in the ISR, and no ISR change in flight (one proposed before the writes
+        stopped is not the quiet phase's)."""
         held = list(self.invariants.replicas())
         ends = {(r.log.log_end_offset, r.state.high_watermark) for _, r in held}
         p = self.quorum.newest_image().partition(TOPIC, 0)
@@ -1745,6 +1755,7 @@ class ReplicationCluster:
             and p is not None
             and len(p.isr) == 3
             and next(iter(ends))[0] == next(iter(ends))[1]
+            and not any(r.state.pending_isr_change for _, r in held)
         )
 
     def states(self) -> str:
