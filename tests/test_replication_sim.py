@@ -137,6 +137,22 @@ def test_a_session_not_marked_on_a_hw_move_fails_a_seed(monkeypatch: pytest.Monk
     assert "replicas still apart" in first_failing_session_seed()
 
 
+def test_a_session_not_marked_on_a_log_start_move_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that does not listen to its log's start (retention moves it without
+    marking the partition in its followers' sessions): an idle follower, left unread,
+    never learns the leader's new log start."""
+    init = Replica.__init__
+
+    def deaf_to_log_start(self: Replica, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        self.log.start_listener = None
+
+    monkeypatch.setattr(Replica, "__init__", deaf_to_log_start)
+    assert "replicas still apart" in first_failing_session_seed()
+
+
 def test_a_session_reading_only_listed_partitions_fails_a_seed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

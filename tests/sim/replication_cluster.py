@@ -75,8 +75,8 @@ Invariants, checked after every event (per topic incarnation):
   an active controller is a leader, messages only carry what is already durable;
 - after the faults heal, a controller is active again, the ISR refills and a new write
   is acknowledged (liveness); then the writes stop, every follower reaches the leader's
-  log end and high watermark, and the ISR does not change while they idle, nor when one
-  more write ends the idle spell.
+  log end, high watermark and log start, and the ISR does not change while they idle,
+  nor when one more write ends the idle spell.
 """
 
 from __future__ import annotations
@@ -1719,6 +1719,7 @@ class ReplicationCluster:
         self.produce_one()
         self.run_until_settled(bound_ms, p)
         self.run_checking_isr(LAG_MS, p)
+        self.run_until_settled(bound_ms, p)
 
     def run_until_settled(self, bound_ms: int, isr_of: Any) -> None:
         deadline = self.clock.now_ms + bound_ms
@@ -1748,6 +1749,8 @@ class ReplicationCluster:
         stopped is not the quiet phase's)."""
         held = list(self.invariants.replicas())
         ends = {(r.log.log_end_offset, r.state.high_watermark) for _, r in held}
+        # A follower learns the leader's log start (retention) from its fetches.
+        start = max((r.log.log_start_offset for _, r in held if r.state.is_leader), default=0)
         p = self.quorum.newest_image().partition(TOPIC, 0)
         return (
             len(held) == 3
@@ -1756,6 +1759,7 @@ class ReplicationCluster:
             and len(p.isr) == 3
             and next(iter(ends))[0] == next(iter(ends))[1]
             and not any(r.state.pending_isr_change for _, r in held)
+            and all(r.log.log_start_offset >= start for _, r in held)
         )
 
     def states(self) -> str:
