@@ -1745,8 +1745,9 @@ class ReplicationCluster:
 
     def settled(self) -> bool:
         """Three live replicas of the current topic at one log end and high watermark,
-        all in the ISR, and no ISR change in flight (one proposed before the writes
-        stopped is not the quiet phase's)."""
+        all in the ISR, and no ISR change in flight, every node running and no
+        controlled shutdown under way (what the faults set going before they healed is
+        not the quiet phase's)."""
         held = list(self.invariants.replicas())
         ends = {(r.log.log_end_offset, r.state.high_watermark) for _, r in held}
         # A follower learns the leader's log start (retention) from its fetches.
@@ -1760,6 +1761,11 @@ class ReplicationCluster:
             and next(iter(ends))[0] == next(iter(ends))[1]
             and not any(r.state.pending_isr_change for _, r in held)
             and all(r.log.log_start_offset >= start for _, r in held)
+            and all(
+                b.alive and not b.shutting_down and b.now() >= b.paused_until
+                for b in self.brokers.values()
+            )
+            and not any(a.paused for a in self.quorum.actors.values())
         )
 
     def states(self) -> str:
