@@ -5,7 +5,9 @@ controllers running the real controller state machine and handlers
 (tests/sim/controller_quorum.py), each node on a drifting clock of its own, with loss,
 delay, duplication, partitions, crashes, power cuts (also inside storage calls), I/O
 errors, pauses, controlled shutdowns, retention, compaction and topic re-creation, and
-crashes, pauses, cuts and loss of quorum of the controllers; invariants after every event.
+crashes, pauses, cuts and loss of quorum of the controllers; invariants after every event,
+liveness after the faults heal, and a quiet phase (followers catch up and, idle, stay in
+the ISR). Some runs have followers fetch through fetch sessions (``fetch_sessions``).
 
 A failure prints the one command line that replays its seed:
     RILLET_SIM_SEED=1234 .venv/bin/pytest tests/test_replication_sim.py -k replay -s
