@@ -37,7 +37,8 @@ test: install lint
 # Long deterministic-simulator runs, kept out of `make test`: SIM_SEEDS seeds of each of
 # the three simulators (about 0.3 s a seed for all three together on one core: ~25 min),
 # and fewer under a tiny fd cache (storage SIM_SEEDS/2, replication SIM_SEEDS/4, the
-# Log-level fd cache schedules SIM_SEEDS/5: ~15 min more).
+# Log-level fd cache schedules SIM_SEEDS/5: ~15 min more) or with followers fetching
+# through fetch sessions (replication SIM_SEEDS/4: ~10 min more).
 SIM_SEEDS ?= 5000
 SIMULATORS = tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py \
 	tests/test_storage_fdcache_random.py

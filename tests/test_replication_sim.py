@@ -123,8 +123,8 @@ def test_random_faults_through_fetch_sessions() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(0)
 def test_random_faults_through_fetch_sessions_many_seeds() -> None:
-    """make sim-long: RILLET_SIM_SEEDS / 2 seeds after the quick ones."""
-    count = seeds_from_env(2000) // 2
+    """make sim-long: RILLET_SIM_SEEDS / 4 seeds after the quick ones."""
+    count = seeds_from_env(2000) // 4
     run_many(run_seed_in_sessions, SESSION_QUICK_SEEDS, count, SimulationFailure)
 
 
