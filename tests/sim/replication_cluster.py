@@ -97,7 +97,7 @@ from rillet.broker.handlers.fetch import FetchHandler
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica import LogStorage, Replica
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader
-from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replica_manager import ReplicaManager, isr_check_every
 from rillet.broker.replication import hw_checkpoint
 from rillet.broker.replication.fetcher import fetch_response
 from rillet.broker.replication.partition_state import PartitionState, Role
@@ -149,6 +149,7 @@ REQUEST_TIMEOUT_MS = 300
 SESSION_TIMEOUT_MS = 600  # broker.session.timeout.ms of the controller here
 FETCH_BACKOFF_MS = 100  # replica.fetch.backoff.ms, scaled to the simulation
 LAG_MS = 400  # replica.lag.time.max.ms, scaled to the simulation
+TICK_MS = 10  # replica.tick.interval.ms, scaled to the simulation
 KEYS = 16  # few keys: compaction finds superseded records in every segment
 # Small segments so logs roll, retention drops segments and compaction rewrites them;
 # each topic incarnation draws its cleanup policy.
@@ -278,6 +279,7 @@ class SimReplicaManager:
     _fetch_watched = ReplicaManager._fetch_watched  # noqa: SLF001
     unwatch = ReplicaManager.unwatch
     tick = ReplicaManager.tick
+    tick_replicas = ReplicaManager.tick_replicas
 
     def __init__(self, broker: BrokerActor, reader: FetchReader) -> None:
         self.replicas = broker.replicas
@@ -399,6 +401,7 @@ class BrokerActor:
         self.manager: SimReplicaManager | None = None
         self.handler: FetchHandler | None = None
         self.fetcher: SessionFetcher | None = None
+        self.ticks = 0  # the ReplicaManager's tick count (ISR checks every few)
         self.checkpointed_hw: dict[TopicPartition, int] = {}
         self.incarnation = 0
         self.image: MetadataImage = EMPTY_IMAGE
@@ -475,7 +478,7 @@ class BrokerActor:
                 cluster.session_slots, rng=random.Random(cluster.session_rng.getrandbits(64))
             )
             self.handler = FetchHandler(self.manager, BrokerMetrics(), sessions)  # type: ignore[arg-type]
-        self.fetcher = None
+        self.fetcher, self.ticks = None, 0
         self.fetch_out, self.alter_out, self.fetch_backoff_until = None, {}, 0
         self.paused_until, self.inbox, self.shutting_down = 0, [], False
         log = self.logs.get(TOPIC, 0)
@@ -492,7 +495,7 @@ class BrokerActor:
         self.link = self.cluster.new_link(self)
         self.link.start()
         incarnation = self.incarnation
-        self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
+        self.cluster.scheduler.after(TICK_MS, lambda: self.tick(incarnation), "tick")
         self.cluster.scheduler.after(
             self.cluster.rng.randint(50, 400), lambda: self.maintain(incarnation), "maintenance"
         )
@@ -595,14 +598,17 @@ class BrokerActor:
         if self.logs is None:
             return  # the link's answer ended the process (controlled shutdown)
         if self.manager is not None:
-            self.manager.tick()  # only the replicas activated since they were last idle
+            # As run_ticks: only the replicas activated since they were last idle, and
+            # ISR shrink checks every half lag time.
+            self.ticks += 1
+            self.manager.tick(self.ticks % isr_check_every(TICK_MS, LAG_MS) == 0)
         elif self.replica is not None:
             self.replica.driver.tick()
         if self.replica is not None:
             self.maybe_fetch(self.clock())
         if self.cluster.rng.random() < 0.05:
             self.checkpoint_high_watermarks()
-        self.cluster.scheduler.after(10, lambda: self.tick(incarnation), "tick")
+        self.cluster.scheduler.after(TICK_MS, lambda: self.tick(incarnation), "tick")
 
     def checkpoint_high_watermarks(self) -> None:
         """ReplicaManager.hw_entries, written by the production checkpoint writer."""
