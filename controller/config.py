@@ -57,6 +57,14 @@ CONTROLLER_KEYS = ConfigTable([
     Key("leader.imbalance.per.broker.percentage", int, 10,
         "Imbalance (share of its preferred partitions a broker does not lead) that triggers it."),
     Key("leader.imbalance.check.interval.ms", int, 300_000, "How often the imbalance is checked."),
+    Key("max.partitions", int, 200_000,
+        "Partitions the cluster may hold in all (each counted once, building topics too): "
+        "a CreateTopics that would pass it is refused as a whole with POLICY_VIOLATION "
+        "before anything is planned (Kafka's KIP-578 name)."),
+    Key("max.broker.partitions", int, 100_000,
+        "Replicas one broker may hold: a topic whose placement would put more on any "
+        "broker is refused with POLICY_VIOLATION (KIP-578's name; ~6.6 KiB of broker "
+        "memory each, docs/broker.md)."),
     Key("controlled.shutdown.timeout.ms", int, 5000,
         "On SIGTERM, how long a leading controller waits for a leadership transfer."),
 ])  # fmt: skip

@@ -27,7 +27,7 @@ import msgpack
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
-from rillet.client.wire.errors import NotControllerError, code_of
+from rillet.client.wire.errors import NotControllerError, PolicyViolationError, code_of
 from rillet.controller.metadata.describe import (
     describe_cluster,
     describe_cluster_brokers,
@@ -143,6 +143,11 @@ async def controlled_shutdown(
 async def create_topics(
     server: ControllerServer, ctl: QuorumController, f: m.CreateTopicsRequest
 ) -> m.CreateTopicsResponse:
+    if len(f.topics) > ctl.config.max_partitions:  # each topic has a partition at least
+        raise PolicyViolationError(
+            f"{len(f.topics):,} topics in one request; max.partitions is "
+            f"{ctl.config.max_partitions:,} (nothing was created)"
+        )
     topics = [
         CreatableTopic(
             t.name,
@@ -195,10 +200,16 @@ async def _plan_create_topics(
     worker thread, so the loop keeps its timing (the GIL passes back and forth every few
     ms). The planner reads only the immutable image and a copy of the controller's
     state; if, when the operation's turn to write comes, the pending image has changed
-    in a way that matters (a name taken, a broker fenced), it is planned again then."""
+    in a way that matters (a name taken, a broker fenced), it is planned again then.
+
+    A request past the partition limits (max.partitions, max.broker.partitions) is
+    refused here, on the loop and before any placement: the check is a sum, so asking
+    for millions of partitions costs the controller nothing."""
     image = server.images.pending
+    ctl.check_partition_limits(image, topics)
     size = sum(max(t.num_partitions, len(t.assignments or ()), 1) for t in topics)
-    if size < PLAN_OFF_LOOP_PARTITIONS:
+    # Counting each broker's replicas walks every partition: off the loop as well.
+    if size < PLAN_OFF_LOOP_PARTITIONS and not ctl.counts_replicas(image, size):
         return lambda now: ctl.create_topics(now, topics, validate_only)
     planner = ctl.planner()
     planned = await server.off_loop(planner.create_topics, image, topics, validate_only)

@@ -51,6 +51,8 @@ from rillet.controller.state_machine import ControllerStateMachine, SnapshotPoli
 log = logging.getLogger(__name__)
 # Records applied between two freezes of the heap (client/runtime/looplag.py).
 FREEZE_AFTER_RECORDS = 5000
+# An operation of this many records is encoded into entries on a worker thread.
+SPLIT_OFF_LOOP_RECORDS = 1000
 
 T = TypeVar("T")
 # An operation: (records to propose, its answer) from the pending image it reads.
@@ -69,6 +71,8 @@ def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
         auto_leader_rebalance_enable=config["auto.leader.rebalance.enable"],
         leader_imbalance_per_broker_percentage=config["leader.imbalance.per.broker.percentage"],
         leader_imbalance_check_interval_ms=config["leader.imbalance.check.interval.ms"],
+        max_partitions=config["max.partitions"],
+        max_broker_partitions=config["max.broker.partitions"],
     )
 
 
@@ -333,15 +337,21 @@ class ControllerServer:
         (thousands of records) never holds it for long: Raft messages, heartbeats and
         other requests run in between. Returns the future of the last entry's commit.
         Operations call it through `write`, which keeps every other operation from
-        planning or proposing until the last entry is proposed."""
+        planning or proposing until the last entry is proposed.
+
+        Every entry is encoded and checked (`ControllerStateMachine.split_checked`)
+        before the first is proposed, on a worker thread for a large operation: one
+        that cannot be written whole (a record over the entry limit) is refused with
+        PolicyViolationError and leaves nothing in the log."""
         future, settle = self._commit_future()
-        chunks = self.machine.split(records)
-        chunk = next(chunks)
-        for following in chunks:
+        if len(records) >= SPLIT_OFF_LOOP_RECORDS:
+            chunks = await self.off_loop(self.machine.split_checked, records)
+        else:
+            chunks = self.machine.split_checked(records)
+        for chunk in chunks[:-1]:
             self.machine.propose_chunk(chunk)
             await asyncio.sleep(0)
-            chunk = following
-        self.machine.propose_chunk(chunk, settle)
+        self.machine.propose_chunk(chunks[-1], settle)
         return future
 
     async def write(

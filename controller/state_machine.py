@@ -34,7 +34,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rillet.client.wire.errors import NotControllerError
+from rillet.client.wire.errors import NotControllerError, PolicyViolationError
 from rillet.controller.metadata.describe import CLUSTER_ID_KEY, cluster_id_of
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
@@ -88,10 +88,17 @@ def encode_at_once(image: MetadataImage, done: Callable[[bytes | None], None]) -
 @dataclass(frozen=True, slots=True)
 class EntryLimits:
     """The most records, and encoded bytes, one Raft entry may hold (a single record
-    larger than ``max_bytes`` still goes, alone)."""
+    larger than ``max_bytes`` still goes, alone, up to ``max_record_bytes``).
+
+    ``max_record_bytes`` is far below what the Raft store takes in one entry (64 MiB,
+    past which persisting is fatal) and below what a FetchMetadata answer carries, so
+    a record that passes it can always be written, replicated and fetched; no record
+    a valid operation plans comes near it (the largest, a broker's registration, is
+    bounded field by field)."""
 
     max_records: int = 1000
     max_bytes: int = 128 * 1024
+    max_record_bytes: int = 1024 * 1024
 
 
 Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one entry
@@ -99,22 +106,30 @@ Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one en
 
 def split_records(records: list[MetadataRecord], limits: EntryLimits) -> Iterator[Chunk]:
     """``records`` cut into consecutive entries, each within ``limits``, in order; lazily,
-    so a caller that yields between entries also spreads the encoding."""
+    so a caller that yields between entries also spreads the encoding. A record larger
+    than ``limits.max_record_bytes`` raises PolicyViolationError (callers split every
+    entry before proposing the first, so nothing of such an operation is proposed)."""
     step = limits.max_records
     for start in range(0, max(len(records), 1), step):
         out: list[Chunk] = []
-        _encode_within(records[start : start + step], limits.max_bytes, out)
+        _encode_within(records[start : start + step], limits, out)
         yield from out
 
 
-def _encode_within(records: list[MetadataRecord], max_bytes: int, out: list[Chunk]) -> None:
+def _encode_within(records: list[MetadataRecord], limits: EntryLimits, out: list[Chunk]) -> None:
     data = encode_records(records)
-    if len(data) <= max_bytes or len(records) <= 1:
+    if len(data) <= limits.max_bytes or len(records) <= 1:
+        if len(data) > limits.max_record_bytes:
+            kind = type(records[0]).__name__
+            raise PolicyViolationError(
+                f"a {kind} metadata record of {len(data):,} bytes is over the "
+                f"{limits.max_record_bytes:,}-byte limit of one record"
+            )
         out.append((records, data))
         return
     half = len(records) // 2  # rare (records of several KiB each): halve until they fit
-    _encode_within(records[:half], max_bytes, out)
-    _encode_within(records[half:], max_bytes, out)
+    _encode_within(records[:half], limits, out)
+    _encode_within(records[half:], limits, out)
 
 
 class ControllerStateMachine:
@@ -329,15 +344,32 @@ class ControllerStateMachine:
         commits in order, so the others have too).
 
         Raises NotControllerError when this node cannot propose; entries proposed before
-        it stand (the caller decides what a partial proposal means).
+        it stand (the caller decides what a partial proposal means). PolicyViolationError
+        (a record too large, more entries than Raft holds uncommitted) comes before any
+        entry is proposed.
         """
-        chunks = list(self.split(records))
+        chunks = self.split_checked(records)
         for chunk in chunks[:-1]:
             self.propose_chunk(chunk)
         return self.propose_chunk(chunks[-1], on_commit)
 
     def split(self, records: list[MetadataRecord]) -> Iterator[Chunk]:
         return split_records(records, self.entry_limits)
+
+    def split_checked(self, records: list[MetadataRecord]) -> list[Chunk]:
+        """Every entry of an operation, encoded, once it is known they can all be
+        proposed: PolicyViolationError for a record over the entry limits (`split`) or
+        for more entries than Raft takes uncommitted (proposing them would fail half-way,
+        and a client told NOT_CONTROLLER would only send the operation again). Pure: the
+        server runs it on a worker thread for a large operation."""
+        chunks = list(self.split(records))
+        room = self._node.config.max_uncommitted_entries if self._node is not None else None
+        if room is not None and len(chunks) > room:
+            raise PolicyViolationError(
+                f"the operation needs {len(chunks):,} metadata log entries "
+                f"({len(records):,} records); at most {room:,} can be in flight"
+            )
+        return chunks
 
     def propose_chunk(self, chunk: Chunk, on_commit: OnCommit | None = None) -> int:
         """Propose one entry of `split`'s; returns its log index."""

@@ -67,6 +67,7 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (40, "INVALID_CONFIG", False, "The configuration is invalid."),
     (41, "NOT_CONTROLLER", True, "This node is not the active controller."),
     (42, "INVALID_REQUEST", False, "The request is malformed."),
+    (44, "POLICY_VIOLATION", False, "The request breaks a configured limit or policy."),
     (55, "OPERATION_NOT_ATTEMPTED", False, "The server did not attempt the operation."),
     (56, "KAFKA_STORAGE_ERROR", True, "The disk holding the log failed."),
     (70, "FETCH_SESSION_ID_NOT_FOUND", True, "The fetch session is not in the broker's cache."),
@@ -135,6 +136,7 @@ InvalidReplicaAssignmentError = EXCEPTIONS[39]
 InvalidConfigError = EXCEPTIONS[40]
 NotControllerError = EXCEPTIONS[41]
 InvalidRequestError = EXCEPTIONS[42]
+PolicyViolationError = EXCEPTIONS[44]
 StorageError = EXCEPTIONS[56]
 FencedLeaderEpochError = EXCEPTIONS[74]
 UnknownLeaderEpochError = EXCEPTIONS[75]

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
-from rillet.client.wire.errors import code_of
+from rillet.client.wire.errors import PolicyViolationError, code_of
 from rillet.controller.metadata.election import (
     Eligible,
     change_of,
@@ -98,6 +98,7 @@ INVALID_REPLICATION_FACTOR = code_of("INVALID_REPLICATION_FACTOR")
 INVALID_REPLICA_ASSIGNMENT = code_of("INVALID_REPLICA_ASSIGNMENT")
 INVALID_CONFIG = code_of("INVALID_CONFIG")
 INVALID_REQUEST = code_of("INVALID_REQUEST")
+POLICY_VIOLATION = code_of("POLICY_VIOLATION")
 FENCED_LEADER_EPOCH = code_of("FENCED_LEADER_EPOCH")
 UNKNOWN_LEADER_EPOCH = code_of("UNKNOWN_LEADER_EPOCH")
 STALE_BROKER_EPOCH = code_of("STALE_BROKER_EPOCH")
@@ -110,6 +111,10 @@ INELIGIBLE_REPLICA = code_of("INELIGIBLE_REPLICA")
 DUPLICATE_BROKER_REGISTRATION = code_of("DUPLICATE_BROKER_REGISTRATION")
 
 TOPIC_NAME_MAX = 249
+# A broker registration's fields come from the network: bounded, so its record is small
+# (a rack of megabytes once made a record too large for the Raft log, fatally).
+REGISTRATION_TEXT_MAX = 255  # characters of an incarnation id, rack, listener or host
+REGISTRATION_ENDPOINTS_MAX = 16
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
@@ -128,6 +133,8 @@ class ControllerConfig:
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
     max_partitions_per_topic: int = 100_000
+    max_partitions: int = 200_000  # max.partitions: in the cluster, each counted once
+    max_broker_partitions: int = 100_000  # max.broker.partitions: replicas on one broker
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_per_broker_percentage: int = 10
     leader_imbalance_check_interval_ms: int = 300_000
@@ -292,6 +299,9 @@ class QuorumController:
         now_ms: int,
     ) -> Result:
         """Register (fenced) and hand out a broker epoch: above every offset seen so far."""
+        error = _registration_error(incarnation_id, endpoints, rack)
+        if error is not None:
+            return Result([], RegisterBrokerResponse(INVALID_REQUEST, -1, error))
         eps = tuple(Endpoint(*e) for e in endpoints)
         cur = image.brokers.get(broker_id)
         if cur is not None and cur.incarnation_id == incarnation_id:
@@ -499,25 +509,115 @@ class QuorumController:
         ``topics`` holds CreatableTopic or tuples (name, num_partitions,
         replication_factor, configs, assignments); -1 means the controller's default.
         """
-        requests = [t if isinstance(t, CreatableTopic) else CreatableTopic(*t) for t in topics]
+        requests = creatable(topics)
+        self.check_partition_limits(image, requests)
         counts: dict[str, int] = {}
         for t in requests:
             counts[t.name] = counts.get(t.name, 0) + 1
         records: list[MetadataRecord] = []
         results: list[CreateTopicResult] = []
         taken_ids: set[str] = set()
+        replicas = self._replica_counter(image, requests)
         for t in requests:
             if counts[t.name] > 1:
                 results.append(CreateTopicResult(t.name, INVALID_REQUEST, "duplicate topic name"))
                 continue
-            recs, result = self._create_topic(image, t, taken_ids)
+            recs, result = self._create_topic(image, t, taken_ids, replicas)
             results.append(result)
             if not validate_only:
                 records += recs
         return Result(records, results)
 
+    # -- partition limits (KIP-578's max.partitions and max.broker.partitions) ---------
+
+    def _requested(self, t: CreatableTopic) -> tuple[int, int]:
+        """(partitions, replication factor) a topic asks for, defaults filled in; 0 for
+        counts that are invalid anyway (refused later, topic by topic)."""
+        if t.assignments is not None:
+            first = next(iter(t.assignments.values()), ())
+            return len(t.assignments), len(first)
+        n = self.config.default_num_partitions if t.num_partitions == -1 else t.num_partitions
+        rf = (
+            self.config.default_replication_factor
+            if t.replication_factor == -1
+            else t.replication_factor
+        )
+        return max(n, 0), max(rf, 0)
+
+    def check_partition_limits(
+        self, image: MetadataImage, topics: Sequence[CreatableTopic]
+    ) -> None:
+        """Refuse a whole CreateTopics (PolicyViolationError) that would take the cluster
+        past ``max.partitions``, or put more new replicas on the live brokers than
+        ``max.broker.partitions`` lets them all take. Cheap (no placement, no walk over
+        partitions), so a request for millions of partitions costs nothing to refuse;
+        `_broker_limit_error` checks each topic's placement exactly."""
+        asked = [self._requested(t) for t in topics]
+        new = sum(n for n, _ in asked)
+        held = total_partitions(image)
+        limit = self.config.max_partitions
+        if held + new > limit:
+            raise PolicyViolationError(
+                f"creating {new:,} partitions would bring the cluster to {held + new:,}; "
+                f"max.partitions is {limit:,} (nothing was created)"
+            )
+        per_broker = self.config.max_broker_partitions
+        eligible = self.eligible(image)
+        live = sum(1 for b in image.brokers if eligible(b))
+        # A factor over the live brokers is INVALID_REPLICATION_FACTOR, topic by topic.
+        replicas = sum(n * min(rf, live) for n, rf in asked)
+        if replicas > per_broker * live:
+            raise PolicyViolationError(
+                f"{replicas:,} new replicas do not fit on {live} live broker(s) of at most "
+                f"{per_broker:,} each (max.broker.partitions; nothing was created)"
+            )
+
+    def counts_replicas(self, image: MetadataImage, new_partitions: int) -> bool:
+        """Whether a create of ``new_partitions`` must count each broker's replicas (a walk
+        over every partition): a broker holds at most one replica of each partition, so
+        below ``max.broker.partitions`` partitions in all no broker can pass it."""
+        return total_partitions(image) + new_partitions > self.config.max_broker_partitions
+
+    def _replica_counter(
+        self, image: MetadataImage, topics: Sequence[CreatableTopic]
+    ) -> dict[int, int] | None:
+        """Replicas each broker holds (building topics too), when the limit could bind."""
+        if not self.counts_replicas(image, sum(self._requested(t)[0] for t in topics)):
+            return None
+        held: dict[int, int] = {}
+        for _, p in _controller_partitions(image):
+            for b in p.replicas:
+                held[b] = held.get(b, 0) + 1
+        return held
+
+    def _broker_limit_error(
+        self, placed: Sequence[Sequence[int]], held: dict[int, int] | None
+    ) -> str | None:
+        """Adds ``placed`` to ``held`` (this request's topics so far included), or names a
+        broker it would take past ``max.broker.partitions`` and adds nothing."""
+        if held is None:
+            return None
+        adding: dict[int, int] = {}
+        for replicas in placed:
+            for b in replicas:
+                adding[b] = adding.get(b, 0) + 1
+        limit = self.config.max_broker_partitions
+        for b, n in sorted(adding.items()):
+            if held.get(b, 0) + n > limit:
+                return (
+                    f"broker {b} would hold {held.get(b, 0) + n:,} replicas; "
+                    f"max.broker.partitions is {limit:,}"
+                )
+        for b, n in adding.items():
+            held[b] = held.get(b, 0) + n
+        return None
+
     def _create_topic(
-        self, image: MetadataImage, t: CreatableTopic, taken_ids: set[str]
+        self,
+        image: MetadataImage,
+        t: CreatableTopic,
+        taken_ids: set[str],
+        replicas: dict[int, int] | None = None,
     ) -> tuple[list[MetadataRecord], CreateTopicResult]:
         def fail(code: int, msg: str) -> tuple[list[MetadataRecord], CreateTopicResult]:
             return [], CreateTopicResult(t.name, code, msg)
@@ -538,6 +638,9 @@ class QuorumController:
         placed = self._assign(image, t)
         if isinstance(placed, tuple):
             return fail(*placed)
+        over = self._broker_limit_error(placed, replicas)
+        if over is not None:
+            return fail(POLICY_VIOLATION, over)
         topic_id = self._new_topic_id(image, taken_ids)
         eligible = self.eligible(image)
         # partition_count: the records may be split over several entries (the server's
@@ -820,6 +923,31 @@ def topic_name_error(name: str) -> str | None:
         return f"topic name is longer than {TOPIC_NAME_MAX} characters"
     if not _TOPIC_NAME.match(name):
         return f"topic name {name!r} may hold only ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
+def creatable(topics: Sequence[CreatableTopic | tuple[Any, ...]]) -> list[CreatableTopic]:
+    return [t if isinstance(t, CreatableTopic) else CreatableTopic(*t) for t in topics]
+
+
+def total_partitions(image: MetadataImage) -> int:
+    """Partitions in the cluster, building topics' full counts included."""
+    building = sum(t.partition_count for t in image.building_topics.values())
+    return image.partition_count() + building
+
+
+def _registration_error(
+    incarnation_id: str, endpoints: Sequence[Endpoint | tuple[str, str, int]], rack: str | None
+) -> str | None:
+    texts = [("incarnation id", incarnation_id), ("rack", rack or "")]
+    if len(endpoints) > REGISTRATION_ENDPOINTS_MAX:
+        return f"{len(endpoints)} listeners: at most {REGISTRATION_ENDPOINTS_MAX}"
+    for e in endpoints:
+        texts += [("listener name", e[0]), ("host", e[1])]
+    for what, text in texts:
+        if not isinstance(text, str) or len(text) > REGISTRATION_TEXT_MAX:
+            size = len(text) if isinstance(text, str) else type(text).__name__
+            return f"{what} ({size}) must be a string of at most {REGISTRATION_TEXT_MAX} chars"
     return None
 
 
