@@ -362,3 +362,36 @@ def test_verify_catches_lost_duplicated_reordered_corrupt_and_phantom_records(
         "task 0 seq 3",
     ):
         assert line in text
+
+
+def test_verify_learns_the_load_shape_from_the_topic_and_refuses_to_guess(
+    spark: Any, bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Verify used to assume 4 tasks unless told: after a 2-task load it reported half
+    the records lost and as many phantom. The load job leaves its manifest in the topic;
+    without one, verify refuses (exit 3) rather than guess."""
+    load = ["spark", "load", "--topic", "two", "--records", "2000", "--record-size", "40"]
+    load += ["--tasks", "2", "--partitions", "2", "--bootstrap", bootstrap, "--json"]
+    assert rillet_main(load) == 0
+    capsys.readouterr()
+
+    def verify(topic: str, *extra: str) -> tuple[int, str, str]:
+        args = ["spark", "verify", "--topic", topic, *extra, "--bootstrap", bootstrap]
+        code = rillet_main(args)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = verify("two", "--records", "2000", "--json")  # as the README says
+    report = json.loads(out)
+    assert code == 0 and report["ok"], report
+    assert (report["lost"], report["phantom"], report["read"]) == (0, 0, 2000)
+    assert "2,000 records in 2 tasks, from the load manifest in the topic" in report["notes"]
+
+    code, _, err = verify("two", "--tasks", "4")
+    assert code == 3 and "--tasks 4 contradicts the load manifest" in err, err
+
+    create_topic(bootstrap, "two-bare", 1)
+    with SyncProducer(bootstrap=bootstrap, acks="all") as p:  # a topic no load job wrote
+        p.send("two-bare", make_value(0, 0, 40), key=b"0")
+    code, _, err = verify("two-bare", "--records", "1")
+    assert code == 3 and "holds no load manifest" in err, err

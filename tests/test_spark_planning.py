@@ -16,7 +16,9 @@ pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rille
 
 from rillet.client.cli.spark import format_report, spark_error_cause  # noqa: E402
 from rillet.client.spark.jobs import (  # noqa: E402
+    LoadShapeError,
     VerifyReport,
+    load_shape,
     make_value,
     parse_conf,
     parse_value,
@@ -178,3 +180,21 @@ def test_without_pyspark_the_cli_says_what_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 1
     assert "pip install 'rillet[spark]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_load_shape_comes_from_the_manifest_and_is_never_guessed() -> None:
+    committed = {"records": 300, "tasks": 2, "status": "committed", "per_task": []}
+    shape = load_shape("t", [committed], 300, None)
+    assert (shape.records, shape.tasks, shape.acked_tasks) == (300, 2, None)
+    assert load_shape("t", [committed], None, None).tasks == 2
+    assert load_shape("t", [], 10, 1).source == "given"  # told both: no manifest needed
+    with pytest.raises(LoadShapeError, match="no load manifest"):
+        load_shape("t", [], 300, None)
+    with pytest.raises(LoadShapeError, match="--tasks 4 contradicts"):
+        load_shape("t", [committed], 300, 4)
+    with pytest.raises(LoadShapeError, match="different shapes"):
+        load_shape("t", [committed, {**committed, "tasks": 3}], None, None)
+    aborted = {**committed, "status": "aborted", "per_task": [{"task": 1}]}
+    assert load_shape("t", [aborted], None, None).acked_tasks == {1}
+    # The same load twice (its records then show as duplicates): committed once is all.
+    assert load_shape("t", [aborted, committed], None, None).acked_tasks is None

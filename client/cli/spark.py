@@ -17,6 +17,10 @@ from typing import Any
 from rillet.client.cli.common import CliError, add_bootstrap, print_json
 
 MB = 1024 * 1024
+# verify's exit codes: 0 pass, 1 error, 2 violations found, 3 the load's shape (records
+# and tasks) is unknown or contradicted: verify refuses rather than guess it.
+EXIT_VIOLATIONS = 2
+EXIT_SHAPE_UNKNOWN = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,12 +47,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     v = sub.add_parser("verify", help="read a loaded topic back and check every record")
     v.add_argument("--topic", required=True)
-    v.add_argument("--records", type=int, help="records the load job sent")
-    v.add_argument("--tasks", type=int, help="producer tasks of the load job (default 4)")
+    v.add_argument(
+        "--records", type=int, help="records the load job sent (default: its manifest's)"
+    )
+    v.add_argument(
+        "--tasks", type=int, help="producer tasks of the load job (default: its manifest's)"
+    )
     v.add_argument(
         "--manifest",
         metavar="PATH",
-        help="the load job's manifest: records, tasks and which tasks were acknowledged",
+        help="the load job's --manifest file (by default verify reads the manifest the "
+        "load job writes into the topic)",
     )
     _add_spark_options(v)
     v.set_defaults(func=cmd_verify)
@@ -95,17 +104,20 @@ def _load(args: argparse.Namespace) -> int:
     jobs, spark = _session(args, "rillet-spark-load")
     _ensure_topic(args)
     acks = "all" if args.acks in ("all", "-1") else args.acks
-    result = jobs.run_load(
-        spark,
-        args.bootstrap,
-        args.topic,
-        args.records,
-        args.tasks,
-        args.record_size,
-        acks=acks,
-        manifest=args.manifest,
-        writer_options=_writer_options(args),
-    )
+    try:
+        result = jobs.run_load(
+            spark,
+            args.bootstrap,
+            args.topic,
+            args.records,
+            args.tasks,
+            args.record_size,
+            acks=acks,
+            manifest=args.manifest,
+            writer_options=_writer_options(args),
+        )
+    except jobs.LoadManifestError as e:
+        raise CliError(str(e)) from e
     if args.json:
         print_json(result.to_json())
     else:
@@ -160,19 +172,21 @@ def _verify(args: argparse.Namespace) -> int:
         manifest = json.loads(Path(args.manifest).read_text())
         records = records or manifest["records"]
         tasks = tasks or manifest["tasks"]
-    if records is None:
-        raise CliError("verify needs --records (or the load job's --manifest)")
     jobs, spark = _session(args, "rillet-spark-verify")
     if args.manifest:
         acked = jobs.acked_from_manifest(manifest)
-    report = jobs.run_verify(
-        spark, args.bootstrap, args.topic, records, tasks or 4, acked_tasks=acked
-    )
+    try:
+        report = jobs.run_verify(
+            spark, args.bootstrap, args.topic, records, tasks, acked_tasks=acked
+        )
+    except jobs.LoadShapeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_SHAPE_UNKNOWN
     if args.json:
         print_json(report.to_json())
     else:
         print(format_report(report))
-    return 0 if report.ok else 2
+    return 0 if report.ok else EXIT_VIOLATIONS
 
 
 VIOLATIONS = [

@@ -28,6 +28,16 @@ violation. Without a manifest the verifier assumes the load job succeeded. Spark
 retries of a failed write task re-send its records and show up as duplicates, which is
 the truth about such a run (the load job sets ``spark.task.maxFailures=1`` so this only
 happens where a cluster's own settings override it).
+
+The load's shape (records, tasks) decides which ``(task, seq)`` were sent, so the
+verifier must know it, not guess it: a wrong task count turns every record of the
+missing or extra tasks into "lost" and "phantom". Once its Spark job ends (committed or
+not) the load job therefore writes its manifest into the topic itself, as one record
+with the header ``rillet.load.manifest`` (``write_topic_manifest``). The verifier reads
+it along with the data, leaves it out of the checks, and takes records, tasks and the
+acknowledged tasks from it. Without one (a load that died before writing it, a topic
+written by something else) it refuses (``LoadShapeError``) unless told ``--records``
+and ``--tasks``; values that contradict the manifest are refused too.
 """
 
 from __future__ import annotations
@@ -52,6 +62,9 @@ except ImportError as e:  # pragma: no cover - spark_source raised already
 
 MAGIC = b"RLT1"
 HEADER_BYTES = 20
+# The load job's manifest in the topic: one record with this header (and this key).
+MANIFEST_HEADER = "rillet.load.manifest"
+MANIFEST_KEY = b"rillet-load-manifest"
 MAX_EXAMPLES = 5
 MB = 1024 * 1024  # as `rillet perf` and Kafka's perf tools count it
 
@@ -259,9 +272,34 @@ def run_load(
     result = _load_result(topic, records, tasks, record_size, acks, elapsed, report)
     if manifest:
         Path(manifest).write_text(json.dumps(result.to_json(), indent=2))
+    write_topic_manifest(bootstrap, topic, result, failed=error is not None)
     if error is not None:
         raise error
     return result
+
+
+def write_topic_manifest(bootstrap: str, topic: str, result: LoadResult, failed: bool) -> None:
+    """The load's manifest as a record of the topic, where verify finds it by default.
+    After a failed job this is best effort (the job's own error is the one to report);
+    after a committed one a manifest that cannot be written is an error, since verify
+    would then refuse the topic."""
+    from rillet.client.sync import SyncProducer
+
+    value = json.dumps(result.to_json(), separators=(",", ":")).encode()
+    try:
+        with SyncProducer(bootstrap=bootstrap, acks="all") as producer:
+            producer.send(topic, value, key=MANIFEST_KEY, headers=[(MANIFEST_HEADER, b"1")])
+    except Exception as e:
+        if failed:
+            return
+        raise LoadManifestError(
+            f"every record was acknowledged, but the load manifest could not be written to "
+            f"{topic!r} ({e}); verify it with --records {result.records} --tasks {result.tasks}"
+        ) from e
+
+
+class LoadManifestError(RuntimeError):
+    """The load committed but its manifest did not reach the topic."""
 
 
 def _read_report(path: str) -> dict[str, Any]:
@@ -346,6 +384,7 @@ def parse_frame(df: DataFrame) -> DataFrame:
         "partition",
         "offset",
         "value",
+        "headers",
         field_of(5, 4).alias("task"),
         field_of(9, 8).alias("seq"),
         field_of(17, 4).alias("crc"),
@@ -359,11 +398,79 @@ def parse_frame(df: DataFrame) -> DataFrame:
         & (F.crc32(F.concat(F.substring(v, 5, 12), payload)) == F.col("crc"))
         & (payload == expected)
     )
-    # Only small columns leave here: the verifier caches this frame, and values are
-    # most of a topic's bytes.
-    return parsed.select(
-        "partition", "offset", "task", "seq", F.coalesce(valid, F.lit(False)).alias("valid")
+    manifest = F.coalesce(
+        F.exists(F.col("headers"), lambda h: h["key"] == MANIFEST_HEADER), F.lit(False)
     )
+    # Only small columns leave here: the verifier caches this frame, and values are
+    # most of a topic's bytes (a manifest's value is kept: there are one or a few).
+    return parsed.select(
+        "partition",
+        "offset",
+        "task",
+        "seq",
+        F.coalesce(valid, F.lit(False)).alias("valid"),
+        manifest.alias("manifest"),
+        F.when(manifest, v).alias("manifest_value"),
+    )
+
+
+class LoadShapeError(ValueError):
+    """The verifier cannot tell the load's records and tasks (or was told values its
+    manifest contradicts): it refuses rather than guess."""
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    records: int
+    tasks: int
+    acked_tasks: set[int] | None  # None: every task was acknowledged
+    source: str  # where the shape came from, for the report
+
+
+def load_shape(
+    topic: str,
+    manifests: list[dict[str, Any]],
+    records: int | None,
+    tasks: int | None,
+    acked_tasks: set[int] | None = None,
+) -> LoadShape:
+    """The load's shape from the manifests found in the topic and what the caller gave.
+
+    Records and tasks both given: they are used (with ``acked_tasks``). Otherwise they
+    come from the topic's manifest, and a given one must agree with it; a topic with
+    no manifest, or with manifests of loads of different shapes, is refused."""
+    if records is not None and tasks is not None and not manifests:
+        return LoadShape(records, tasks, acked_tasks, "given")
+    shapes = sorted({(m["records"], m["tasks"]) for m in manifests})
+    if not shapes:
+        raise LoadShapeError(
+            f"topic {topic!r} holds no load manifest (the load job writes one when its "
+            "Spark job ends), so verify cannot tell how many records and tasks it sent; "
+            "pass --records and --tasks as given to the load, or --manifest"
+        )
+    if len(shapes) > 1:
+        found = ", ".join(f"{r:,} records in {t} tasks" for r, t in shapes)
+        raise LoadShapeError(
+            f"topic {topic!r} holds manifests of loads of different shapes ({found}); "
+            "verify one topic per load"
+        )
+    ((m_records, m_tasks),) = shapes
+    for name, given, found_value in (("records", records, m_records), ("tasks", tasks, m_tasks)):
+        if given is not None and given != found_value:
+            raise LoadShapeError(
+                f"--{name} {given} contradicts the load manifest in topic {topic!r} "
+                f"({m_records:,} records in {m_tasks} tasks)"
+            )
+    acked: set[int] | None = set()
+    for m in manifests:
+        got = acked_from_manifest(m)
+        acked = None if acked is None or got is None else acked | got
+    if acked_tasks is not None:  # the caller's file manifest is narrower than the topic's
+        acked = acked_tasks if acked is None else acked & acked_tasks
+    where = "the load manifest in the topic"
+    if len(manifests) > 1:
+        where = f"{len(manifests)} load manifests in the topic (one per load)"
+    return LoadShape(m_records, m_tasks, acked, where)
 
 
 def check_records(
@@ -371,16 +478,23 @@ def check_records(
     df: DataFrame,
     *,
     topic: str,
-    records: int,
-    tasks: int,
+    records: int | None = None,
+    tasks: int | None = None,
     acked_tasks: set[int] | None = None,
 ) -> VerifyReport:
-    """The Jepsen-style checks over a read-back frame (partition, offset, value)."""
-    parsed = parse_frame(df).persist()
+    """The Jepsen-style checks over a read-back frame (partition, offset, value,
+    headers); the load's shape as `load_shape` finds it (LoadShapeError if it cannot)."""
+    cached = parse_frame(df).persist()
     try:
-        acked = set(range(tasks)) if acked_tasks is None else acked_tasks
+        found = cached.filter("manifest").select("manifest_value").collect()
+        manifests = [_manifest(r.manifest_value) for r in found]
+        shape = load_shape(topic, [m for m in manifests if m], records, tasks, acked_tasks)
+        records, tasks = shape.records, shape.tasks
+        acked = set(range(tasks)) if shape.acked_tasks is None else shape.acked_tasks
         n_acked = sum(task_records(records, tasks, t) for t in acked)
+        parsed = cached.filter(~F.col("manifest"))
         report = VerifyReport(topic, records, n_acked, parsed.count())
+        report.notes.append(f"{records:,} records in {tasks} tasks, from {shape.source}")
         bad = parsed.filter(~F.col("valid"))
         report.corrupt = _count_into(report, "corrupt", bad.select("partition", "offset"))
         good = parsed.filter("valid")
@@ -393,7 +507,7 @@ def check_records(
         _check_order(report, sent)
         return report
     finally:
-        parsed.unpersist()
+        cached.unpersist()
 
 
 def _count_into(report: VerifyReport, kind: str, df: DataFrame) -> int:
@@ -467,12 +581,26 @@ def _check_order(report: VerifyReport, sent: DataFrame) -> None:
         report.examples["reordered"] = [r.asDict() for r in rows]
 
 
+def _manifest(value: bytes | None) -> dict[str, Any] | None:
+    """A manifest record's JSON, or None when it is not one this version wrote."""
+    try:
+        m = json.loads(bytes(value or b""))
+    except ValueError:
+        return None
+    ok = (
+        isinstance(m, dict)
+        and isinstance(m.get("records"), int)
+        and isinstance(m.get("tasks"), int)
+    )
+    return m if ok else None
+
+
 def run_verify(
     spark: SparkSession,
     bootstrap: str,
     topic: str,
-    records: int,
-    tasks: int,
+    records: int | None = None,
+    tasks: int | None = None,
     *,
     acked_tasks: set[int] | None = None,
 ) -> VerifyReport:
