@@ -6,9 +6,12 @@ the two config tables merged (``combined_config_table``). Once every listener is
 the node prints the readiness line of the node contract (docs/architecture.md) on stdout.
 
 SIGTERM or SIGINT is a controlled shutdown: the broker asks the controller to move its
-leaderships away and waits (``controlled.shutdown.timeout.ms``), closes its logs with
-clean-shutdown markers, and in combined mode the controller then hands Raft leadership
-over and stops.
+leaderships away and waits (``controlled.shutdown.timeout.ms``, then it stops anyway:
+the controllers may be gone), closes its logs with clean-shutdown markers, and in
+combined mode the controller then hands Raft leadership over and stops. A second
+signal cuts the waiting short and exits within a few seconds; the exit of the owner
+named in ``RILLET_OWNER`` stops the node without the controlled shutdown
+(client/runtime/shutdown.py).
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from typing import Any
 
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.limits import raise_open_files_limit
+from rillet.client.runtime.shutdown import StopRequests
 from rillet.client.wire.errors import InvalidConfigError
 
 log = logging.getLogger("rillet.broker")
@@ -92,10 +95,15 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 async def run_node(config: Config, broker_config: BrokerConfig) -> int:
-    """Run the broker (and the controller in combined mode) until a signal."""
+    """Run the broker (and the controller in combined mode) until a stop request
+    (client/runtime/shutdown.py: a signal, or the owner's exit)."""
     from rillet.broker.server import BrokerServer
     from rillet.controller.cli import print_ready
 
+    # Before anything starts: a signal during start-up is a stop request too, and a
+    # second one bounds the process's life even if start-up never finishes.
+    requests = StopRequests(f"node {broker_config.node_id}")
+    requests.install()
     controller = None
     if "controller" in broker_config.roles:
         from rillet.controller.server import ControllerServer
@@ -103,10 +111,6 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
         controller = ControllerServer(config)
         await controller.start()
     broker = BrokerServer(broker_config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await broker.start()
     except BaseException:
@@ -118,7 +122,7 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
     if controller is not None:
         listeners.update(controller.listeners)
     print_ready(broker.node_id, listeners)
-    waits = [asyncio.ensure_future(stop.wait())]
+    waits = [asyncio.ensure_future(requests.requested.wait())]
     if controller is not None and controller.failure is not None:
         waits.append(controller.failure)  # type: ignore[arg-type]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -127,7 +131,8 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
     )
     waits[0].cancel()
     log.info("node %d: stopping (%s)", broker.node_id, "controller failed" if failed else "signal")
-    await broker.stop(controlled=not failed)
+    controlled = not failed and requests.controlled
+    await broker.stop(controlled=controlled, cut_short=requests.urgent)
     if controller is not None:
-        await controller.stop(transfer_leadership=not failed)
+        await controller.stop(transfer_leadership=controlled, cut_short=requests.urgent)
     return 1 if failed else 0

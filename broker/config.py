@@ -101,7 +101,8 @@ BROKER_SHARED_KEYS = ConfigTable(
         Key("num.partitions", int, 1, "Partitions of an auto-created topic."),
         Key("default.replication.factor", int, 1, "Replication factor of an auto-created topic."),
         Key("controlled.shutdown.timeout.ms", int, 30_000,
-            "SIGTERM: longest wait for the controller to move this node's leaderships away."),
+            "SIGTERM: longest wait for the controller to move this node's leaderships away;"
+            " then it stops anyway."),
     ]
 )  # fmt: skip
 

@@ -54,6 +54,7 @@ from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
 from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
+from rillet.client.runtime.shutdown import unless_set
 from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
 from rillet.client.wire.connection import R, RequestMessage
@@ -250,19 +251,21 @@ class BrokerServer:
         controller elects new leaders from the ISR, and a restart recovers from disk."""
         fatal_fault(f"log directory {self.config.log_dir} failed ({log.name})", error)
 
-    async def stop(self, controlled: bool = True) -> None:
-        """Controlled shutdown (see the module docstring); safe to call twice."""
+    async def stop(self, controlled: bool = True, cut_short: asyncio.Event | None = None) -> None:
+        """Controlled shutdown (see the module docstring); safe to call twice. Setting
+        ``cut_short`` (a second signal) ends the wait for the controller at once."""
         if self._stopped:
             return
         self._stopped = True
         if controlled and self._link is not None and self.replicas is not None:
             timeout_s = self.config["controlled.shutdown.timeout.ms"] / 1000
             try:
-                done = await self.link.controlled_shutdown(timeout_s)
+                done = await unless_set(cut_short, self.link.controlled_shutdown(timeout_s))
             except Exception:  # the controller may be gone: still close the logs cleanly
                 logger.exception("controlled shutdown request failed")
                 done = False
-            logger.info("controlled shutdown %s", "completed" if done else "timed out")
+            outcome = {True: "completed", False: "timed out", None: "cut short"}[done]
+            logger.info("controlled shutdown %s", outcome)
         if self._link is not None:
             with contextlib.suppress(Exception):
                 await self._link.stop()

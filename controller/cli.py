@@ -3,8 +3,9 @@
 Loads ``controller_config_table()`` (every key documented in docs/controller.md), runs
 ``ControllerServer`` on uvloop, prints the readiness line of the node contract
 (docs/architecture.md) once listening, and stops cleanly on SIGTERM/SIGINT: a leading
-controller first hands leadership to the most caught-up voter (TimeoutNow), so the
-quorum does not wait out an election timeout.
+controller first hands leadership to the most caught-up voter (TimeoutNow, bounded by
+``controlled.shutdown.timeout.ms``), so the quorum does not wait out an election
+timeout. A second signal cuts that short (client/runtime/shutdown.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from rillet.client.runtime.limits import raise_open_files_limit
+from rillet.client.runtime.shutdown import StopRequests
 from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
 
@@ -82,20 +83,18 @@ async def run_controller(config: Mapping[str, Any]) -> int:
     from rillet.controller.server import ControllerServer
 
     server = ControllerServer(config)
+    requests = StopRequests(f"controller {server.node_id}")
+    requests.install()  # before start-up: see broker/cli.py
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     print_ready(server.node_id, server.listeners)
     assert server.failure is not None
-    stopping = asyncio.ensure_future(stop.wait())
+    stopping = asyncio.ensure_future(requests.requested.wait())
     await asyncio.wait([stopping, server.failure], return_when=asyncio.FIRST_COMPLETED)
     if server.failure.done():
         log.critical("controller %d failed: %r", server.node_id, server.failure.result())
         await server.stop(transfer_leadership=False)
         return 1
     stopping.cancel()
-    log.info("controller %d: stopping on signal", server.node_id)
-    await server.stop()
+    log.info("controller %d: stopping on request", server.node_id)
+    await server.stop(transfer_leadership=requests.controlled, cut_short=requests.urgent)
     return 0

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
 from rillet.client.runtime.rpc_server import Response, RpcServer
+from rillet.client.runtime.shutdown import unless_set
 from rillet.client.wire.errors import (
     InvalidConfigError,
     NotControllerError,
@@ -198,10 +199,13 @@ class ControllerServer:
             len(state.entries),
         )
 
-    async def stop(self, transfer_leadership: bool = True) -> None:
-        """Hand leadership over (TimeoutNow) if leading, then stop everything and flush."""
+    async def stop(
+        self, transfer_leadership: bool = True, cut_short: asyncio.Event | None = None
+    ) -> None:
+        """Hand leadership over (TimeoutNow) if leading, then stop everything and flush.
+        Setting ``cut_short`` (a second signal) ends the hand-over wait at once."""
         if transfer_leadership and self.raft_loop.failure is None:
-            await self._transfer_leadership()
+            await unless_set(cut_short, self._transfer_leadership())
         if self._tick_task is not None:
             self._tick_task.cancel()
         await self.rpc.stop()
