@@ -77,3 +77,40 @@ def test_cluster_commands_explain_a_missing_cluster(tmp_path: Path) -> None:
     result = rillet("cluster", "status", "--data-dir", str(tmp_path / "none"), check=False)
     assert result.returncode == 1
     assert "no local cluster" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_set_gives_each_node_the_keys_its_roles_know(data_dir: Path) -> None:
+    # A broker-only key and a controller-only key: each reaches only the nodes that know it
+    # (a controller refused to start on the broker key).
+    rillet(
+        "cluster",
+        "up",
+        "--detach",
+        "--ephemeral-ports",
+        "--controllers",
+        "1",
+        "--brokers",
+        "1",
+        "--set",
+        "log.retention.check.interval.ms=1000",
+        "--set",
+        "metadata.snapshot.max.records=5000",
+        "--data-dir",
+        str(data_dir),
+    )
+    assert states(data_dir) == {1: "unfenced", 101: "active controller"}
+    broker = (data_dir / "node-1" / "config.toml").read_text()
+    controller = (data_dir / "node-101" / "config.toml").read_text()
+    assert "log.retention.check.interval.ms" in broker
+    assert "log.retention.check.interval.ms" not in controller
+    assert "metadata.snapshot.max.records" in controller
+    assert "metadata.snapshot.max.records" not in broker
+
+
+def test_set_refuses_a_key_no_role_knows_before_starting_anything(data_dir: Path) -> None:
+    up = ["cluster", "up", "--detach", "--ephemeral-ports", "--data-dir", str(data_dir)]
+    result = rillet(*up, "--set", "log.retention.chek.interval.ms=1000", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "unknown key log.retention.chek.interval.ms" in result.stderr
+    assert "did you mean log.retention.check.interval.ms" in result.stderr
+    assert not data_dir.exists()  # nothing planned, written or started

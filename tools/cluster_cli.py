@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rillet.tools.local_cluster import ClusterError, LocalCluster, pid_alive
+from rillet.tools.local_cluster import ClusterError, LocalCluster, parse_settings
 
 DEFAULT_DATA_DIR = "rillet-data"
 
@@ -34,7 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="let the OS pick every port (several clusters side by side, tests)",
     )
     up.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="config for every node"
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config for every node whose roles know KEY (repeatable)",
     )
     up.add_argument("--json", action="store_true", help="machine-readable output")
     up.set_defaults(func=cmd_up)
@@ -69,38 +75,29 @@ def _data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ClusterError(f"--set wants KEY=VALUE, got {item!r}")
-        out[key.strip()] = _coerce(value.strip())
-    return out
-
-
-def _coerce(text: str) -> Any:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 def _fail(message: str) -> int:
     print(f"rillet cluster: {message}", file=sys.stderr)
     return 1
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    if not args.detach:
+        # This command owns the nodes it starts: a closed terminal (SIGHUP) or a SIGTERM
+        # stops them as Ctrl-C does; should it die anyway, they stop on their own.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+    cluster: LocalCluster | None = None
     try:
         cluster = _cluster_for_up(args)
         _say(args, f"starting {len(cluster.nodes)} nodes in {cluster.data_dir} ...")
-        cluster.start()
+        cluster.start(owned=not args.detach)
         described = cluster.wait_ready()
     except ClusterError as e:
         return _fail(str(e))
+    except KeyboardInterrupt:
+        if cluster is None:
+            return 130
+        return _stop_cluster(cluster, print)
     if args.json:
         print(
             json.dumps(
@@ -112,8 +109,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}")
-        print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}")
+        print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}", flush=True)
+        print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}", flush=True)
     if args.detach:
         if not args.json:
             print(f"  stop it with: rillet cluster down --data-dir {args.data_dir}")
@@ -121,19 +118,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     return _run_foreground(cluster)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
     state = Path(args.data_dir) / "cluster.json"
     if state.exists():
         # Same layout again: data survives `down` then `up`.
         cluster = LocalCluster.load(args.data_dir)
-        running = [n.node_id for n in cluster.nodes.values() if pid_alive(n.pid)]
+        running = cluster.running_nodes()
         if running:
             raise ClusterError(
                 f"a cluster is already running in {args.data_dir} (nodes {running}); "
                 "`rillet cluster status` shows it, `rillet cluster down` stops it"
             )
         if args.set:
-            cluster.overrides.update(_parse_sets(args.set))
+            cluster.overrides.update(parse_settings(args.set))
         return cluster
     return LocalCluster(
         args.data_dir,
@@ -141,7 +142,7 @@ def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
         brokers=args.brokers,
         combined=args.combined,
         ephemeral_ports=args.ephemeral_ports,
-        overrides=_parse_sets(args.set),
+        overrides=parse_settings(args.set),
         racks=args.rack or None,
     )
 
@@ -152,25 +153,42 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _run_foreground(cluster: LocalCluster) -> int:
-    """Show a live status table until Ctrl-C (or SIGTERM), then stop every node."""
+    """Show a live status table until Ctrl-C (or SIGTERM, SIGHUP), then stop every node;
+    or until another command stops the cluster (`cluster down`) or takes it over."""
     from rich.console import Console
     from rich.live import Live
 
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
     console = Console(stderr=True)
-    console.print("[dim]Ctrl-C stops the cluster.[/dim]")
+
+    def say(text: str) -> None:
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            console.print(text, highlight=False)
+
+    say("[dim]Ctrl-C stops the cluster.[/dim]")
+    me = os.getpid()
     try:
         with Live(_live_view(cluster), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(1.0)
+                cluster.refresh()  # other commands may have stopped or started nodes
+                if not cluster.owned_by(me):
+                    break
                 live.update(_live_view(cluster))
     except KeyboardInterrupt:
-        console.print("stopping the cluster (controlled shutdown) ...")
+        return _stop_cluster(cluster, say)
+    say("the cluster was stopped (or taken over) by another rillet cluster command")
+    return 0
+
+
+def _stop_cluster(cluster: LocalCluster, say: Callable[[str], None]) -> int:
+    say("stopping the cluster (controlled shutdown; Ctrl-C again to leave at once) ...")
+    try:
         cluster.stop()
-        console.print("stopped.")
+    except KeyboardInterrupt:
+        # Every node this command owns watches it, and stops at once when it exits.
+        say("leaving now: the nodes stop on their own as this command exits")
+        return 130
+    say("stopped.")
     return 0
 
 

@@ -24,24 +24,34 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rillet.broker.config import broker_config_table, combined_config_table
+from rillet.client.runtime.config import ConfigTable
+from rillet.client.runtime.shutdown import OWNER_ENV, owner_value, process_start_time
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
+from rillet.client.wire.errors import InvalidConfigError
+from rillet.controller.config import controller_config_table
 
 T = TypeVar("T")
 
 STATE_FILE = "cluster.json"
+LOCK_FILE = "cluster.lock"
+HAVE_PROC = os.path.exists("/proc/self/stat")
+ZOMBIE_REAP_WAIT_S = 5.0
 CONTROLLER_ID_BASE = 100
 DEFAULT_BROKER_PORT = 9092
 
@@ -58,6 +68,7 @@ class Node:
     broker_port: int | None  # 0 = ephemeral; the broker registers what it bound
     rack: str | None = None
     pid: int | None = None
+    start_time: int | None = None  # of the process ``pid``: a recycled pid is not the node
     listeners: dict[str, str] = field(default_factory=dict)  # from the readiness line
     stdout_offset: int = 0  # where this start's readiness line will appear in stdout.log
 
@@ -94,6 +105,18 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def process_is(pid: int | None, start_time: int | None) -> bool:
+    """Whether ``pid`` is running and is the process that started at ``start_time``
+    (clock ticks since boot; None: not recorded). A zombie counts as gone: a node started
+    by a command that has exited is reaped by whoever adopted it, maybe never."""
+    if not pid_alive(pid):
+        return False
+    if not HAVE_PROC:
+        return True
+    started = process_start_time(pid)  # type: ignore[arg-type]
+    return started is not None and start_time in (None, started)
+
+
 def _run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion from sync code, even inside a running event loop."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -106,6 +129,46 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def role_table(roles: Iterable[str]) -> ConfigTable:
+    """The config keys a node with ``roles`` accepts (it refuses any other key)."""
+    roles = set(roles)
+    if {"broker", "controller"} <= roles:
+        return combined_config_table()
+    return broker_config_table() if "broker" in roles else controller_config_table()
+
+
+# Keys the tool writes into each node's config itself: the same value on every node
+# would break the cluster (one log directory for all brokers, one node id...).
+MANAGED_KEYS = frozenset(
+    {
+        "node.id",
+        "process.roles",
+        "listeners",
+        "controller.quorum.voters",
+        "metadata.log.dir",
+        "log.dirs",
+        "broker.rack",
+    }
+)
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` items meant for every node, typed by the key that any role declares.
+    A key no role knows, or one the tool sets per node, is refused here, before any node
+    starts; each node later gets only the keys its own roles know (``config_for``)."""
+    table = role_table(["broker", "controller"])  # every key of either role
+    out: dict[str, Any] = {}
+    for item in items:
+        try:
+            name, value = table.parse_override(item)
+        except InvalidConfigError as e:
+            raise ClusterError(str(e)) from None
+        if name in MANAGED_KEYS:
+            raise ClusterError(f"--set {name}: the local cluster sets it for each node itself")
+        out[name] = value
+    return out
 
 
 def write_config(path: Path, values: dict[str, Any]) -> None:
@@ -131,9 +194,17 @@ class LocalCluster:
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.overrides = dict(overrides or {})
+        unknown = sorted(set(self.overrides) - set(role_table(["broker", "controller"]).keys))
+        if unknown:  # filtered per role below, so it would be dropped silently
+            raise ClusterError(f"overrides: no broker or controller knows {', '.join(unknown)}")
         self.node_overrides = {k: dict(v) for k, v in (node_overrides or {}).items()}
         self.python = python
         self.nodes: dict[int, Node] = {}
+        # The foreground `cluster up` whose exit stops the nodes: {"pid", "start_time"}.
+        self.owner: dict[str, int | None] | None = None
+        self._synced = False  # cluster.json is this cluster's (loaded or saved by us)
+        self._thread_lock = threading.RLock()
+        self._lock_depth = 0
         if controllers or brokers or combined:
             self._plan(controllers, brokers, combined, ephemeral_ports, list(racks or []))
 
@@ -198,12 +269,18 @@ class LocalCluster:
         if node.is_broker:
             values["log.dirs"] = str(d / "logs")
             values["broker.rack"] = node.rack
-        values.update(self.overrides)
+        # Cluster-wide overrides reach only the nodes whose roles know the key (a broker
+        # key would make a controller refuse to start); per-node ones are given as asked.
+        known = role_table(node.roles).keys
+        values.update({k: v for k, v in self.overrides.items() if k in known})
         values.update(self.node_overrides.get(node.node_id, {}))
-        # A key meant for one role only must not reach a node that rejects it.
         return {k: v for k, v in values.items() if v is not None}
 
     # --- state file ---------------------------------------------------------------
+    #
+    # Several commands act on one cluster at once (a foreground `cluster up` and a
+    # `cluster start 2` from another terminal), so every change holds the lock on
+    # cluster.lock, re-reads what the others changed (``refresh``), acts and writes.
 
     def save(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -212,10 +289,77 @@ class LocalCluster:
             "overrides": self.overrides,
             "node_overrides": {str(k): v for k, v in self.node_overrides.items()},
             "python": self.python,
+            "owner": self.owner,
         }
-        tmp = self.data_dir / (STATE_FILE + ".tmp")
+        tmp = self.data_dir / (STATE_FILE + f".tmp.{os.getpid()}")
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.data_dir / STATE_FILE)
+        self._synced = True
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cluster's lock (re-entrant): re-read the state, act, write it."""
+        with self._thread_lock:
+            if self._lock_depth:
+                self._lock_depth += 1
+                try:
+                    yield
+                finally:
+                    self._lock_depth -= 1
+                return
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or we die
+                self._lock_depth = 1
+                try:
+                    self.refresh()
+                    yield
+                finally:
+                    self._lock_depth = 0
+                    if self._synced:  # never over another cluster's state: see start()
+                        self.save()
+            finally:
+                os.close(fd)
+
+    def refresh(self) -> None:
+        """Take from cluster.json what other commands change: each node's process (pid,
+        start time, listeners) and the owner. The plan and the overrides stay as this
+        object has them. A new plan ignores a file it has not written yet."""
+        path = self.data_dir / STATE_FILE
+        if not self._synced or not path.exists():
+            return
+        state = json.loads(path.read_text())
+        self.owner = state.get("owner")
+        for raw in state["nodes"]:
+            node = self.nodes.get(raw["node_id"])
+            if node is None:  # added by another command
+                self._add(Node(**raw))
+                continue
+            node.pid, node.start_time = raw.get("pid"), raw.get("start_time")
+            node.listeners = dict(raw.get("listeners") or {})
+            node.stdout_offset = raw.get("stdout_offset", 0)
+
+    # --- ownership ------------------------------------------------------------------
+    #
+    # A node started while a foreground `cluster up` owns the cluster (by that command,
+    # or by `cluster start` from another terminal) watches that process and stops when
+    # it exits, however it exits (client/runtime/shutdown.py); a node started with no
+    # owner (`cluster up --detach`, the library) runs until stopped.
+
+    def owned_by(self, pid: int) -> bool:
+        owner = self.owner
+        return (
+            owner is not None
+            and owner.get("pid") == pid
+            and process_is(pid, owner.get("start_time"))
+        )
+
+    def _live_owner(self) -> dict[str, int | None] | None:
+        owner = self.owner
+        if owner is None or not process_is(owner.get("pid"), owner.get("start_time")):
+            return None
+        return owner
 
     @classmethod
     def load(cls, data_dir: str | Path) -> LocalCluster:
@@ -233,36 +377,52 @@ class LocalCluster:
         )
         for raw in state["nodes"]:
             cluster._add(Node(**raw))
+        cluster.owner = state.get("owner")
+        cluster._synced = True
         return cluster
 
     # --- processes --------------------------------------------------------------
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start every node (controllers first) and wait for each readiness line."""
-        running = [n.node_id for n in self.nodes.values() if pid_alive(n.pid)]
+    def start(self, timeout_s: float = 60.0, *, owned: bool = False) -> None:
+        """Start every node (controllers first) and wait for each readiness line. With
+        ``owned``, this process owns the cluster: its exit stops every node."""
+        with self.locked():
+            self._refuse_running()
+            pid = os.getpid()
+            self.owner = {"pid": pid, "start_time": process_start_time(pid)} if owned else None
+            order = sorted(self.nodes.values(), key=lambda n: (not n.is_controller, n.node_id))
+            try:
+                for node in order:
+                    self._spawn(node)
+                for node in order:
+                    self._await_listening(node, timeout_s)
+            except BaseException:
+                self.stop(kill=True)
+                raise
+
+    def _refuse_running(self) -> None:
+        running = self.running_nodes()
+        path = self.data_dir / STATE_FILE
+        if not self._synced and path.exists():  # a new plan over an older cluster's state
+            running += LocalCluster.load(self.data_dir).running_nodes()
         if running:
-            raise ClusterError(f"nodes {running} of this cluster are already running")
-        order = sorted(self.nodes.values(), key=lambda n: (not n.is_controller, n.node_id))
-        try:
-            for node in order:
-                self._spawn(node)
-            for node in order:
-                self._await_listening(node, timeout_s)
-        except BaseException:
-            self.stop(kill=True)
-            raise
-        finally:
-            self.save()
+            raise ClusterError(f"nodes {sorted(set(running))} of this cluster are already running")
+
+    def running_nodes(self) -> list[int]:
+        """Nodes whose recorded process runs, and those running unrecorded (``_strays``)."""
+        alive = [n.node_id for n in self.nodes.values() if self.is_running(n)]
+        return sorted(set(alive) | set(self._strays().values()))
+
+    def is_running(self, node: Node) -> bool:
+        return process_is(node.pid, node.start_time)
 
     def start_node(self, node_id: int, timeout_s: float = 60.0) -> Node:
-        node = self._node(node_id)
-        if pid_alive(node.pid):
-            raise ClusterError(f"node {node_id} is already running (pid {node.pid})")
-        self._spawn(node)
-        try:
+        with self.locked():
+            node = self._node(node_id)
+            if self.is_running(node) or node_id in self._strays().values():
+                raise ClusterError(f"node {node_id} is already running (pid {node.pid})")
+            self._spawn(node)
             self._await_listening(node, timeout_s)
-        finally:
-            self.save()
         return node
 
     def add_broker(
@@ -288,11 +448,11 @@ class LocalCluster:
         ephemeral = model.broker_port == 0
         port = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * (node_id - 1)
         node = Node(node_id, ["broker"], None, port, rack)
-        self._add(node)
         chosen = overrides if overrides is not None else self.node_overrides.get(model.node_id)
-        if chosen:
-            self.node_overrides[node_id] = dict(chosen)
-        self.save()
+        with self.locked():
+            self._add(node)
+            if chosen:
+                self.node_overrides[node_id] = dict(chosen)
         if start:
             self.start_node(node_id, timeout_s)
         return node
@@ -312,6 +472,12 @@ class LocalCluster:
         stdout_path = d / "stdout.log"
         node.listeners = {}
         node.stdout_offset = stdout_path.stat().st_size if stdout_path.exists() else 0
+        env = dict(os.environ)
+        env.pop(OWNER_ENV, None)
+        owner = self._live_owner()
+        self.owner = owner  # an owner that died is no owner
+        if owner is not None:
+            env[OWNER_ENV] = owner_value(owner["pid"], owner.get("start_time"))  # type: ignore[arg-type]
         with open(stdout_path, "ab") as out, open(d / "node.log", "ab") as err:
             proc = subprocess.Popen(
                 [self.python, "-m", "rillet.client.cli", command, "--config", str(config)],
@@ -319,11 +485,16 @@ class LocalCluster:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=d,
-                start_new_session=True,  # outlives `cluster up --detach`; no stray Ctrl-C
+                env=env,
+                # Ctrl-C in the terminal reaches only the owner, which stops brokers
+                # before controllers; a node outlives `cluster up --detach`.
+                start_new_session=True,
             )
         node.pid = proc.pid
+        node.start_time = process_start_time(proc.pid)
         # Keep a handle so the child can be reaped (no zombies) while we run.
         _CHILDREN[proc.pid] = proc
+        self.save()  # recorded at once: `cluster down` must find it whatever happens next
 
     def _await_listening(self, node: Node, timeout_s: float) -> None:
         path = self.node_dir(node.node_id) / "stdout.log"
@@ -335,7 +506,7 @@ class LocalCluster:
                 if event and event.get("event") == "listening":
                     node.listeners = dict(event.get("listeners", {}))
                     return
-            if not pid_alive(node.pid):
+            if not self.is_running(node):
                 raise ClusterError(
                     f"node {node.node_id} exited during start-up; its log ends with:\n"
                     + self.log_tail(node.node_id)
@@ -354,17 +525,19 @@ class LocalCluster:
 
     def signal_node(self, node_id: int, sig: signal.Signals) -> None:
         node = self._node(node_id)
-        if not pid_alive(node.pid):
+        if not self.is_running(node):
             raise ClusterError(f"node {node_id} is not running")
         os.kill(node.pid, sig)  # type: ignore[arg-type]
 
     def stop_node(self, node_id: int, *, kill: bool = False, timeout_s: float = 60.0) -> None:
         """SIGTERM (a controlled shutdown) and wait; SIGKILL with ``kill`` or at the deadline."""
-        node = self._node(node_id)
-        if pid_alive(node.pid):
-            _terminate([node.pid], kill=kill, timeout_s=timeout_s)  # type: ignore[list-item]
-        node.pid = None
-        self.save()
+        with self.locked():
+            node = self._node(node_id)
+            pids = {p for p, i in self._strays().items() if i == node_id}
+            if self.is_running(node):
+                pids.add(node.pid)  # type: ignore[arg-type]
+            _terminate(sorted(pids), kill=kill, timeout_s=timeout_s)
+            node.pid = node.start_time = None
 
     def pause_node(self, node_id: int) -> None:
         self.signal_node(node_id, signal.SIGSTOP)
@@ -373,18 +546,44 @@ class LocalCluster:
         self.signal_node(node_id, signal.SIGCONT)
 
     def stop(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
-        """Stop brokers first (they hand leadership back to the controllers), then controllers."""
-        for group in (self.brokers(), self.controllers()):
-            pids = [n.pid for n in group if n.pid and pid_alive(n.pid)]
-            if pids:
-                with contextlib.suppress(ProcessLookupError):
-                    for p in pids:
+        """Stop brokers first (they hand leadership back to the controllers), then
+        controllers: every node whose recorded process runs, and any process running a
+        node config of this cluster that went unrecorded. The cluster then has no owner."""
+        with self.locked():
+            strays = self._strays()
+            for group in (self.brokers(), self.controllers()):
+                ids = {n.node_id for n in group}
+                pids = {p for p, i in strays.items() if i in ids}
+                pids |= {n.pid for n in group if n.pid and self.is_running(n)}  # type: ignore[misc]
+                for p in pids:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(p, signal.SIGCONT)  # a paused node cannot handle SIGTERM
-                _terminate(pids, kill=kill, timeout_s=timeout_s)
-            for n in group:
-                n.pid = None
-        if self.data_dir.exists():
-            self.save()
+                _terminate(sorted(pids), kill=kill, timeout_s=timeout_s)
+                for n in group:
+                    n.pid = n.start_time = None
+            self.owner = None
+
+    def _strays(self) -> dict[int, int]:
+        """Processes (pid -> node id) running a node config of this cluster that are not
+        the recorded process of that node: a command killed between starting a node and
+        recording it, or a state file overwritten by an older tool. Linux (/proc) only."""
+        if not HAVE_PROC:
+            return {}
+        configs = {os.fsencode(self.node_dir(i) / "config.toml"): i for i in self.nodes}
+        recorded = {n.pid for n in self.nodes.values() if n.pid}
+        found: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in recorded or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            for arg in args:
+                if arg in configs and process_start_time(int(entry)) is not None:
+                    found[int(entry)] = configs[arg]
+        return found
 
     def brokers(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.is_broker]
@@ -416,7 +615,7 @@ class LocalCluster:
         return _run_sync(lambda: self.wait_ready_async(timeout_s))
 
     async def wait_ready_async(self, timeout_s: float = 90.0) -> m.DescribeClusterResponse:
-        expected = {n.node_id for n in self.brokers() if pid_alive(n.pid)}
+        expected = {n.node_id for n in self.brokers() if self.is_running(n)}
         deadline = time.monotonic() + timeout_s
         last: m.DescribeClusterResponse | None = None
         while time.monotonic() < deadline:
@@ -445,7 +644,7 @@ class LocalCluster:
 
     async def _ask_any_broker(self, message: RequestMessage[R], timeout_s: float) -> R | None:
         for node in self.brokers():
-            if not pid_alive(node.pid) or "BROKER" not in node.listeners:
+            if not self.is_running(node) or "BROKER" not in node.listeners:
                 continue
             host, port = parse_address(node.listeners["BROKER"])
             timeout_ms = int(timeout_s * 1000)
@@ -469,7 +668,7 @@ class LocalCluster:
             fenced = {b.broker_id: b.is_fenced for b in described.brokers}
         rows = []
         for n in sorted(self.nodes.values(), key=lambda n: n.node_id):
-            alive = pid_alive(n.pid)
+            alive = self.is_running(n)
             state = "stopped"
             if alive:
                 state = "running"
@@ -543,17 +742,32 @@ def _parse_event(line: str) -> dict[str, Any] | None:
 
 
 def _terminate(pids: list[int], *, kill: bool, timeout_s: float) -> None:
+    """Signal ``pids`` (each verified as a node of ours by the caller) and wait for them;
+    SIGKILL whatever still runs at the deadline."""
+    if not pids:
+        return
+    started = {pid: process_start_time(pid) for pid in pids}
+
+    def running(pid: int) -> bool:
+        return process_is(pid, started[pid])
+
     sig = signal.SIGKILL if kill else signal.SIGTERM
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
-        if pid_alive(pid):
+        if running(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    # A node another command started is not our child: once it exits, whoever adopted it
+    # reaps it. Wait a little for that, so that no pid of the cluster is left when we
+    # return, but not for a reaper that never comes.
+    reaped_by = time.monotonic() + ZOMBIE_REAP_WAIT_S
+    while time.monotonic() < reaped_by and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
     for pid in pids:
         proc = _CHILDREN.pop(pid, None)
         if proc is not None:
