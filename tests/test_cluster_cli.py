@@ -1,19 +1,30 @@
 """`rillet cluster ...` as a user runs it: real subprocesses, a detached cluster managed
-by later invocations through its data dir."""
+by later invocations through its data dir, and `rillet cluster up` in the foreground with
+other commands acting on the same cluster from "another terminal": whatever the sequence
+of up / stop / start / down, Ctrl-C (through a real pseudo-terminal) or kill -9 of the
+foreground, no node process of the cluster is left running untracked."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
 RILLET = [sys.executable, "-m", "rillet.client.cli"]
+UP_TIMEOUT_S = 120.0  # generous: two busy cores
 
 
 def rillet(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -30,12 +41,40 @@ def states(data_dir: Path) -> dict[int, str]:
     return {n["node_id"]: n["state"] for n in status(data_dir)["nodes"]}
 
 
+def cluster_processes(data_dir: Path) -> list[int]:
+    """Running processes (not zombies) with the cluster's data dir in their command line:
+    its nodes, and any rillet command acting on it."""
+    needle = os.fsencode(str(data_dir.resolve()))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline and not zombie(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def zombie(pid: int) -> bool:
+    """Exited, not yet reaped by whoever adopted it (or gone already)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path):
     d = tmp_path / "cluster"
     yield d
     if (d / "cluster.json").exists():  # always stop what the test started
         rillet("cluster", "down", "--data-dir", str(d), "--kill", check=False)
+    for pid in cluster_processes(d):  # and what escaped it: the test fails anyway
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_detached_cluster_is_managed_through_its_data_dir(data_dir: Path) -> None:
@@ -114,3 +153,168 @@ def test_set_refuses_a_key_no_role_knows_before_starting_anything(data_dir: Path
     assert "unknown key log.retention.chek.interval.ms" in result.stderr
     assert "did you mean log.retention.check.interval.ms" in result.stderr
     assert not data_dir.exists()  # nothing planned, written or started
+
+
+def states_and_pids(data_dir: Path) -> dict[int, tuple[str, int | None]]:
+    return {n["node_id"]: (n["state"], n["pid"]) for n in status(data_dir)["nodes"]}
+
+
+class Foreground:
+    """`rillet cluster up` run as a user runs it: in the foreground of a terminal (a
+    real pseudo-terminal, so Ctrl-C is the terminal's SIGINT to its foreground group)."""
+
+    def __init__(self, data_dir: Path, *args: str) -> None:
+        argv = [*RILLET, "cluster", "up", "--ephemeral-ports", "--data-dir", str(data_dir)]
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a 40x120 terminal, then exec
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+            os.execv(sys.executable, [*argv, *args])
+        self.pid, self.fd = pid, fd
+        self.output = bytearray()
+        self.returncode: int | None = None
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        # Read all the time: a full terminal buffer would block the command.
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # EIO once the child is gone
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    @property
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def wait_up(self) -> None:
+        wait_until(
+            lambda: "rillet cluster is up" in self.text or self.poll() is not None,
+            timeout=UP_TIMEOUT_S,
+            message=lambda: f"the cluster to come up; output:\n{self.text[-3000:]}",
+        )
+        assert self.poll() is None, self.text
+
+    def ctrl_c(self) -> None:
+        os.write(self.fd, b"\x03")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float = UP_TIMEOUT_S) -> int:
+        wait_until(
+            lambda: self.poll() is not None,
+            timeout=timeout,
+            message=lambda: f"`cluster up` to exit; output:\n{self.text[-3000:]}",
+        )
+        assert self.returncode is not None
+        return self.returncode
+
+    def close(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+        os.close(self.fd)
+
+
+def test_ctrl_c_stops_a_node_restarted_from_another_terminal(data_dir: Path) -> None:
+    """The issue's sequence: node 2 killed and started again by other commands while
+    `cluster up` runs; Ctrl-C on `cluster up` must stop it too (it re-reads the state)."""
+    up = Foreground(data_dir, "--controllers", "1", "--brokers", "2")
+    try:
+        up.wait_up()
+        d = str(data_dir)
+        first = states_and_pids(data_dir)[2][1]
+        rillet("cluster", "stop", "2", "--kill", "--data-dir", d)
+        rillet("cluster", "start", "2", "--data-dir", d)
+        restarted = states_and_pids(data_dir)[2]
+        assert restarted[1] not in (None, first)
+        up.ctrl_c()
+        assert up.wait() == 0, up.text
+        assert "stopped." in up.text
+    finally:
+        up.close()
+    assert cluster_processes(data_dir) == []
+    assert states_and_pids(data_dir) == {
+        1: ("stopped", None),
+        2: ("stopped", None),
+        101: ("stopped", None),
+    }
+    down = rillet("cluster", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0
+
+
+def test_nodes_stop_when_the_foreground_command_is_killed(data_dir: Path) -> None:
+    """kill -9 of `cluster up` (or its terminal gone) leaves no node running, including
+    one started by `cluster start` from another terminal; the same cluster then comes up
+    again, and `cluster down` from another terminal stops it and ends `cluster up`."""
+    d = str(data_dir)
+    up = Foreground(data_dir, "--controllers", "1", "--brokers", "1")
+    try:
+        up.wait_up()
+        rillet("cluster", "stop", "1", "--data-dir", d)
+        rillet("cluster", "start", "1", "--data-dir", d)
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait()
+    finally:
+        up.close()
+    wait_until(
+        lambda: cluster_processes(data_dir) == [],
+        timeout=UP_TIMEOUT_S,
+        message=lambda: f"the nodes to exit; still running: {cluster_processes(data_dir)}",
+    )
+    assert {state for state, _ in states_and_pids(data_dir).values()} == {"stopped"}
+
+    again = Foreground(data_dir)  # the same cluster, from its cluster.json
+    try:
+        again.wait_up()
+        rillet("cluster", "down", "--data-dir", d)
+        assert again.wait() == 0, again.text
+        assert "stopped (or taken over) by another" in again.text
+    finally:
+        again.close()
+    assert cluster_processes(data_dir) == []
+
+
+def waiting_for_a_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked on a file lock (/proc/locks lists waiters with
+    an arrow)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and str(pid) in fields:
+            return True
+    return False
+
+
+def test_cluster_commands_wait_for_each_other(data_dir: Path) -> None:
+    """Every command that changes cluster.json holds its lock: a `cluster start` while
+    another command holds it waits, then acts on what that one wrote."""
+    d = str(data_dir)
+    rillet(
+        "cluster", "up", "--detach", "--ephemeral-ports", "--controllers", "1",
+        "--brokers", "1", "--data-dir", d,
+    )  # fmt: skip
+    rillet("cluster", "stop", "1", "--data-dir", d)
+    fd = os.open(data_dir / "cluster.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        start = subprocess.Popen(
+            [*RILLET, "cluster", "start", "1", "--data-dir", d],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: waiting_for_a_lock(start.pid), message="`cluster start` to wait")
+        assert states_and_pids(data_dir)[1] == ("stopped", None)  # nothing started meanwhile
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    _, err = start.communicate(timeout=UP_TIMEOUT_S)
+    assert start.returncode == 0, err
+    assert states_and_pids(data_dir)[1][0] != "stopped"
