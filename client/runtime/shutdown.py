@@ -130,8 +130,12 @@ class StopRequests:
 
     def _watch_owner(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
         pid_text, _, start_text = owner.partition(":")
-        pid = int(pid_text)
-        start_time = int(start_text) if start_text else None
+        try:
+            pid = int(pid_text)
+            start_time = int(start_text) if start_text else None
+        except ValueError:
+            log.warning("%s: ignoring %s=%r (want pid:starttime)", self.name, OWNER_ENV, owner)
+            return
 
         def gone() -> None:
             self._unwatch(loop)
