@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos bench bench-scale-50k clean
+.PHONY: install up test lint format sim-long chaos fuzz-long bench bench-scale-50k clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,13 @@ sim-long: install
 # failing seed's node logs stay in /tmp/rillet-chaos until the next run.
 chaos: install
 	$(BIN)/pytest -q -s -m slow --basetemp=/tmp/rillet-chaos tests/test_chaos.py
+
+# A million malformed, truncated, oversized, slow and hostile frames at a live broker and
+# controller while a good client produces (acks=all) and fetches (~10 min); prints the
+# figures. FUZZ_FRAMES sets the count (docs/testing.md, "Fuzzing the network edge").
+FUZZ_FRAMES ?= 1000000
+fuzz-long: install
+	RILLET_FUZZ_FRAMES=$(FUZZ_FRAMES) $(BIN)/pytest -q -s -m slow tests/test_fuzz_long.py
 
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install

@@ -53,7 +53,7 @@ from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
-from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer
+from rillet.client.runtime.rpc_server import Handler, Request, Response, RpcServer, rpc_limits
 from rillet.client.runtime.shutdown import unless_set
 from rillet.client.runtime.tasks import fatal_fault, on_death_fatal, on_death_log, run_restarting
 from rillet.client.wire import schemas
@@ -158,10 +158,7 @@ class BrokerServer:
         )
         self.replicas.metrics = self.metrics  # bytes and messages in, per append
         self.rpc = RpcServer(
-            self._handlers(link),
-            max_request_bytes=cfg["socket.request.max.bytes"],
-            max_connections=cfg["max.connections"],
-            name=f"broker-{self.node_id}",
+            self._handlers(link), name=f"broker-{self.node_id}", **rpc_limits(cfg.values)
         )
         await self.rpc.start(self.host, self.port)
         assert self.rpc.port is not None

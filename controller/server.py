@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rillet.client.runtime.looplag import HeapFreezer, LoopLagMonitor
-from rillet.client.runtime.rpc_server import Response, RpcServer
+from rillet.client.runtime.rpc_server import Response, RpcServer, rpc_limits
 from rillet.client.runtime.shutdown import unless_set
 from rillet.client.wire.errors import (
     InvalidConfigError,
@@ -181,8 +181,7 @@ class ControllerServer:
         self.rpc = RpcServer(
             build_handlers(self),
             name=f"controller-{self.node_id}",
-            max_request_bytes=self.config["socket.request.max.bytes"],
-            max_connections=self.config["max.connections"],
+            **rpc_limits(self.config),
         )
         await self.rpc.start(*self.bind_address)
         self.transport.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import msgpack
 import pytest
@@ -119,6 +120,21 @@ def test_frames_before_a_bad_one_in_earlier_feeds_are_delivered() -> None:
 def test_header_keys_may_be_ints_in_nested_maps() -> None:
     header = {"a": {1: [1, 2]}}
     assert decode_all(encode_frame_bytes(header)) == [(header, b"")]
+
+
+def test_an_announced_size_allocates_nothing_until_its_bytes_arrive() -> None:
+    # Four bytes announcing 100 MiB used to allocate (and zero) 100 MiB at once.
+    decoder = FrameDecoder(100 << 20)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        decoder.feed(struct.pack(">I", 100 << 20))
+        decoder.feed(struct.pack(">I", 10) + b"x" * 1000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert decoder.buffered_bytes == 1008 and decoder.pending_frame_bytes == 4 + (100 << 20)
+    assert grown < 64 * 1024  # what arrived, and bookkeeping; not the announced size
 
 
 def test_large_split_frame_is_gathered_once() -> None:

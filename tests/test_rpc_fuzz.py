@@ -1,27 +1,36 @@
-"""Fuzz a LIVE server process with random and mutated frames; it must keep answering.
+"""Fuzz LIVE server processes with random, mutated and hostile frames; they must keep
+answering.
 
-``live_node(command)`` starts any node that prints ``PORT <n>`` (today the echo server,
-later a real controller or broker: pass its command line) and always stops it.
+``live_node(command)`` starts any node that prints ``PORT <n>`` (the echo server, a real
+controller) and always stops it; ``live_cluster`` runs a controller and a broker.
 Every example uses a fresh blocking socket; after each, the server must still answer
-ApiVersions correctly on a new connection.
+ApiVersions correctly on a new connection. Hostile requests derived from the schemas
+come from tests/fuzz_frames.py, driven by a hypothesis seed; the long run of a million
+frames is tests/test_fuzz_long.py (``make fuzz-long``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import socket
 import struct
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import pytest
-from helpers import ServerProcess, python_command, start_server_process, wait_until
+from fuzz_frames import hostile_request
+from helpers import ServerProcess, fetch_records, python_command, start_server_process, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rillet.client.wire import schemas
+from rillet.client.wire import records, schemas
+from rillet.client.wire.connection import Connection, parse_address
 from rillet.client.wire.framing import FrameDecoder, encode_frame_bytes
+from rillet.tools.local_cluster import LocalCluster, pid_alive
 
 ECHO_SERVER = str(Path(__file__).with_name("rpc_echo_server.py"))
 MAX_REQUEST_BYTES = 1 << 20  # the echo server's --max-request-bytes default
@@ -60,7 +69,7 @@ def exchange(port: int, data: bytes) -> bytes:
         return bytes(received)
 
 
-def assert_answers_api_versions(node: ServerProcess) -> None:
+def assert_answers_api_versions(node: ServerProcess | ClusterNode) -> None:
     assert node.alive(), "\n".join(node.output)
     request = {"api": 18, "version": 0, "correlation_id": 99, "client_id": "fuzz"}
     frames = FrameDecoder().feed(exchange(node.port, encode_frame_bytes(request)))
@@ -160,8 +169,18 @@ def not_a_map_header() -> st.SearchStrategy[bytes]:
     )
 
 
+# Pipelined requests of real APIs with hostile fields (huge counts, negative offsets,
+# unknown topics, enormous max_bytes, wrong types), generated from the schemas.
+HOSTILE = st.tuples(st.integers(0, 2**64 - 1), st.integers(1, 12)).map(
+    lambda seed_count: b"".join(
+        hostile_request(random.Random(seed_count[0]), long_waits=False)
+        for _ in range(seed_count[1])
+    )
+)
+
 ATTACKS = (
     st.binary(max_size=200)
+    | HOSTILE
     | mutated_frames()
     | random_requests()
     | not_a_map_header()
@@ -289,3 +308,79 @@ def test_controller_survives_random_and_mutated_frames(
     assert not [line for line in live_controller.output if "Traceback" in line], "\n".join(
         live_controller.output[-40:]
     )
+
+
+# -- a real broker (with its controller) -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("fuzz-cluster"), controllers=1, brokers=1, ephemeral_ports=True
+    )
+    try:
+        cluster.start()
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop(kill=True, timeout_s=20)
+
+
+@dataclass
+class ClusterNode:
+    """A cluster node seen as the checks above see a ServerProcess."""
+
+    cluster: LocalCluster
+    node_id: int
+    port: int
+
+    def alive(self) -> bool:
+        return pid_alive(self.cluster.nodes[self.node_id].pid)
+
+    @property
+    def output(self) -> list[str]:
+        return self.cluster.log_tail(self.node_id, 40).splitlines()
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(attack=ATTACKS)
+def test_broker_survives_random_mutated_and_hostile_frames(
+    live_cluster: LocalCluster, attack: bytes
+) -> None:
+    (broker,) = live_cluster.brokers()
+    _, port = parse_address(live_cluster.broker_address(broker.node_id))
+    exchange(port, attack)
+    assert_answers_api_versions(ClusterNode(live_cluster, broker.node_id, port))
+
+
+def test_broker_and_controller_logged_no_traceback_and_still_serve(
+    live_cluster: LocalCluster,
+) -> None:
+    """After the fuzzing above: acks=all produce and fetch work, and no handler failed on
+    bad input (a handler that raises is logged with a traceback: a bug to fix)."""
+    (broker,) = live_cluster.brokers()
+
+    async def good_client() -> list[bytes]:
+        conn = await Connection.open(*parse_address(live_cluster.broker_address(broker.node_id)))
+        try:
+            header, _ = await conn.request(
+                "CreateTopics", {"topics": [["good", 1, 1, [], {}]], "timeout_ms": 20_000}
+            )
+            assert header["topics"][0][1] == 0, header
+            for value in (b"a", b"b"):
+                batch = records.encode_batch([value])
+                fields = {"acks": -1, "timeout_ms": 10_000, "topics": [["good", [[0, len(batch)]]]]}
+                header, _ = await conn.request("Produce", fields, batch)
+                assert header["topics"][0][1][0][1] == 0, header
+            return [r.value for r in await fetch_records(conn, "good")]
+        finally:
+            await conn.aclose()
+
+    assert asyncio.run(good_client()) == [b"a", b"b"]
+    for node_id in live_cluster.nodes:
+        log = (live_cluster.node_dir(node_id) / "node.log").read_text(errors="replace")
+        assert "Traceback" not in log, live_cluster.log_tail(node_id, 60)

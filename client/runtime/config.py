@@ -189,6 +189,49 @@ def node_keys(default_roles: str) -> ConfigTable:
             ),
             Key("socket.request.max.bytes", int, 100 * 1024 * 1024, "Largest request frame."),
             Key("max.connections", int, 10_000, "Connections accepted at once; more are refused."),
+            Key(
+                "max.connections.per.ip",
+                int,
+                1_000,
+                "Connections accepted at once from one client address; more are refused.",
+            ),
+            Key(
+                "max.connections.per.ip.overrides",
+                str,
+                "",
+                "Per-address exceptions to `max.connections.per.ip`: `ip:count` entries"
+                " separated by commas, e.g. `127.0.0.1:5000`.",
+            ),
+            Key(
+                "connections.max.idle.ms",
+                int,
+                600_000,
+                "Close a connection with no request in flight and no traffic for this long"
+                " (clients close theirs after 540000 ms idle, before this can cut them).",
+            ),
+            Key(
+                "socket.request.read.timeout.ms",
+                int,
+                30_000,
+                "A request frame begun must arrive whole within this, or the connection is"
+                " closed (a slow or stalled sender holds no buffer forever); the default is"
+                " the clients' request timeout, past which the sender has given up anyway.",
+            ),
+            Key(
+                "queued.max.requests.per.connection",
+                int,
+                100,
+                "Requests read but not yet answered on one connection; at the cap the"
+                " connection is not read until answers go out (back-pressure, no buffering).",
+            ),
+            Key(
+                "queued.max.request.bytes",
+                int,
+                256 * 1024 * 1024,
+                "Bytes of partly received request frames over all connections: a split frame"
+                " above 64 KiB reserves its announced size, and waits unread while it does not"
+                " fit (a frame above the whole budget is let in alone).",
+            ),
             Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
             Key(
                 "event.loop.stall.warn.ms",

@@ -15,7 +15,18 @@ What a peer can do wrong, and what happens (nothing a peer sends may crash the n
 - the handler raises -> UNKNOWN_SERVER_ERROR response (logged), keep serving;
 - a frame over ``max_request_bytes``, bytes that are not a frame, or a header without an
   integer ``api``/``correlation_id`` -> close that connection (no way to answer it);
-- more than ``max_connections`` -> the new connection is closed at once.
+- more than ``max_connections``, or than ``max_connections_per_ip`` from one address ->
+  the new connection is closed at once;
+- a frame begun but not finished within ``request_read_timeout_ms`` (a slow or stalled
+  sender) -> close that connection; nothing in flight for ``idle_ms`` -> close it too;
+- more than ``max_in_flight`` requests unanswered on a connection -> stop reading it
+  until answers go out (requests already read wait in order, no more are read);
+- partly received frames of every connection together past ``max_partial_request_bytes``
+  -> a connection whose frame does not fit stops being read until others finish theirs.
+
+Memory at the edge is bounded by what peers have actually sent (the decoder grows a
+split frame's buffer as bytes arrive) and by the limits above; docs/protocol.md,
+"Limits at the edge", states the bound.
 
 Payload parts may be ``FileRange``s, sent from the file without building Python bytes of
 them. uvloop has no ``loop.sendfile``; the two ways left were measured, see
@@ -28,12 +39,13 @@ import asyncio
 import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rillet.client.wire import messages, schemas
 from rillet.client.wire.errors import (
+    InvalidConfigError,
     InvalidRequestError,
     RilletError,
     UnknownServerError,
@@ -54,6 +66,18 @@ from rillet.client.wire.framing import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_MAX_CONNECTIONS_PER_IP = 1_000
+DEFAULT_IDLE_MS = 600_000  # Kafka's connections.max.idle.ms
+# A frame begun must be whole within this: clients time a request out after their
+# request.timeout.ms (30 s by default), so a frame still unfinished by then belongs to a
+# request its sender has given up on, or to a sender that dribbles bytes on purpose.
+DEFAULT_REQUEST_READ_TIMEOUT_MS = 30_000
+DEFAULT_MAX_IN_FLIGHT = 100
+DEFAULT_MAX_PARTIAL_REQUEST_BYTES = 256 * 1024 * 1024
+# A split frame this small needs no reservation from the node-wide budget: control
+# traffic (heartbeats, fetch requests, Raft messages) must never wait behind large
+# produce requests, or a held acks=all produce could wait for the very fetch that frees it.
+UNRESERVED_FRAME_BYTES = 64 * 1024
 WRITE_HIGH_WATER_BYTES = 8 * 1024 * 1024  # stop reading a peer that does not read its answers
 
 # How FileRange payloads reach the socket ("pread" or "sendfile"). Measured on this
@@ -185,6 +209,55 @@ def _header_of(message: Any) -> dict[str, Any]:
     return dict(message) if type(message) is dict else message.to_header()
 
 
+class PartialRequestBudget:
+    """The node-wide budget for bytes of partly received request frames.
+
+    A connection whose split frame is larger than ``UNRESERVED_FRAME_BYTES`` reserves the
+    frame's announced length before reading more of it, and gives it back once the frame
+    is whole (or the connection goes). A reservation that does not fit waits, in arrival
+    order, with reading paused. Reserving the whole announced length (not bytes as they
+    come) means a frame that got its reservation can always finish: reservations taken
+    piece by piece could each hold half the budget and wait for each other forever. A
+    frame larger than the whole budget is let in alone, when nothing else is reserved.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.reserved = 0
+        self.waiters: deque[_ServerProtocol] = deque()
+
+    def fits(self, nbytes: int) -> bool:
+        return self.reserved == 0 or self.reserved + nbytes <= self.limit
+
+    def try_reserve(self, nbytes: int) -> bool:
+        if self.waiters or not self.fits(nbytes):
+            return False
+        self.reserved += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.reserved -= nbytes
+        self.grant()
+
+    def grant(self) -> None:
+        waiters = self.waiters
+        while waiters:
+            conn = waiters[0]
+            nbytes = conn.decoder.pending_frame_bytes
+            if not self.fits(nbytes):
+                return
+            waiters.popleft()
+            self.reserved += nbytes
+            conn.on_reserved(nbytes)
+
+    def forget(self, conn: _ServerProtocol) -> None:
+        try:
+            self.waiters.remove(conn)
+        except ValueError:
+            return
+        self.grant()
+
+
 class RpcServer:
     """Serve ``handlers`` (``{api_key: handler}``) on one TCP port."""
 
@@ -194,22 +267,37 @@ class RpcServer:
         *,
         max_request_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP,
+        max_connections_per_ip_overrides: Mapping[str, int] | None = None,
+        idle_ms: int = DEFAULT_IDLE_MS,
+        request_read_timeout_ms: int = DEFAULT_REQUEST_READ_TIMEOUT_MS,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_partial_request_bytes: int = DEFAULT_MAX_PARTIAL_REQUEST_BYTES,
         name: str = "rpc",
         file_send_mode: str = FILE_SEND_MODE,
         validate_responses: bool = False,
     ) -> None:
         if file_send_mode not in ("pread", "sendfile"):
             raise ValueError(f"file_send_mode must be pread or sendfile, not {file_send_mode!r}")
+        if min(idle_ms, request_read_timeout_ms, max_in_flight, max_partial_request_bytes) <= 0:
+            raise ValueError("timeouts, max_in_flight and the partial-request budget must be > 0")
         for key in handlers:
             schemas.resolve(key)  # KeyError now, not at the first request
         self.handlers: dict[int, Handler] = {schemas.API_VERSIONS.key: self._api_versions}
         self.handlers.update(handlers)
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.per_ip_overrides = dict(max_connections_per_ip_overrides or {})
+        self.idle_s = idle_ms / 1000
+        self.read_timeout_s = request_read_timeout_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.budget = PartialRequestBudget(max_partial_request_bytes)
         self.name = name
         self.file_send_mode = file_send_mode
         self.validate_responses = validate_responses
         self.connections: set[_ServerProtocol] = set()
+        self.per_ip: dict[str, int] = {}
         self._server: asyncio.AbstractServer | None = None
         self.host: str | None = None
         self.port: int | None = None
@@ -254,47 +342,151 @@ class _ServerProtocol(asyncio.Protocol):
         self.server = server
         self.decoder = FrameDecoder(server.max_request_bytes)
         self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
         self.peer = "?"
+        self.host: str | None = None  # set once counted in server.per_ip
         self.slots: deque[_Slot] = deque()
+        self.backlog: deque[Frame] = deque()  # read past max_in_flight, not yet dispatched
         self.closing = False
         self.eof = False
         self.writer_busy = False  # an async file send owns the socket right now
         self.writer_task: asyncio.Task[None] | None = None
         self.empty_waiter: asyncio.Future[None] | None = None
         self.writable_fd = -1  # dup of the socket, polled for writability by sendfile
+        self.paused: set[str] = set()  # why reading is paused: writing, in-flight, budget
+        self.reserved = 0  # bytes of the budget this connection's split frame holds
+        self.waiting = False  # in the budget's waiters
+        self.last_active = 0.0  # loop time of the last byte read or answer written
+        self.frame_started = 0.0  # when the split frame now gathered began (or reading resumed)
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_when = 0.0
 
     # --- asyncio callbacks ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        server = self.server
         peername = transport.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-        if len(self.server.connections) >= self.server.max_connections:
-            log.warning(
-                "%s: refusing %s: %d connections open",
-                self.server.name,
-                self.peer,
-                len(self.server.connections),
-            )
-            self.closing = True
-            transport.abort()
+        host = str(peername[0]) if peername else "?"
+        if len(server.connections) >= server.max_connections:
+            self.refuse(f"{len(server.connections)} connections open")
             return
-        self.server.connections.add(self)
+        per_ip_limit = server.per_ip_overrides.get(host, server.max_connections_per_ip)
+        if server.per_ip.get(host, 0) >= per_ip_limit:
+            self.refuse(f"{per_ip_limit} connections open from {host}")
+            return
+        server.connections.add(self)
+        server.per_ip[host] = server.per_ip.get(host, 0) + 1
+        self.host = host
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
+        self.last_active = self.loop.time()
+        self.arm(server.idle_s)
+
+    def refuse(self, why: str) -> None:
+        log.warning("%s: refusing %s: %s", self.server.name, self.peer, why)
+        self.closing = True
+        assert self.transport is not None
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        decoder = self.decoder
+        had_partial = decoder.buffered_bytes > 0
         try:
-            frames = self.decoder.feed(data)
+            frames = decoder.feed(data)
         except FrameError as e:
             self.drop(f"malformed frame: {e}")
             return
+        now = self.last_active = self.loop.time()
+        if frames and self.reserved:  # the first frame out is the split one it reserved for
+            self.server.budget.release(self.reserved)
+            self.reserved = 0
+        if decoder.buffered_bytes and (frames or not had_partial):
+            self.frame_started = now
+            if self.timer_when > now + self.server.read_timeout_s:
+                self.arm(self.server.read_timeout_s)
+        cap = self.server.max_in_flight
         for frame in frames:
             if self.closing:
                 return
-            self.dispatch(frame)
+            if self.backlog or len(self.slots) >= cap:
+                self.backlog.append(frame)
+            else:
+                self.dispatch(frame)
+        if self.closing:
+            return
+        need = decoder.pending_frame_bytes
+        if need > UNRESERVED_FRAME_BYTES and not self.reserved and not self.waiting:
+            if self.server.budget.try_reserve(need):
+                self.reserved = need
+            else:
+                self.waiting = True
+                self.server.budget.waiters.append(self)
+                self.pause("budget")
+        if len(self.slots) >= cap:
+            self.pause("in-flight")
         self.flush()
+
+    def on_reserved(self, nbytes: int) -> None:
+        """The budget granted this connection's waiting reservation."""
+        self.waiting = False
+        self.reserved = nbytes
+        self.resume("budget")
+
+    def pause(self, reason: str) -> None:
+        if not self.paused and self.transport is not None and not self.closing:
+            self.transport.pause_reading()
+        self.paused.add(reason)
+
+    def resume(self, reason: str) -> None:
+        if reason not in self.paused:
+            return
+        self.paused.discard(reason)
+        if not self.paused and self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+            # The read timeout holds the peer to its own pace: time we did not read
+            # while a frame was split is not held against it.
+            self.frame_started = self.loop.time()
+
+    def arm(self, delay: float) -> None:
+        when = self.loop.time() + delay
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(when, self.on_timer)
+        self.timer_when = when
+
+    def on_timer(self) -> None:
+        """The idle and request-read timeouts, checked lazily: one timer per connection,
+        re-armed for whichever deadline applies now (activity does not touch it)."""
+        self.timer = None
+        if self.closing:
+            return
+        server, now = self.server, self.loop.time()
+        if self.paused:  # we hold the reader (or the peer holds our answers): no deadline
+            self.arm(server.read_timeout_s)
+        elif self.decoder.buffered_bytes:
+            deadline = self.frame_started + server.read_timeout_s
+            if now < deadline:
+                self.arm(deadline - now)
+                return
+            self.drop(
+                f"request not received within {server.read_timeout_s * 1000:.0f} ms"
+                f" ({self.decoder.buffered_bytes} of"
+                f" {self.decoder.pending_frame_bytes or '?'} bytes)"
+            )
+        elif self.slots or self.backlog or self.writer_busy:
+            self.arm(server.idle_s)
+        else:
+            deadline = self.last_active + server.idle_s
+            if now < deadline:
+                self.arm(deadline - now)
+                return
+            log.debug("%s: closing idle connection from %s", server.name, self.peer)
+            self.closing = True
+            assert self.transport is not None
+            self.transport.close()
 
     def eof_received(self) -> bool:
         # The peer half-closed: answer what it already sent, then close (flush() does).
@@ -303,13 +495,37 @@ class _ServerProtocol(asyncio.Protocol):
         return True
 
     def close_if_done(self) -> None:
-        if self.eof and not self.slots and not self.writer_busy and self.transport is not None:
+        if (
+            self.eof
+            and not self.slots
+            and not self.backlog
+            and not self.writer_busy
+            and self.transport is not None
+        ):
             self.closing = True
             self.transport.close()  # flushes the answers already written
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        if self.host is not None:
+            left = server.per_ip[self.host] - 1
+            if left:
+                server.per_ip[self.host] = left
+            else:
+                del server.per_ip[self.host]
+            self.host = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.waiting:
+            self.waiting = False
+            server.budget.forget(self)
+        if self.reserved:
+            server.budget.release(self.reserved)
+            self.reserved = 0
+        self.backlog.clear()
         for slot in self.slots:
             if slot.task is not None:
                 slot.task.cancel()
@@ -324,12 +540,10 @@ class _ServerProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # The peer is not reading its answers: stop reading its requests.
-        if self.transport is not None and not self.closing:
-            self.transport.pause_reading()
+        self.pause("writing")
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
-            self.transport.resume_reading()
+        self.resume("writing")
         if self.empty_waiter is not None and not self.empty_waiter.done():
             self.empty_waiter.set_result(None)
 
@@ -399,22 +613,34 @@ class _ServerProtocol(asyncio.Protocol):
     # --- responses -------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write every answer at the head of the queue that is ready, in order."""
-        slots = self.slots
-        while slots and not self.writer_busy and not self.closing and slots[0].ready():
-            slot = slots.popleft()
-            response = self.outcome(slot)
-            if response is None:
-                continue
-            if self.server.file_send_mode == "sendfile" and any(
-                type(p) is _Pinned for p in slot.parts
-            ):
-                self.writer_busy = True
-                self.writer_task = asyncio.get_running_loop().create_task(
-                    self.write_async(slot, response)
-                )
-                return
-            self.write_now(slot, response)
+        """Write every answer at the head of the queue that is ready, in order; start
+        requests read past the in-flight cap as answers make room."""
+        slots, backlog, cap = self.slots, self.backlog, self.server.max_in_flight
+        while True:
+            while backlog and len(slots) < cap and not self.closing:
+                self.dispatch(backlog.popleft())
+            wrote = False
+            while slots and not self.writer_busy and not self.closing and slots[0].ready():
+                slot = slots.popleft()
+                response = self.outcome(slot)
+                if response is None:
+                    continue
+                wrote = True
+                if self.server.file_send_mode == "sendfile" and any(
+                    type(p) is _Pinned for p in slot.parts
+                ):
+                    self.writer_busy = True
+                    self.writer_task = asyncio.get_running_loop().create_task(
+                        self.write_async(slot, response)
+                    )
+                    return
+                self.write_now(slot, response)
+            if wrote:
+                self.last_active = self.loop.time()
+            if not (backlog and len(slots) < cap) or self.closing:
+                break
+        if not backlog and len(slots) < cap:
+            self.resume("in-flight")
         self.close_if_done()
 
     def outcome(self, slot: _Slot) -> Response | None:
@@ -533,6 +759,49 @@ class _ServerProtocol(asyncio.Protocol):
         if self.writable_fd >= 0:
             os.close(self.writable_fd)
             self.writable_fd = -1
+
+
+def parse_per_ip_overrides(text: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides``: ``ip:count,ip:count`` (IPv6 as ``[::1]:n``)."""
+    out: dict[str, int] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        host, sep, count = item.rpartition(":")
+        if not sep or not host or not count.isdigit():
+            raise InvalidConfigError(
+                f"max.connections.per.ip.overrides: expected ip:count, got {item!r}"
+            )
+        out[host.strip("[]")] = int(count)
+    return out
+
+
+def rpc_limits(config: Mapping[str, Any]) -> dict[str, Any]:
+    """RpcServer's limits from a node's config (the keys client/runtime/config.py's
+    ``node_keys`` declares), checked: ``RpcServer(handlers, **rpc_limits(config))``."""
+    for name, least in (
+        ("socket.request.max.bytes", 1024),
+        ("max.connections", 1),
+        ("max.connections.per.ip", 1),
+        ("connections.max.idle.ms", 1),
+        ("socket.request.read.timeout.ms", 1),
+        ("queued.max.requests.per.connection", 1),
+        ("queued.max.request.bytes", 1),
+    ):
+        if config[name] < least:
+            raise InvalidConfigError(f"{name} must be >= {least}, not {config[name]}")
+    return {
+        "max_request_bytes": config["socket.request.max.bytes"],
+        "max_connections": config["max.connections"],
+        "max_connections_per_ip": config["max.connections.per.ip"],
+        "max_connections_per_ip_overrides": parse_per_ip_overrides(
+            config["max.connections.per.ip.overrides"]
+        ),
+        "idle_ms": config["connections.max.idle.ms"],
+        "request_read_timeout_ms": config["socket.request.read.timeout.ms"],
+        "max_in_flight": config["queued.max.requests.per.connection"],
+        "max_partial_request_bytes": config["queued.max.request.bytes"],
+    }
 
 
 def _nbytes(part: Buffer) -> int:

@@ -42,6 +42,10 @@ class RequestMessage(Protocol[R]):
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000  # Kafka's request.timeout.ms
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+# Kafka's client connections.max.idle.ms: a client retires a connection idle this long
+# itself, a minute before servers close idle ones (600000 ms), so a request is never
+# sent on a connection the server is closing at that very moment.
+DEFAULT_IDLE_MS = 540_000
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024  # pause producers once this much is unsent
 
 
@@ -89,11 +93,14 @@ class Connection:
         *,
         client_id: str = "rillet",
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        idle_ms: int = DEFAULT_IDLE_MS,
     ) -> None:
         self.host, self.port = host, port
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
+        self.idle_s = idle_ms / 1000
         self._loop = asyncio.get_running_loop()
+        self._last_used = self._loop.time()
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._next_id = 0
@@ -112,8 +119,11 @@ class Connection:
         connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        idle_ms: int = DEFAULT_IDLE_MS,
     ) -> Connection:
-        conn = cls(host, port, client_id=client_id, request_timeout_ms=request_timeout_ms)
+        conn = cls(
+            host, port, client_id=client_id, request_timeout_ms=request_timeout_ms, idle_ms=idle_ms
+        )
         loop = conn._loop
         try:
             async with asyncio.timeout(connect_timeout_ms / 1000):
@@ -131,6 +141,16 @@ class Connection:
 
     @property
     def closed(self) -> bool:
+        """True once the connection failed or was closed. A connection with nothing in
+        flight that has been idle ``idle_ms`` closes itself here, so callers that reopen a
+        closed connection (every pool of them does) reopen it before the server's idle
+        timeout could cut it under a request."""
+        if (
+            self._error is None
+            and not self._pending
+            and self._loop.time() - self._last_used >= self.idle_s
+        ):
+            self.close()
         return self._error is not None
 
     @property
@@ -262,6 +282,7 @@ class Connection:
         }
         parts = encode_frame(header, payload)
         assert self._transport is not None
+        self._last_used = self._loop.time()
         if len(parts) == 1:
             self._transport.write(parts[0])
         else:
@@ -269,6 +290,7 @@ class Connection:
         return correlation_id
 
     def _on_frame(self, frame: Frame) -> None:
+        self._last_used = self._loop.time()
         header = frame[0]
         correlation_id = header.get("correlation_id")
         future = self._pending.get(correlation_id)  # type: ignore[arg-type]

@@ -10,7 +10,10 @@ Copies are the cost on this path (docs/design.md, "Where the time goes"), so:
   together, then the caller's payload parts untouched) for ``transport.writelines``.
 - ``FrameDecoder.feed`` hands back payloads as memoryviews. A frame that arrives whole
   inside one chunk is a view into that chunk (no copy); a frame split across chunks is
-  gathered once into a buffer of exactly its size, sized from its prefix.
+  gathered once into a buffer that grows as its bytes arrive (geometrically, so the
+  copy stays one per byte plus amortised growth). Its prefix only announces a size: a
+  peer that sends four bytes announcing 100 MiB and then nothing costs four bytes, not
+  an allocation of the announced size (docs/protocol.md, "Limits at the edge").
 """
 
 from __future__ import annotations
@@ -101,19 +104,28 @@ class FrameDecoder:
     decoder refuses further input; the owner closes the connection.
     """
 
-    __slots__ = ("max_frame_bytes", "_pending", "_filled", "_small", "_failed")
+    __slots__ = ("max_frame_bytes", "_pending", "_total", "_small", "_failed")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._pending: bytearray | None = None  # a split frame being gathered, full size
-        self._filled = 0  # bytes of _pending received so far
+        # A split frame being gathered: only the bytes received so far (bytearray grows
+        # its capacity by an eighth each time it fills, so appends are amortised O(1)).
+        self._pending: bytearray | None = None
+        self._total = 0  # the split frame's whole length, size field included
         self._small = b""  # fewer than 4 bytes: not even the size field yet
         self._failed = False
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return self._filled + len(self._small)
+        pending = self._pending
+        return (0 if pending is None else len(pending)) + len(self._small)
+
+    @property
+    def pending_frame_bytes(self) -> int:
+        """The announced length (size field included) of the frame being gathered, 0 if
+        none is: what a server reserves from its node-wide budget for partial requests."""
+        return self._total if self._pending is not None else 0
 
     def feed(self, data: Buffer) -> list[Frame]:
         if self._failed:
@@ -156,20 +168,17 @@ class FrameDecoder:
         return size
 
     def _start_pending(self, head: Buffer, size: int) -> None:
-        # Allocate the split frame once, at its final size; later chunks fill it in.
-        pending = bytearray(SIZE_FIELD + size)
-        pending[: len(head)] = head
-        self._pending, self._filled = pending, len(head)
+        # Only what arrived: the size is the peer's claim, not bytes it has sent.
+        self._pending, self._total = bytearray(head), SIZE_FIELD + size
 
     def _fill(self, view: memoryview, frames: list[Frame]) -> memoryview:
-        """Copy the next bytes into the split frame; emit it once complete."""
+        """Append the next bytes to the split frame; emit it once complete."""
         pending = self._pending
         assert pending is not None
-        take = min(len(pending) - self._filled, len(view))
-        pending[self._filled : self._filled + take] = view[:take]
-        self._filled += take
-        if self._filled == len(pending):
-            self._pending, self._filled = None, 0
+        take = min(self._total - len(pending), len(view))
+        pending += view[:take]
+        if len(pending) == self._total:
+            self._pending, self._total = None, 0
             frames.append(self._decode(memoryview(pending), 0))
         return view[take:]
 
