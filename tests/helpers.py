@@ -147,6 +147,15 @@ def start_server_process(
         raise
 
 
+def rss_bytes(pid: int) -> int:
+    """A live process's resident set (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def python_command(script: str, *args: str) -> list[str]:
     """The command line to run a Python script with this interpreter (the venv's)."""
     return [sys.executable, script, *args]

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import uvloop
 from fuzz_frames import hostile_request, malformed_frame
+from helpers import rss_bytes
 
 from rillet.client.wire import records, schemas
 from rillet.client.wire.connection import Connection, parse_address
@@ -55,26 +56,19 @@ BASELINE_ROUNDS = 300
 TOPIC = "good"
 
 
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 class RssSampler:
     """Samples each node's VmRSS on a thread until stopped; keeps the peak."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.peak = {name: rss(pid) for name, pid in pids.items()}
+        self.peak = {name: rss_bytes(pid) for name, pid in pids.items()}
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         while not self.stopped.wait(0.1):
             for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], rss(pid))
+                self.peak[name] = max(self.peak[name], rss_bytes(pid))
 
     def __enter__(self) -> RssSampler:
         self.thread.start()
@@ -289,7 +283,7 @@ def run_fuzz(cluster: LocalCluster) -> None:
         await good.run(lambda: False, rounds=BASELINE_ROUNDS)
         before = {"produce": percentiles(good.produce_ms), "fetch": percentiles(good.fetch_ms)}
         good.reset_times()
-        rss_before = {name: rss(pid) for name, pid in pids.items()}
+        rss_before = {name: rss_bytes(pid) for name, pid in pids.items()}
         apis = {
             broker_port: await served_apis(broker_port),
             controller_port: await served_apis(controller_port),
@@ -303,7 +297,7 @@ def run_fuzz(cluster: LocalCluster) -> None:
             await asyncio.gather(*workers)
         elapsed = time.monotonic() - started
         during = {"produce": percentiles(good.produce_ms), "fetch": percentiles(good.fetch_ms)}
-        rss_after = {name: rss(pid) for name, pid in pids.items()}
+        rss_after = {name: rss_bytes(pid) for name, pid in pids.items()}
         for port in (broker_port, controller_port):  # both still answer
             assert await served_apis(port)
         return {
