@@ -62,12 +62,12 @@ async def test_idle_connection_is_closed_but_not_one_with_a_request_in_flight(
     busy = await Connection.open("127.0.0.1", idle_server.port, idle_ms=60_000)
     assert await _versions_ok(idle)
     pending = asyncio.ensure_future(busy.request("ListOffsets", {"topics": []}))
-    await idle.wait_closed()  # the server closed it: nothing in flight for 100 ms
+    await wait_until_async(lambda: idle.closed)  # the server closed it: idle for 100 ms
     assert not busy.closed and not pending.done()  # its request outlives many idle periods
     idle_server.release.set()  # type: ignore[attr-defined]
     header, _ = await pending
     assert header["topics"] == []
-    await busy.wait_closed()  # and once answered, it is idle too
+    await wait_until_async(lambda: busy.closed)  # and once answered, it is idle too
 
 
 async def test_a_frame_begun_and_not_finished_is_cut_at_the_read_timeout(
@@ -75,7 +75,9 @@ async def test_a_frame_begun_and_not_finished_is_cut_at_the_read_timeout(
 ) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", idle_server.port)
     writer.write(struct.pack(">I", 1000) + b"\x00\x00")  # a frame of 1000 bytes, 6 sent
-    assert await _closed_by_server(reader)
+    closed = asyncio.ensure_future(_closed_by_server(reader))
+    await wait_until_async(closed.done)
+    assert closed.result()
     writer.close()
 
 
