@@ -50,7 +50,7 @@ PARTIAL_BUDGET = 64 * 1024 * 1024  # queued.max.request.bytes of both nodes
 # What a node may grow by: the partial-request budget, plus room for what is legitimately
 # in flight (handlers' requests and answers, connection state, allocator slack).
 RSS_GROWTH_BOUND = PARTIAL_BUDGET + 128 * 1024 * 1024
-HOSTILE_WORKERS = 4  # per node
+HOSTILE_WORKERS = 16  # per node
 BATCH = 100  # hostile requests pipelined on one connection
 BASELINE_ROUNDS = 300
 TOPIC = "good"
@@ -318,7 +318,8 @@ def run_fuzz(cluster: LocalCluster) -> None:
             "rss_growth_bound_mib": RSS_GROWTH_BOUND >> 20,
         }
 
-    figures = asyncio.run(main(), loop_factory=uvloop.new_event_loop)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        figures = runner.run(main())
     print("\nfuzz-long:", json.dumps(figures, indent=2))
     for name, pid in pids.items():
         assert pid_alive(pid), f"{name} died: {cluster.log_tail(broker.node_id)}"

@@ -7,6 +7,7 @@ Each test fails without the limit it names.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from helpers import wait_until_async
 
 from rillet.client.runtime.config import node_keys
 from rillet.client.runtime.rpc_server import (
+    PeerWarnings,
     Request,
     Response,
     RpcServer,
@@ -223,3 +225,15 @@ def test_config_keys_map_to_server_limits() -> None:
         parse_per_ip_overrides("10.0.0.1")
     with pytest.raises(InvalidConfigError):
         rpc_limits(node_keys("broker").load(overrides=["queued.max.requests.per.connection=0"]))
+
+
+def test_warnings_a_peer_causes_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    warnings = PeerWarnings(logging.getLogger("peer-test"), per_s=2, burst=3, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="peer-test"):
+        for i in range(1000):  # a peer sending garbage in a loop
+            warnings.warning("bad frame %d", i)
+        assert [r.getMessage() for r in caplog.records] == [f"bad frame {i}" for i in range(3)]
+        now[0] = 1.0  # two more may pass; the first says what was held back
+        warnings.warning("bad frame %d", 1000)
+        assert caplog.records[-1].getMessage() == "bad frame 1000 (and 997 similar, not logged)"

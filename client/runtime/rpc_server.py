@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,39 @@ def _header_of(message: Any) -> dict[str, Any]:
     return dict(message) if type(message) is dict else message.to_header()
 
 
+class PeerWarnings:
+    """Warnings that a peer's input causes, rate-limited: ``burst`` at once, then
+    ``per_s`` a second. A peer sending garbage in a loop must not fill the node's disk
+    with log lines; the lines held back are counted, and the next line logged says how
+    many there were."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        per_s: float = 10.0,
+        burst: int = 50,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger, self.per_s, self.burst, self.clock = logger, per_s, burst, clock
+        self.tokens = float(burst)
+        self.last = clock()
+        self.suppressed = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.per_s)
+        self.last = now
+        if self.tokens < 1:
+            self.suppressed += 1
+            return
+        self.tokens -= 1
+        if self.suppressed:
+            msg, args = msg + " (and %d similar, not logged)", (*args, self.suppressed)
+            self.suppressed = 0
+        self.logger.warning(msg, *args)
+
+
 class PartialRequestBudget:
     """The node-wide budget for bytes of partly received request frames.
 
@@ -298,6 +332,7 @@ class RpcServer:
         self.validate_responses = validate_responses
         self.connections: set[_ServerProtocol] = set()
         self.per_ip: dict[str, int] = {}
+        self.warnings = PeerWarnings(log)
         self._server: asyncio.AbstractServer | None = None
         self.host: str | None = None
         self.port: int | None = None
@@ -384,7 +419,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.arm(server.idle_s)
 
     def refuse(self, why: str) -> None:
-        log.warning("%s: refusing %s: %s", self.server.name, self.peer, why)
+        self.server.warnings.warning("%s: refusing %s: %s", self.server.name, self.peer, why)
         self.closing = True
         assert self.transport is not None
         self.transport.abort()
@@ -548,7 +583,9 @@ class _ServerProtocol(asyncio.Protocol):
             self.empty_waiter.set_result(None)
 
     def drop(self, reason: str) -> None:
-        log.warning("%s: closing connection from %s: %s", self.server.name, self.peer, reason)
+        self.server.warnings.warning(
+            "%s: closing connection from %s: %s", self.server.name, self.peer, reason
+        )
         self.shutdown()
 
     def shutdown(self) -> None:

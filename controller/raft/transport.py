@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 import msgpack
 
-from rillet.client.runtime.rpc_server import Request
+from rillet.client.runtime.rpc_server import PeerWarnings, Request
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import NetworkError, RilletError
@@ -171,6 +171,7 @@ class RaftTransport:
         self.cluster_id: str | None = None  # set once known; mismatching senders are dropped
         self.peers = {n: _Peer(self, n, a) for n, a in peers.items() if n != node_id}
         self.dropped = 0
+        self.warnings = PeerWarnings(log)  # what peers send wrong, rate-limited
 
     def start(self) -> None:
         for peer in self.peers.values():
@@ -200,7 +201,7 @@ class RaftTransport:
             sender_cluster and self.cluster_id and sender_cluster != self.cluster_id
         ):
             self.dropped += 1
-            log.warning(
+            self.warnings.warning(
                 "raft transport: dropping a message for %s of cluster %s from %s",
                 header.dst,
                 sender_cluster,
@@ -211,7 +212,7 @@ class RaftTransport:
             msg = decode_message(request.payload)
         except ValueError as e:
             self.dropped += 1
-            log.warning("raft transport: bad message from %s: %s", request.peer, e)
+            self.warnings.warning("raft transport: bad message from %s: %s", request.peer, e)
             return None
         if msg.src != header.src or msg.dst != self.node_id:
             self.dropped += 1
