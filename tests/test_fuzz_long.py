@@ -27,7 +27,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,7 @@ from helpers import rss_bytes
 
 from rillet.client.wire import records, schemas
 from rillet.client.wire.connection import Connection, parse_address
-from rillet.client.wire.errors import RilletError
+from rillet.client.wire.errors import RilletError, is_retriable
 from rillet.client.wire.framing import encode_frame_bytes
 from rillet.tools.local_cluster import LocalCluster, pid_alive
 
@@ -53,22 +53,29 @@ RSS_GROWTH_BOUND = PARTIAL_BUDGET + 128 * 1024 * 1024
 HOSTILE_WORKERS = 16  # per node
 BATCH = 100  # hostile requests pipelined on one connection
 BASELINE_ROUNDS = 300
+DELIVERY_TIMEOUT_S = 120.0  # Kafka's delivery.timeout.ms
 TOPIC = "good"
 
 
 class RssSampler:
     """Samples each node's VmRSS on a thread until stopped; keeps the peak."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], progress: Callable[[], float]) -> None:
         self.pids = pids
+        self.progress = progress  # 0..1: RSS is also noted at every tenth of the run
+        self.by_progress: dict[str, dict[str, float]] = {}
         self.peak = {name: rss_bytes(pid) for name, pid in pids.items()}
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         while not self.stopped.wait(0.1):
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], rss_bytes(pid))
+            now = {name: rss_bytes(pid) for name, pid in self.pids.items()}
+            for name, value in now.items():
+                self.peak[name] = max(self.peak[name], value)
+            tenth = f"{min(10, int(self.progress() * 10)) * 10}%"
+            if tenth not in self.by_progress:
+                self.by_progress[tenth] = {k: round(v / 2**20, 1) for k, v in now.items()}
 
     def __enter__(self) -> RssSampler:
         self.thread.start()
@@ -173,7 +180,10 @@ class Fuzzer:
 
 
 class GoodClient:
-    """Produce acks=all then fetch it back, one round after another, timing each."""
+    """Produce acks=all then fetch it back, one round after another, timing each. Like
+    the real producer it retries retriable errors (a broker the controller fenced for a
+    while answers NOT_LEADER_OR_FOLLOWER) for up to ``DELIVERY_TIMEOUT_S``, counting them;
+    the latency of a round that retried includes its retries."""
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -181,32 +191,58 @@ class GoodClient:
         self.fetch_ms: list[float] = []
         self.written: list[bytes] = []
         self.errors: list[str] = []
+        self.retries: dict[int, int] = {}  # error code -> retries
+
+    async def retrying(self, what: str, send: Callable[[], Awaitable[int]]) -> bool:
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        while True:
+            code = await send()
+            if code == 0:
+                return True
+            if not is_retriable(code) or time.monotonic() > deadline:
+                self.errors.append(f"{what}: error {code}")
+                return False
+            self.retries[code] = self.retries.get(code, 0) + 1
+            await asyncio.sleep(0.05)
 
     async def round(self, conn: Connection, n: int) -> None:
         value = b"v%d" % n
         batch = records.encode_batch([value])
         fields = {"acks": -1, "timeout_ms": 30_000, "topics": [[TOPIC, [[0, len(batch)]]]]}
+        offset = -1
+
+        async def produce() -> int:
+            nonlocal offset
+            header, _ = await conn.request("Produce", fields, batch)
+            result = header["topics"][0][1][0]
+            offset = result[2]
+            return int(result[1])
+
         start = time.perf_counter()
-        header, _ = await conn.request("Produce", fields, batch)
-        self.produce_ms.append((time.perf_counter() - start) * 1000)
-        result = header["topics"][0][1][0]
-        if result[1] != 0:
-            self.errors.append(f"produce {n}: {result}")
+        if not await self.retrying(f"produce {n}", produce):
             return
+        self.produce_ms.append((time.perf_counter() - start) * 1000)
         self.written.append(value)
-        fetch = {
-            "replica_id": -1,
-            "max_wait_ms": 0,
-            "min_bytes": 0,
-            "max_bytes": 1 << 20,
-            "topics": [[TOPIC, [[0, result[2], -1, -1, 0, 1 << 20]]]],
-        }
+        got: list[bytes] = []
+
+        async def fetch() -> int:
+            request = {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 20,
+                "topics": [[TOPIC, [[0, offset, -1, -1, 0, 1 << 20]]]],
+            }
+            header, payload = await conn.request("Fetch", request)
+            got[:] = [r.value for r in records.decode_all(bytes(payload)) if r.offset == offset]
+            return int(header["topics"][0][1][0][1])
+
         start = time.perf_counter()
-        _, payload = await conn.request("Fetch", fetch)
+        if not await self.retrying(f"fetch {n}", fetch):
+            return
         self.fetch_ms.append((time.perf_counter() - start) * 1000)
-        got = [r.value for r in records.decode_all(bytes(payload)) if r.offset == result[2]]
         if got != [value]:
-            self.errors.append(f"fetch {n} at {result[2]}: {got}")
+            self.errors.append(f"fetch {n} at {offset}: {got}")
 
     async def run(self, until: Callable[[], bool], rounds: int = 0) -> None:
         conn = await Connection.open(*parse_address(self.address))
@@ -289,7 +325,7 @@ def run_fuzz(cluster: LocalCluster) -> None:
             controller_port: await served_apis(controller_port),
         }
         started = time.monotonic()
-        with RssSampler(pids) as sampler:
+        with RssSampler(pids, lambda: fuzzer.sent / fuzzer.target) as sampler:
             workers = [good.run(lambda: fuzzer.done)]
             for port in (broker_port, controller_port):
                 workers += [fuzzer.hostile(port, apis[port]) for _ in range(HOSTILE_WORKERS)]
@@ -307,6 +343,8 @@ def run_fuzz(cluster: LocalCluster) -> None:
             "good_client_ms_before": before,
             "good_client_ms_during": during,
             "good_client_errors": good.errors[:10],
+            "good_client_retries_by_error_code": good.retries,
+            "rss_mib_by_progress": sampler.by_progress,
             "rss_mib": {
                 name: {
                     "before": round(rss_before[name] / 2**20, 1),
