@@ -48,8 +48,9 @@ class FakePartition:
 
 
 class FakeCluster:
-    def __init__(self, brokers: int = 3) -> None:
+    def __init__(self, brokers: int = 3, **server_limits: Any) -> None:
         self.broker_ids = list(range(1, brokers + 1))
+        self.server_limits = server_limits  # RpcServer keyword arguments (idle_ms, ...)
         self.servers: dict[int, RpcServer] = {}
         self.topics: dict[str, list[FakePartition]] = {}
         self.produce_requests = 0
@@ -59,7 +60,7 @@ class FakeCluster:
 
     async def start(self) -> FakeCluster:
         for node in self.broker_ids:
-            server = RpcServer(self._handlers(node), name=f"fake-{node}")
+            server = RpcServer(self._handlers(node), name=f"fake-{node}", **self.server_limits)
             await server.start()
             self.servers[node] = server
         return self

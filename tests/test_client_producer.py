@@ -9,6 +9,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from helpers import wait_until_async
 from test_client_fake_broker import FakeCluster
 
 from rillet.client.partitioner import partition_for_key
@@ -461,3 +462,19 @@ def test_the_settings_are_readable_attributes() -> None:
     assert p.request_timeout_ms == 1500
     with pytest.raises(AttributeError):
         p.retries = 5  # type: ignore[misc]
+
+
+async def test_connections_the_brokers_closed_as_idle_are_reopened_unseen() -> None:
+    # A producer quiet for longer than the brokers' connections.max.idle.ms finds its
+    # connections closed; its next sends go out on new ones, with no error and no retry.
+    fake = await FakeCluster(2, idle_ms=100).start()
+    fake.create("t", 2)
+    try:
+        async with Producer(fake.bootstrap, retries=0) as p:
+            assert (await p.send("t", b"before", partition=0)).offset == 0
+            await wait_until_async(lambda: not any(s.connections for s in fake.servers.values()))
+            assert (await p.send("t", b"after", partition=0)).offset == 1
+            assert (await p.send("t", b"other", partition=1)).offset == 0
+        assert values_of(fake, "t", 0) == [b"before", b"after"]
+    finally:
+        await fake.stop()
