@@ -56,7 +56,7 @@ def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
         len(p["replicas"]) == 3 and p["leader"] in p["replicas"] for p in topic["partitions"]
     )
     human = rillet(cluster, "topic", "describe", "cli").stdout
-    assert "PartitionCount: 3" in human and "Isr" in human
+    assert "partitions: 3  RF: 3" in human and "Isr" in human
 
     lines = "".join(f"k{i % 5}:v{i}\n" for i in range(50))
     sent = json_out(

@@ -103,7 +103,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         else:
             # A filtered listing gets no per-topic counts: they would count the filter.
             filtered = args.under_replicated_partitions or args.unavailable_partitions
-            _print_describe(shown, headers=not filtered)
+            print_describe(shown, headers=not filtered)
         return 0
 
     return run(main)
@@ -138,42 +138,73 @@ def filter_partitions(
     return out
 
 
-def _topic_header(t: dict[str, Any]) -> str:
+def _topic_header(t: dict[str, Any]) -> list[str]:
+    """The per-topic summary as fields (kept whole when the line must wrap). Short names
+    (`cluster status` uses the same words), so it fits an 80-column terminal."""
     parts = t["partitions"]
     rf = len(parts[0]["replicas"]) if parts else 0
     under = sum(p["under_replicated"] for p in parts)
     offline = sum(p["offline"] for p in parts)
-    return (
-        f"[bold]Topic: {t['name']}[/bold]\tPartitionCount: {len(parts)}\t"
-        f"ReplicationFactor: {rf}\tUnderReplicated: {under}\tOffline: {offline}"
-    )
+    return [
+        f"[bold]Topic: {t['name']}[/bold]",
+        f"partitions: {len(parts)}",
+        f"RF: {rf}",
+        f"under-replicated: {under}",
+        f"offline: {offline}",
+    ]
 
 
-def _print_describe(topics: list[dict[str, Any]], *, headers: bool = True) -> None:
+def pack_fields(fields: list[str], width: int, sep: str = "  ") -> str:
+    """Fields joined by ``sep``, breaking lines only between fields (indented), so a
+    narrow terminal never splits "offline: 0" from its number. Fields hold rich markup:
+    widths are measured on the plain text."""
+    from rich.text import Text
+
+    lines: list[str] = []
+    line, used = "", 0
+    for field in fields:
+        n = Text.from_markup(field).cell_len
+        if line and used + len(sep) + n > width:
+            lines.append(line)
+            line, used = "  " + field, 2 + n
+        elif line:
+            line, used = line + sep + field, used + len(sep) + n
+        else:
+            line, used = field, n
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def print_describe(
+    topics: list[dict[str, Any]], *, headers: bool = True, console: Any = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = console or Console()
     for t in topics:
         parts = t["partitions"]
-        console.print(_topic_header(t) if headers else f"[bold]Topic: {t['name']}[/bold]")
+        fields = _topic_header(t) if headers else [f"[bold]Topic: {t['name']}[/bold]"]
+        console.print(pack_fields(fields, console.width), soft_wrap=True)
         table = Table(box=None, pad_edge=False)
-        for col in ("Partition", "Leader", "Epoch", "Replicas", "Isr", ""):
+        columns = ["Partition", "Leader", "Epoch", "Replicas", "Isr"]
+        # The marks column only when some partition has a mark: no trailing blanks.
+        marked = any(p["offline"] or p["under_replicated"] for p in parts)
+        for col in columns + ([""] if marked else []):
             table.add_column(col)
         for p in parts:
             leader = str(p["leader"]) if p["leader"] >= 0 else "[red]none[/red]"
             marks = ["[red]offline[/red]"] if p["offline"] else []
             if p["under_replicated"]:
                 marks.append("[yellow]under-replicated[/yellow]")
-            mark = " ".join(marks)
-            table.add_row(
+            row = [
                 str(p["partition"]),
                 leader,
                 str(p["leader_epoch"]),
                 ",".join(map(str, p["replicas"])),
                 ",".join(map(str, p["isr"])),
-                mark,
-            )
+            ]
+            table.add_row(*row, *([" ".join(marks)] if marked else []))
         console.print(table)
 
 

@@ -1,0 +1,79 @@
+"""Human output of the CLI on an 80-column terminal: nothing the README shows wraps or
+loses digits. Each output is rendered by the function the command uses, on a rich
+Console of width 80, and compared line by line with what it should be."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from rillet.client.admin import TopicDescription
+from rillet.client.cli.topic import _topic_header, pack_fields, print_describe
+from rillet.client.metadata import PartitionInfo
+
+WIDTH = 80
+
+
+def console(width: int = WIDTH) -> Console:
+    # A terminal's console: colours and markup on, so the widths are what a user sees.
+    return Console(
+        file=io.StringIO(), width=width, force_terminal=True, color_system=None, record=True
+    )
+
+
+def lines_of(c: Console) -> list[str]:
+    return c.export_text(styles=False).rstrip("\n").split("\n")
+
+
+def topic(name: str, count: int, *, isr: tuple[int, ...] = (1, 2, 3)) -> dict:
+    parts = tuple(
+        PartitionInfo(name, i, isr[0] if isr else -1, 7, (1, 2, 3), isr) for i in range(count)
+    )
+    return TopicDescription(name, parts).as_dict()
+
+
+def test_topic_describe_fits_80_columns() -> None:
+    # The README's topic, healthy, then with one broker out of every ISR.
+    for isr in ((1, 2, 3), (1, 3)):
+        c = console()
+        print_describe([topic("events", 6, isr=isr)], console=c)
+        out = lines_of(c)
+        # One header line, one table header, one line per partition: nothing wrapped.
+        assert len(out) == 2 + 6, out
+        under = 0 if len(isr) == 3 else 6
+        assert (
+            out[0] == f"Topic: events  partitions: 6  RF: 3  under-replicated: {under}  offline: 0"
+        )
+        assert out[1].split() == ["Partition", "Leader", "Epoch", "Replicas", "Isr"]
+        assert out[2].split()[-1] == ("1,2,3" if under == 0 else "under-replicated")
+        assert max(len(line) for line in out) <= WIDTH
+
+
+def test_topic_describe_header_of_10000_partitions_is_one_line() -> None:
+    # "wide" from the README with every partition offline and under-replicated: the
+    # longest counts there are. (Only the header: 10,000 table rows take seconds.)
+    described = topic("wide", 10_000, isr=())
+    header = pack_fields(_topic_header(described), WIDTH)
+    c = console()
+    c.print(header)
+    assert lines_of(c) == [
+        "Topic: wide  partitions: 10000  RF: 3  under-replicated: 10000  offline: 10000"
+    ]
+
+
+def test_topic_describe_header_breaks_only_between_fields() -> None:
+    described = topic("t" * 45, 3)  # the header is 78 columns without its last two fields
+    c = console()
+    print_describe([described], console=c)
+    head = lines_of(c)[:2]
+    assert head == [
+        f"Topic: {described['name']}  partitions: 3  RF: 3",
+        "  under-replicated: 0  offline: 0",
+    ]
+
+
+def test_pack_fields_measures_text_not_markup() -> None:
+    fields = ["[bold]" + "x" * 30 + "[/bold]", "y" * 30, "z" * 16]
+    assert pack_fields(fields, 80).count("\n") == 0  # 30 + 2 + 30 + 2 + 16 = 80
+    assert pack_fields(fields, 79).split("\n")[1] == "  " + "z" * 16
