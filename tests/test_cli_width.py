@@ -9,7 +9,8 @@ import io
 from rich.console import Console
 
 from rillet.client.admin import TopicDescription
-from rillet.client.cli.topic import _topic_header, pack_fields, print_describe
+from rillet.client.cli.common import pack_fields
+from rillet.client.cli.topic import _topic_header, print_describe
 from rillet.client.metadata import PartitionInfo
 
 WIDTH = 80
@@ -77,3 +78,33 @@ def test_pack_fields_measures_text_not_markup() -> None:
     fields = ["[bold]" + "x" * 30 + "[/bold]", "y" * 30, "z" * 16]
     assert pack_fields(fields, 80).count("\n") == 0  # 30 + 2 + 30 + 2 + 16 = 80
     assert pack_fields(fields, 79).split("\n")[1] == "  " + "z" * 16
+
+
+def test_cluster_status_and_live_view_fit_80_columns() -> None:
+    from rillet.tools.cluster_cli import status_view
+
+    rows = [
+        {
+            "node_id": i,
+            "roles": ["broker"] if i < 100 else ["controller"],
+            "address": f"127.0.0.1:{9090 + i}",
+            "state": "active controller" if i == 102 else "unfenced",
+            "pid": 4_000_000 + i,
+        }
+        for i in (1, 2, 3, 101, 102, 103)
+    ]
+    health = {"controller_id": 102, "partitions": 10_010, "under_replicated": 3_337}
+    expected = {
+        0: ["active controller: 102   partitions: 10010   under-replicated: 3337   offline: 0"],
+        10_010: [
+            "active controller: 102   partitions: 10010   under-replicated: 3337",
+            "  offline: 10010",
+        ],
+    }
+    for offline, health_lines in expected.items():
+        c = console()
+        c.print(status_view(rows, {**health, "offline": offline}))
+        out = lines_of(c)
+        assert max(len(line) for line in out) <= WIDTH
+        assert len(out) == 1 + 3 + 1 + 6 + len(health_lines), out  # title, rules, header
+        assert out[-len(health_lines) :] == health_lines

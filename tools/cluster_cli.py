@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rillet.client.cli.common import Fields
 from rillet.tools.local_cluster import ClusterError, LocalCluster, parse_settings
 
 DEFAULT_DATA_DIR = "rillet-data"
@@ -192,14 +193,22 @@ def _stop_cluster(cluster: LocalCluster, say: Callable[[str], None]) -> int:
     return 0
 
 
-def _live_view(cluster: LocalCluster):  # noqa: ANN202 - a rich Table
-    return _table(cluster.status(), caption=_health_line(cluster.partition_health(1.0)))
+def _live_view(cluster: LocalCluster):  # noqa: ANN202 - a rich renderable
+    return status_view(cluster.status(), cluster.partition_health(1.0))
 
 
-def _table(rows: list[dict[str, Any]], caption: str | None = None):  # noqa: ANN202 - a rich Table
+def status_view(rows: list[dict[str, Any]], health: dict[str, Any] | None):  # noqa: ANN201
+    """The node table with the health line under it, left-aligned as `cluster status`
+    prints it: as the table's centred caption it wrapped on an 80-column terminal."""
+    from rich.console import Group
+
+    return Group(_table(rows), _health_line(health))
+
+
+def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
     from rich.table import Table
 
-    table = Table(title="rillet local cluster", caption=caption)
+    table = Table(title="rillet local cluster")
     for col in ("node", "roles", "address", "state", "pid"):
         table.add_column(col, no_wrap=True)
     for r in rows:
@@ -247,9 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
 
-    console = Console()
-    console.print(_table(rows))
-    console.print(_health_line(health))
+    Console().print(status_view(rows, health))
     return 0
 
 
@@ -259,15 +266,19 @@ def _partition_counts(health: dict[str, Any] | None) -> dict[str, int] | None:
     return {k: health[k] for k in ("partitions", "under_replicated", "offline")}
 
 
-def _health_line(health: dict[str, Any] | None) -> str:
+def _health_line(health: dict[str, Any] | None) -> Fields:
     if health is None:
-        return "[red]no broker answered: partition state unknown[/red]"
+        return Fields(["[red]no broker answered: partition state unknown[/red]"])
     controller = health["controller_id"] if health["controller_id"] >= 0 else "unknown"
     under, offline = health["under_replicated"], health["offline"]
-    return (
-        f"active controller: {controller}   partitions: {health['partitions']}   "
-        f"under-replicated: [{'yellow' if under else 'green'}]{under}[/]   "
-        f"offline: [{'red' if offline else 'green'}]{offline}[/]"
+    return Fields(
+        [
+            f"active controller: {controller}",
+            f"partitions: {health['partitions']}",
+            f"under-replicated: [{'yellow' if under else 'green'}]{under}[/]",
+            f"offline: [{'red' if offline else 'green'}]{offline}[/]",
+        ],
+        sep="   ",
     )
 
 

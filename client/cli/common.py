@@ -67,3 +67,37 @@ def parse_configs(pairs: list[str]) -> dict[str, str]:
             raise CliError(f"--config expects key=value, got {pair!r}")
         configs[key.strip()] = value.strip()
     return configs
+
+
+def pack_fields(fields: list[str], width: int, sep: str = "  ") -> str:
+    """Fields joined by ``sep``, breaking lines only between fields (continuations
+    indented), so a narrow terminal never splits "offline: 0" from its number. Fields
+    may hold rich markup: widths are measured on the text shown."""
+    from rich.text import Text
+
+    lines: list[str] = []
+    line, used = "", 0
+    for field in fields:
+        n = Text.from_markup(field).cell_len
+        if line and used + len(sep) + n > width:
+            lines.append(line)
+            line, used = "  " + field, 2 + n
+        elif line:
+            line, used = line + sep + field, used + len(sep) + n
+        else:
+            line, used = field, n
+    lines.append(line)
+    return "\n".join(lines)
+
+
+class Fields:
+    """A rich renderable: ``pack_fields`` at the width it is given when drawn (a live
+    view learns the terminal's width only then)."""
+
+    def __init__(self, fields: list[str], sep: str = "  ") -> None:
+        self.fields, self.sep = fields, sep
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        yield Text.from_markup(pack_fields(self.fields, options.max_width, self.sep))

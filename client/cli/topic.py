@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rillet.client.cli.common import add_bootstrap, parse_configs, print_json, run
+from rillet.client.cli.common import Fields, add_bootstrap, parse_configs, print_json, run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -154,27 +154,6 @@ def _topic_header(t: dict[str, Any]) -> list[str]:
     ]
 
 
-def pack_fields(fields: list[str], width: int, sep: str = "  ") -> str:
-    """Fields joined by ``sep``, breaking lines only between fields (indented), so a
-    narrow terminal never splits "offline: 0" from its number. Fields hold rich markup:
-    widths are measured on the plain text."""
-    from rich.text import Text
-
-    lines: list[str] = []
-    line, used = "", 0
-    for field in fields:
-        n = Text.from_markup(field).cell_len
-        if line and used + len(sep) + n > width:
-            lines.append(line)
-            line, used = "  " + field, 2 + n
-        elif line:
-            line, used = line + sep + field, used + len(sep) + n
-        else:
-            line, used = field, n
-    lines.append(line)
-    return "\n".join(lines)
-
-
 def print_describe(
     topics: list[dict[str, Any]], *, headers: bool = True, console: Any = None
 ) -> None:
@@ -185,7 +164,7 @@ def print_describe(
     for t in topics:
         parts = t["partitions"]
         fields = _topic_header(t) if headers else [f"[bold]Topic: {t['name']}[/bold]"]
-        console.print(pack_fields(fields, console.width), soft_wrap=True)
+        console.print(Fields(fields))
         table = Table(box=None, pad_edge=False)
         columns = ["Partition", "Leader", "Epoch", "Replicas", "Isr"]
         # The marks column only when some partition has a mark: no trailing blanks.
