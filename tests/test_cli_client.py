@@ -119,6 +119,11 @@ def test_cli_expected_errors_are_one_line(cluster) -> None:  # noqa: ANN001
         proc = rillet(cluster, *args, stdin="x\n", ok=False)
         assert proc.returncode == 1, (args, proc.stderr)
         assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr, proc.stderr
+    # A missing topic stops `spark load` before Spark starts, saying how to create it.
+    load = rillet(cluster, "spark", "load", "--topic", "missing", "--records", "10", ok=False)
+    assert load.returncode == 1 and "Traceback" not in load.stderr, load.stderr
+    assert "'missing' does not exist: add --partitions N" in load.stderr, load.stderr
+    assert "Spark" not in load.stderr, load.stderr  # no session was started
     rillet(cluster, "topic", "create", "dup", "--partitions", "1", "--replication-factor", "1")
     dup = rillet(cluster, "topic", "create", "dup", "--partitions", "1", ok=False)
     assert dup.returncode == 1 and "TOPIC_ALREADY_EXISTS" in dup.stderr

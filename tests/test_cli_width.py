@@ -108,3 +108,29 @@ def test_cluster_status_and_live_view_fit_80_columns() -> None:
         assert max(len(line) for line in out) <= WIDTH
         assert len(out) == 1 + 3 + 1 + 6 + len(health_lines), out  # title, rules, header
         assert out[-len(health_lines) :] == health_lines
+
+
+def test_spark_load_summary_fits_80_columns() -> None:
+    from rillet.client.cli.spark import print_load
+    from rillet.client.spark.jobs import LoadResult
+
+    per_task = [
+        {
+            "task": i,
+            "records": 250_000_000,
+            "bytes": 25_000_000_000,
+            "seconds": 1234.5,
+            "records_per_s": 202_511,
+            "mb_per_s": 19.31,
+        }
+        for i in range(4)
+    ]
+    r = LoadResult("load", 10**9, 4, 100, "all", "committed", 1300.2, 1250.0, per_task)
+    c = console()
+    print_load(r, console=c)
+    out = lines_of(c)
+    assert max(len(line) for line in out) <= WIDTH
+    assert out[-2:] == [
+        "Spark job: 1300.2 s in all, scheduling and worker start included",
+        "Every record acknowledged: yes",
+    ]

@@ -69,26 +69,43 @@ def _add_spark_options(p: argparse.ArgumentParser) -> None:
     add_bootstrap(p)
 
 
-def _session(args: argparse.Namespace, app: str) -> Any:
-    """(spark_jobs module, SparkSession); a missing extra is one line saying what to
-    install, before anything else happens."""
+def _jobs() -> Any:
+    """The spark_jobs module; a missing extra is one line saying what to install."""
     try:
         from rillet.client.spark import jobs as spark_jobs
     except ImportError as e:
         raise CliError(str(e)) from e
+    return spark_jobs
+
+
+def _session(args: argparse.Namespace, app: str) -> Any:
+    """(spark_jobs module, SparkSession); a missing extra is one line saying what to
+    install, before anything else happens."""
+    spark_jobs = _jobs()
     return spark_jobs, spark_jobs.spark_session(
         args.master, spark_jobs.parse_conf(args.conf), app_name=app
     )
 
 
 def _ensure_topic(args: argparse.Namespace) -> None:
-    if args.partitions is None:
-        return
+    """Create the topic (--partitions), or check it exists: before Spark starts, so a
+    missing topic costs a second, not a Spark start-up and a failed job."""
     from rillet.client.admin import AdminError, NewTopic
     from rillet.client.sync import SyncAdmin
-    from rillet.client.wire.errors import TopicAlreadyExistsError
+    from rillet.client.wire.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
     with SyncAdmin(args.bootstrap) as admin:
+        if args.partitions is None:
+            try:
+                admin.describe_topics([args.topic])
+            except AdminError as e:
+                if all(isinstance(err, UnknownTopicOrPartitionError) for err in e.errors.values()):
+                    raise CliError(
+                        f"topic {args.topic!r} does not exist: add --partitions N "
+                        "[--replication-factor R] to create it"
+                    ) from None
+                raise
+            return
         try:
             admin.create_topics([NewTopic(args.topic, args.partitions, args.replication_factor)])
         except AdminError as e:
@@ -101,8 +118,9 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    jobs, spark = _session(args, "rillet-spark-load")
+    _jobs()
     _ensure_topic(args)
+    jobs, spark = _session(args, "rillet-spark-load")
     acks = "all" if args.acks in ("all", "-1") else args.acks
     try:
         result = jobs.run_load(
@@ -121,7 +139,7 @@ def _load(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        _print_load(result)
+        print_load(result)
     return 0
 
 
@@ -129,7 +147,7 @@ def _writer_options(args: argparse.Namespace) -> dict[str, str]:
     return {"maxInFlightPerPartition": "1"} if args.strict_order else {}
 
 
-def _print_load(r: Any) -> None:
+def print_load(r: Any, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -154,12 +172,11 @@ def _print_load(r: Any) -> None:
         f"{r.mb_per_s:.2f}",
         style="bold",
     )
-    console = Console()
+    console = console or Console()
     console.print(table)
-    console.print(
-        f"Spark job {r.elapsed_s:.1f} s in all (scheduling and worker start "
-        f"included); every record acknowledged: {r.status == 'committed'}"
-    )
+    # Two short lines: one sentence of both wrapped on an 80-column terminal.
+    console.print(f"Spark job: {r.elapsed_s:.1f} s in all, scheduling and worker start included")
+    console.print(f"Every record acknowledged: {'yes' if r.status == 'committed' else 'no'}")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
