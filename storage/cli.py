@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rillet.client.cli.common import Fields
 from rillet.storage.dump import FileReport, scan_file, segment_files
 
 COLUMNS = (
@@ -54,8 +55,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
         json.dump([_report_json(r, rows=True) for r in reports], sys.stdout, default=str)
         print()
     else:
+        console = _console()
         for r in reports:
-            _print_table(r, args.records)
+            print_report(r, args.records, console)
     return 1 if any(r.problem for r in reports) else 0
 
 
@@ -100,19 +102,77 @@ def _report_json(r: FileReport, *, rows: bool) -> dict[str, Any]:
     return out
 
 
-def _print_table(r: FileReport, with_records: bool) -> None:
+# Columns a narrow terminal hides first (--json always has every field).
+NARROW_DROP_ORDER = ("base_timestamp", "crc", "compression", "max_timestamp", "leader_epoch")
+# Shorter headings than the JSON keys, so the table fits 80 columns with most of them.
+HEADINGS = {
+    "base_offset": "offset",
+    "last_offset": "last",
+    "leader_epoch": "epoch",
+    "size": "bytes",
+    "base_timestamp": "first_ts",
+    "max_timestamp": "max_ts",
+    "compression": "codec",
+    "crc_valid": "valid",
+}
+
+
+def _console() -> Any:
     from rich.console import Console
+
+    # A pipe or file gets every column; a terminal gets what fits its width.
+    return Console(width=None if sys.stdout.isatty() else 220)
+
+
+def print_report(r: FileReport, with_records: bool, console: Any = None) -> None:
+    console = console or _console()
+    if with_records:
+        _print_records(r, console)
+        return
+    columns = list(COLUMNS)
+    hidden: list[str] = []
+    table = _batch_table(r, columns)
+    unbounded = console.options.update_width(1 << 16)  # a measure is capped at the width
+    for name in NARROW_DROP_ORDER:
+        if console.measure(table, options=unbounded).maximum <= console.width:
+            break
+        columns.remove(name)
+        hidden.append(name)
+        table = _batch_table(r, columns)
+    console.print(Fields([str(r.path), f"({r.batches} batches, {r.records} records)"]))
+    console.print(table)
+    if hidden:
+        console.print(f"[dim]not shown at this width: {', '.join(hidden)} (--json has them)[/]")
+    _print_problem(r, console)
+
+
+def _batch_table(r: FileReport, columns: list[str]) -> Any:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"{r.path}  ({r.batches} batches, {r.records} records)")
-    for c in COLUMNS:
-        table.add_column(c, justify="right" if c not in ("compression", "crc") else "left")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for c in columns:
+        justify = "left" if c in ("compression", "crc", "crc_valid") else "right"
+        table.add_column(HEADINGS.get(c, c), justify=justify, no_wrap=True)
     for row in r.rows:
-        table.add_row(*(str(row.get(c, "")) for c in COLUMNS))
-        if with_records:
-            for rec in row.get("records", []):
-                table.add_row("", str(rec.get("offset", "")), "", "", "", "", str(rec))
-    console = Console(width=None if sys.stdout.isatty() else 220)
-    console.print(table)
+        table.add_row(*(str(row.get(c, "")) for c in columns))
+    return table
+
+
+def _print_records(r: FileReport, console: Any) -> None:
+    """Every batch as one line and its records under it, written as they come: a rich
+    table of a segment's hundreds of thousands of records took minutes to lay out."""
+    out = console.file
+    out.write(f"{r.path}  ({r.batches} batches, {r.records} records)\n")
+    for row in r.rows:
+        batch = "  ".join(f"{HEADINGS.get(c, c)}: {row[c]}" for c in COLUMNS if c in row)
+        out.write(f"{batch}\n")
+        for rec in row.get("records", ()):
+            out.write("| " + "  ".join(f"{k}: {v}" for k, v in rec.items()) + "\n")
+    out.flush()
+    _print_problem(r, console)
+
+
+def _print_problem(r: FileReport, console: Any) -> None:
     if r.problem:
         console.print(f"[red]stopped at byte {r.problem['position']}: {r.problem['reason']}")

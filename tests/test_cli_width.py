@@ -134,3 +134,50 @@ def test_spark_load_summary_fits_80_columns() -> None:
         "Spark job: 1300.2 s in all, scheduling and worker start included",
         "Every record acknowledged: yes",
     ]
+
+
+def _segment(tmp_path):  # noqa: ANN001, ANN202 - a FileReport
+    from rillet.client.wire import records
+    from rillet.storage import Log, LogConfig
+    from rillet.storage.dump import scan_file
+
+    log = Log.open(tmp_path / "events-0", LogConfig())
+    for i in range(3):
+        log.append(records.encode_batch([b"v%d" % i] * 1000, timestamp_ms=1795527536524), 7)
+    log.close()
+    (segment,) = (tmp_path / "events-0").glob("*.log")
+    return scan_file(segment, with_records=True)
+
+
+def test_log_dump_fits_80_columns_by_hiding_columns_it_names(tmp_path) -> None:  # noqa: ANN001
+    from rillet.storage.cli import print_report
+
+    report = _segment(tmp_path)
+    c = console()
+    print_report(report, False, c)
+    out = lines_of(c)
+    assert max(len(line) for line in out) <= WIDTH
+    at = next(i for i, line in enumerate(out) if line.startswith("position"))  # after the path
+    assert " ".join(out[at].split()) == "position offset last epoch count bytes max_ts codec valid"
+    size = report.rows[0]["size"]
+    assert out[at + 2].split() == f"0 0 999 7 1000 {size} 1795527536524 none True".split()
+    assert out[-1] == "not shown at this width: base_timestamp, crc (--json has them)"
+
+    wide = console(200)  # every column, no note
+    print_report(report, False, wide)
+    (heading,) = [line for line in lines_of(wide) if line.startswith("position")]
+    assert heading.split()[6:] == ["first_ts", "max_ts", "codec", "crc", "valid"]
+    assert "not shown" not in lines_of(wide)[-1]
+
+
+def test_log_dump_records_are_lines_under_their_batch(tmp_path) -> None:  # noqa: ANN001
+    from rillet.storage.cli import print_report
+
+    report = _segment(tmp_path)
+    c = console()
+    print_report(report, True, c)
+    out = c.file.getvalue().splitlines()
+    assert len(out) == 1 + 3 * (1 + 1000)  # the file, then each batch and its records
+    assert out[1].startswith("position: 0  offset: 0  last: 999  epoch: 7  count: 1000")
+    assert out[2] == "| offset: 0  timestamp: 1795527536524  key: None  value: v0  headers: None"
+    assert out[1002].startswith(f"position: {report.rows[1]['position']}  offset: 1000")
