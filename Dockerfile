@@ -10,6 +10,7 @@ COPY client ./client
 COPY storage ./storage
 COPY controller ./controller
 COPY broker ./broker
+COPY tools ./tools
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

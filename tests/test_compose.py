@@ -72,3 +72,22 @@ def test_client_bootstrap_names_every_broker() -> None:
         if s.get("command", [""])[0] == "broker"
     }
     assert set(bootstrap) == brokers
+
+
+def test_image_build_copies_every_source_folder_the_package_maps() -> None:
+    # The compose file builds its image from the Dockerfile; a folder pyproject maps to a
+    # package but the build stage does not copy fails `pip wheel .` (tools/ once did).
+    import re
+    import tomllib
+
+    root = COMPOSE.parent
+    stages = re.split(r"^FROM ", (root / "Dockerfile").read_text(), flags=re.M)
+    (build_stage,) = [s for s in stages if " AS build" in s.split("\n")[0]]
+    copied = {
+        src.rstrip("/")
+        for line in re.findall(r"^COPY (?!--from)(.+)$", build_stage, re.M)
+        for src in line.split()[:-1]
+    }
+    package_dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(package_dirs["package-dir"].values()) <= copied
+    assert {"pyproject.toml", "setup.py", "README.md"} <= copied
