@@ -127,3 +127,22 @@ def test_cli_expected_errors_are_one_line(cluster) -> None:  # noqa: ANN001
     rillet(cluster, "topic", "create", "dup", "--partitions", "1", "--replication-factor", "1")
     dup = rillet(cluster, "topic", "create", "dup", "--partitions", "1", ok=False)
     assert dup.returncode == 1 and "TOPIC_ALREADY_EXISTS" in dup.stderr
+
+
+def test_readme_python_example_runs(cluster, tmp_path) -> None:  # noqa: ANN001
+    # The README's client example, as a user pastes it into a file, against this cluster.
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = readme.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```")[0]
+    script = tmp_path / "example.py"
+    script.write_text(example.replace("127.0.0.1:9092", cluster.bootstrap))
+    rillet(cluster, "topic", "create", "events", "--partitions", "3", "--replication-factor", "3")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    sent, received = proc.stdout.splitlines()
+    assert sent.startswith("RecordMetadata(topic='events'")
+    _, offset, value = received.split()
+    assert offset == "0" and value in ("b'hello'", "b'a'", "b'b'", "b'c'")  # first of a partition
