@@ -181,3 +181,22 @@ def test_log_dump_records_are_lines_under_their_batch(tmp_path) -> None:  # noqa
     assert out[1].startswith("position: 0  offset: 0  last: 999  epoch: 7  count: 1000")
     assert out[2] == "| offset: 0  timestamp: 1795527536524  key: None  value: v0  headers: None"
     assert out[1002].startswith(f"position: {report.rows[1]['position']}  offset: 1000")
+
+
+def test_leader_elect_summary_of_10000_partitions_is_a_few_short_lines() -> None:
+    from rillet.client.cli.leader import print_summary
+
+    summary = {
+        "elected": ["wide-1", "wide-4"],
+        "not_needed": [f"wide-{i}" for i in range(10_000) if i not in (1, 4)],
+        "failed": [],
+    }
+    c = console()
+    print_summary(summary, console=c)
+    out = lines_of(c)
+    assert max(len(line) for line in out) <= WIDTH
+    text = " ".join(" ".join(out).split())  # the lines rejoined, as one would read them
+    assert text.startswith("Preferred leader elected for 2 partition(s): wide-1, wide-4 ")
+    assert "already leads 9,998 partition(s): wide-0, wide-2, wide-3, wide-5," in text
+    assert text.endswith("wide-11 and 9,988 more (--json lists them)")
+    assert len(out) <= 4

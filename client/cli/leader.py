@@ -60,7 +60,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
         if args.json:
             print_json(summary)
         else:
-            _print_summary(summary)
+            print_summary(summary)
         return 1 if summary["failed"] else 0
 
     return run(main)
@@ -80,16 +80,35 @@ def summarize_election(results: list[PartitionResult]) -> dict[str, Any]:
     return {"elected": elected, "not_needed": not_needed, "failed": failed}
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
-    if summary["elected"]:
-        print(
-            "Successfully completed preferred leader election for partitions "
-            + ", ".join(summary["elected"])
+# Names a human summary lists per outcome; --json lists every one.
+SHOWN_NAMES = 10
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:SHOWN_NAMES])
+    rest = len(names) - SHOWN_NAMES
+    return f"{shown} and {rest:,} more (--json lists them)" if rest > 0 else shown
+
+
+def print_summary(summary: dict[str, Any], console: Any = None) -> None:
+    """Kafka's outcomes, with a count and at most SHOWN_NAMES names each: a cluster-wide
+    election of 10,000 partitions printed one line of 10,000 names."""
+    from rich.console import Console
+
+    console = console or Console(highlight=False)
+
+    def say(text: str) -> None:
+        console.print(text, markup=False)
+
+    elected, not_needed = summary["elected"], summary["not_needed"]
+    if elected:
+        say(f"Preferred leader elected for {len(elected):,} partition(s): {_names(elected)}")
+    if not_needed:
+        say(
+            f"Preferred leader already leads {len(not_needed):,} partition(s): {_names(not_needed)}"
         )
-    if summary["not_needed"]:
-        print("Valid replica already elected for partitions " + ", ".join(summary["not_needed"]))
     for f in summary["failed"]:
         where = f["topic"] if f["partition"] < 0 else f"{f['topic']}-{f['partition']}"
-        print(f"Election failed for {where}: {f['error']}: {f['message']}")
+        say(f"Election failed for {where}: {f['error']}: {f['message']}")
     if not any(summary.values()):
-        print("No partitions.")
+        say("No partitions.")
