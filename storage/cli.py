@@ -80,13 +80,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for p in bad:
             print(f"CORRUPT {p['file']} at byte {p['position']}: {p['reason']}")
-        print(
-            f"{'FAILED' if bad else 'OK'}: {len(reports)} segment file(s), "
-            f"{sum(r.batches for r in reports)} valid batch(es), "
-            f"{sum(r.records for r in reports)} record(s), "
-            f"{sum(r.bytes for r in reports)} bytes checked"
-        )
+        print_verify_summary(reports, bad, _console())
     return 1 if bad else 0
+
+
+def print_verify_summary(reports: list[FileReport], bad: list, console: Any) -> None:
+    # Broken between its figures only: one line of them wrapped on an 80-column terminal.
+    fields = [
+        f"{'FAILED' if bad else 'OK'}: {len(reports)} segment file(s),",
+        f"{sum(r.batches for r in reports)} valid batch(es),",
+        f"{sum(r.records for r in reports)} record(s),",
+        f"{sum(r.bytes for r in reports)} bytes checked",
+    ]
+    console.print(Fields(fields, sep=" "))
 
 
 def _report_json(r: FileReport, *, rows: bool) -> dict[str, Any]:

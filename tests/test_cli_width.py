@@ -200,3 +200,18 @@ def test_leader_elect_summary_of_10000_partitions_is_a_few_short_lines() -> None
     assert "already leads 9,998 partition(s): wide-0, wide-2, wide-3, wide-5," in text
     assert text.endswith("wide-11 and 9,988 more (--json lists them)")
     assert len(out) <= 4
+
+
+def test_log_verify_summary_fits_80_columns(tmp_path) -> None:  # noqa: ANN001
+    from rillet.storage.cli import print_verify_summary
+
+    report = _segment(tmp_path)
+    report.batches, report.records, report.bytes = 26_843, 170_000_096, 1_073_741_824
+    c = console()
+    print_verify_summary([report] * 12, [], c)
+    out = lines_of(c)
+    assert max(len(line) for line in out) <= WIDTH
+    assert " ".join(" ".join(out).split()) == (
+        "OK: 12 segment file(s), 322116 valid batch(es), 2040001152 record(s), "
+        "12884901888 bytes checked"
+    )
