@@ -318,3 +318,20 @@ def test_cluster_commands_wait_for_each_other(data_dir: Path) -> None:
     _, err = start.communicate(timeout=UP_TIMEOUT_S)
     assert start.returncode == 0, err
     assert states_and_pids(data_dir)[1][0] != "stopped"
+
+
+def test_cluster_up_on_a_port_in_use_says_so_and_starts_nothing(data_dir: Path) -> None:
+    import socket
+
+    from rillet.tools.local_cluster import LocalCluster
+
+    planned = LocalCluster(data_dir, controllers=1, brokers=1, ephemeral_ports=True)
+    planned.save()  # `cluster up` restarts this layout: controller 101 on a fixed port
+    port = planned.nodes[101].controller_port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        up = rillet("cluster", "up", "--detach", "--data-dir", str(data_dir), check=False)
+    assert up.returncode == 1 and "Traceback" not in up.stderr, up.stderr
+    assert f"port(s) {port} already in use" in up.stderr, up.stderr
+    assert not (data_dir / "node-101").exists()  # no node was started

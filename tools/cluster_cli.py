@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -90,6 +91,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster: LocalCluster | None = None
     try:
         cluster = _cluster_for_up(args)
+        _check_ports_free(cluster)
         _say(args, f"starting {len(cluster.nodes)} nodes in {cluster.data_dir} ...")
         cluster.start(owned=not args.detach)
         described = cluster.wait_ready()
@@ -146,6 +148,38 @@ def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
         overrides=parse_settings(args.set),
         racks=args.rack or None,
     )
+
+
+def ports_in_use(cluster: LocalCluster) -> list[int]:
+    """The fixed ports of the cluster's nodes that something else listens on now."""
+    ports = [
+        port
+        for n in cluster.nodes.values()
+        for port in (n.controller_port, n.broker_port)
+        if port  # 0 or None: the OS picks one
+    ]
+    busy = []
+    for port in ports:
+        with socket.socket() as s:
+            # As the nodes bind (asyncio sets it): a port only in TIME_WAIT after the
+            # last `cluster down` is free to them.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def _check_ports_free(cluster: LocalCluster) -> None:
+    # Before any node starts: a node that cannot bind dies with a traceback in its log.
+    busy = ports_in_use(cluster)
+    if busy:
+        raise ClusterError(
+            f"127.0.0.1 port(s) {', '.join(map(str, busy))} already in use: another local "
+            "cluster? `rillet cluster status --data-dir DIR` shows one and `rillet cluster "
+            "down --data-dir DIR` stops it; a new cluster with --ephemeral-ports runs beside it"
+        )
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
