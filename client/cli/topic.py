@@ -158,33 +158,50 @@ def print_describe(
     topics: list[dict[str, Any]], *, headers: bool = True, console: Any = None
 ) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console()
     for t in topics:
-        parts = t["partitions"]
         fields = _topic_header(t) if headers else [f"[bold]Topic: {t['name']}[/bold]"]
         console.print(Fields(fields))
-        table = Table(box=None, pad_edge=False)
-        columns = ["Partition", "Leader", "Epoch", "Replicas", "Isr"]
-        # The marks column only when some partition has a mark: no trailing blanks.
-        marked = any(p["offline"] or p["under_replicated"] for p in parts)
-        for col in columns + ([""] if marked else []):
-            table.add_column(col)
-        for p in parts:
-            leader = str(p["leader"]) if p["leader"] >= 0 else "[red]none[/red]"
-            marks = ["[red]offline[/red]"] if p["offline"] else []
-            if p["under_replicated"]:
-                marks.append("[yellow]under-replicated[/yellow]")
-            row = [
-                str(p["partition"]),
-                leader,
-                str(p["leader_epoch"]),
-                ",".join(map(str, p["replicas"])),
-                ",".join(map(str, p["isr"])),
-            ]
-            table.add_row(*row, *([" ".join(marks)] if marked else []))
-        console.print(table)
+        console.print(partition_table(t["partitions"]), soft_wrap=True)
+
+
+PARTITION_COLUMNS = ("Partition", "Leader", "Epoch", "Replicas", "Isr")
+
+
+def partition_table(parts: list[dict[str, Any]]) -> Any:
+    """The partition table as one rich Text of aligned lines, laid out by hand: a rich
+    Table took 9 s to lay out a topic of 10,000 partitions."""
+    from rich.text import Text
+
+    rows = [
+        [
+            str(p["partition"]),
+            str(p["leader"]) if p["leader"] >= 0 else "none",
+            str(p["leader_epoch"]),
+            ",".join(map(str, p["replicas"])),
+            ",".join(map(str, p["isr"])),
+        ]
+        for p in parts
+    ]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(PARTITION_COLUMNS)]
+    head = "  ".join(h.ljust(w) for h, w in zip(PARTITION_COLUMNS, widths, strict=True))
+    text = Text(head.rstrip())
+    last = len(widths) - 1
+    for p, cells in zip(parts, rows, strict=True):
+        marks = [("offline", "red")] if p["offline"] else []
+        if p["under_replicated"]:
+            marks.append(("under-replicated", "yellow"))
+        text.append("\n")
+        for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            padded = cell if i == last and not marks else cell.ljust(width)
+            text.append(
+                ("  " if i else "") + padded, style="red" if i == 1 and cell == "none" else ""
+            )
+        for mark, style in marks:
+            text.append("  ")
+            text.append(mark, style=style)
+    return text
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
