@@ -105,7 +105,8 @@ def test_detached_cluster_is_managed_through_its_data_dir(data_dir: Path) -> Non
     rillet("cluster", "start", "2", "--data-dir", str(data_dir))
     assert status(data_dir)["nodes"][1]["pid"] not in (None, pids[2])
 
-    rillet("cluster", "down", "--data-dir", str(data_dir))
+    down = rillet("cluster", "down", "--data-dir", str(data_dir))
+    assert "stopping the cluster: brokers first" in down.stderr  # before the wait
     assert set(states(data_dir).values()) == {"stopped"}
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):

@@ -264,6 +264,13 @@ def cmd_down(args: argparse.Namespace) -> int:
         cluster = LocalCluster.load(args.data_dir)
     except ClusterError as e:
         return _fail(str(e))
+    if not args.kill:
+        # Silent, this wait looked like a hang: with 10,000 partitions it takes ~40 s.
+        print(
+            "stopping the cluster: brokers first, each moving its leaderships away "
+            "(longer with many partitions), then the controllers ...",
+            file=sys.stderr,
+        )
     cluster.stop(kill=args.kill)
     print(f"stopped the cluster in {cluster.data_dir}")
     return 0
