@@ -163,3 +163,49 @@ async def test_the_admin_client_does_not_retry_a_policy_violation() -> None:
         await admin.create_topics([NewTopic("t", 3_000_000, 3)])
     assert len(sent) == 1
     await admin.close()
+
+
+@pytest.mark.parametrize("broker_id", [-1, -7, 2**31])
+def test_a_registration_with_a_broker_id_outside_int32_or_negative_is_refused(
+    broker_id: int,
+) -> None:
+    # -1 is NO_LEADER: a broker registered under it was placed, made leader, and its
+    # partitions then read as leaderless everywhere.
+    c = Cluster()
+    records, resp = c.ctl.register_broker(
+        c.image, broker_id, "inc-x", [("PLAINTEXT", "h", 9009)], None, c.now
+    )
+    assert records == [] and resp.error_code == E("INVALID_REQUEST"), resp
+    assert "broker id" in resp.error_message
+
+
+@pytest.mark.timeout(60)
+def test_delete_topics_of_many_names_is_answered_in_linear_time() -> None:
+    # The plan runs on the loop with every other write waiting: a duplicate check that
+    # counted each name in the whole list took 4 s for 20,000 names and would take
+    # about 15 minutes for these (a request of 2 MiB).
+    c = Cluster()
+    assert c.create("t", 3).error_code == 0
+    names = [f"x{i}" for i in range(300_000)] + ["t", "t", "x5"]
+    records, results = c.ctl.delete_topics(c.image, names)
+    assert records == []
+    assert len(results) == len(names)
+    codes = {r.name: r.error_code for r in results}
+    assert codes["t"] == codes["x5"] == E("INVALID_REQUEST")
+    assert codes["x6"] == E("UNKNOWN_TOPIC_OR_PARTITION")
+
+
+def test_elect_leaders_naming_a_topic_many_times_works_each_partition_once() -> None:
+    # A request naming one topic N times made N records per partition (all planned on
+    # the loop): a 100 KiB request against a topic of 10,000 partitions, a billion.
+    c = Cluster()
+    assert c.create("t", 6).error_code == 0
+    c.heartbeat(1, fence=True)  # leadership leaves broker 1
+    assert c.heartbeat(1).is_fenced is False
+    for p in c.image.topic("t").partitions.values():  # broker 1 back in every ISR
+        assert c.alter("t", (*c.p("t", p.partition).isr, 1), p.partition).error_code == 0
+    moved = [p for p in c.image.topic("t").partitions.values() if p.leader != p.replicas[0]]
+    assert moved
+    records, results = c.ctl.elect_preferred_leaders(c.image, ["t"] * 1000)
+    assert len(records) == len(moved)
+    assert len(results) == 6

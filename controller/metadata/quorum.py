@@ -37,6 +37,7 @@ import base64
 import logging
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -115,6 +116,7 @@ TOPIC_NAME_MAX = 249
 # (a rack of megabytes once made a record too large for the Raft log, fatally).
 REGISTRATION_TEXT_MAX = 255  # characters of an incarnation id, rack, listener or host
 REGISTRATION_ENDPOINTS_MAX = 16
+BROKER_ID_MAX = 2**31 - 1
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
@@ -299,7 +301,7 @@ class QuorumController:
         now_ms: int,
     ) -> Result:
         """Register (fenced) and hand out a broker epoch: above every offset seen so far."""
-        error = _registration_error(incarnation_id, endpoints, rack)
+        error = _registration_error(broker_id, incarnation_id, endpoints, rack)
         if error is not None:
             return Result([], RegisterBrokerResponse(INVALID_REQUEST, -1, error))
         eps = tuple(Endpoint(*e) for e in endpoints)
@@ -693,9 +695,12 @@ class QuorumController:
     def delete_topics(self, image: MetadataImage, names: Sequence[str]) -> Result:
         records: list[MetadataRecord] = []
         results: list[TopicResult] = []
+        # Counted once (names.count per name was quadratic: minutes on the loop for a
+        # request of a few MiB).
+        counts = Counter(names)
         for name in names:
             t = image.topic(name)
-            if names.count(name) > 1:
+            if counts[name] > 1:
                 results.append(TopicResult(name, INVALID_REQUEST, "duplicate topic name"))
             elif t is None:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION, "no such topic"))
@@ -795,7 +800,9 @@ class QuorumController:
         self, image: MetadataImage, topics: Sequence[str] | None = None
     ) -> Result:
         """Move leadership to each partition's first replica (all topics when None)."""
-        names = sorted(image.topics_by_name) if topics is None else list(topics)
+        # Each name once: a request naming a topic N times planned N changes of each of
+        # its partitions, on the loop.
+        names = sorted(image.topics_by_name) if topics is None else list(dict.fromkeys(topics))
         eligible = self.eligible(image)
         records: list[MetadataRecord] = []
         results: list[PartitionResult] = []
@@ -937,8 +944,14 @@ def total_partitions(image: MetadataImage) -> int:
 
 
 def _registration_error(
-    incarnation_id: str, endpoints: Sequence[Endpoint | tuple[str, str, int]], rack: str | None
+    broker_id: int,
+    incarnation_id: str,
+    endpoints: Sequence[Endpoint | tuple[str, str, int]],
+    rack: str | None,
 ) -> str | None:
+    if not 0 <= broker_id <= BROKER_ID_MAX:
+        # Kafka's broker ids are int32 and never negative; -1 is NO_LEADER here.
+        return f"broker id {broker_id} must be in 0..{BROKER_ID_MAX}"
     texts = [("incarnation id", incarnation_id), ("rack", rack or "")]
     if len(endpoints) > REGISTRATION_ENDPOINTS_MAX:
         return f"{len(endpoints)} listeners: at most {REGISTRATION_ENDPOINTS_MAX}"
