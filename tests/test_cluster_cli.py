@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from helpers import wait_until
 
+from rillet.tools import local_cluster
+from rillet.tools.local_cluster import ClusterError, LocalCluster, write_config
+
 pytestmark = pytest.mark.cluster
 
 RILLET = [sys.executable, "-m", "rillet.client.cli"]
@@ -336,3 +339,43 @@ def test_cluster_up_on_a_port_in_use_says_so_and_starts_nothing(data_dir: Path) 
     assert up.returncode == 1 and "Traceback" not in up.stderr, up.stderr
     assert f"port(s) {port} already in use" in up.stderr, up.stderr
     assert not (data_dir / "node-101").exists()  # no node was started
+
+
+def test_stopping_the_cluster_spares_a_process_that_only_names_a_node_config(
+    tmp_path: Path,
+) -> None:
+    """The /proc scan for nodes that went unrecorded matches a node's command line, not
+    any process naming its config file (`less node-1/config.toml` was SIGTERMed)."""
+    cluster = LocalCluster(tmp_path / "c", controllers=1, brokers=1)
+    with cluster.locked():
+        config = cluster.node_dir(1) / "config.toml"
+        config.parent.mkdir(parents=True)
+        write_config(config, cluster.config_for(cluster.nodes[1]))
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    viewer = subprocess.Popen([*sleep, str(config)])
+    stray = subprocess.Popen([*sleep, "-m", "rillet.client.cli", "broker", "--config", str(config)])
+    try:
+        wait_until(lambda: str(config).encode() in Path(f"/proc/{stray.pid}/cmdline").read_bytes())
+        assert cluster._strays() == {stray.pid: 1}
+        cluster.stop(timeout_s=30)
+        assert stray.wait(timeout=30) is not None  # the stray node was stopped
+        assert viewer.poll() is None  # the viewer runs on
+    finally:
+        for proc in (viewer, stray):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_node_that_exits_before_its_start_time_is_read_is_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node recorded without its start time stands for whatever process gets its pid
+    next: `cluster down` would signal that one. A start time that cannot be read means
+    the node already exited (or is a zombie): it is recorded as not running."""
+    cluster = LocalCluster(tmp_path / "c", controllers=1, brokers=1, python="/bin/false")
+    monkeypatch.setattr(local_cluster, "process_start_time", lambda pid: None)
+    with pytest.raises(ClusterError, match="exited during start-up"):
+        cluster.start_node(101, timeout_s=30)
+    state = json.loads((tmp_path / "c" / "cluster.json").read_text())
+    recorded = {n["node_id"]: n["pid"] for n in state["nodes"]}
+    assert recorded[101] is None

@@ -490,8 +490,14 @@ class LocalCluster:
                 # before controllers; a node outlives `cluster up --detach`.
                 start_new_session=True,
             )
-        node.pid = proc.pid
-        node.start_time = process_start_time(proc.pid)
+        started = process_start_time(proc.pid)
+        if started is None and HAVE_PROC:
+            # Exited already (a zombie has no start time): a pid recorded without one
+            # would stand for whatever process gets that pid next.
+            node.pid = node.start_time = None
+            proc.poll()  # reap it
+        else:
+            node.pid, node.start_time = proc.pid, started
         # Keep a handle so the child can be reaped (no zombies) while we run.
         _CHILDREN[proc.pid] = proc
         self.save()  # recorded at once: `cluster down` must find it whatever happens next
@@ -580,9 +586,9 @@ class LocalCluster:
                     args = f.read().split(b"\0")
             except OSError:
                 continue
-            for arg in args:
-                if arg in configs and process_start_time(int(entry)) is not None:
-                    found[int(entry)] = configs[arg]
+            node_id = _node_config_of(args, configs)
+            if node_id is not None and process_start_time(int(entry)) is not None:
+                found[int(entry)] = node_id
         return found
 
     def brokers(self) -> list[Node]:
@@ -716,6 +722,18 @@ def summarize_partitions(metadata: m.MetadataResponse) -> dict[str, Any]:
         "under_replicated": under,
         "offline": offline,
     }
+
+
+def _node_config_of(args: list[bytes], configs: dict[bytes, int]) -> int | None:
+    """The node whose config a command line runs as a node (``_spawn``'s command:
+    ``-m rillet.client.cli <role> --config <path>``), or None: a process that only names
+    the file (an editor, ``less``) is not a node, and stopping the cluster spares it."""
+    if b"rillet.client.cli" not in args:
+        return None
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == b"--config" and value in configs:
+            return configs[value]
+    return None
 
 
 def _rack(racks: list, i: int) -> str | None:
