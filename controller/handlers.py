@@ -51,6 +51,9 @@ INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
 REQUEST_TIMED_OUT = code_of("REQUEST_TIMED_OUT")
 # A CreateTopics of this many partitions or more is planned on a worker thread.
 PLAN_OFF_LOOP_PARTITIONS = 1000
+# Off-loop plans of one CreateTopics that may go stale before the last is planned on the loop.
+CREATE_PLAN_ATTEMPTS = 5
+CreatePlan = Callable[[MetadataImage], tuple[list[MetadataRecord], list[Any]]]
 TIMED_OUT_MESSAGE = "not committed within the request's timeout; the operation goes on"
 FETCH_METADATA_MAX_WAIT_MS = 30_000
 
@@ -158,22 +161,31 @@ async def create_topics(
         )
         for t in f.topics
     ]
-    plan = await _plan_create_topics(server, ctl, topics, f.validate_only)
     building: set[str] = set()
 
-    def create(image: MetadataImage) -> tuple[list[MetadataRecord], list[Any]]:
-        records, results = plan(image)
-        if records:
-            # The new topics are building until their last entry is proposed: while
-            # this operation still proposes them, they are not orphans.
-            building.update(r.topic_id for r in results if r.topic_id)
-            ctl.building |= building
-        return records, results
+    def create(plan: CreatePlan) -> Callable[[MetadataImage], tuple[list[MetadataRecord], Any]]:
+        def run(image: MetadataImage) -> tuple[list[MetadataRecord], list[Any]]:
+            records, results = plan(image)
+            if records:
+                # The new topics are building until their last entry is proposed: while
+                # this operation still proposes them, they are not orphans.
+                building.update(r.topic_id for r in results if r.topic_id)
+                ctl.building |= building
+            return records, results
 
-    try:
-        results, done = await server.commit_within(ctl, create, f.timeout_ms)
-    finally:
-        ctl.building -= building
+        return run
+
+    attempt = 1
+    while True:
+        last = attempt == CREATE_PLAN_ATTEMPTS  # then planned again on the loop if need be
+        plan = await _plan_create_topics(server, ctl, topics, f.validate_only, last)
+        try:
+            results, done = await server.commit_within(ctl, create(plan), f.timeout_ms)
+            break
+        except _StalePlan:
+            attempt += 1
+        finally:
+            ctl.building -= building
     timed_out = not done
     return m.CreateTopicsResponse(
         topics=[
@@ -189,18 +201,26 @@ async def create_topics(
     )
 
 
+class _StalePlan(Exception):
+    """A plan worked out off the loop no longer holds on the pending image: plan again."""
+
+
 async def _plan_create_topics(
     server: ControllerServer,
     ctl: QuorumController,
     topics: list[CreatableTopic],
     validate_only: bool,
-) -> Callable[[MetadataImage], tuple[list[MetadataRecord], list[Any]]]:
+    on_loop_if_stale: bool = True,
+) -> CreatePlan:
     """`create_topics` as a plan for `ControllerServer.write`. A large one (placement
     and records for thousands of partitions: 100 ms or more) is worked out first on a
     worker thread, so the loop keeps its timing (the GIL passes back and forth every few
     ms). The planner reads only the immutable image and a copy of the controller's
     state; if, when the operation's turn to write comes, the pending image has changed
-    in a way that matters (a name taken, a broker fenced), it is planned again then.
+    in a way that matters (a name taken, a broker fenced), the plan raises _StalePlan
+    and `create_topics` plans it again off the loop on the newer image (two large
+    creates at once: the second always finds the first's topics), on the loop only
+    after ``CREATE_PLAN_ATTEMPTS`` such turns, so that it ends.
 
     A request past the partition limits (max.partitions, max.broker.partitions) is
     refused here, on the loop and before any placement: the check is a sum, so asking
@@ -219,6 +239,8 @@ async def _plan_create_topics(
     def plan(now: MetadataImage) -> tuple[list[MetadataRecord], list[Any]]:
         if ctl.plan_still_holds(image, now):
             return planned
+        if not on_loop_if_stale:
+            raise _StalePlan
         return ctl.create_topics(now, topics, validate_only)
 
     return plan

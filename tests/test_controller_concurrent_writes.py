@@ -14,7 +14,9 @@ died applying it ("leader 2 not in ISR"), again at each restart.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,11 @@ from typing import Any
 import pytest
 
 from rillet.client.wire import messages as m
+from rillet.client.wire.errors import PolicyViolationError
 from rillet.controller import handlers
 from rillet.controller.config import controller_config_table
 from rillet.controller.metadata.image import check_partition
+from rillet.controller.metadata.quorum import QuorumController, total_partitions
 from rillet.controller.server import ControllerServer
 from rillet.controller.state_machine import EntryLimits
 
@@ -106,3 +110,59 @@ async def test_controlled_shutdowns_at_once_each_plan_on_the_others_changes(
     assert server.failure is not None and not server.failure.done()
     for _, p in server.images.committed.iter_partitions():
         check_partition(p)
+
+
+async def test_creates_planned_at_once_are_planned_again_off_the_loop(
+    server: ControllerServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two large CreateTopics planned on the same image: the second to write finds the
+    first's topics in the pending image, so its plan no longer holds. It used to plan
+    again on the loop (seconds for 100,000 partitions, with Raft and every heartbeat
+    waiting); it plans again on a worker thread, and the limits are checked on the image
+    it writes on (together the two pass max.partitions: the second is refused)."""
+    assert server.ctl is not None
+    server.machine.entry_limits = EntryLimits()
+    for b in BROKERS:
+        registered = await handlers.broker_registration(
+            server,
+            server.ctl,
+            m.BrokerRegistrationRequest(
+                broker_id=b,
+                cluster_id="",
+                incarnation_id=f"inc{b}",
+                listeners=[m.Listener("BROKER", "127.0.0.1", 9000 + b)],
+            ),
+        )
+        await _heartbeat(server, b, registered.broker_epoch)
+    monkeypatch.setattr(handlers, "PLAN_OFF_LOOP_PARTITIONS", 10)
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+    plan = QuorumController.create_topics
+
+    def recording(self: QuorumController, image: Any, topics: Any, *args: Any) -> Any:
+        if threading.get_ident() == loop_thread:
+            on_loop.extend(t.name for t in topics)
+        return plan(self, image, topics, *args)
+
+    monkeypatch.setattr(QuorumController, "create_topics", recording)
+
+    def create(name: str, partitions: int) -> Any:
+        request = m.CreateTopicsRequest(
+            topics=[m.CreatableTopic(name, partitions, 3, [], {})], timeout_ms=30_000
+        )
+        return handlers.create_topics(server, server.ctl, request)  # type: ignore[arg-type]
+
+    a, b = await asyncio.wait_for(asyncio.gather(create("a", 40), create("b", 40)), GUARD_S)
+    assert [a.topics[0].error_code, b.topics[0].error_code] == [0, 0]
+    assert on_loop == []
+
+    server.ctl.config = dataclasses.replace(server.ctl.config, max_partitions=100)
+    results = await asyncio.wait_for(
+        asyncio.gather(create("c", 15), create("d", 15), return_exceptions=True), GUARD_S
+    )
+    assert on_loop == []
+    refused = [r for r in results if isinstance(r, PolicyViolationError)]
+    created = [r for r in results if not isinstance(r, BaseException)]
+    assert len(refused) == 1 and len(created) == 1, results
+    assert created[0].topics[0].error_code == 0
+    assert total_partitions(server.images.pending) == 95
