@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -22,6 +23,7 @@ from rillet.controller.metadata.image import (
     RegisterBroker,
     RemoteSegment,
     UnfenceBroker,
+    check_partition,
     replay_records,
 )
 from rillet.controller.metadata.quorum import (
@@ -647,6 +649,25 @@ def test_reassignment_errors() -> None:
         E("INVALID_REPLICA_ASSIGNMENT"),
         E("UNKNOWN_TOPIC_OR_PARTITION"),
     ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_request_naming_a_partition_twice_moves_it_as_two_requests_would(seed: int) -> None:
+    # Each move was planned on the image before the request: a later move of the same
+    # partition undid part of an earlier one, and the records did not apply ("adding not
+    # within replicas"), answered as an unknown server error, or half proposed when the
+    # request spanned several entries.
+    rng = random.Random(seed)
+    targets = [list(t) for r in (1, 2, 3) for t in itertools.permutations((1, 2, 3, 4), r)]
+    moves = [("t", 0, rng.choice([*targets, None])) for _ in range(rng.randint(2, 4))]
+    one, apart = Cluster(brokers=4), Cluster(brokers=4)
+    for c in (one, apart):
+        c.create("t", rf=3, assignments={0: [1, 2, 3]})
+    together = one.run(one.ctl.reassign_partitions(one.image, moves))
+    separately = [apart.run(apart.ctl.reassign_partitions(apart.image, [mv]))[0] for mv in moves]
+    assert [r.error_code for r in together] == [r.error_code for r in separately]
+    check_partition(one.p("t"))
+    assert one.p("t") == apart.p("t"), moves
 
 
 # ---------------------------------------------------------------- reads and the driver seam

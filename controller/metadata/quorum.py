@@ -859,13 +859,25 @@ class QuorumController:
         """
         records: list[MetadataRecord] = []
         results: list[PartitionResult] = []
+        # A partition named again is judged on the image with this request's earlier
+        # moves applied (as if sent in a second request): planned on the request's
+        # image, a later move undid half of an earlier one and the records did not
+        # apply. Replayed only then, and only what is new since the last replay.
+        unapplied: list[MetadataRecord] = []
+        changed: set[tuple[str, int]] = set()
         for topic, partition, target in moves:
+            if (topic, partition) in changed:
+                image = replay_records(image, unapplied)
+                unapplied, changed = [], set()
             p = image.partition(topic, partition)
             if p is None:
                 results.append(PartitionResult(topic, partition, UNKNOWN_TOPIC_OR_PARTITION))
                 continue
             recs, code, msg = self._reassign_one(image, p, target)
-            records += recs
+            if recs:
+                records += recs
+                unapplied += recs
+                changed.add((topic, partition))
             results.append(PartitionResult(topic, partition, code, msg))
         return Result(records, results)
 
