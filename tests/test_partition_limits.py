@@ -209,3 +209,12 @@ def test_elect_leaders_naming_a_topic_many_times_works_each_partition_once() -> 
     records, results = c.ctl.elect_preferred_leaders(c.image, ["t"] * 1000)
     assert len(records) == len(moved)
     assert len(results) == 6
+
+
+def test_manual_assignments_meet_the_per_topic_partition_limit_too() -> None:
+    # Counts past it were refused; the same topic given as assignments was created.
+    c = Cluster(max_partitions_per_topic=10)
+    result = c.create("t", assignments={p: [1 + p % 3] for p in range(11)}, rf=1)
+    assert result.error_code == E("INVALID_PARTITIONS"), result
+    assert c.last_records == []
+    assert c.create("u", assignments={p: [1 + p % 3] for p in range(10)}, rf=1).error_code == 0

@@ -664,6 +664,12 @@ class QuorumController:
         if t.assignments is not None:
             if t.num_partitions != -1 or t.replication_factor != -1:
                 return INVALID_REQUEST, "give assignments or counts, not both"
+            if len(t.assignments) > self.config.max_partitions_per_topic:
+                return (
+                    INVALID_PARTITIONS,
+                    f"{len(t.assignments)} partitions: must be "
+                    f"1..{self.config.max_partitions_per_topic}",
+                )
             return _check_assignments(image, t.assignments, eligible)
         n = self.config.default_num_partitions if t.num_partitions == -1 else t.num_partitions
         rf = (
