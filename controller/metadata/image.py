@@ -609,6 +609,9 @@ class MetadataDelta:
         self.record_count = 0
         self.changed_brokers: dict[int, RegisterBroker | None] = {}  # None: unregistered
         self._topics: dict[str, _TopicDelta] = {}  # by topic id: created or touched
+        # Names of the created entries of _topics (name -> their ids): a snapshot is one
+        # delta, and a scan of _topics per Topic record made loading it quadratic.
+        self._created_names: dict[str, set[str]] = {}
         self.deleted_topics: dict[str, str] = {}  # topic id -> name, of the base image
         self.aborted_topics: set[str] = set()  # building topics of the base image removed
         self._configs: dict[tuple[int, str], dict[str, str]] = {}  # touched resources
@@ -664,7 +667,7 @@ class MetadataDelta:
         return None if t is None else t.name
 
     def _name_taken(self, name: str) -> bool:
-        if any(td.name == name for td in self._topics.values() if td.created):
+        if self._created_names.get(name):
             return True
         if any(
             t.name == name and t.topic_id not in self.aborted_topics
@@ -682,6 +685,7 @@ class MetadataDelta:
         self._topics[rec.topic_id] = _TopicDelta(
             rec.name, rec.topic_id, created=True, partition_count=rec.partition_count
         )
+        self._created_names.setdefault(rec.name, set()).add(rec.topic_id)
 
     def _touch_topic(self, topic_id: str) -> _TopicDelta:
         td = self._topics.get(topic_id)
@@ -692,6 +696,7 @@ class MetadataDelta:
                 td = _TopicDelta(name, topic_id, created=False)
             else:
                 td = _TopicDelta(name, topic_id, True, {}, building.partition_count, building)
+                self._created_names.setdefault(name, set()).add(topic_id)
             self._topics[topic_id] = td
         return td
 
@@ -733,6 +738,8 @@ class MetadataDelta:
     def _replay_remove_topic(self, rec: RemoveTopic) -> None:
         name = require(self._topic_name(rec.topic_id), f"RemoveTopic of unknown {rec.topic_id}")
         td = self._topics.pop(rec.topic_id, None)
+        if td is not None and td.created:
+            self._created_names[td.name].discard(rec.topic_id)
         if rec.topic_id in self.image.building_topics:
             self.aborted_topics.add(rec.topic_id)  # never visible: nothing for listeners
         elif td is None or not td.created:
