@@ -218,3 +218,16 @@ def test_manual_assignments_meet_the_per_topic_partition_limit_too() -> None:
     assert result.error_code == E("INVALID_PARTITIONS"), result
     assert c.last_records == []
     assert c.create("u", assignments={p: [1 + p % 3] for p in range(10)}, rf=1).error_code == 0
+
+
+@pytest.mark.timeout(60)
+def test_the_name_collision_check_is_linear_in_topics_and_request() -> None:
+    # Each new name with a '.' or '_' was compared with every topic of the cluster: for
+    # these 40,000 against 40,000 minutes (on the loop for a request of
+    # fewer than 1,000 partitions).
+    c = Cluster()
+    c.run(c.ctl.create_topics(c.image, [CreatableTopic(f"t.{i}", 1, 1) for i in range(40_000)]))
+    asked = [CreatableTopic(f"u.{i}", 1, 1) for i in range(40_000)] + [CreatableTopic("t_7", 1, 1)]
+    records, results = c.ctl.create_topics(c.image, asked, validate_only=True)
+    assert [r.error_code for r in results].count(0) == 40_000
+    assert results[-1].error_code == E("INVALID_TOPIC_EXCEPTION")

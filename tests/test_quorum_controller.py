@@ -411,6 +411,15 @@ def test_create_topic_errors() -> None:
     assert c.image.topic("u") is None
 
 
+def test_topics_of_one_request_whose_names_collide_are_not_both_created() -> None:
+    c = Cluster(brokers=3)
+    asked = [CreatableTopic("x.y", 1, 1), CreatableTopic("x_y", 1, 1), CreatableTopic("z", 1, 1)]
+    results = c.run(c.ctl.create_topics(c.image, asked))
+    assert [r.error_code for r in results] == [0, E("INVALID_TOPIC_EXCEPTION"), 0]
+    assert "'x.y'" in results[1].error_message
+    assert c.image.topic("x_y") is None and c.image.topic("x.y") is not None
+
+
 def test_create_topic_with_defaults_and_canonical_configs() -> None:
     c = Cluster(brokers=3, default_num_partitions=4, default_replication_factor=2)
     result = c.create(
