@@ -145,6 +145,8 @@ class BrokerConfig:
             )
         if config["node.id"] is None:
             raise InvalidConfigError("node.id is required")
+        if not 0 <= config["node.id"] <= 2**31 - 1:  # Kafka's int32; the controller refuses
+            raise InvalidConfigError(f"node.id must be in 0..2147483647, not {config['node.id']}")
         listeners = parse_listeners(config["listeners"] or DEFAULT_BROKER_LISTENER)
         if "broker" in roles and BROKER_LISTENER not in listeners:
             raise InvalidConfigError(f"listeners: a broker needs a {BROKER_LISTENER}:// listener")

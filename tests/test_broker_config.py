@@ -43,6 +43,10 @@ def test_combined_mode_takes_controller_keys(tmp_path: Path) -> None:
         ("listeners=nonsense", "NAME://host:port"),
         ("process.roles=router", "process.roles"),
         ("message.max.bytes=-1", "message.max.bytes"),
+        # The controller refuses to register such an id (-1 is "no leader"): refused at
+        # start-up, not by a registration retried forever.
+        ("node.id=-1", "node.id must be in 0..2147483647"),
+        ("node.id=2147483648", "node.id must be in 0..2147483647"),
     ],
 )
 def test_bad_values_fail_start_up(override: str, match: str) -> None:
