@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import struct
 import threading
 import time
@@ -55,6 +56,7 @@ BATCH = 100  # hostile requests pipelined on one connection
 BASELINE_ROUNDS = 300
 DELIVERY_TIMEOUT_S = 120.0  # Kafka's delivery.timeout.ms
 TOPIC = "good"
+STALL = re.compile(r"event loop stalled for (\d+) ms")
 
 
 class RssSampler:
@@ -358,6 +360,10 @@ def run_fuzz(cluster: LocalCluster) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         figures = runner.run(main())
+    figures["longest_loop_stall_ms"] = {
+        name: longest_stall_ms((cluster.node_dir(node.node_id) / "node.log").read_text())
+        for name, node in (("broker", broker), ("controller", controller))
+    }
     print("\nfuzz-long:", json.dumps(figures, indent=2))
     for name, pid in pids.items():
         assert pid_alive(pid), f"{name} died: {cluster.log_tail(broker.node_id)}"
@@ -369,3 +375,8 @@ def run_fuzz(cluster: LocalCluster) -> None:
     for node_id in cluster.nodes:
         log = (cluster.node_dir(node_id) / "node.log").read_text(errors="replace")
         assert "Traceback" not in log, cluster.log_tail(node_id, 80)
+
+
+def longest_stall_ms(log: str) -> float:
+    """The longest event-loop stall a node's LoopLagMonitor warned of (0 if none)."""
+    return max((float(ms) for ms in STALL.findall(log)), default=0.0)

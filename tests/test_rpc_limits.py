@@ -17,6 +17,7 @@ from helpers import wait_until_async
 
 from rillet.client.runtime.config import node_keys
 from rillet.client.runtime.rpc_server import (
+    DISPATCH_PER_TURN,
     PeerWarnings,
     Request,
     Response,
@@ -27,7 +28,7 @@ from rillet.client.runtime.rpc_server import (
 from rillet.client.wire import messages, schemas
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import InvalidConfigError, NetworkError
-from rillet.client.wire.framing import encode_frame_bytes
+from rillet.client.wire.framing import FrameDecoder, encode_frame_bytes
 
 
 async def _versions_ok(conn: Connection) -> bool:
@@ -142,6 +143,53 @@ async def test_in_flight_cap_stops_reading_the_connection() -> None:
         assert not peer.paused  # reading again once answers made room
         assert await _versions_ok(conn)
         await conn.aclose()
+
+
+async def test_requests_started_per_loop_turn_are_bounded_node_wide() -> None:
+    # A handler's first step runs without a break, so one read holding a hundred pipelined
+    # requests would start a hundred handlers in one turn of the loop, and timers
+    # (heartbeats, Raft) wait behind all of them. A ticker task that yields every turn
+    # numbers the turns; no turn may start more than the node's per-turn share, however
+    # many connections pipeline at once, and answers still come in order.
+    turn = 0
+    started: dict[int, int] = {}
+
+    async def ticker() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    async def handler(request: Request) -> Response:
+        started[turn] = started.get(turn, 0) + 1
+        return Response(messages.ListOffsetsResponse([]))
+
+    frames = b"".join(
+        encode_frame_bytes({"api": 2, "version": 0, "correlation_id": i, "topics": []})
+        for i in range(60)
+    )
+    tick = asyncio.ensure_future(ticker())
+    async with RpcServer({schemas.LIST_OFFSETS.key: handler}) as srv:
+        await srv.start()
+        peers = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(3)]
+        for _, writer in peers:
+            writer.write(frames)
+            writer.write_eof()
+        for reader, writer in peers:
+            answers = await _read_all_frames(reader)
+            assert [h["correlation_id"] for h in answers] == list(range(60))
+            writer.close()
+    tick.cancel()
+    assert sum(started.values()) == 180
+    assert max(started.values()) <= DISPATCH_PER_TURN
+
+
+async def _read_all_frames(reader: asyncio.StreamReader) -> list[dict[str, Any]]:
+    decoder = FrameDecoder()
+    out: list[dict[str, Any]] = []
+    while chunk := await reader.read(1 << 16):
+        out += [header for header, _ in decoder.feed(chunk)]
+    return out
 
 
 async def test_connections_per_address_are_capped_with_overrides() -> None:

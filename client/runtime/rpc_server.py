@@ -80,6 +80,12 @@ DEFAULT_MAX_PARTIAL_REQUEST_BYTES = 256 * 1024 * 1024
 # produce requests, or a held acks=all produce could wait for the very fetch that frees it.
 UNRESERVED_FRAME_BYTES = 64 * 1024
 WRITE_HIGH_WATER_BYTES = 8 * 1024 * 1024  # stop reading a peer that does not read its answers
+# Requests the whole node starts per turn of the event loop. A handler's first step runs
+# without a break (a Metadata answer is built in one go), and one read may hold a hundred
+# pipelined requests; started together they held the loop for seconds, and the broker's
+# heartbeats with it (the controller fenced it). Timers and other connections get a turn
+# between every few requests instead; a turn costs microseconds, so throughput is kept.
+DISPATCH_PER_TURN = 8
 
 # How FileRange payloads reach the socket ("pread" or "sendfile"). Measured on this
 # 2-core machine (uvloop server process, client in another process on loopback, 8
@@ -292,6 +298,55 @@ class PartialRequestBudget:
         self.grant()
 
 
+class DispatchTurns:
+    """The node-wide share of requests started per loop turn (``DISPATCH_PER_TURN``).
+
+    A connection takes one unit per request it starts; when none is left, it waits and
+    its requests stay in its backlog, unread input with them (reading pauses). The next
+    turn (a ``call_soon`` callback, so timers and I/O ran in between) refills the share
+    and lets waiting connections go, in the order they began to wait: a connection cut
+    short goes to the back, so pipelining connections take turns.
+    """
+
+    def __init__(self, per_turn: int) -> None:
+        self.per_turn = per_turn
+        self.left = per_turn
+        self.waiters: deque[_ServerProtocol] = deque()
+        self.armed = False
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        self.arm()
+        return True
+
+    def wait(self, conn: _ServerProtocol) -> None:
+        if not conn.waiting_turn:
+            conn.waiting_turn = True
+            self.waiters.append(conn)
+            self.arm()
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            asyncio.get_running_loop().call_soon(self.next_turn)
+
+    def next_turn(self) -> None:
+        self.armed = False
+        self.left = self.per_turn
+        waiters = self.waiters
+        for _ in range(len(waiters)):
+            if self.left <= 0:
+                break
+            conn = waiters.popleft()
+            conn.waiting_turn = False
+            if not conn.closing:
+                conn.flush()  # waits again (at the back) if its backlog outlasts the share
+        if waiters:
+            self.arm()
+
+
 class RpcServer:
     """Serve ``handlers`` (``{api_key: handler}``) on one TCP port."""
 
@@ -307,6 +362,7 @@ class RpcServer:
         request_read_timeout_ms: int = DEFAULT_REQUEST_READ_TIMEOUT_MS,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_partial_request_bytes: int = DEFAULT_MAX_PARTIAL_REQUEST_BYTES,
+        dispatch_per_turn: int = DISPATCH_PER_TURN,
         name: str = "rpc",
         file_send_mode: str = FILE_SEND_MODE,
         validate_responses: bool = False,
@@ -327,6 +383,7 @@ class RpcServer:
         self.read_timeout_s = request_read_timeout_ms / 1000
         self.max_in_flight = max_in_flight
         self.budget = PartialRequestBudget(max_partial_request_bytes)
+        self.turns = DispatchTurns(dispatch_per_turn)
         self.name = name
         self.file_send_mode = file_send_mode
         self.validate_responses = validate_responses
@@ -391,6 +448,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.paused: set[str] = set()  # why reading is paused: writing, in-flight, budget
         self.reserved = 0  # bytes of the budget this connection's split frame holds
         self.waiting = False  # in the budget's waiters
+        self.waiting_turn = False  # in the dispatch turns' waiters
         self.last_active = 0.0  # loop time of the last byte read or answer written
         self.frame_started = 0.0  # when the split frame now gathered began (or reading resumed)
         self.timer: asyncio.TimerHandle | None = None
@@ -442,11 +500,11 @@ class _ServerProtocol(asyncio.Protocol):
             self.frame_started = now
             if self.timer_when > now + self.server.read_timeout_s:
                 self.arm(self.server.read_timeout_s)
-        cap = self.server.max_in_flight
+        cap, turns = self.server.max_in_flight, self.server.turns
         for frame in frames:
             if self.closing:
                 return
-            if self.backlog or len(self.slots) >= cap:
+            if self.backlog or len(self.slots) >= cap or not turns.take():
                 self.backlog.append(frame)
             else:
                 self.dispatch(frame)
@@ -460,8 +518,8 @@ class _ServerProtocol(asyncio.Protocol):
                 self.waiting = True
                 self.server.budget.waiters.append(self)
                 self.pause("budget")
-        if len(self.slots) >= cap:
-            self.pause("in-flight")
+        if self.backlog or len(self.slots) >= cap:
+            self.pause("in-flight")  # the backlog is one read's frames at most
         self.flush()
 
     def on_reserved(self, nbytes: int) -> None:
@@ -653,8 +711,12 @@ class _ServerProtocol(asyncio.Protocol):
         """Write every answer at the head of the queue that is ready, in order; start
         requests read past the in-flight cap as answers make room."""
         slots, backlog, cap = self.slots, self.backlog, self.server.max_in_flight
+        turns = self.server.turns
         while True:
             while backlog and len(slots) < cap and not self.closing:
+                if not turns.take():
+                    turns.wait(self)  # the rest on a later turn of the loop
+                    break
                 self.dispatch(backlog.popleft())
             wrote = False
             while slots and not self.writer_busy and not self.closing and slots[0].ready():
@@ -674,7 +736,7 @@ class _ServerProtocol(asyncio.Protocol):
                 self.write_now(slot, response)
             if wrote:
                 self.last_active = self.loop.time()
-            if not (backlog and len(slots) < cap) or self.closing:
+            if not (backlog and len(slots) < cap and turns.left > 0) or self.closing:
                 break
         if not backlog and len(slots) < cap:
             self.resume("in-flight")
