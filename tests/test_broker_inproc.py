@@ -362,6 +362,9 @@ async def test_metadata_describe_create_delete(broker, conn) -> None:
         "Metadata", {"topics": ["ghost"], "allow_auto_topic_creation": True}
     )
     assert header["topics"][0][0] == errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")  # off
+    # Each topic once, in the order first named: a repeated name is no more work.
+    header, _ = await conn.request("Metadata", {"topics": ["made", "ghost"] * 10_000})
+    assert [t[1] for t in header["topics"]] == ["made", "ghost"]
     header, _ = await conn.request("DescribeCluster", {})
     assert header["brokers"] == [[1, "127.0.0.1", server.port, None, False]]
     await produce(conn, "made", 0, batch(b"x"))

@@ -78,8 +78,9 @@ def describe_cluster(
 def describe_topics(
     image: MetadataImage, names: Sequence[str] | None = None
 ) -> list[TopicMetadata]:
-    """What a Metadata response lists per topic, read straight off the image."""
-    wanted = sorted(image.topics_by_name) if names is None else names
+    """What a Metadata response lists per topic, read straight off the image: each topic
+    once, as Kafka answers (a name repeated 20,000 times is one topic, not 20,000)."""
+    wanted = sorted(image.topics_by_name) if names is None else dict.fromkeys(names)
     out: list[TopicMetadata] = []
     for name in wanted:
         t = image.topic(name)
