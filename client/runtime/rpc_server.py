@@ -80,12 +80,16 @@ DEFAULT_MAX_PARTIAL_REQUEST_BYTES = 256 * 1024 * 1024
 # produce requests, or a held acks=all produce could wait for the very fetch that frees it.
 UNRESERVED_FRAME_BYTES = 64 * 1024
 WRITE_HIGH_WATER_BYTES = 8 * 1024 * 1024  # stop reading a peer that does not read its answers
-# Requests the whole node starts per turn of the event loop. A handler's first step runs
-# without a break (a Metadata answer is built in one go), and one read may hold a hundred
-# pipelined requests; started together they held the loop for seconds, and the broker's
-# heartbeats with it (the controller fenced it). Timers and other connections get a turn
-# between every few requests instead; a turn costs microseconds, so throughput is kept.
+# Work the whole node starts per turn of the event loop, in units: a request costs one
+# unit per started DISPATCH_UNIT_BYTES of its header. A handler's first step runs without
+# a break (a Metadata answer is built in one go), its Python work grows with the header's
+# items (payload bytes are handled in C), and one read may hold a hundred pipelined
+# requests; started together, a hundred Metadata requests naming 20,000 topics each held
+# the loop for seconds, and the broker's heartbeats with it (the controller fenced it).
+# Timers and other connections get a turn between every eight small requests, or after
+# one large one (started alone), instead; a turn costs microseconds, so throughput is kept.
 DISPATCH_PER_TURN = 8
+DISPATCH_UNIT_BYTES = 4096
 
 # How FileRange payloads reach the socket ("pread" or "sendfile"). Measured on this
 # 2-core machine (uvloop server process, client in another process on loopback, 8
@@ -314,10 +318,14 @@ class DispatchTurns:
         self.waiters: deque[_ServerProtocol] = deque()
         self.armed = False
 
-    def take(self) -> bool:
-        if self.left <= 0:
-            return False
-        self.left -= 1
+    def take(self, cost: int) -> bool:
+        """Take ``cost`` units of this turn's share, or refuse: the request waits for a
+        later turn. One costing more than a whole share starts alone in a fresh turn."""
+        if cost > self.left:
+            if self.left < self.per_turn:
+                return False
+            cost = self.left
+        self.left -= cost
         self.arm()
         return True
 
@@ -438,7 +446,8 @@ class _ServerProtocol(asyncio.Protocol):
         self.peer = "?"
         self.host: str | None = None  # set once counted in server.per_ip
         self.slots: deque[_Slot] = deque()
-        self.backlog: deque[Frame] = deque()  # read past max_in_flight, not yet dispatched
+        # read, not yet dispatched (past max_in_flight or this turn's share), with its cost
+        self.backlog: deque[tuple[Frame, int]] = deque()
         self.closing = False
         self.eof = False
         self.writer_busy = False  # an async file send owns the socket right now
@@ -501,11 +510,12 @@ class _ServerProtocol(asyncio.Protocol):
             if self.timer_when > now + self.server.read_timeout_s:
                 self.arm(self.server.read_timeout_s)
         cap, turns = self.server.max_in_flight, self.server.turns
-        for frame in frames:
+        for frame, header_size in zip(frames, decoder.header_sizes, strict=True):
             if self.closing:
                 return
-            if self.backlog or len(self.slots) >= cap or not turns.take():
-                self.backlog.append(frame)
+            cost = 1 + header_size // DISPATCH_UNIT_BYTES
+            if self.backlog or len(self.slots) >= cap or not turns.take(cost):
+                self.backlog.append((frame, cost))
             else:
                 self.dispatch(frame)
         if self.closing:
@@ -714,10 +724,10 @@ class _ServerProtocol(asyncio.Protocol):
         turns = self.server.turns
         while True:
             while backlog and len(slots) < cap and not self.closing:
-                if not turns.take():
+                if not turns.take(backlog[0][1]):
                     turns.wait(self)  # the rest on a later turn of the loop
                     break
-                self.dispatch(backlog.popleft())
+                self.dispatch(backlog.popleft()[0])
             wrote = False
             while slots and not self.writer_busy and not self.closing and slots[0].ready():
                 slot = slots.popleft()
@@ -736,7 +746,7 @@ class _ServerProtocol(asyncio.Protocol):
                 self.write_now(slot, response)
             if wrote:
                 self.last_active = self.loop.time()
-            if not (backlog and len(slots) < cap and turns.left > 0) or self.closing:
+            if not (backlog and len(slots) < cap) or self.waiting_turn or self.closing:
                 break
         if not backlog and len(slots) < cap:
             self.resume("in-flight")

@@ -104,7 +104,7 @@ class FrameDecoder:
     decoder refuses further input; the owner closes the connection.
     """
 
-    __slots__ = ("max_frame_bytes", "_pending", "_total", "_small", "_failed")
+    __slots__ = ("max_frame_bytes", "header_sizes", "_pending", "_total", "_small", "_failed")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -114,6 +114,9 @@ class FrameDecoder:
         self._total = 0  # the split frame's whole length, size field included
         self._small = b""  # fewer than 4 bytes: not even the size field yet
         self._failed = False
+        # The header size of each frame the last feed() returned: a server weighs how much
+        # Python work a request may start by it (the payload is handled in C).
+        self.header_sizes: list[int] = []
 
     @property
     def buffered_bytes(self) -> int:
@@ -138,6 +141,7 @@ class FrameDecoder:
 
     def _feed(self, data: Buffer) -> list[Frame]:
         frames: list[Frame] = []
+        self.header_sizes = []
         view = memoryview(data)
         if self._small:
             view = self._complete_size_field(view)
@@ -195,8 +199,7 @@ class FrameDecoder:
         if pos < end:
             self._small = bytes(view[pos:])
 
-    @staticmethod
-    def _decode(view: memoryview, pos: int) -> Frame:
+    def _decode(self, view: memoryview, pos: int) -> Frame:
         size, header_size = _unpack_prefix(view, pos)  # size >= SIZE_FIELD: checked already
         if header_size > size - SIZE_FIELD:
             raise FrameError(
@@ -205,6 +208,7 @@ class FrameDecoder:
             )
         start = pos + PREFIX_SIZE
         header = decode_header(view[start : start + header_size])
+        self.header_sizes.append(header_size)
         payload_start = start + header_size
         payload_end = pos + SIZE_FIELD + size
         payload = view[payload_start:payload_end] if payload_end > payload_start else _EMPTY
