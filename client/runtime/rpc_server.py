@@ -23,6 +23,9 @@ What a peer can do wrong, and what happens (nothing a peer sends may crash the n
   until answers go out (requests already read wait in order, no more are read);
 - partly received frames of every connection together past ``max_partial_request_bytes``
   -> a connection whose frame does not fit stops being read until others finish theirs.
+- many (or large) requests at once, on one connection or many -> the node starts at most
+  ``dispatch_per_turn`` units of them per turn of the event loop (``DispatchTurns``), the
+  rest on later turns, in order: timers (heartbeats, Raft) run in between.
 
 Memory at the edge is bounded by what peers have actually sent (the decoder grows a
 split frame's buffer as bytes arrive) and by the limits above; docs/protocol.md,
