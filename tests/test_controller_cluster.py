@@ -260,11 +260,13 @@ async def test_fetch_metadata_below_the_log_start_returns_the_snapshot(
     assert set(range(3000, 3000 + 2 * SNAPSHOT_EVERY)) <= set(follower.image.brokers)
 
 
-async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leaderships(
-    quorum: Quorum,
-) -> None:
+@contextlib.asynccontextmanager
+async def unfenced_brokers(
+    quorum: Quorum, ids: tuple[int, ...]
+) -> AsyncIterator[dict[int, BrokerLifecycle]]:
+    """Registered, unfenced brokers (heartbeats and metadata only; no logs): yields each
+    broker's lifecycle, so a test may stop one."""
     await active_controller(quorum)
-    ids = (4001, 4002, 4003)
     followers = {b: MetadataFollower(quorum.channel(), b, max_wait_ms=200) for b in ids}
     lifecycles = {
         b: BrokerLifecycle(
@@ -276,36 +278,46 @@ async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leadership
         )
         for b in ids
     }
-    admin = quorum.channel()
     try:
         for b in ids:
             followers[b].start()
             await lifecycles[b].start()
         for b in ids:  # unfenced once their metadata caught up with their registration
             await asyncio.wait_for(lifecycles[b].wait_for(lambda s: not s.fenced), DEADLINE_S)
-        # each leads one partition
-        assignments = [m.ReplicaAssignment(p, list(ids[p:] + ids[:p])) for p in range(3)]
-        topic = m.CreatableTopic("fencing", -1, -1, assignments, {})
-        created, _ = await admin.call(m.CreateTopicsRequest([topic], timeout_ms=5000))
-        assert created.topics[0].error_code == 0, created
-        victim = ids[0]
-        await lifecycles[victim].stop()  # silent from now on: the session expires
-
-        async def moved_off() -> bool:
-            brokers = await registered_brokers(admin)
-            header, _ = await admin.request(schemas.METADATA, {"topics": ["fencing"]})
-            parts = header["topics"][0][3]
-            return brokers[victim] and all(p[2] != victim and victim not in p[5] for p in parts)
-
-        await wait_until_async(moved_off, DEADLINE_S, 0.05, message="leadership moved off")
-        for b in ids[1:]:
-            assert not lifecycles[b].state.fenced
+        yield lifecycles
     finally:
         for b in ids:
             await lifecycles[b].stop()
             await followers[b].stop()
             await lifecycles[b].channel.close()
             await followers[b].channel.close()
+
+
+async def test_broker_that_stops_heartbeating_is_fenced_and_loses_its_leaderships(
+    quorum: Quorum,
+) -> None:
+    ids = (4001, 4002, 4003)
+    admin = quorum.channel()
+    try:
+        async with unfenced_brokers(quorum, ids) as lifecycles:
+            # each leads one partition
+            assignments = [m.ReplicaAssignment(p, list(ids[p:] + ids[:p])) for p in range(3)]
+            topic = m.CreatableTopic("fencing", -1, -1, assignments, {})
+            created, _ = await admin.call(m.CreateTopicsRequest([topic], timeout_ms=5000))
+            assert created.topics[0].error_code == 0, created
+            victim = ids[0]
+            await lifecycles[victim].stop()  # silent from now on: the session expires
+
+            async def moved_off() -> bool:
+                brokers = await registered_brokers(admin)
+                header, _ = await admin.request(schemas.METADATA, {"topics": ["fencing"]})
+                parts = header["topics"][0][3]
+                return brokers[victim] and all(p[2] != victim and victim not in p[5] for p in parts)
+
+            await wait_until_async(moved_off, DEADLINE_S, 0.05, message="leadership moved off")
+            for b in ids[1:]:
+                assert not lifecycles[b].state.fenced
+    finally:
         await admin.close()
 
 

@@ -9,18 +9,14 @@ next active controller, and the next.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from test_cli_client import rillet
-from test_controller_cluster import DEADLINE_S, Quorum, active_controller, status
+from test_controller_cluster import Quorum, active_controller, status, unfenced_brokers
 
 from rillet.broker.link.controller_client import (
-    BrokerLifecycle,
     ControllerChannel,
-    MetadataFollower,
 )
 from rillet.client.wire import messages as m
 from rillet.client.wire import schemas
@@ -39,36 +35,6 @@ def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quorum]:
         yield q
     finally:
         q.stop_all()
-
-
-@contextlib.asynccontextmanager
-async def unfenced_brokers(quorum: Quorum, ids: tuple[int, ...]) -> AsyncIterator[None]:
-    """Registered, unfenced brokers (heartbeats and metadata only; no logs)."""
-    await active_controller(quorum)
-    followers = {b: MetadataFollower(quorum.channel(), b, max_wait_ms=200) for b in ids}
-    lifecycles = {
-        b: BrokerLifecycle(
-            quorum.channel(),
-            b,
-            [("BROKER", "127.0.0.1", 30_000 + b)],
-            lambda b=b: followers[b].image.offset,
-            heartbeat_interval_ms=200,
-        )
-        for b in ids
-    }
-    try:
-        for b in ids:
-            followers[b].start()
-            await lifecycles[b].start()
-        for b in ids:
-            await asyncio.wait_for(lifecycles[b].wait_for(lambda s: not s.fenced), DEADLINE_S)
-        yield
-    finally:
-        for b in ids:
-            await lifecycles[b].stop()
-            await followers[b].stop()
-            await lifecycles[b].channel.close()
-            await followers[b].channel.close()
 
 
 async def leadership(quorum: Quorum) -> tuple[int, int]:
