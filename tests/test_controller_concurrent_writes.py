@@ -82,9 +82,8 @@ async def _heartbeat(server: ControllerServer, broker: int, epoch: int, **flags:
     return await handlers.broker_heartbeat(server, server.ctl, request)
 
 
-async def test_controlled_shutdowns_at_once_each_plan_on_the_others_changes(
-    server: ControllerServer,
-) -> None:
+async def _unfenced_brokers(server: ControllerServer) -> dict[int, int]:
+    """Register BROKERS and heartbeat each once (caught up: unfenced); their epochs."""
     assert server.ctl is not None
     epochs = {}
     for b in BROKERS:
@@ -99,7 +98,15 @@ async def test_controlled_shutdowns_at_once_each_plan_on_the_others_changes(
             ),
         )
         epochs[b] = registered.broker_epoch
-        await _heartbeat(server, b, epochs[b])  # caught up: unfenced
+        await _heartbeat(server, b, epochs[b])
+    return epochs
+
+
+async def test_controlled_shutdowns_at_once_each_plan_on_the_others_changes(
+    server: ControllerServer,
+) -> None:
+    assert server.ctl is not None
+    epochs = await _unfenced_brokers(server)
     topic = m.CreateTopicsRequest(topics=[m.CreatableTopic("t", 30, 3, [], {})], timeout_ms=30_000)
     created = await handlers.create_topics(server, server.ctl, topic)
     assert created.topics[0].error_code == 0
@@ -122,18 +129,7 @@ async def test_creates_planned_at_once_are_planned_again_off_the_loop(
     it writes on (together the two pass max.partitions: the second is refused)."""
     assert server.ctl is not None
     server.machine.entry_limits = EntryLimits()
-    for b in BROKERS:
-        registered = await handlers.broker_registration(
-            server,
-            server.ctl,
-            m.BrokerRegistrationRequest(
-                broker_id=b,
-                cluster_id="",
-                incarnation_id=f"inc{b}",
-                listeners=[m.Listener("BROKER", "127.0.0.1", 9000 + b)],
-            ),
-        )
-        await _heartbeat(server, b, registered.broker_epoch)
+    await _unfenced_brokers(server)
     monkeypatch.setattr(handlers, "PLAN_OFF_LOOP_PARTITIONS", 10)
     loop_thread = threading.get_ident()
     on_loop: list[str] = []
