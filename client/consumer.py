@@ -7,8 +7,8 @@
   yet. As soon as a response is buffered the next fetch goes out (one fetch ahead),
   while buffered bytes stay under ``fetch_max_bytes``.
 - Decoding: every batch's CRC is checked (``validate_batch``), then one
-  ``decode_columns`` call per batch, and records are built at C level:
-  ``map(partial(tuple.__new__, ConsumerRecord), zip(...columns))``.
+  ``records.decode_records`` call per batch builds its ConsumerRecords straight from
+  the v2 bytes (in C where the codec was built).
 - Errors: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, a broken connection...
   refresh metadata and carry on from the same position at the new leader;
   OFFSET_OUT_OF_RANGE resets by ``auto_offset_reset`` or raises when it is ``'none'``.
@@ -30,8 +30,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from functools import partial
-from itertools import repeat
 from typing import NamedTuple
 
 from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
@@ -66,7 +64,6 @@ class ConsumerRecord(NamedTuple):
     headers: list | None
 
 
-_new_record = partial(tuple.__new__, ConsumerRecord)
 Assignor = Callable[[ClusterMetadata, list[str]], list[TopicPartition]]
 
 
@@ -88,12 +85,7 @@ def decode_records(tp: TopicPartition, data: memoryview, fetch_offset: int) -> t
         h = records.validate_batch(data, pos)
         if h.base_offset + h.last_offset_delta < fetch_offset:
             continue  # a batch that starts before the position: already consumed
-        offsets, timestamps, keys, values, headers = records.decode_columns(data, pos, h)
-        cols = (repeat(topic), repeat(partition), offsets, timestamps, keys, values, headers)
-        batch = list(map(_new_record, zip(*cols, strict=False)))  # repeat() is endless
-        if offsets[0] < fetch_offset:
-            batch = [r for r in batch if r[2] >= fetch_offset]
-        out += batch
+        out += records.decode_records(data, pos, h, ConsumerRecord, topic, partition, fetch_offset)
         next_offset = h.base_offset + h.last_offset_delta + 1
     return out, next_offset
 

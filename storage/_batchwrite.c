@@ -38,7 +38,7 @@
 #define HEADER_SIZE 61
 #define LOG_OVERHEAD 12
 #define STAMPED_PREFIX 16 /* base_offset, batch_length, partition_leader_epoch */
-#define MAGIC 0x52
+#define MAGIC 2 /* Kafka's RecordBatch v2: the only magic a producer may send */
 
 static PyObject *crc32c_func; /* crc32c.crc32c: the CRC where the CPU offers nothing */
 static int crc_level;         /* what crc32c_hw_init found: enum crc32c_hw_level */

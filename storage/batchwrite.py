@@ -3,10 +3,11 @@
 ``write_batch(fd, data, base_offset, leader_epoch, max_size, max_delta)`` writes ``data``
 stamped with ``base_offset`` and ``leader_epoch`` and returns ``(written,
 last_offset_delta, max_timestamp, record_count)``, but only when ``data`` is exactly one
-complete batch with the right magic, a matching CRC-32C, at least one record, at most
-``max_size`` bytes and a ``last_offset_delta`` of at most ``max_delta``. Anything else
-returns None having written nothing, and the caller takes the general path, which
-validates again and raises the precise error (the happy case is all this must know).
+complete batch with magic 2 (Kafka's v2, never the legacy 0x52), a matching CRC-32C, at
+least one record, at most ``max_size`` bytes and a ``last_offset_delta`` of at most
+``max_delta``. Anything else returns None having written nothing, and the caller takes
+the general path, which validates again and raises the precise error (the happy case is
+all this must know).
 
 A writable buffer (as its buffer protocol says: bytearray, a writable memoryview, an
 array, an mmap) is stamped in place and written with one ``write``; a read-only one is
@@ -31,7 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rillet.client.wire.errors import CorruptRecordError, MessageTooLargeError
-from rillet.client.wire.records import LOG_OVERHEAD, STAMPED_PREFIX, check_batch, stamp
+from rillet.client.wire.records import (
+    LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_POS,
+    STAMPED_PREFIX,
+    check_batch,
+    stamp,
+)
 
 WriteBatch = Callable[
     [int, bytes | bytearray | memoryview, int, int, int, int], tuple[int, int, int, int] | None
@@ -58,7 +66,8 @@ def write_batch_py(
         size, last_delta, max_ts, count = check_batch(view, 0, max_size)
     except (CorruptRecordError, MessageTooLargeError):
         return None
-    if size != len(view) or count < 1 or last_delta > max_delta:
+    # check_batch also passes the legacy magic (old logs hold it); a producer may not.
+    if size != len(view) or count < 1 or last_delta > max_delta or view[MAGIC_POS] != MAGIC:
         return None
     # A valid batch: now what goes into the file must fit (the C twin checks the same).
     if not (-(2**63) <= base_offset < 2**63 and -(2**31) <= leader_epoch < 2**31):

@@ -7,8 +7,9 @@ truncation or retention changed the log meanwhile (``Log.generation``).
 
 Per cleaned segment, rewritten in place of the old (same base offset):
 - a batch whose records all survive is copied byte for byte (its CRC stays valid);
-- a batch that loses some is re-encoded with explicit offset deltas
-  (``ATTR_OFFSET_DELTAS``), keeping its base offset, leader epoch and compression;
+- a batch that loses some is re-encoded as a v2 batch whose offset deltas keep the
+  survivors' offsets (gaps between them), keeping its base offset, leader epoch,
+  compression and timestamp type (a batch of the legacy format becomes v2 this way);
 - a batch that loses all is dropped (offsets leave a gap; readers skip it), unless it
   is the first batch of its leader epoch: that one is kept whole, so the log still shows
   where each epoch began (see ``_clean_one``);
@@ -211,11 +212,10 @@ def _filter_batch(
         return None
     if not keep:
         return b""
-    has_headers = bool(h.attributes & records.ATTR_HEADERS)
     return records.encode_batch(
         [values[i] for i in keep],
         [keys[i] for i in keep],
-        headers=[headers[i] for i in keep] if has_headers else None,
+        headers=[headers[i] for i in keep],
         timestamps=[stamps[i] for i in keep],
         offset_deltas=[offsets[i] - h.base_offset for i in keep],
         compression=h.compression,
@@ -224,6 +224,7 @@ def _filter_batch(
         producer_id=h.producer_id,
         producer_epoch=h.producer_epoch,
         base_sequence=h.base_sequence,
+        attributes=h.attributes & records.ATTR_LOG_APPEND_TIME,
     )
 
 

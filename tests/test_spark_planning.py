@@ -34,6 +34,7 @@ from rillet.client.spark.source import (  # noqa: E402
     stream_offset,
     to_arrow,
 )
+from rillet.client.wire import records
 from rillet.client.wire.errors import OffsetOutOfRangeError  # noqa: E402
 
 EARLIEST = {0: 0, 1: 5, 2: 0}
@@ -112,13 +113,23 @@ def test_options_are_case_insensitive_and_need_a_topic() -> None:
 
 
 def test_arrow_batch_has_the_source_schema_and_converts_headers() -> None:
-    cols = ([5, 6], [1000, 2000], [b"k", None], ["text", b"raw"], [[["h", b"v"]], None])
-    batch = to_arrow("t", 3, cols)
+    data = records.encode_batch(
+        [b"text", b"raw", b"late"],
+        [b"k", None, None],
+        headers=[[("h", b"v")], None, None],
+        timestamps=[1000, 2000, 3000],
+        base_offset=4,
+    )
+    batch = to_arrow("t", 3, records.decode_arrow(data, 0, records.read_header(data), 5, 7))
     rows = batch.to_pylist()
     assert [r["offset"] for r in rows] == [5, 6]
-    assert rows[0]["value"] == b"text" and rows[1]["key"] is None
-    assert rows[0]["headers"] == [{"key": "h", "value": b"v"}] and rows[1]["headers"] is None
-    assert rows[1]["timestamp"].timestamp() == 2.0
+    assert rows[0]["value"] == b"raw" and rows[0]["key"] is None and rows[1]["value"] == b"late"
+    assert rows[0]["headers"] is None and rows[1]["headers"] is None
+    assert rows[1]["timestamp"].timestamp() == 3.0
+    whole = to_arrow("t", 3, records.decode_arrow(data, 0, records.read_header(data), 0, 9))
+    first = whole.to_pylist()[0]
+    assert first["headers"] == [{"key": "h", "value": b"v"}] and first["key"] == b"k"
+    assert [r["topic"] for r in whole.to_pylist()] == ["t"] * 3
 
 
 def test_load_values_round_trip_and_every_byte_is_checked() -> None:

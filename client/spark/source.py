@@ -360,9 +360,9 @@ async def list_offsets(meta: MetadataClient, topic: str, timestamp: int) -> dict
 async def fetch_chunks(
     meta: MetadataClient, rng: OffsetRange, *, max_bytes: int = FETCH_MAX_BYTES
 ) -> Any:
-    """Yield the records of ``rng`` as columns (offsets, timestamps, keys, values, headers),
-    one tuple per fetched batch, exactly ``[start, end)``: records before ``start`` in the
-    first batch and at or after ``end`` in the last are cut off."""
+    """Yield the records of ``rng`` as Arrow-ready buffers (``records.decode_arrow``),
+    one tuple per fetched batch, exactly ``[start, end)``: records before ``start`` in
+    the first batch and at or after ``end`` in the last are cut off while decoding."""
     offset = rng.start
     while offset < rng.end:
         wanted = m.FetchPartition(rng.partition, offset, -1, -1, -1, max_bytes)
@@ -387,12 +387,12 @@ async def fetch_chunks(
             h = records.validate_batch(body, pos)  # CRC: consumers check it too (docs/design.md)
             if h.next_offset <= offset:
                 continue
-            cols = records.decode_columns(body, pos, h)
-            cols = _cut(cols, offset, rng.end)
-            if cols[0]:
-                offset = cols[0][-1] + 1
+            chunk = records.decode_arrow(body, pos, h, offset, rng.end)
+            if chunk[0]:
+                last = int.from_bytes(chunk[1][-8:], "little", signed=True)
+                offset = last + 1
                 progressed = True
-                yield cols
+                yield chunk
             if h.next_offset >= rng.end:
                 offset = max(offset, rng.end)
                 break
@@ -405,34 +405,35 @@ async def fetch_chunks(
             )
 
 
-def _cut(cols: tuple, lo: int, hi: int) -> tuple:
-    offsets = cols[0]
-    if offsets and (offsets[0] < lo or offsets[-1] >= hi):
-        keep = [i for i, o in enumerate(offsets) if lo <= o < hi]
-        return tuple([c[i] for i in keep] for c in cols)
-    return cols
+def _binary(n: int, validity: bytes, offsets: bytes, data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(
+        pa.binary(), n, [pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
-def to_arrow(topic: str, partition: int, cols: tuple) -> pa.RecordBatch:
-    """Columns of decoded records -> one Arrow batch of the source's schema.
+def to_arrow(topic: str, partition: int, chunk: tuple) -> pa.RecordBatch:
+    """One ``records.decode_arrow`` chunk -> one Arrow batch of the source's schema.
 
-    Everything but headers converts at C level: pyarrow takes bytes (and str, as UTF-8)
-    for binary columns, and the ms -> us timestamp scaling is an Arrow cast.
+    The codec lays offsets, timestamps, keys and values out as Arrow's own buffers, so
+    they become columns without a Python object per record; only headers (rare) are
+    converted record by record. The ms -> us timestamp scaling is an Arrow cast.
     """
-    offsets, timestamps, keys, values, headers = cols
-    n = len(offsets)
-    if any(h is not None for h in headers):
+    n, offsets, timestamps, kv, ko, kd, vv, vo, vd, headers = chunk
+    if headers is not None:
         header_col = pa.array([_headers(h) for h in headers], pa.list_(HEADER_TYPE))
     else:
         header_col = pa.nulls(n, pa.list_(HEADER_TYPE))
+    ms = pa.timestamp("ms", tz="UTC")
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
-            pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.timestamp("ms", tz="UTC")).cast(ARROW_SCHEMA[3].type),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
+            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
+            pa.Array.from_buffers(ms, n, [None, pa.py_buffer(timestamps)]).cast(
+                ARROW_SCHEMA[3].type
+            ),
+            _binary(n, kv, ko, kd),
+            _binary(n, vv, vo, vd),
             header_col,
         ],
         schema=ARROW_SCHEMA,
@@ -473,10 +474,10 @@ def read_range(bootstrap: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
         chunks = loop.run_until_complete(start())
         while True:
             try:
-                cols = loop.run_until_complete(chunks.__anext__())
+                chunk = loop.run_until_complete(chunks.__anext__())
             except StopAsyncIteration:
                 break
-            yield to_arrow(rng.topic, rng.partition, cols)
+            yield to_arrow(rng.topic, rng.partition, chunk)
     finally:
         if meta is not None:
             loop.run_until_complete(meta.close())

@@ -1,41 +1,41 @@
-"""The record-batch format: the wire format and the on-disk format are the same bytes.
+"""The record-batch format: Kafka's RecordBatch v2, on the wire and on disk the same bytes.
 
-Layout (big-endian), as Kafka's v2 batch but with rillet's own magic::
+Layout (big-endian)::
 
-    base_offset int64 | batch_length int32 | partition_leader_epoch int32 | magic int8 |
+    base_offset int64 | batch_length int32 | partition_leader_epoch int32 | magic int8 (2) |
     crc uint32 | attributes int16 | last_offset_delta int32 | base_timestamp int64 |
     max_timestamp int64 | producer_id int64 | producer_epoch int16 | base_sequence int32 |
     record_count int32 | records...
 
 ``batch_length`` counts the bytes after the batch_length field. The CRC is CRC-32C over
 everything after the crc field, so a leader can stamp base_offset and the leader epoch
-without recomputing it.
+without recomputing it. The records are Kafka's varint-encoded ``DefaultRecord``s
+(``recordcodec.py`` describes them), compressed as one section when the attributes name
+a codec (``codecs.py``). Attribute bits mean what they mean to Kafka: 0-2 the codec, 3
+log-append time, 4 transactional, 5 control, 6 delete horizon. Producer id, epoch and
+base sequence are -1: rillet has no idempotent producer yet.
 
-The records section is ONE msgpack array packed in one call, laid out flat: ``stride``
-values per record, in this order, each present only when its attribute bit says so::
-
-    [offset_delta?] [timestamp_delta?] key value [headers?]
-
-Offset deltas are implied by position unless ATTR_OFFSET_DELTAS is set (compacted
-batches have gaps); timestamp deltas are absent when every record carries the batch's
-base timestamp; headers are absent when no record has any. A flat array packs about
-four times faster than an array per record (docs/design.md, "Where the time goes"), and
-decoding is one ``unpackb`` plus C-level slicing by stride.
+Batches of rillet's first format (magic 0x52, ``legacy_records.py``) may still be in old
+logs: every reader dispatches on each batch's magic byte, and nothing writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
-import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import crc32c as _crc32c
-import msgpack
 
+from rillet.client.wire import codecs, legacy_records
+from rillet.client.wire import recordcodec as _twin
 from rillet.client.wire.errors import CorruptRecordError, InvalidRecordError
 
-MAGIC = 0x52  # 'R': rillet's own, never one of Kafka's 0..2
+MAGIC = 2  # Kafka's RecordBatch v2
+LEGACY_MAGIC = legacy_records.MAGIC
+_MAGICS = (MAGIC, LEGACY_MAGIC)
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -62,18 +62,33 @@ _PREFIX = struct.Struct(">qiibI")  # up to and including crc
 _CHECKED = struct.Struct(">i4xbI2xi8xq14xi")
 _crc32c_of = _crc32c.crc32c
 
-# attributes bits
+# attribute bits, as Kafka defines them
 COMPRESSION_MASK = 0x07
-COMPRESSION_NONE = 0
-COMPRESSION_LZ4 = 3  # Kafka's codec numbers, so the names map one onto the other
-COMPRESSION_ZSTD = 4
+COMPRESSION_NONE = codecs.NONE
+COMPRESSION_GZIP = codecs.GZIP
+COMPRESSION_SNAPPY = codecs.SNAPPY
+COMPRESSION_LZ4 = codecs.LZ4
+COMPRESSION_ZSTD = codecs.ZSTD
 ATTR_LOG_APPEND_TIME = 0x08
-ATTR_OFFSET_DELTAS = 0x40
-ATTR_TIMESTAMP_DELTAS = 0x80
-ATTR_HEADERS = 0x100
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
 
-COMPRESSION_BY_NAME = {"none": COMPRESSION_NONE, "lz4": COMPRESSION_LZ4, "zstd": COMPRESSION_ZSTD}
-COMPRESSION_NAMES = {v: k for k, v in COMPRESSION_BY_NAME.items()}
+COMPRESSION_BY_NAME = codecs.BY_NAME
+COMPRESSION_NAMES = codecs.NAMES
+MAX_DECOMPRESSED_BYTES = codecs.MAX_DECOMPRESSED_BYTES
+# A leader decodes on its event loop, where the cost grows with the expanded size (a
+# section of millions of tiny records takes seconds): there a batch may expand at most
+# this many times its size limit (max.message.bytes), or 8 MiB. Real data compresses
+# far less than 32x at batch granularity.
+PRODUCE_EXPANSION = 32
+
+# The C codec where it was built (``pip install`` with a C compiler), else its twin.
+codec: Any = _twin
+if not os.environ.get("RILLET_NO_NATIVE"):  # set, the twin runs (to compare, to debug)
+    with contextlib.suppress(ImportError):  # no C compiler at install time
+        from rillet.client import _recordcodec as codec  # type: ignore[no-redef]
+NATIVE = codec is not _twin
 
 NO_PRODUCER_ID = -1
 NO_PARTITION_LEADER_EPOCH = -1
@@ -136,7 +151,8 @@ def crc_of(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
 def check_batch(
     buf: bytes | bytearray | memoryview, pos: int, max_size: int | None
 ) -> tuple[int, int, int, int]:
-    """Check one batch at ``pos``: complete, right magic, sane length, CRC matches.
+    """Check one batch at ``pos``: complete, a known magic (v2, or the legacy one old logs
+    hold), sane length, CRC matches.
 
     Returns (size, last_offset_delta, max_timestamp, record_count): what a log append
     needs, without building a BatchHeader. Raises CorruptRecordError (or
@@ -148,7 +164,7 @@ def check_batch(
     batch_length, magic, crc, last_offset_delta, max_timestamp, record_count = _CHECKED.unpack_from(
         buf, pos + LENGTH_POS
     )
-    if magic != MAGIC:
+    if magic not in _MAGICS:
         base = _Q.unpack_from(buf, pos)[0]
         raise CorruptRecordError(f"bad magic {magic} at batch offset {base}")
     size = batch_length + LOG_OVERHEAD
@@ -188,21 +204,21 @@ def validate_produced(
     buf: bytes | bytearray | memoryview, *, compacted: bool, max_size: int | None = None
 ) -> None:
     """What a leader checks of a producer's batches before it appends any of them, so
-    that every record it stores can be read back (Kafka's LogValidator, for our format).
+    that every record it stores can be read back (Kafka's LogValidator).
 
     Per batch: ``validate_batch`` (a batch over ``max_size`` raises MessageTooLargeError
-    before anything is decompressed); base offset 0 (producers leave offsets to the
-    leader); at least one record and ``record_count == last_offset_delta + 1`` (only the
-    cleaner leaves gaps); no attribute bit this format does not define; a known codec;
-    a records section that decodes, as a consumer decodes it, into exactly
-    ``record_count`` records; offset deltas, when present, exactly ``0..count-1``;
-    timestamp deltas ints; ``max_timestamp`` the largest record timestamp. Raises
+    before anything is decompressed); magic 2 (the legacy format is only ever read from
+    old logs); base offset 0 (producers leave offsets to the leader); at least one record
+    and ``record_count == last_offset_delta + 1`` (only the cleaner leaves gaps); no
+    attribute bit but the codec's (rillet has no transactions, and log-append time and
+    the delete horizon are the broker's to set); a known codec; a records section that
+    decodes into exactly ``record_count`` well-formed records with offset deltas
+    ``0..count-1``; ``max_timestamp`` the largest record timestamp. Raises
     CorruptRecordError for a batch whose CRC or length fails and InvalidRecordError for
     the first batch that fails any other check.
 
-    On a ``compacted`` topic every key must be present and not an array or a map (the
-    cleaner keeps records by key in a dict): InvalidRecordError naming the batch and
-    the record's index.
+    On a ``compacted`` topic every record must have a key (the cleaner keeps records by
+    key): InvalidRecordError naming the batch and the record's index.
 
     Followers never call this: they store the leader's bytes as they are (a compacted
     batch has gaps), checking only CRC and offsets.
@@ -226,19 +242,6 @@ def validate_produced(
         index += 1
 
 
-_KNOWN_ATTRIBUTES = (
-    COMPRESSION_MASK
-    | ATTR_LOG_APPEND_TIME
-    | ATTR_OFFSET_DELTAS
-    | ATTR_TIMESTAMP_DELTAS
-    | ATTR_HEADERS
-)
-_INT = {int}
-# What a compacted topic's record cannot have as its key: none at all, or one the
-# cleaner cannot use as a dict key (msgpack's unhashable types).
-_NOT_KEYS = frozenset({type(None), list, dict})
-
-
 def _validate_produced_batch(
     buf: bytes | bytearray | memoryview,
     pos: int,
@@ -249,6 +252,11 @@ def _validate_produced_batch(
 ) -> None:
     n = h.record_count
     where = f"batch {index}"
+    if h.magic != MAGIC:
+        raise CorruptRecordError(
+            f"{where} has magic {h.magic:#x}, not Kafka's v2 (2): a client older than the "
+            "broker's record format sent it"
+        )
     if h.base_offset != 0:
         raise CorruptRecordError(f"{where} has base offset {h.base_offset}; a producer sends 0")
     if n < 1 or h.last_offset_delta != n - 1:
@@ -256,46 +264,24 @@ def _validate_produced_batch(
             f"{where} says {n} records but its last offset delta is {h.last_offset_delta}"
         )
     a = h.attributes
-    if a & ~_KNOWN_ATTRIBUTES:
-        raise CorruptRecordError(f"{where} has unknown attribute bits {a & ~_KNOWN_ATTRIBUTES:#x}")
-    try:
-        flat = _records_section(buf, pos, h, limit)  # an unknown codec raises here too
-    except CorruptRecordError as e:
-        raise CorruptRecordError(f"{where}: {e}") from e
-    stride = stride_of(a)
-    if len(flat) != stride * n:
+    if a & ~COMPRESSION_MASK:
         raise CorruptRecordError(
-            f"{where} says {n} records but its records section holds {len(flat)} values "
-            f"({stride} per record)"
+            f"{where} has attribute bits {a & ~COMPRESSION_MASK:#x} (transactional, control, "
+            "log-append time or delete horizon), which a producer to rillet cannot set"
         )
-    i = 0
-    if a & ATTR_OFFSET_DELTAS:
-        deltas = flat[0::stride]
-        if set(map(type, deltas)) != _INT or deltas != list(range(n)):
-            raise CorruptRecordError(f"{where} has offset deltas other than 0..{n - 1}")
-        i = 1
-    if a & ATTR_TIMESTAMP_DELTAS:
-        deltas = flat[i::stride]
-        if set(map(type, deltas)) != _INT:
-            raise CorruptRecordError(f"{where} has a timestamp delta that is not an integer")
-        largest = h.base_timestamp + max(deltas)
-        i += 1
-    else:
-        largest = h.base_timestamp
+    try:
+        section = _records_section(buf, pos, h, limit)  # an unknown codec raises here too
+        largest, _, first_null_key = codec.check_records(section, n, h.base_timestamp, True)
+    except (CorruptRecordError, ValueError) as e:
+        raise CorruptRecordError(f"{where}: {e}") from e
     if h.max_timestamp != largest:
         raise CorruptRecordError(
             f"{where} says max timestamp {h.max_timestamp}, its records' largest is {largest}"
         )
-    if compacted:
-        keys = flat[i::stride]
-        kinds = set(map(type, keys))  # cheaper than hashing every key into a set
-        if kinds & _NOT_KEYS:
-            bad = next(r for r, k in enumerate(keys) if type(k) in _NOT_KEYS)
-            key = keys[bad]
-            problem = "has no key" if key is None else f"has a {type(key).__name__} key"
-            raise InvalidRecordError(
-                f"{where}, record {bad} {problem}: a compacted topic keeps records by key"
-            )
+    if compacted and first_null_key >= 0:
+        raise InvalidRecordError(
+            f"{where}, record {first_null_key} has no key: a compacted topic keeps records by key"
+        )
 
 
 def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):
@@ -323,84 +309,9 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, validate: bool = True):
 
 # --- compression -------------------------------------------------------------------
 
-# zstd contexts are reused (creating one costs more than a small batch's work) but not
-# shared: a context used by two threads at once corrupts data or crashes the process,
-# and the loop thread (a leader validating produced batches) decodes while executor
-# threads (the cleaner) decode and encode. So one pair per thread.
-_zstd = threading.local()
 
-
-def _zstd_compressor():
-    c = getattr(_zstd, "c", None)
-    if c is None:
-        import zstandard
-
-        c = _zstd.c = zstandard.ZstdCompressor(level=3)
-    return c
-
-
-def _zstd_decompressor():
-    d = getattr(_zstd, "d", None)
-    if d is None:
-        import zstandard
-
-        d = _zstd.d = zstandard.ZstdDecompressor()
-    return d
-
-
-def _compress(codec: int, data: bytes) -> bytes:
-    if codec == COMPRESSION_ZSTD:
-        return _zstd_compressor().compress(data)
-    if codec == COMPRESSION_LZ4:
-        import lz4.frame
-
-        return lz4.frame.compress(data)
-    raise ValueError(f"unknown compression codec {codec}")
-
-
-# A batch is at most max.message.bytes compressed, but a codec can expand a few KB into
-# gigabytes. Every leader decodes what it is sent, so expansion is bounded before any
-# allocation: a frame that claims more, or turns out to hold more, is a corrupt batch.
-MAX_DECOMPRESSED_BYTES = 256 << 20
-# A leader decodes on its event loop, where the cost grows with the expanded size (a
-# section of millions of tiny values takes seconds): there a batch may expand at most
-# this many times its size limit (max.message.bytes), or 8 MiB. Real data compresses
-# far less than 32x at batch granularity.
-PRODUCE_EXPANSION = 32
-
-
-def _decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
-    too_big = CorruptRecordError(f"records section decompresses to more than {limit} bytes")
-    try:
-        if codec == COMPRESSION_ZSTD:
-            import zstandard
-
-            decompressor = _zstd_decompressor()
-            # A declared content size is allocated up front, so it is checked first;
-            # an undeclared one is read through a bounded stream.
-            size = zstandard.frame_content_size(data)
-            if size > limit:
-                raise too_big
-            if size >= 0:
-                return decompressor.decompress(data)
-            with decompressor.stream_reader(data) as reader:
-                out = reader.read(limit + 1)
-            if len(out) > limit:
-                raise too_big
-            return out
-        if codec == COMPRESSION_LZ4:
-            import lz4.frame
-
-            d = lz4.frame.LZ4FrameDecompressor()
-            out = d.decompress(data, max_length=limit + 1)
-            if len(out) > limit or (not d.eof and not d.needs_input):
-                raise too_big
-            return out
-    except CorruptRecordError:
-        raise
-    except Exception as e:  # a codec error is a corrupt batch, not a crash
-        raise CorruptRecordError(f"cannot decompress records: {e}") from e
-    raise CorruptRecordError(f"unknown compression codec {codec}")
+def _decompress(codec_id: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES):
+    return codecs.decompress(codec_id, data, limit)
 
 
 # --- encoding ----------------------------------------------------------------------
@@ -420,65 +331,36 @@ def encode_batch(
     producer_id: int = NO_PRODUCER_ID,
     producer_epoch: int = -1,
     base_sequence: int = -1,
-    packer: msgpack.Packer | None = None,
+    attributes: int = 0,
 ) -> bytes:
-    """Build one batch from columns of record fields, packing all records in one call.
+    """Build one v2 batch from columns of record fields.
 
-    ``values`` (bytes or None) is required; ``keys``, ``headers`` (per record a list of
-    ``(str, bytes)`` pairs, or None), ``timestamps`` (ms) and ``offset_deltas`` are
+    ``values`` (bytes-like or None) is required; ``keys`` (bytes-like or None),
+    ``headers`` (per record None or a list of ``(str, bytes | None)`` pairs),
+    ``timestamps`` (ms) and ``offset_deltas`` (increasing; the cleaner's gaps) are
     optional columns of the same length. Without ``timestamps`` every record takes
-    ``timestamp_ms``.
+    ``timestamp_ms``. ``attributes`` adds bits beside the codec's (log-append time, the
+    delete horizon). Raises TypeError for a field of the wrong type and ValueError for an
+    empty batch, columns of different lengths or a number that does not fit its field.
     """
-    n = len(values)
-    if n == 0:
-        raise ValueError("a batch needs at least one record")
-    attributes = compression & COMPRESSION_MASK
-    columns: list[Sequence[Any]] = []
-    if offset_deltas is not None:
-        attributes |= ATTR_OFFSET_DELTAS
-        columns.append(offset_deltas)
-        last_offset_delta = offset_deltas[-1]
-    else:
-        last_offset_delta = n - 1
-    if timestamps is not None:
-        base_ts = min(timestamps)
-        max_ts = max(timestamps)
-        if max_ts != base_ts:
-            attributes |= ATTR_TIMESTAMP_DELTAS
-            columns.append([t - base_ts for t in timestamps])
-    else:
-        base_ts = max_ts = timestamp_ms
-    columns.append(keys if keys is not None else [None] * n)
-    columns.append(values)
-    if headers is not None and any(headers):
-        attributes |= ATTR_HEADERS
-        columns.append(headers)
-    stride = len(columns)
-    if stride == 2:
-        flat: list[Any] = [None] * (2 * n)
-        flat[0::2] = columns[0]
-        flat[1::2] = columns[1]
-    else:
-        flat = [None] * (stride * n)
-        for i, col in enumerate(columns):
-            if len(col) != n:
-                raise ValueError("record columns differ in length")
-            flat[i::stride] = col
-    body = packer.pack(flat) if packer is not None else msgpack.packb(flat, use_bin_type=True)
-    if compression != COMPRESSION_NONE:
-        body = _compress(compression, body)
-    return assemble_batch(
-        body,
-        attributes=attributes,
-        record_count=n,
-        last_offset_delta=last_offset_delta,
-        base_timestamp=base_ts,
-        max_timestamp=max_ts,
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+    if compression not in codecs.NAMES:
+        raise ValueError(f"unknown compression codec {compression}")
+    attributes = (attributes & ~COMPRESSION_MASK) | compression
+    compress = codecs.COMPRESSORS.get(compression)
+    return codec.build_batch(
+        values,
+        keys,
+        headers,
+        timestamps,
+        timestamp_ms,
+        offset_deltas,
+        attributes,
+        base_offset,
+        partition_leader_epoch,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        compress,
     )
 
 
@@ -534,26 +416,19 @@ def _records_section(
     pos: int,
     h: BatchHeader,
     limit: int = MAX_DECOMPRESSED_BYTES,
-) -> list:
+) -> bytes | memoryview:
+    """A batch's records section, decompressed (a view into ``buf`` when it is not)."""
     body = memoryview(buf)[pos + HEADER_SIZE : pos + h.batch_length + LOG_OVERHEAD]
-    if h.attributes & COMPRESSION_MASK:
-        body = _decompress(h.attributes & COMPRESSION_MASK, body, limit)
-    try:
-        flat = msgpack.unpackb(body, use_list=True, raw=False, strict_map_key=False)
-    except Exception as e:
-        raise CorruptRecordError(f"records section does not decode: {e}") from e
-    if not isinstance(flat, list):
-        raise CorruptRecordError("records section is not an array")
-    return flat
+    c = h.attributes & COMPRESSION_MASK
+    if h.magic == LEGACY_MAGIC:
+        return legacy_records.decompress(h.attributes, body, limit)
+    return codecs.decompress(c, body, limit) if c else body
 
 
-def stride_of(attributes: int) -> int:
-    return (
-        2
-        + bool(attributes & ATTR_OFFSET_DELTAS)
-        + bool(attributes & ATTR_TIMESTAMP_DELTAS)
-        + bool(attributes & ATTR_HEADERS)
-    )
+def _append_time(h: BatchHeader) -> int | None:
+    """The one timestamp of a batch stamped with log-append time (Kafka keeps it in the
+    max timestamp; the records' own are ignored), else None."""
+    return h.max_timestamp if h.attributes & ATTR_LOG_APPEND_TIME else None
 
 
 def decode_columns(
@@ -562,33 +437,73 @@ def decode_columns(
     """Decode one batch into columns: (offsets, timestamps, keys, values, headers).
 
     The header is not re-validated here; call ``validate_batch`` first on untrusted input.
+    Raises CorruptRecordError for records that do not decode.
     """
     h = header if header is not None else read_header(buf, pos)
-    flat = _records_section(buf, pos, h)
-    a = h.attributes
-    stride = stride_of(a)
-    n = h.record_count
-    if len(flat) != stride * n:
-        raise CorruptRecordError(
-            f"records section holds {len(flat)} values, expected {stride} x {n}"
+    section = _records_section(buf, pos, h)
+    if h.magic == LEGACY_MAGIC:
+        return legacy_records.decode_columns(
+            section, h.attributes, h.record_count, h.base_offset, h.base_timestamp
         )
-    i = 0
-    base = h.base_offset
-    if a & ATTR_OFFSET_DELTAS:
-        offsets = [base + d for d in flat[0::stride]]
-        i = 1
-    else:
-        offsets = list(range(base, base + n))
-    if a & ATTR_TIMESTAMP_DELTAS:
-        bt = h.base_timestamp
-        timestamps = [bt + d for d in flat[i::stride]]
-        i += 1
-    else:
-        timestamps = [h.base_timestamp] * n
-    keys = flat[i::stride]
-    values = flat[i + 1 :: stride]
-    headers = flat[i + 2 :: stride] if a & ATTR_HEADERS else [None] * n
-    return offsets, timestamps, keys, values, headers
+    try:
+        return codec.decode_columns(
+            section, h.record_count, h.base_offset, h.base_timestamp, _append_time(h)
+        )
+    except ValueError as e:
+        raise CorruptRecordError(f"batch at offset {h.base_offset}: {e}") from e
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    h: BatchHeader,
+    cls: type,
+    topic: str,
+    partition: int,
+    min_offset: int,
+) -> list:
+    """One batch's records at or past ``min_offset`` as ``cls(topic, partition, offset,
+    timestamp, key, value, headers)`` tuples: the consumer's path, built in C."""
+    if h.magic == LEGACY_MAGIC:
+        new = tuple.__new__
+        return [
+            new(cls, (topic, partition, *r))
+            for r in zip(*decode_columns(buf, pos, h), strict=True)
+            if r[0] >= min_offset
+        ]
+    section = _records_section(buf, pos, h)
+    try:
+        return codec.decode_records(
+            section,
+            h.record_count,
+            h.base_offset,
+            h.base_timestamp,
+            _append_time(h),
+            cls,
+            topic,
+            partition,
+            min_offset,
+        )
+    except ValueError as e:
+        raise CorruptRecordError(f"batch at offset {h.base_offset}: {e}") from e
+
+
+def decode_arrow(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, lo: int, hi: int
+) -> tuple:
+    """One batch's records with ``lo <= offset < hi`` as Arrow-ready buffers (see
+    ``recordcodec.decode_arrow``): the Spark reader's path."""
+    if h.magic == LEGACY_MAGIC:
+        cols = decode_columns(buf, pos, h)
+        keep = [i for i, o in enumerate(cols[0]) if lo <= o < hi]
+        return _twin.arrow_columns(*([c[i] for i in keep] for c in cols))
+    section = _records_section(buf, pos, h)
+    try:
+        return codec.decode_arrow(
+            section, h.record_count, h.base_offset, h.base_timestamp, _append_time(h), lo, hi
+        )
+    except ValueError as e:
+        raise CorruptRecordError(f"batch at offset {h.base_offset}: {e}") from e
 
 
 def decode_batch(
