@@ -30,7 +30,10 @@ from typing import Any
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
 from rillet.client.wire import records
 
-RECORD_OVERHEAD_BYTES = 3  # msgpack type bytes per value; batch_size counts approximately
+# A v2 record's bytes beside its key and value: length, attributes, timestamp and
+# offset deltas, key and value lengths, header count (1-2 bytes each at batch sizes).
+# batch_size counts approximately, as Kafka's estimate does.
+RECORD_OVERHEAD_BYTES = 8
 KEY_CACHE_MAX = 65_536  # keys -> partition memo (murmur2 in Python costs ~1 us per key)
 
 # A record held outside any batch: (value, key, headers, partition, timestamp, handle).
@@ -150,6 +153,28 @@ def _unknown_topic(topic: str, record: HeldRecord) -> None:
     raise KeyError(f"unknown topic {topic!r}: add_topic() it first")
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def check_field(field: Any, what: str) -> None:
+    """A record's key or value must be bytes-like or None: Kafka's records hold bytes."""
+    if not isinstance(field, _BYTES_LIKE):
+        raise TypeError(
+            f"a record's {what} must be bytes, bytearray, memoryview or None, "
+            f"not {type(field).__name__} (encode text first, e.g. s.encode())"
+        )
+
+
+def _header(pair: Any) -> tuple[str, Any]:
+    """One header as Kafka holds it: a (str, bytes or None) pair."""
+    k, v = pair  # anything but a pair raises ValueError / TypeError here
+    if not isinstance(k, str):
+        raise TypeError(f"a header key must be str, not {type(k).__name__}")
+    if v is not None and not isinstance(v, _BYTES_LIKE):
+        raise TypeError(f"a header value must be bytes or None, not {type(v).__name__}")
+    return k, v
+
+
 def record_size(value: Any, key: Any, headers: Any) -> int:
     """What a record counts against ``batch_size`` and ``buffer_memory``."""
     size = RECORD_OVERHEAD_BYTES + (len(value) if value is not None else 0)
@@ -255,9 +280,13 @@ class RecordAccumulator:
                     partition = self._partition_for_key(t, key)
         elif partition >= t.num_partitions or partition < 0:
             raise ValueError(f"{topic} has no partition {partition}")
-        # len() may raise (a value without one): before the batch is touched, so a
-        # refused record is not delivered anyway
-        size = len(value) + RECORD_OVERHEAD_BYTES if value is not None else 1
+        # Checked before the batch is touched, so a refused record is not delivered
+        # anyway and cannot fail its batch-mates when the batch is encoded.
+        if value.__class__ is not bytes and value is not None:
+            check_field(value, "value")
+        if key.__class__ is not bytes and key is not None:
+            check_field(key, "key")
+        size = len(value) + RECORD_OVERHEAD_BYTES if value is not None else RECORD_OVERHEAD_BYTES
         tp = t.parts[partition]
         b = tp.open
         if b is None:
@@ -315,8 +344,12 @@ class RecordAccumulator:
             raise ValueError(f"{t.name} has no partition {partition}")
         # Everything that may raise comes before the batch is touched: a record the
         # caller is told was refused must not be delivered anyway.
+        if value.__class__ is not bytes and value is not None:
+            check_field(value, "value")
+        if key.__class__ is not bytes and key is not None:
+            check_field(key, "key")
         if headers is not None:
-            headers = list(headers)
+            headers = [_header(pair) for pair in headers]
         if timestamp is not None:
             timestamp = int(timestamp)
         size = record_size(value, key, headers)
@@ -443,7 +476,9 @@ class RecordAccumulator:
                 timestamp_ms=b.timestamp_ms,
                 compression=self.compression,
             )
-        except Exception as e:  # an unpackable value: the caller's mistake, one batch fails
+        except (
+            Exception
+        ) as e:  # an unencodable record (a header key with no UTF-8 form): one batch fails
             b.error = TypeError(f"cannot encode records for {tp.topic}: {e}")
             self.unencodable.append(b)
         else:

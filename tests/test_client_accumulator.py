@@ -267,7 +267,7 @@ def test_a_record_refused_with_an_exception_leaves_its_batch_untouched() -> None
     (b,) = acc.sealed("t", 0)
     assert [(r.value, r.headers) for r in records.decode_batch(b.payload)] == [  # type: ignore[arg-type]
         (b"first", None),
-        (b"last", [["h", b"1"]]),
+        (b"last", [("h", b"1")]),
     ]
 
 
@@ -331,7 +331,9 @@ def test_abort_refuses_records_and_returns_every_incomplete_batch() -> None:
 
 def test_an_unencodable_batch_is_set_aside_with_its_error() -> None:
     acc = make(Clock())
-    acc.append("t", {1, 2}, partition=0)  # msgpack has no sets
+    t = acc.topics["t"]
+    # A lone surrogate passes the append's type checks but has no UTF-8 form.
+    acc.append_record(t, b"v", None, [("\ud800", b"x")], 0, None)
     acc.seal_all()
     (bad,) = acc.unencodable
     assert isinstance(bad.error, TypeError)

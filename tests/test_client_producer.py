@@ -201,7 +201,7 @@ async def test_headers_and_timestamps_round_trip(fake: FakeCluster) -> None:
         md = await h
     assert md.timestamp == 1234
     recs = fake.records("t", 0)
-    assert recs[1].headers == [["h", b"1"]] and recs[1].timestamp == 1234
+    assert recs[1].headers == [("h", b"1")] and recs[1].timestamp == 1234
     assert recs[0].headers is None
 
 
@@ -234,12 +234,34 @@ def test_bad_configuration_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         Producer(acks=2)
     with pytest.raises(ValueError):
-        Producer(compression="gzip")
+        Producer(compression="brotli")  # not one of Kafka's codecs
+
+
+async def test_a_value_that_is_not_bytes_is_refused_at_send(fake: FakeCluster) -> None:
+    """Kafka's records hold bytes: a str or any other object is refused when it is
+    handed over, before it can share (and fail) a batch with good records."""
+    async with Producer(fake.bootstrap, linger_ms=1) as p:
+        good = p.send("t", b"good", partition=0)
+        assert (await good).offset == 0  # the topic is known now (not held for metadata)
+        for bad in ("text", {1, 2}, 5):
+            with pytest.raises(TypeError, match="must be bytes"):
+                p.send("t", bad, partition=0)
+            with pytest.raises(TypeError, match="must be bytes"):
+                await p.produce("t", bad, partition=0)
+            with pytest.raises(TypeError, match="must be bytes"):
+                await p.produce("t", b"v", key=bad, partition=0)
+        with pytest.raises(TypeError, match="header key must be str"):
+            p.send("t", b"v", headers=[(b"k", b"v")], partition=0)
+        with pytest.raises(TypeError, match="header value must be bytes"):
+            p.send("t", b"v", headers=[("k", "v")], partition=0)
+        await p.flush()
+    assert values_of(fake, "t", 0) == [b"good"]
 
 
 async def test_an_unencodable_value_fails_its_batch_only(fake: FakeCluster) -> None:
     async with Producer(fake.bootstrap, linger_ms=1) as p:
-        bad = p.send("t", {1, 2}, partition=0)  # msgpack has no sets
+        # A lone surrogate passes the type checks but has no UTF-8 form.
+        bad = p.send("t", b"v", headers=[("\ud800", b"x")], partition=0)
         with pytest.raises(TypeError, match="cannot encode records for t"):
             await bad
         with pytest.raises(DeliveryError):
