@@ -7,6 +7,8 @@ prints one JSON object:
 - ``produce`` / ``consume``: ``rillet perf produce`` (``--acks``, RF ``--replication-factor``)
   and ``rillet perf consume`` as subprocesses: records/s, MB/s, latency, client peak RSS;
   for the produce also the CPU seconds the brokers spent meanwhile (``brokers_cpu_s``);
+- ``produce_bulk``: the same produce through ``send_many`` (``perf produce --bulk``), the
+  path that creates nothing per record before the codec;
 - ``replication``: perf produce with RF=1 acks=1 and RF=3 acks=all
   (min.insync.replicas=2) in the same run, and their throughput ratio;
 - ``end_to_end``: a producer subprocess at a fixed rate (``--e2e-rate``, acks=all, RF=3)
@@ -112,7 +114,7 @@ def main() -> None:
         "--skip",
         action="append",
         default=[],
-        choices=["throughput", "replication", "e2e", "failover"],
+        choices=["throughput", "bulk", "replication", "e2e", "failover"],
     )
     args = parser.parse_args()
     node_overrides: dict[int, dict[str, Any]] = {}
@@ -151,6 +153,9 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     }
     if "throughput" not in args.skip:
         result.update(throughput(cluster, args))
+    if "bulk" not in args.skip:
+        create_topic(cluster.bootstrap, "bulk", args.partitions, args.replication_factor)
+        result["produce_bulk"] = perf_produce(cluster.bootstrap, "bulk", args, args.acks, "--bulk")
     if "replication" not in args.skip:
         result["replication"] = replication_cost(cluster, args)
     if "e2e" not in args.skip:
@@ -173,7 +178,9 @@ def defaults(table: Any) -> dict[str, Any]:
     return {k.name: k.default for k in table.keys.values()}
 
 
-def perf_produce(boot: str, topic: str, args: argparse.Namespace, acks: str) -> dict[str, Any]:
+def perf_produce(
+    boot: str, topic: str, args: argparse.Namespace, acks: str, *extra: str
+) -> dict[str, Any]:
     return rillet(
         boot,
         "perf",
@@ -188,6 +195,7 @@ def perf_produce(boot: str, topic: str, args: argparse.Namespace, acks: str) -> 
         acks,
         "--batch-size",
         str(args.batch_size),
+        *extra,
     )
 
 
