@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # The C sources too: an editable install builds the extension in place, once.
-NATIVE_SRC := $(wildcard storage/*.c storage/*.h)
+NATIVE_SRC := $(wildcard storage/*.c storage/*.h client/*.c client/*.h)
 
 $(STAMP): $(BIN)/python pyproject.toml $(NATIVE_SRC)
 	$(BIN)/pip install -q -e '.[dev,spark]'
@@ -66,4 +66,4 @@ bench-scale-50k: install
 	$(BIN)/python benchmarks/scale_bench.py --steps 1000 49000 --timeout-s 7200
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache storage/*.so
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache storage/*.so client/*.so

@@ -1,7 +1,10 @@
-"""Only the optional C extension is declared here; everything else is in pyproject.toml.
+"""Only the optional C extensions are declared here; everything else is in pyproject.toml.
 
-The append hot path in C (storage/batchwrite.py has its pure-Python twin). Optional:
-with no C compiler the install goes on without it and the twin runs instead.
+Two hot paths in C, each with a pure-Python twin: the append (storage/batchwrite.py) and
+the v2 record codec (client/wire/recordcodec.py). Both compute CRC-32C with the CPU's
+own instructions (client/_crc32c_hw.c: the client owns it, storage may depend on the
+client but not the reverse). Optional: with no C compiler the install goes on without
+them and the twins run instead.
 """
 
 from setuptools import Extension, setup
@@ -10,10 +13,17 @@ setup(
     ext_modules=[
         Extension(
             "rillet.storage._batchwrite",
-            sources=["storage/_batchwrite.c", "storage/_crc32c_hw.c"],
-            depends=["storage/_crc32c_hw.h"],
+            sources=["storage/_batchwrite.c", "client/_crc32c_hw.c"],
+            depends=["client/_crc32c_hw.h"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "rillet.client._recordcodec",
+            sources=["client/_recordcodec.c", "client/_crc32c_hw.c"],
+            depends=["client/_crc32c_hw.h"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )
