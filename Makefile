@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long bench bench-scale-50k clean
+.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-scale-50k clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,12 @@ chaos: install
 FUZZ_FRAMES ?= 1000000
 fuzz-long: install
 	RILLET_FUZZ_FRAMES=$(FUZZ_FRAMES) $(BIN)/pytest -q -s -m slow tests/test_fuzz_long.py
+
+# The C extensions built with AddressSanitizer and UBSan, fuzzed with CODEC_FUZZ damaged
+# and random inputs per seed (skipped without gcc's libasan; docs/testing.md).
+CODEC_FUZZ ?= 2000000
+fuzz-codec: install
+	RILLET_CODEC_FUZZ=$(CODEC_FUZZ) $(BIN)/pytest -q -s -m slow tests/test_recordcodec_sanitizers.py
 
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
