@@ -882,6 +882,8 @@ typedef struct {
     int64_t base_offset, base_ts;
     int offset_over, ts_over;
     PyObject *append_time; /* borrowed; NULL when None */
+    PyObject *last_ts;     /* the previous record's timestamp object, reused when equal */
+    int64_t last_ts_value;
 } walk_args;
 
 static int walk_begin(walk_args *w, PyObject *section, PyObject *count, PyObject *base_offset,
@@ -899,6 +901,7 @@ static int walk_begin(walk_args *w, PyObject *section, PyObject *count, PyObject
         as_int64(base_ts, &w->base_ts, &w->ts_over) < 0)
         return -1;
     w->append_time = append_time == NULL || append_time == Py_None ? NULL : append_time;
+    w->last_ts = NULL;
     if (PyObject_GetBuffer(section, &w->view, PyBUF_SIMPLE) < 0)
         return -1;
     return 0;
@@ -950,10 +953,23 @@ static inline PyObject *nullable_bytes(const unsigned char *p, Py_ssize_t n) {
     return PyBytes_FromStringAndSize((const char *)p, n);
 }
 
+/* A batch's records mostly share one millisecond: one int object serves them all. */
 static inline PyObject *timestamp_of(walk_args *w, const record *rec) {
     if (w->append_time != NULL)
         return Py_NewRef(w->append_time);
-    return PyLong_FromLongLong(rec->ts);
+    if (w->last_ts == NULL || w->last_ts_value != rec->ts) {
+        PyObject *t = PyLong_FromLongLong(rec->ts);
+        if (t == NULL)
+            return NULL;
+        Py_XSETREF(w->last_ts, t);
+        w->last_ts_value = rec->ts;
+    }
+    return Py_NewRef(w->last_ts);
+}
+
+static void walk_release(walk_args *w) {
+    Py_CLEAR(w->last_ts);
+    PyBuffer_Release(&w->view);
 }
 
 PyDoc_STRVAR(decode_columns_doc,
@@ -1005,7 +1021,7 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
 done:
     for (int c = 0; c < 5; c++)
         Py_XDECREF(cols[c]);
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     return result;
 }
 
@@ -1110,11 +1126,11 @@ static PyObject *decode_records(PyObject *module, PyObject *const *args, Py_ssiz
     if (walk_end(&w, &r) < 0)
         goto fail;
     Py_SET_SIZE(out, kept); /* the slots past `kept` are NULL and stay allocated */
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     return out;
 fail:
     Py_XDECREF(out);
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     return NULL;
 }
 
@@ -1239,7 +1255,7 @@ done:
     Py_XDECREF(vo);
     Py_XDECREF(vd);
     Py_XDECREF(headers);
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     return result;
 }
 
@@ -1292,14 +1308,14 @@ static PyObject *check_records(PyObject *module, PyObject *const *args, Py_ssize
     }
     if (walk_end(&w, &r) < 0)
         goto fail;
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     if (w.count == 0) {
         PyErr_SetString(PyExc_ValueError, "a batch needs at least one record");
         return NULL;
     }
     return Py_BuildValue("(LLn)", (long long)max_ts, (long long)prev, first_null_key);
 fail:
-    PyBuffer_Release(&w.view);
+    walk_release(&w);
     return NULL;
 }
 
