@@ -1,6 +1,7 @@
 # One image for every rillet node; the command line picks the role.
 # The build stage has a C compiler, so the wheel carries the native append path
-# (storage/_batchwrite.c); the runtime image installs that wheel and needs none.
+# (storage/_batchwrite.c) and record codec (client/_recordcodec.c); the runtime image
+# installs that wheel and needs none.
 FROM python:3.11-slim AS build
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -18,6 +19,7 @@ WORKDIR /opt/rillet
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels rillet \
     && python -c "from rillet.storage import batchwrite; assert batchwrite.NATIVE" \
+    && python -c "from rillet.client.wire import records; assert records.NATIVE" \
     && rm -rf /wheels \
     && useradd --create-home rillet && mkdir /data && chown rillet /data
 USER rillet
