@@ -236,10 +236,11 @@ static Py_ssize_t headers_part(PyObject *hs, Py_ssize_t index, unsigned char **p
     /* The twin takes len(hs) first: an iterator without one is a TypeError there. */
     if (!PyList_Check(hs) && !PyTuple_Check(hs) && PyObject_Size(hs) < 0)
         return -1;
-    PyObject *fast = PySequence_Fast(hs, "headers must be a sequence of (str, bytes) pairs");
+    /* A tuple: the pairs' own code (a custom iterable's) cannot resize what we walk. */
+    PyObject *fast = PySequence_Tuple(hs);
     if (fast == NULL)
         return -1;
-    Py_ssize_t nh = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t nh = PyTuple_GET_SIZE(fast);
     if (nh > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "header count %zd does not fit an int32", nh);
         goto fail;
@@ -252,7 +253,7 @@ static Py_ssize_t headers_part(PyObject *hs, Py_ssize_t index, unsigned char **p
     }
     for (Py_ssize_t j = 0; j < nh; j++) {
         PyObject *k, *v;
-        int owned = header_pair(PySequence_Fast_GET_ITEM(fast, j), index, &k, &v);
+        int owned = header_pair(PyTuple_GET_ITEM(fast, j), index, &k, &v);
         if (owned < 0)
             goto fail;
         Py_ssize_t klen = 0, vsize = 0;
@@ -414,6 +415,19 @@ static PyObject *build_batch(PyObject *module, PyObject *const *args, Py_ssize_t
                 max_over = 1; /* the max is past int64 (below it, so is the base) */
             plan[i].td = t; /* the timestamp for now; its delta below */
         }
+    }
+
+    /* Headers (truthiness, len, iteration) and int subclasses (subtraction) can run
+     * Python code, which could resize a list being walked: then walk tuple copies. */
+    if (headers != NULL || ts_slow) {
+        PyObject **cols[] = {&values, &keys, &headers, &timestamps, &deltas};
+        for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++)
+            if (*cols[c] != NULL && PyList_Check(*cols[c])) {
+                PyObject *t = PyList_AsTuple(*cols[c]);
+                if (t == NULL)
+                    goto done;
+                Py_SETREF(*cols[c], t);
+            }
     }
 
     /* Pass 1: every record's checks, in the twin's order, and its size. */

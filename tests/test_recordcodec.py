@@ -580,3 +580,20 @@ def test_random_bytes_fail_alike(
     both()
     results = decoders(native, section, count, base_offset, base_ts)
     assert results == decoders(twin, section, count, base_offset, base_ts)
+
+
+def test_columns_changed_by_python_code_during_the_build_are_not_read_freed() -> None:
+    """A header's __bool__ runs Python code mid-build; here it empties the values list.
+    The C codec walks its own copies of the columns (under the sanitizer test this would
+    be a use-after-free otherwise): it builds what it was given, whatever the list holds
+    now."""
+    m, _ = both()
+    values = [b"a"] * 5
+
+    class Clears(list):
+        def __bool__(self) -> bool:
+            values.clear()
+            return True
+
+    data = build(m, values, headers=[Clears([("k", b"v")]), None, None, None, None])
+    assert m.decode_columns(data[HEADER:], 5, 0, 1000, None)[3] == [b"a"] * 5
