@@ -59,7 +59,7 @@ fuzz-long: install
 
 # The C extensions built with AddressSanitizer and UBSan, fuzzed with CODEC_FUZZ damaged
 # and random inputs per seed (skipped without gcc's libasan; docs/testing.md).
-CODEC_FUZZ ?= 2000000
+CODEC_FUZZ ?= 1000000
 fuzz-codec: install
 	RILLET_CODEC_FUZZ=$(CODEC_FUZZ) $(BIN)/pytest -q -s -m slow tests/test_recordcodec_sanitizers.py
 

@@ -95,15 +95,20 @@ def test_batchwrite_under_sanitizers(sanitized: tuple[Path, str]) -> None:
     fuzz(sanitized, "batchwrite", 30000, seed=1)
 
 
-LONG = int(os.environ.get("RILLET_CODEC_FUZZ", "2000000"))
+LONG = int(os.environ.get("RILLET_CODEC_FUZZ", "1000000"))
+# A million inputs take 1-3 minutes alone, more on a shared machine: past pytest's
+# default per-test limit.
+LONG_TIMEOUT_S = 3600
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT_S)
 @pytest.mark.parametrize("seed", [2, 3])
 def test_record_codec_under_sanitizers_long(sanitized: tuple[Path, str], seed: int) -> None:
     fuzz(sanitized, "codec", LONG, seed)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT_S)
 def test_batchwrite_under_sanitizers_long(sanitized: tuple[Path, str]) -> None:
     fuzz(sanitized, "batchwrite", LONG, seed=2)
