@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,10 +17,12 @@ from rillet.client.wire.errors import (
     MessageTooLargeError,
 )
 
-COMPRESSIONS = [records.COMPRESSION_NONE, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD]
+COMPRESSIONS = sorted(records.COMPRESSION_NAMES)  # none, gzip, snappy, lz4, zstd
 
 small_bytes = st.binary(max_size=40)
-header_lists = st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=3)
+header_lists = st.lists(
+    st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=3
+)
 
 
 @st.composite
@@ -99,8 +100,8 @@ def test_check_batch_errors_name_the_batch():
     buf[-1] ^= 1
     with pytest.raises(CorruptRecordError, match="CRC mismatch in batch at offset 4321"):
         records.check_batch(buf, 0, None)
-    buf[records.MAGIC_POS] = 2
-    with pytest.raises(CorruptRecordError, match="bad magic 2 at batch offset 4321"):
+    buf[records.MAGIC_POS] = 3  # neither v2 nor the legacy format
+    with pytest.raises(CorruptRecordError, match="bad magic 3 at batch offset 4321"):
         records.check_batch(buf, 0, None)
     with pytest.raises(CorruptRecordError, match="header needs"):
         records.check_batch(buf[:60], 0, None)
@@ -138,6 +139,46 @@ def test_iter_batches_stops_on_impossible_length_without_validation():
 # --- what a leader accepts from a producer (validate_produced) -------------------------
 
 
+def _varint(v: int) -> bytes:
+    """A zigzag varint as Kafka writes it, built here independently of the codec."""
+    return _uvarint((v << 1) ^ (v >> 63))
+
+
+def _uvarint(u: int) -> bytes:
+    out = bytearray()
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)
+
+
+def _bytes_field(b: bytes | None) -> bytes:
+    return _varint(-1) if b is None else _varint(len(b)) + b
+
+
+def _record(
+    offset_delta: int,
+    value: bytes | None = b"v",
+    key: bytes | None = b"k",
+    *,
+    ts_delta: int = 0,
+    headers: bytes = b"\x00",
+    length_adjust: int = 0,
+) -> bytes:
+    """One hand-made DefaultRecord; ``headers`` is the raw header part (count and pairs),
+    ``length_adjust`` makes its length field lie."""
+    body = (
+        b"\x00"
+        + _varint(ts_delta)
+        + _varint(offset_delta)
+        + _bytes_field(key)
+        + _bytes_field(value)
+        + headers
+    )
+    return _varint(len(body) + length_adjust) + body
+
+
 def _restamped(body: bytes, *, count: int, last_delta: int, attributes: int = 0, ts: int = 5):
     """A batch around ``body`` with a fresh, valid CRC: only the records check can refuse it."""
     buf = records.assemble_batch(
@@ -167,25 +208,56 @@ def test_validate_produced_accepts_what_a_producer_encodes(batch):
         records.validate_produced(buf, compacted=True)
 
 
-def test_validate_produced_refuses_a_records_section_that_does_not_decode():
-    buf = _restamped(b"\xc1 not msgpack", count=1, last_delta=0)
-    with pytest.raises(InvalidRecordError, match="does not decode"):
+def test_hand_made_records_decode_as_built():
+    """The hand-made records the tests below break are well formed when unbroken."""
+    body = _record(0, b"a", b"k", headers=b"\x02\x02h" + _bytes_field(b"x")) + _record(1, None)
+    buf = _restamped(body, count=2, last_delta=1)
+    records.validate_produced(buf, compacted=True)
+    assert [tuple(r) for r in records.decode_batch(buf)] == [
+        (0, 5, b"k", b"a", [("h", b"x")]),
+        (1, 5, b"k", None, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"\xc2 not a record", "record 0: record of .* bytes runs past the end"),
+        (b"\xff" * 6, "record 0: varint longer than 5 bytes"),
+        (b"\x00", "record 0: empty record"),
+        (_varint(-3) + b"\x00", "record 0: negative record length"),
+        (_record(0, length_adjust=1) + b"\x00", "record 0: record length says"),
+        (_record(0, length_adjust=-1), "record 0: record length says"),
+        (_record(0) + b"\x00\x00", "records section has 2 bytes after its 1 records"),
+        (_record(0, key=None)[:-1], "record 0: record of .* bytes runs past the end"),
+        (_record(0, headers=b"\x01"), "record 0: negative header count"),
+        (_record(0, headers=b"\x02" + _varint(-1) + _varint(-1)), "record 0: null header key"),
+        (_record(0, headers=b"\x02\x02\xff" + _varint(-1)), "record 0: header key is not UTF-8"),
+        (_record(0, headers=b"\x02\x08h" + _varint(-1)), "record 0: header key of 4 bytes"),
+        (_varint(7) + b"\x00\x00\x00\x02k" + _varint(-2) + b"\x00", "record 0: value length -2"),
+    ],
+)
+def test_validate_produced_refuses_a_records_section_that_does_not_decode(body, problem):
+    buf = _restamped(body, count=1, last_delta=0)
+    with pytest.raises(InvalidRecordError, match=f"batch 0: {problem}"):
         records.validate_produced(buf, compacted=False)
-    scalar = _restamped(msgpack.packb(7), count=1, last_delta=0)  # decodes, but no array
-    with pytest.raises(InvalidRecordError, match="not an array"):
-        records.validate_produced(scalar, compacted=False)
+    with pytest.raises(CorruptRecordError, match=problem):  # and a reader says so too
+        records.decode_batch(buf)
 
 
 def test_validate_produced_refuses_a_count_the_records_do_not_match():
-    body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)  # two records
+    body = _record(0, b"a") + _record(1, b"b")  # two records
     assert len(records.decode_batch(_restamped(body, count=2, last_delta=1))) == 2
     buf = _restamped(body, count=3, last_delta=2)
-    with pytest.raises(InvalidRecordError, match="says 3 records but its records section"):
+    with pytest.raises(InvalidRecordError, match="batch 0: record 2: varint runs past the end"):
+        records.validate_produced(buf, compacted=False)
+    buf = _restamped(body, count=1, last_delta=0)
+    with pytest.raises(InvalidRecordError, match="bytes after its 1 records"):
         records.validate_produced(buf, compacted=False)
 
 
 def test_validate_produced_refuses_a_last_offset_delta_other_than_count_minus_one():
-    body = msgpack.packb([None, b"a", None, b"b"], use_bin_type=True)
+    body = _record(0, b"a") + _record(1, b"b")
     for delta in (0, 5):
         buf = _restamped(body, count=2, last_delta=delta)
         with pytest.raises(InvalidRecordError, match="last offset delta"):
@@ -194,26 +266,43 @@ def test_validate_produced_refuses_a_last_offset_delta_other_than_count_minus_on
     gaps = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[0, 3])
     with pytest.raises(InvalidRecordError, match="last offset delta"):
         records.validate_produced(gaps, compacted=True)
-    hole = records.encode_batch([b"x", b"y"], [b"k1", b"k2"], offset_deltas=[1, 1])
-    with pytest.raises(InvalidRecordError, match="offset deltas other than 0..1"):
-        records.validate_produced(hole, compacted=True)
+    # The header's last delta is count - 1, but the records' own deltas are not 0..1.
+    for deltas, problem in (
+        ((1, 1), "record 0: offset delta 1, expected 0"),
+        ((0, 0), "record 1: offset delta 0, expected 1"),
+        ((1, 0), "record 0: offset delta 1, expected 0"),
+    ):
+        hole = _restamped(_record(deltas[0]) + _record(deltas[1]), count=2, last_delta=1)
+        with pytest.raises(InvalidRecordError, match=problem):
+            records.validate_produced(hole, compacted=True)
 
 
 def test_validate_produced_refuses_an_unknown_codec_or_attribute():
-    body = msgpack.packb([None, b"a"], use_bin_type=True)
-    for codec in (1, 2, 5, 6, 7):  # Kafka's gzip and snappy, and numbers nobody uses
+    body = _record(0, b"a")
+    for codec in (5, 6, 7):  # numbers Kafka does not use
         buf = _restamped(body, count=1, last_delta=0, attributes=codec)
-        with pytest.raises(InvalidRecordError, match="unknown compression codec"):
+        with pytest.raises(InvalidRecordError, match=f"unknown compression codec {codec}"):
             records.validate_produced(buf, compacted=False)
-    buf = _restamped(body, count=1, last_delta=0, attributes=0x20)
-    with pytest.raises(InvalidRecordError, match="unknown attribute bits 0x20"):
-        records.validate_produced(buf, compacted=False)
+    for codec in (1, 2, 3, 4):  # a known codec over a section it did not compress
+        buf = _restamped(body, count=1, last_delta=0, attributes=codec)
+        with pytest.raises(InvalidRecordError, match="cannot decompress records"):
+            records.validate_produced(buf, compacted=False)
+    # Transactional, control, log-append time, delete horizon: Kafka's bits a producer to
+    # rillet may not set; 0x80 and up: bits Kafka does not define.
+    for bit in (0x08, 0x10, 0x20, 0x40, 0x80, 0x4000):
+        buf = _restamped(body, count=1, last_delta=0, attributes=bit)
+        with pytest.raises(InvalidRecordError, match=f"attribute bits {bit:#x}"):
+            records.validate_produced(buf, compacted=False)
+        lz4 = records.codecs.compress(records.COMPRESSION_LZ4, body)
+        buf = _restamped(lz4, count=1, last_delta=0, attributes=bit | records.COMPRESSION_LZ4)
+        with pytest.raises(InvalidRecordError, match=f"attribute bits {bit:#x}"):
+            records.validate_produced(buf, compacted=False)
 
 
 def test_validate_produced_refuses_header_fields_a_producer_does_not_send():
     with pytest.raises(InvalidRecordError, match="base offset 7"):
         records.validate_produced(records.encode_batch([b"x"], base_offset=7), compacted=False)
-    body = msgpack.packb([None, b"a"], use_bin_type=True)
+    body = _record(0, b"a")
     lying = records.assemble_batch(
         body,
         attributes=0,
@@ -232,9 +321,18 @@ def test_validate_produced_refuses_a_keyless_record_on_a_compacted_topic():
     records.validate_produced(good + keyless, compacted=False)
     with pytest.raises(InvalidRecordError, match="batch 1, record 2 has no key"):
         records.validate_produced(good + keyless, compacted=True)
-    listed = records.encode_batch([b"a", b"b"], [b"k", [1, 2]])  # the cleaner cannot map it
-    with pytest.raises(InvalidRecordError, match="batch 0, record 1 has a list key"):
-        records.validate_produced(listed, compacted=True)
+    # A v2 key is bytes or null, nothing else: a key the cleaner could not map (a list)
+    # cannot be written at all.
+    with pytest.raises(TypeError, match="record 1: a key must be bytes or None, not list"):
+        records.encode_batch([b"a", b"b"], [b"k", [1, 2]])
+    # A hand-made keyless record, compressed, is refused the same way.
+    section = _record(0, b"a") + _record(1, b"b", key=None)
+    for codec in sorted(records.COMPRESSION_NAMES):
+        body = records.codecs.compress(codec, section) if codec else section
+        buf = _restamped(body, count=2, last_delta=1, attributes=codec)
+        records.validate_produced(buf, compacted=False)
+        with pytest.raises(InvalidRecordError, match="batch 0, record 1 has no key"):
+            records.validate_produced(buf, compacted=True)
 
 
 def test_validate_produced_names_the_failing_batch():
@@ -267,17 +365,34 @@ def _bomb(codec: int, *, content_size: bool = True) -> bytes:
     """A small compressed body that expands past MAX_DECOMPRESSED_BYTES (built in chunks,
     so the test itself never holds the expanded bytes)."""
     chunk, chunks = bytes(1 << 20), (records.MAX_DECOMPRESSED_BYTES >> 20) + 1
+    size = len(chunk) * chunks
     if codec == records.COMPRESSION_ZSTD:
         import zstandard
 
-        size = len(chunk) * chunks if content_size else -1
-        cobj = zstandard.ZstdCompressor().compressobj(size=size)
+        cobj = zstandard.ZstdCompressor().compressobj(size=size if content_size else -1)
         return b"".join([cobj.compress(chunk) for _ in range(chunks)] + [cobj.flush()])
-    import lz4.frame
+    if codec == records.COMPRESSION_LZ4:
+        import lz4.frame
 
-    comp = lz4.frame.LZ4FrameCompressor()
-    parts = [comp.begin()] + [comp.compress(chunk) for _ in range(chunks)] + [comp.flush()]
-    return b"".join(parts)
+        comp = lz4.frame.LZ4FrameCompressor(block_linked=False)
+        begin = comp.begin(source_size=size if content_size else 0)
+        parts = [begin] + [comp.compress(chunk) for _ in range(chunks)] + [comp.flush()]
+        return b"".join(parts)
+    if codec == records.COMPRESSION_GZIP:
+        import zlib
+
+        z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        return b"".join([z.compress(chunk) for _ in range(chunks)] + [z.flush()])
+    import cramjam
+
+    if content_size:  # xerial-framed: 1 MiB blocks, each within the limit, too many of them
+        block = bytes(cramjam.snappy.compress_raw(chunk))
+        framed = records.codecs._I32.pack(len(block)) + block
+        return records.codecs._XERIAL_HEADER + framed * chunks
+    # Raw: one block whose length preamble claims more than the limit (the preamble is
+    # all a reader can bound it by; a real one would be 12 MB of compressed zeros).
+    block = bytes(cramjam.snappy.compress_raw(chunk))
+    return _uvarint(size) + block[len(_uvarint(len(chunk))) :]
 
 
 @pytest.mark.parametrize(
@@ -286,6 +401,19 @@ def _bomb(codec: int, *, content_size: bool = True) -> bytes:
         (records.COMPRESSION_ZSTD, True),
         (records.COMPRESSION_ZSTD, False),
         (records.COMPRESSION_LZ4, True),
+        (records.COMPRESSION_LZ4, False),
+        (records.COMPRESSION_GZIP, False),
+        (records.COMPRESSION_SNAPPY, True),  # xerial-framed, as Kafka's Java client writes
+        (records.COMPRESSION_SNAPPY, False),  # one raw block, as librdkafka may write
+    ],
+    ids=[
+        "zstd-sized",
+        "zstd-unsized",
+        "lz4-sized",
+        "lz4-unsized",
+        "gzip",
+        "snappy-xerial",
+        "snappy-raw",
     ],
 )
 def test_a_decompression_bomb_is_refused_before_it_expands(codec: int, content_size: bool):
