@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from rillet.client.cli.common import add_bootstrap, print_json, run
+from rillet.client.wire import codecs
 
 MB = 1024 * 1024
 
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64 * 1024)
     p.add_argument("--linger-ms", type=float, default=5)
     p.add_argument("--max-in-flight", type=int, default=16)
-    p.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    p.add_argument("--compression", default="none", choices=list(codecs.BY_NAME))
     p.add_argument("--bulk", action="store_true", help="send_many in lists of 10,000")
     add_bootstrap(p)
     p.set_defaults(func=cmd_perf_produce)

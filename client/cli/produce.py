@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from rillet.client.cli.common import CliError, add_bootstrap, print_json, run
+from rillet.client.wire import codecs
 
 READ_CHUNK_BYTES = 256 * 1024
 
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--acks", default="1", choices=["0", "1", "-1", "all"])
     parser.add_argument("--partition", type=int, help="send every record to this partition")
-    parser.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    parser.add_argument("--compression", default="none", choices=list(codecs.BY_NAME))
     parser.add_argument("--linger-ms", type=float, default=5)
     add_bootstrap(parser)
     parser.set_defaults(func=cmd_produce)
