@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import struct
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -153,21 +154,6 @@ def test_unknown_codecs(codec: int):
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=IDS)
-def test_every_truncation_is_corrupt(codec: int):
-    """A compressed section cut short anywhere never decodes to something else silently
-    for the framed codecs, and never raises anything but CorruptRecordError."""
-    data = _data(3000, 11)
-    packed = codecs.compress(codec, data)
-    for cut in range(len(packed)):
-        try:
-            out = codecs.decompress(codec, packed[:cut])
-        except CorruptRecordError:
-            continue
-        # Only a snappy stream cut at a block boundary is still a whole (shorter) stream.
-        assert codec == codecs.SNAPPY and data.startswith(out), cut
-
-
-@pytest.mark.parametrize("codec", CODECS, ids=IDS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(garbage=st.binary(max_size=300), limit=st.integers(0, 1 << 16))
 def test_garbage_is_corrupt_never_another_error(codec: int, garbage: bytes, limit: int):
@@ -206,3 +192,94 @@ def test_the_cli_offers_every_codec(name: str):
     assert parser.parse_args(["produce", "t", "--compression", name]).compression == name
     perf = ["perf", "produce", "--topic", "t", "--num-records", "1", "--compression", name]
     assert parser.parse_args(perf).compression == name
+
+
+def _gzip_members(*parts: bytes) -> bytes:
+    return b"".join(codecs.compress(codecs.GZIP, p) for p in parts)
+
+
+def _zstd_frames(*parts: bytes) -> bytes:
+    import zstandard
+
+    sized, unsized = zstandard.ZstdCompressor(), _zstd_unsized
+    return b"".join((sized.compress(p) if i % 2 else unsized(p)) for i, p in enumerate(parts))
+
+
+@pytest.mark.parametrize(
+    ("codec", "pack"),
+    [(codecs.GZIP, _gzip_members), (codecs.ZSTD, _zstd_frames)],
+    ids=["gzip", "zstd"],
+)
+def test_concatenated_members_and_frames_read_as_one_section(codec: int, pack):
+    """Java's GZIPInputStream reads every member of a gzip stream and zstd-jni every frame
+    of a zstd one, and kafka-python does the same (it is the oracle here): a section
+    written in parts is the parts' concatenation, bounded as a whole."""
+    with warnings.catch_warnings():  # kafka-python loads its schemas a deprecated way
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka.codec import gzip_decode, zstd_decode
+
+    parts = [_data(5000, 1), b"", _data(70_000, 2), b"tail"]
+    packed = pack(*parts)
+    whole = b"".join(parts)
+    assert (gzip_decode if codec == codecs.GZIP else zstd_decode)(packed) == whole
+    assert codecs.decompress(codec, packed) == whole
+    assert codecs.decompress(codec, packed, len(whole)) == whole
+    with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+        codecs.decompress(codec, packed, len(whole) - 1)
+    # Bytes after the last member or frame that are not another one: corrupt.
+    with pytest.raises(CorruptRecordError):
+        codecs.decompress(codec, packed + b"junkjunk")
+
+
+def _xerial_block_ends(stream: bytes) -> set[int]:
+    ends, pos = set(), 16
+    while pos < len(stream):
+        pos += 4 + struct.unpack_from(">i", stream, pos)[0]
+        ends.add(pos)
+    return ends
+
+
+@pytest.mark.parametrize(
+    ("codec", "pack"),
+    [
+        *((c, lambda d, c=c: [codecs.compress(c, d)]) for c in CODECS),
+        (codecs.LZ4, lambda d: [_lz4_sized(d)]),
+        (codecs.ZSTD, lambda d: [_zstd_unsized(d)]),
+        (codecs.SNAPPY, lambda d: [_snappy_raw(d)]),
+        (codecs.GZIP, lambda d: [_gzip_members(d[:1000]), _gzip_members(d[1000:])]),
+        (
+            codecs.ZSTD,
+            lambda d: [_zstd_frames(d[:1000]), _zstd_frames(b""), _zstd_frames(b"", d[1000:])[9:]],
+        ),
+    ],
+    ids=[*IDS, "lz4-sized", "zstd-unsized", "snappy-raw", "gzip-2-members", "zstd-2-frames"],
+)
+def test_every_truncation_is_corrupt_in_every_form(codec: int, pack):
+    """Cut short anywhere, a section never decodes to something else silently, but where
+    the cut leaves a whole stream of fewer parts: between gzip members, zstd frames or
+    xerial blocks (the records count then tells the batch is short)."""
+    data = _data(3000, 11)
+    parts = pack(data)
+    packed = b"".join(parts)
+    whole = {sum(len(p) for p in parts[:i]) for i in range(1, len(parts))}
+    if codec == codecs.SNAPPY and packed.startswith(XERIAL_HEADER):
+        whole |= _xerial_block_ends(packed) | {16}
+    assert codecs.decompress(codec, packed) == data
+    for cut in range(len(packed)):
+        try:
+            out = codecs.decompress(codec, packed[:cut])
+        except CorruptRecordError:
+            continue
+        assert cut in whole and data.startswith(out), cut
+
+
+def test_skippable_zstd_frames_are_skipped():
+    import zstandard
+
+    skip = struct.pack("<II", 0x184D2A53, 3) + b"abc"
+    frame = zstandard.ZstdCompressor().compress(b"hello")
+    for section in (skip + frame, frame + skip, skip + frame + skip + frame):
+        assert codecs.decompress(codecs.ZSTD, section) == b"hello" * section.count(frame)
+    for section in (skip, skip[:-1] + frame, frame + skip[:-1]):
+        with pytest.raises(CorruptRecordError):
+            codecs.decompress(codecs.ZSTD, section)

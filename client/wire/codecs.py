@@ -5,7 +5,8 @@ A batch's attribute bits 0-2 name the codec that compressed its whole records se
 Java client writes it, so any Kafka consumer reads our batches, and read in every form
 Kafka clients write, so we read theirs:
 
-- gzip: one gzip member (RFC 1952), default level.
+- gzip: one gzip member (RFC 1952), default level; every member of a stream of several
+  is read, as Java's ``GZIPInputStream`` reads them.
 - snappy: the block stream of snappy-java (``SnappyOutputStream``, which Kafka uses): an
   8-byte magic ``\\x82SNAPPY\\x00``, two int32s (version 1, minimum version 1), then blocks
   of up to 32 KiB of input, each an int32 length and a raw snappy block. librdkafka and
@@ -14,13 +15,14 @@ Kafka clients write, so we read theirs:
 - lz4: the LZ4 frame format (never the pre-0.10 broken header checksum), with
   independent 64 KiB blocks, no block or content checksum and no content size, as
   Kafka's ``KafkaLZ4BlockOutputStream`` writes it.
-- zstd: one zstd frame, level 3 (Kafka's default).
+- zstd: one zstd frame, level 3 (Kafka's default); every frame of a section of several
+  (skippable ones skipped) is read, as zstd-jni reads them.
 
 A batch is at most ``max.message.bytes`` compressed, but a codec can expand a few KB
 into gigabytes, and every leader decompresses what producers send. So ``decompress``
 bounds the expansion before it allocates: a section that claims, or turns out to hold,
 more than ``limit`` bytes is refused with CorruptRecordError, as is one that does not
-decompress at all.
+decompress at all, stops short, or has bytes after its last member or frame.
 """
 
 from __future__ import annotations
@@ -129,13 +131,22 @@ class _TooBig(Exception):
 
 
 def _gzip_decompress(data: bytes | memoryview, limit: int) -> bytes:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = d.decompress(data, limit + 1)
-    if len(out) > limit:
-        raise _TooBig
-    if not d.eof:
-        raise CorruptRecordError("cannot decompress records: gzip stream is truncated")
-    return out
+    # Every member, as Java's GZIPInputStream reads them: a section may be several.
+    parts = []
+    total = 0
+    rest: bytes | memoryview = data
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = d.decompress(rest, limit + 1 - total)
+        total += len(out)
+        if total > limit:
+            raise _TooBig
+        if not d.eof:
+            raise CorruptRecordError("cannot decompress records: gzip stream is truncated")
+        parts.append(out)
+        rest = d.unused_data
+        if not rest:
+            return b"".join(parts)
 
 
 def _uvarint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -195,17 +206,65 @@ def _lz4_decompress(data: bytes | memoryview, limit: int) -> bytes:
     return out
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_SKIPPABLE = 0x184D2A50  # the low 4 bits are free
+
+
+def _zstd_frame_count(data: bytes | memoryview) -> int:
+    """How many frames (skippable ones too) ``data`` holds, having checked that they fill
+    it exactly and that one at least holds data.
+
+    A bounded stream read stops quietly where the input does, so a frame cut short would
+    read as less data; walking the block headers (no decompression) finds the cut, and
+    any bytes after the last frame that are not another one.
+    """
+    import zstandard
+
+    view = memoryview(data)
+    n = len(view)
+    pos = frames = skippable = 0
+    while pos < n:
+        if n - pos < 8:
+            raise CorruptRecordError("cannot decompress records: zstd frame is truncated")
+        magic = int.from_bytes(view[pos : pos + 4], "little")
+        if magic & ~0xF == _ZSTD_SKIPPABLE:
+            pos += 8 + int.from_bytes(view[pos + 4 : pos + 8], "little")
+            skippable += 1
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise CorruptRecordError("cannot decompress records: bytes after the zstd frames")
+        has_checksum = view[pos + 4] & 0x04
+        pos += zstandard.frame_header_size(view[pos:])
+        last = False
+        while not last:
+            if n - pos < 3:
+                raise CorruptRecordError("cannot decompress records: zstd frame is truncated")
+            block = int.from_bytes(view[pos : pos + 3], "little")
+            last = bool(block & 1)
+            kind = (block >> 1) & 3  # raw, RLE (one byte), compressed, reserved
+            if kind == 3:
+                raise CorruptRecordError("cannot decompress records: reserved zstd block type")
+            pos += 3 + (1 if kind == 1 else block >> 3)
+        pos += 4 if has_checksum else 0
+        frames += 1
+    if pos > n or not frames:
+        raise CorruptRecordError("cannot decompress records: zstd frame is truncated")
+    return frames + skippable
+
+
 def _zstd_decompress(data: bytes | memoryview, limit: int) -> bytes:
     import zstandard
 
-    # A declared content size is allocated up front, so it is checked first; an
-    # undeclared one is read through a bounded stream.
+    # Every frame, as zstd-jni (Kafka's Java client) reads them. A declared content size
+    # is allocated up front, so it is checked first; a lone frame that declares one is
+    # decompressed in one call, anything else read through a bounded stream.
+    frames = _zstd_frame_count(data)
     size = zstandard.frame_content_size(data)
     if size > limit:
         raise _TooBig
-    if size >= 0:
+    if size >= 0 and frames == 1:
         return _zstd_decompressor().decompress(data)
-    with _zstd_decompressor().stream_reader(data) as reader:
+    with _zstd_decompressor().stream_reader(data, read_across_frames=True) as reader:
         out = reader.read(limit + 1)
     if len(out) > limit:
         raise _TooBig
