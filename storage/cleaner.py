@@ -183,9 +183,18 @@ def _clean_one(
             out.append((kept, records.read_header(kept)))
     if removed == 0:
         return CleanResult(seg, seg, changed=False), 0, epoch
+    new = write_cleaned(seg, out)
+    return CleanResult(seg, new, changed=True), removed, epoch
+
+
+def write_cleaned(
+    seg: LogSegment, batches: list[tuple[bytes | memoryview, BatchHeader]]
+) -> LogSegment:
+    """Write ``batches`` as ``X.log.cleaned`` beside ``seg`` with its indexes, fsynced and
+    closed: the copy ``swap_files`` commits (``rillet log convert`` writes its own so)."""
     new = LogSegment.create(seg.directory, seg.base_offset, seg.index_interval, 0, CLEANED)
     try:
-        for data, h in out:  # offsets and epochs as they were: append, which never stamps
+        for data, h in batches:  # offsets and epochs as they were: append never stamps
             new.append(data, [(h.base_offset, h.last_offset, h.max_timestamp, len(data))])
         new.write_indexes(new.seal(), fsync=True)
         new.fsync()
@@ -195,7 +204,17 @@ def _clean_one(
             fs.unlink(path, missing_ok=True)
         raise
     new.close()
-    return CleanResult(seg, new, changed=True), removed, epoch
+    return new
+
+
+def swap_files(new: LogSegment, old: LogSegment) -> None:
+    """Commit a ``.cleaned`` copy over ``old`` by renames alone (see the module
+    docstring); the caller makes them durable with ``fs.fsync_dir``."""
+    swap = old.log_path.with_name(old.log_path.name + ".swap")
+    fs.replace(new.log_path, swap)  # commit point
+    fs.replace(new.index.path, old.index.path)
+    fs.replace(new.time_index.path, old.time_index.path)
+    fs.replace(swap, old.log_path)
 
 
 def _filter_batch(
@@ -244,11 +263,7 @@ def _swap(log, stats: CleanStats) -> None:
             log.replace_segment(old, None)
             log.retire([old], files="rename")
             continue
-        swap = old.log_path.with_name(old.log_path.name + ".swap")
-        fs.replace(r.new.log_path, swap)  # commit point
-        fs.replace(r.new.index.path, old.index.path)
-        fs.replace(r.new.time_index.path, old.time_index.path)
-        fs.replace(swap, old.log_path)
+        swap_files(r.new, old)
         fresh = LogSegment(
             log.directory,
             old.base_offset,

@@ -1,8 +1,11 @@
-"""``rillet log dump PATH`` and ``rillet log verify PATH`` (like kafka-dump-log).
+"""``rillet log dump PATH``, ``rillet log verify PATH`` (like kafka-dump-log) and
+``rillet log convert DIR``.
 
 PATH is a segment file (``00000000000000000000.log``) or a partition directory.
 ``verify`` exits 1 naming the file and byte position of the first torn or corrupt batch
-in any segment, 0 with a summary otherwise.
+(length, CRC, or records that do not decode) in any segment, 0 with a summary otherwise;
+batches in the legacy format are counted, not failed. ``convert`` rewrites them as v2
+(``storage/convert.py``); DIR is a data dir or a partition dir.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ COLUMNS = (
     "leader_epoch",
     "count",
     "size",
+    "format",
     "base_timestamp",
     "max_timestamp",
     "compression",
@@ -44,6 +49,11 @@ def register(subparsers: Any) -> None:
     verify.add_argument("path", type=Path)
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=cmd_verify)
+    convert = sub.add_parser("convert", help="rewrite legacy-format batches as v2 (broker stopped)")
+    convert.add_argument("path", type=Path, help="a broker data dir or one partition dir")
+    convert.add_argument("--dry-run", action="store_true", help="report, write nothing")
+    convert.add_argument("--json", action="store_true")
+    convert.set_defaults(func=cmd_convert)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -65,7 +75,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.path.exists():
         print(f"no such file or directory: {args.path}", file=sys.stderr)
         return 2
-    reports = [scan_file(p, keep_rows=False) for p in segment_files(args.path)]
+    reports = [scan_file(p, keep_rows=False, decode=True) for p in segment_files(args.path)]
     bad = [r.problem for r in reports if r.problem]
     if args.json:
         json.dump(
@@ -81,7 +91,44 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for p in bad:
             print(f"CORRUPT {p['file']} at byte {p['position']}: {p['reason']}")
         print_verify_summary(reports, bad, _console())
+        legacy = sum(r.legacy for r in reports)
+        if legacy:
+            print(
+                f"{legacy} batch(es) in the legacy format (readable; "
+                "`rillet log convert` rewrites them as v2)"
+            )
     return 1 if bad else 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from rillet.storage.convert import ConvertError, convert
+
+    if not args.path.is_dir():
+        print(f"no such directory: {args.path}", file=sys.stderr)
+        return 2
+    try:
+        results = convert(args.path, dry_run=args.dry_run)
+    except ConvertError as e:
+        print(f"convert: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(
+            {"dry_run": args.dry_run, "logs": [asdict(r) for r in results]},
+            sys.stdout,
+            default=str,
+        )
+        print()
+        return 0
+    verb = "would convert" if args.dry_run else "converted"
+    for r in results:
+        if not r.segments:
+            print(f"{r.path}: no legacy batches")
+            continue
+        print(
+            f"{r.path}: {verb} {r.batches} batch(es), {r.records} record(s) in "
+            f"{r.segments} segment(s), {r.bytes_before} -> {r.bytes_after} bytes"
+        )
+    return 0
 
 
 def print_verify_summary(reports: list[FileReport], bad: list, console: Any) -> None:
@@ -101,6 +148,7 @@ def _report_json(r: FileReport, *, rows: bool) -> dict[str, Any]:
         "batches": r.batches,
         "records": r.records,
         "valid_bytes": r.bytes,
+        "legacy_batches": r.legacy,
         "problem": r.problem,
     }
     if rows:
@@ -109,7 +157,14 @@ def _report_json(r: FileReport, *, rows: bool) -> dict[str, Any]:
 
 
 # Columns a narrow terminal hides first (--json always has every field).
-NARROW_DROP_ORDER = ("base_timestamp", "crc", "compression", "max_timestamp", "leader_epoch")
+NARROW_DROP_ORDER = (
+    "base_timestamp",
+    "crc",
+    "compression",
+    "max_timestamp",
+    "leader_epoch",
+    "format",
+)
 # Shorter headings than the JSON keys, so the table fits 80 columns with most of them.
 HEADINGS = {
     "base_offset": "offset",
@@ -119,6 +174,7 @@ HEADINGS = {
     "base_timestamp": "first_ts",
     "max_timestamp": "max_ts",
     "compression": "codec",
+    "format": "fmt",
     "crc_valid": "valid",
 }
 

@@ -20,6 +20,7 @@ class FileReport:
     batches: int = 0
     records: int = 0
     bytes: int = 0
+    legacy: int = 0  # batches in the legacy format (magic 0x52): ``rillet log convert``
     problem: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
 
@@ -31,15 +32,26 @@ def segment_files(path: Path) -> list[Path]:
     return [path]
 
 
-def scan_file(path: Path, *, with_records: bool = False, keep_rows: bool = True) -> FileReport:
-    """Every batch of one segment file; stops at the first torn or corrupt one."""
+def scan_file(
+    path: Path, *, with_records: bool = False, keep_rows: bool = True, decode: bool = False
+) -> FileReport:
+    """Every batch of one segment file; stops at the first torn or corrupt one: one
+    whose length or CRC fails, or with ``decode`` one whose records do not decode."""
     report = FileReport(path)
     fd = os.open(path, os.O_RDONLY)
     try:
         base = int(path.name[:20]) if path.name[:20].isdigit() else 0
         scanner = BatchScanner(fd, min_offset=base)
         for position, h, view in scanner:
+            if decode:
+                try:
+                    records.decode_columns(view, 0, h)
+                except CorruptRecordError as e:
+                    report.problem = {"file": str(path), "position": position, "reason": str(e)}
+                    report.bytes = position
+                    return report
             report.batches += 1
+            report.legacy += h.magic == records.LEGACY_MAGIC
             report.records += h.record_count
             if keep_rows:
                 report.rows.append(batch_row(position, h, view, with_records))
@@ -66,6 +78,7 @@ def batch_row(
         "max_timestamp": h.max_timestamp,
         "count": h.record_count,
         "size": h.batch_length + LOG_OVERHEAD,
+        "format": format_name(h.magic),
         "compression": COMPRESSION_NAMES.get(h.compression, str(h.compression)),
         "crc": f"{h.crc:#010x}",
         "crc_valid": True,
@@ -73,6 +86,11 @@ def batch_row(
     if with_records:
         row["records"] = list(_records(view, h))
     return row
+
+
+def format_name(magic: int) -> str:
+    """``v2`` (Kafka's RecordBatch v2), ``legacy`` (rillet's first format) or the byte."""
+    return {records.MAGIC: "v2", records.LEGACY_MAGIC: "legacy"}.get(magic, f"magic {magic}")
 
 
 def _records(view: memoryview, h: records.BatchHeader) -> Iterator[dict[str, Any]]:
@@ -87,7 +105,7 @@ def _records(view: memoryview, h: records.BatchHeader) -> Iterator[dict[str, Any
             "timestamp": r.timestamp,
             "key": _show(r.key),
             "value": _show(r.value),
-            "headers": r.headers,
+            "headers": None if r.headers is None else [[k, _show(v)] for k, v in r.headers],
         }
 
 
@@ -103,6 +121,7 @@ def _bad_row(fd: int, position: int, reason: str) -> dict[str, Any]:
             leader_epoch=h.partition_leader_epoch,
             count=h.record_count,
             size=h.batch_length + LOG_OVERHEAD,
+            format=format_name(h.magic),
         )
     return row
 

@@ -160,15 +160,15 @@ def test_log_dump_fits_80_columns_by_hiding_columns_it_names(tmp_path) -> None: 
     out = lines_of(c)
     assert max(len(line) for line in out) <= WIDTH
     at = next(i for i, line in enumerate(out) if line.startswith("position"))  # after the path
-    assert " ".join(out[at].split()) == "position offset last epoch count bytes max_ts codec valid"
+    assert " ".join(out[at].split()) == "position offset last epoch count bytes fmt max_ts valid"
     size = report.rows[0]["size"]
-    assert out[at + 2].split() == f"0 0 999 7 1000 {size} 1795527536524 none True".split()
-    assert out[-1] == "not shown at this width: base_timestamp, crc (--json has them)"
+    assert out[at + 2].split() == f"0 0 999 7 1000 {size} v2 1795527536524 True".split()
+    assert out[-1] == "not shown at this width: base_timestamp, crc, compression (--json has them)"
 
     wide = console(200)  # every column, no note
     print_report(report, False, wide)
     (heading,) = [line for line in lines_of(wide) if line.startswith("position")]
-    assert heading.split()[6:] == ["first_ts", "max_ts", "codec", "crc", "valid"]
+    assert heading.split()[6:] == ["fmt", "first_ts", "max_ts", "codec", "crc", "valid"]
     assert "not shown" not in lines_of(wide)[-1]
 
 
