@@ -207,11 +207,15 @@ def write_cleaned(
     return new
 
 
-def swap_files(new: LogSegment, old: LogSegment) -> None:
+def swap_files(new: LogSegment, old: LogSegment, *, sync_commit: bool = False) -> None:
     """Commit a ``.cleaned`` copy over ``old`` by renames alone (see the module
-    docstring); the caller makes them durable with ``fs.fsync_dir``."""
+    docstring); the caller makes them durable with ``fs.fsync_dir``. ``sync_commit``
+    makes the commit point durable before the indexes move, so no crash can pair the
+    new indexes with the old log (an fsync more per segment: for offline tools)."""
     swap = old.log_path.with_name(old.log_path.name + ".swap")
     fs.replace(new.log_path, swap)  # commit point
+    if sync_commit:
+        fs.fsync_dir(old.directory)
     fs.replace(new.index.path, old.index.path)
     fs.replace(new.time_index.path, old.time_index.path)
     fs.replace(swap, old.log_path)

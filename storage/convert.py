@@ -10,9 +10,10 @@ Per partition log (DIR is a broker's data dir or one partition dir):
   batches are copied byte for byte, each legacy batch re-encoded as v2 keeping its base
   offset, offsets (gaps too), leader epoch, timestamps, keys, values, headers, codec and
   producer fields; every re-encoded batch is decoded again and compared before use;
-- the rewrite commits by the compaction cleaner's renames (``X.log.cleaned`` written and
-  fsynced, renamed to ``X.log.swap``, the commit point, then over ``X.log``), so a crash
-  at any point leaves either segment whole and ``Log.open`` finishes or discards it;
+- the rewrite commits by the compaction cleaner's renames (``X.log.cleaned`` and its
+  indexes written and fsynced, renamed to ``X.log.swap``, the commit point, made durable
+  before the indexes move, then over ``X.log``), so a crash at any point leaves either
+  segment whole with indexes of its own, and ``Log.open`` finishes or discards it;
 - segments without a legacy batch are not touched.
 
 The data dir's lock (``.lock``, the one a broker holds) is held throughout: convert
@@ -21,7 +22,6 @@ refuses to run beside a broker. ``dry_run`` reads only and takes no lock.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,20 +54,22 @@ class LogConversion:
 
 def partition_dirs(path: Path) -> list[Path]:
     """``path`` itself when it holds segments, else its partition dirs (a data dir)."""
-    if any(_is_segment(n) for n in os.listdir(path)):
+    if _holds_segments(path):
         return [path]
     return sorted(
-        p
-        for p in path.iterdir()
-        if p.is_dir()
-        and not p.name.endswith(DELETE_SUFFIX)
-        and parse_partition_dir(p.name) is not None
+        Path(e.path)
+        for e in fs.scandir(path)
+        if e.is_dir and not e.name.endswith(DELETE_SUFFIX) and parse_partition_dir(e.name)
     )
 
 
 def data_dir_of(path: Path) -> Path:
     """The data dir whose lock guards ``path``: itself, or a partition dir's parent."""
-    return path.parent if any(_is_segment(n) for n in os.listdir(path)) else path
+    return path.parent if _holds_segments(path) else path
+
+
+def _holds_segments(path: Path) -> bool:
+    return any(_is_segment(n) for n in fs.listdir(path))
 
 
 def convert(path: Path, *, dry_run: bool = False) -> list[LogConversion]:
@@ -97,12 +99,12 @@ def _convert_log(directory: Path, *, dry_run: bool) -> LogConversion:
         # Recovery first, as a broker's start: a torn tail is cut, an interrupted convert
         # completed or discarded, indexes rebuilt; the close marks a clean shutdown.
         Log.open(directory, config).close()
-    names = sorted(n for n in os.listdir(directory) if _is_segment(n))
+    names = sorted(n for n in fs.listdir(directory) if _is_segment(n))
     for name in names:
         seg = LogSegment(
             directory,
             int(name[:20]),
-            size=os.path.getsize(directory / name),
+            size=fs.stat_size(directory / name),
             active=False,
             index_interval=config.index_interval_bytes,
         )
@@ -140,7 +142,7 @@ def _convert_segment(seg: LogSegment, result: LogConversion, *, dry_run: bool) -
     if dry_run:
         return
     new = write_cleaned(seg, out)
-    swap_files(new, seg)
+    swap_files(new, seg, sync_commit=True)
     fs.fsync_dir(seg.directory)
 
 
