@@ -583,6 +583,8 @@ class ControllerLink:
         self.image: MetadataImage = EMPTY_IMAGE  # the follower's
         self.gate = CatchUpGate()
         self.heartbeat_due: int | None = None  # None: one in flight, or not registered yet
+        self.heartbeats_sent = 0  # heartbeat calls started (retries of one call not counted)
+        self.heartbeat_answered = 0  # the number of the last call the controller answered
         self.fetch_due: int | None = None
         self.register_due: int | None = None
         self.alter_queue = AlterPartitionQueue()
@@ -701,6 +703,8 @@ class ControllerLink:
 
     def heartbeat(self) -> None:
         self.heartbeat_due = None
+        self.heartbeats_sent += 1
+        number = self.heartbeats_sent
         request = m.BrokerHeartbeatRequest(
             broker_id=self.broker_id,
             broker_epoch=self.broker_epoch,
@@ -710,6 +714,8 @@ class ControllerLink:
         )
 
         def done(response: Any, payload: bytes, code: int) -> None:
+            if code == errors.NONE:
+                self.heartbeat_answered = max(self.heartbeat_answered, number)
             if code == errors.NONE and response.should_shut_down:
                 self.on_shut_down()
                 return

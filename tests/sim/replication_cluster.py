@@ -1346,6 +1346,8 @@ class ReplicationCluster:
         self.armed = False  # a crash is armed in the file system
         self.replica_serial = 0
         self.links = 0
+        # At the heal, per broker: its link and the heartbeat calls that link had started.
+        self.heartbeats_at_heal: dict[int, tuple[int, int]] = {}
         self.creating = self.recreating = False  # an admin's CreateTopics/DeleteTopics out
         self._chaos = True
 
@@ -1704,6 +1706,11 @@ class ReplicationCluster:
         self.network.heal()
         self.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=5)
         self.trace.add(self.clock.now_ms, "=== faults healed: liveness phase ===")
+        self.heartbeats_at_heal = {
+            b.actor_id: (b.link.link_id, b.link.heartbeats_sent)
+            for b in self.brokers.values()
+            if b.link is not None
+        }
         for actor in self.quorum.actors.values():
             self.quorum.restart(actor)
         for broker in self.brokers.values():
@@ -1772,7 +1779,19 @@ class ReplicationCluster:
                 for b in self.brokers.values()
             )
             and not any(a.paused for a in self.quorum.actors.values())
+            and all(self.heartbeat_since_heal(b) for b in self.brokers.values())
         )
+
+    def heartbeat_since_heal(self, broker: BrokerActor) -> bool:
+        """The controller answered a heartbeat ``broker`` sent after the heal. Until then
+        its session may be lapsing from the faults: a heartbeat lost to a cut just before
+        the heal holds the next one back for a request timeout, and the controller fences
+        the broker though it is caught up and reachable now."""
+        link = broker.link
+        if link is None:
+            return False
+        link_id, sent = self.heartbeats_at_heal.get(broker.actor_id, (None, 0))
+        return link.link_id != link_id or link.heartbeat_answered > sent
 
     def states(self) -> str:
         return "\n".join(b.status() for b in self.brokers.values())
