@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -60,10 +61,11 @@ def test_regression_seeds(seed: int) -> None:
     run_seed(seed)
 
 
-# Seed 2286 did it too until the controller quorum stopped re-replicating followers it
-# took for wiped (a reordered rejection), which shifted its schedule; no other seed from
-# 24 to 3600 does it now.
-@pytest.mark.parametrize("seed", [2035])
+# Found by sweeping seeds for lost_by_design (rare: about one seed in 2000). Seeds 2286
+# and then 2035 did it until schedules shifted (the controller quorum stopped
+# re-replicating followers it took for wiped; the v2 record format changed every
+# batch's size); 1950 is the first a sweep from 1800 on found doing it now.
+@pytest.mark.parametrize("seed", [1950])
 def test_a_power_cut_replica_elected_as_the_last_isr_member(seed: int) -> None:
     """Acks=all without fsync's window (KIP-966), which the simulation does not report:
     the leader loses power, the other members leave the ISR before the controllers fence
@@ -229,19 +231,35 @@ def test_the_simulation_runs_the_production_effect_interpreter(
 # ---- each issue-11 fix, reverted, fails a seed (the sweep finds them at once) --------
 
 
+def first_failure_matching(pattern: str, seeds: range) -> str:
+    """The report of the first of ``seeds`` whose run fails with ``pattern`` (seeds that
+    pass, or fail in another way first, are passed over): a search over a few seeds
+    rather than one pinned seed, which any change of byte sizes or draws reschedules."""
+    for seed in seeds:
+        try:
+            run_seed(seed)
+        except SimulationFailure as exc:
+            if re.search(pattern, str(exc)):
+                return str(exc)
+    raise AssertionError(f"no seed of {seeds} failed with {pattern!r}")
+
+
 def test_retention_and_compaction_past_the_hw_fail_a_seed(monkeypatch: pytest.MonkeyPatch):
     """Finding 7 reverted: retention and the cleaner bounded by the log end, not the HW."""
     monkeypatch.setattr(Log, "removable_end", property(lambda log: log.log_end_offset))
-    with pytest.raises(SimulationFailure, match="passed its HW"):
-        run_seed(0)  # the leader's retention removed records above its HW
+    # A replica's retention removed records above its HW (seed 4 now, the fifth tried).
+    first_failure_matching("passed its HW", range(MUTANT_SEEDS))
 
 
 def test_a_reused_log_of_a_deleted_topic_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
     """Finding 3 reverted: no topic id read back from partition.metadata, so a broker
     that missed the delete reuses the old topic's log for the new one."""
     monkeypatch.setattr(checkpoints, "read_topic_id", lambda directory: None)
+    # A broker that missed the delete takes the old log for the new topic. The first seed
+    # from 0 to do it (re-creations are rare; it was 15 before the v2 record format
+    # changed every batch's size); a quick seed, so it passes with the fix.
     with pytest.raises(SimulationFailure, match="HW went back"):
-        run_seed(15)  # a broker that missed the delete takes the old log for the new topic
+        run_seed(16)
 
 
 def test_a_follower_refusing_offset_gaps_fails_a_seed(monkeypatch: pytest.MonkeyPatch):
@@ -277,10 +295,12 @@ def test_a_truncation_left_out_of_the_checkpoints_fails_a_seed(
             self.epochs.truncate_from_end(self.log_end_offset)
         self.clean_upto = min(self.clean_upto, self.active_segment.base_offset - 1)
 
-    run_seed(45)
+    # The first seed from 0 to crash between such a cut and the next flush (it was 45
+    # before the v2 record format changed every batch's size).
+    run_seed(118)
     monkeypatch.setattr(Log, "_after_cut", after_cut_in_memory)
     with pytest.raises(SimulationFailure, match="its epoch cache says"):
-        run_seed(45)
+        run_seed(118)
 
 
 def test_the_controllers_run_the_production_raft_driver(
