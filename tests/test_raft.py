@@ -242,6 +242,39 @@ def test_leader_lease_holds_with_quorum_and_lapses_when_isolated() -> None:
         leader.read_index(h.now_ms)
 
 
+def test_a_follower_handling_appends_after_a_stall_dates_the_contact_by_then() -> None:
+    """A follower whose event loop stalls for 2T, then handles the leader's queued
+    appends (answering them renews the leader's lease) before its overdue tick: its
+    election deadline counts from when it handled them, so that tick starts no election
+    the leader's lease forbids (the driver hands the core the time with each message)."""
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    queued: list[Message] = []
+
+    def held_for_2(msg: Message) -> bool:
+        if msg.dst != 2:
+            return True
+        queued.append(msg)
+        return False
+
+    stall_end_ms = h.now_ms + 2 * T_MS
+    while h.now_ms < stall_end_ms:  # node 2 neither ticks nor reads
+        h.now_ms += 10
+        h.drivers[1].tick()
+        h.drivers[3].tick()
+        h.deliver(held_for_2)
+    assert any(isinstance(msg, AppendRequest) for msg in queued)
+    for msg in queued:
+        h.drivers[2].step(msg)
+    h.flush(2)
+    h.drivers[2].tick()
+    h.flush(2)
+    assert h.nodes[2].role is Role.FOLLOWER and h.nodes[2].leader_id == 1
+    assert not any(isinstance(msg, PreVoteRequest) for msg in h.queue)
+    assert h.nodes[1].is_leader_with_lease(h.now_ms)
+
+
 def test_conflicting_uncommitted_tail_is_overwritten() -> None:
     h = Harness()
     h.elect(1)

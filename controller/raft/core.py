@@ -660,8 +660,19 @@ class RaftNode:
         self.snapshot = Snapshot(index, term, bytes(snapshot_data))
         return self.snapshot
 
-    def step(self, msg: Message) -> None:
-        """A message from a peer (already decoded)."""
+    def step(self, msg: Message, now_ms: int | None = None) -> None:
+        """A message from a peer (already decoded), received at ``now_ms`` when given.
+
+        The time moves on without firing timers (the next `tick` does): a message handled
+        after the loop stalled must date the leader contact it makes by when it was
+        handled, not by the last tick, or the node's election deadline (counted from a
+        time before it acknowledged the leader, so renewing that leader's lease) passes at
+        its next tick, and it deposes a leader whose lease still runs.
+        """
+        if now_ms is not None:
+            if now_ms < self.now_ms:
+                raise RaftUsageError(f"clock went back from {self.now_ms} to {now_ms}")
+            self.now_ms = now_ms
         if msg.dst != self.node_id:
             raise RaftUsageError(f"message for {msg.dst} stepped into node {self.node_id}")
         if msg.src not in self.config.voters or msg.src == self.node_id:

@@ -110,7 +110,7 @@ class RaftDriver:
         self.wake()
 
     def step(self, msg: Message) -> None:
-        self.node.step(msg)
+        self.node.step(msg, self.clock())
         self.wake()
 
     def propose(self, data: bytes) -> int:
