@@ -109,6 +109,32 @@ async def test_compaction_keeps_latest_per_key_and_offsets(tmp_path):
     again.close()
 
 
+async def test_a_compacted_batch_keeps_its_last_offset(tmp_path):
+    """Every batch's last record is superseded (key b"same"), yet each compacted batch
+    keeps the offsets it spanned, as Kafka's cleaner keeps lastOffsetDelta: a log must
+    never end inside the span of another replica's copy of its last batch."""
+    clock = FakeClock(100 * DAY)
+    cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0)
+    log = Log.open(tmp_path / "t-0", cfg, clock=clock)
+    i = 0
+    while len(log.segments) < 4:
+        log.append(keyed([b"unique-%d" % i, b"same"], [b"x" * 10, b"y" * 10], DAY), 0)
+        i += 1
+    spans = [(h.base_offset, h.last_offset) for h in _headers(log)]
+    stats = await cleaner.compact(log)
+    assert stats.rewritten > 0
+    headers = list(_headers(log))
+    assert [(h.base_offset, h.last_offset) for h in headers] == spans
+    assert any(h.record_count == 1 for h in headers)  # the superseded records are gone
+    assert len(log_records(log)) == sum(h.record_count for h in headers)  # CRCs checked
+    end = log.log_end_offset
+    await log.close_async()
+    again = Log.open(tmp_path / "t-0", cfg, clock=clock)  # recovery reads the batches
+    assert again.log_end_offset == end
+    assert [(h.base_offset, h.last_offset) for h in _headers(again)] == spans
+    again.close()
+
+
 async def test_reading_across_a_compacted_segment(tmp_path):
     clock = FakeClock(100 * DAY)
     cfg = LogConfig(segment_bytes=1024, cleanup_policy="compact", file_delete_delay_ms=0)
