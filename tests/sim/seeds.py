@@ -4,7 +4,8 @@ test in `make test`, thousands in `make sim-long`, one seed replayed with its tr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -48,6 +49,22 @@ def first_failure(
         except failure as exc:
             return str(exc)
     raise AssertionError(f"no seed of {count} caught the bad variant")
+
+
+def first_failure_matching(
+    run_seed: RunSeed, seeds: Iterable[int], failure: type[BaseException], pattern: str
+) -> str:
+    """The report of the first of ``seeds`` that fails with ``pattern`` (a known-bad
+    variant must be caught by one, the way the test names): seeds that pass, or fail
+    another way first, are passed over. A short search rather than one pinned seed,
+    which any change of byte sizes, draws or timing reschedules."""
+    for seed in seeds:
+        try:
+            run_seed(seed)
+        except failure as exc:
+            if re.search(pattern, str(exc)):
+                return str(exc)
+    raise AssertionError(f"no seed of {seeds} failed with {pattern!r}")
 
 
 def replay(run_seed: RunSeed) -> None:
