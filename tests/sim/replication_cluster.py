@@ -1780,6 +1780,21 @@ class ReplicationCluster:
             )
             and not any(a.paused for a in self.quorum.actors.values())
             and all(self.heartbeat_since_heal(b) for b in self.brokers.values())
+            and all(self.leader_heard_at_its_end(r.state) for _, r in held)
+        )
+
+    @staticmethod
+    def leader_heard_at_its_end(state: PartitionState) -> bool:
+        """A leader's own view: every follower fetched at its log end in this leader epoch.
+        Equal logs are not enough: with no writes, a follower that has not fetched from a
+        new leader yet (its metadata fetch lost to a cut just before the heal holds the
+        next one back for a request timeout) holds the same log, and the leader, which
+        never heard from it, shrinks it out of the ISR a lag time later."""
+        if not state.is_leader:
+            return True
+        end = state.log_end_offset()
+        return all(
+            state.follower_log_end_offset(r) == end for r in state.replicas if r != state.broker_id
         )
 
     def heartbeat_since_heal(self, broker: BrokerActor) -> bool:
