@@ -409,6 +409,7 @@ class BrokerActor:
         self.fetch_out: tuple[int, SimReplica, FetchRequest] | None = None  # in flight
         self.fetch_ids = 0
         self.fetch_sent_ms = 0
+        self.fetch_source = 0  # the leader the fetch in flight went to
         self.fetch_backoff_until = 0
         self.fetch_error = ""  # why the last fetch answer could not be applied
         # (replica serial, proposal id) -> the replica that proposed, awaiting its answer
@@ -647,7 +648,13 @@ class BrokerActor:
             return
         if now < self.fetch_backoff_until:
             return
-        if self.fetch_out is not None and now - self.fetch_sent_ms < REQUEST_TIMEOUT_MS:
+        # A fetch still out to an old leader does not hold back the new leader's: the
+        # broker's FetcherManager moves the partition to the new leader's fetcher.
+        if (
+            self.fetch_out is not None
+            and self.fetch_source == state.leader_id
+            and now - self.fetch_sent_ms < REQUEST_TIMEOUT_MS
+        ):
             return
         if self.cluster.fetch_sessions:
             self.maybe_fetch_in_session(now, replica, state.leader_id)
@@ -656,6 +663,7 @@ class BrokerActor:
         if request is not None:
             self.fetch_ids += 1
             self.fetch_out, self.fetch_sent_ms = (self.fetch_ids, replica, request), now
+            self.fetch_source = state.leader_id
             partition = m.FetchPartition(
                 0,
                 request.fetch_offset,
@@ -683,6 +691,7 @@ class BrokerActor:
         self.fetch_ids += 1
         assert fetcher.entry is not None
         self.fetch_out, self.fetch_sent_ms = (self.fetch_ids, *fetcher.entry), now
+        self.fetch_source = leader
         self.send(leader, SessionFetch(self.incarnation, self.fetch_ids, request))
 
     # -- messages --------------------------------------------------------------------
