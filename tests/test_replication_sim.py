@@ -67,11 +67,12 @@ def test_regression_seeds(seed: int) -> None:
     run_seed(seed)
 
 
-# Found by sweeping seeds for lost_by_design (rare: about one seed in 2000). Seeds 2286
-# and then 2035 did it until schedules shifted (the controller quorum stopped
+# Found by sweeping seeds for lost_by_design (rare: about one seed in 2000). Seeds 2286,
+# 2035 and 1950 did it until schedules shifted (the controller quorum stopped
 # re-replicating followers it took for wiped; the v2 record format changed every
-# batch's size); 1950 is the first a sweep from 1800 on found doing it now.
-@pytest.mark.parametrize("seed", [1950])
+# batch's size; the Raft contact fix and the simulator's fetcher change moved timings);
+# 278 is the first a sweep from 24 found doing it now.
+@pytest.mark.parametrize("seed", [278])
 def test_a_power_cut_replica_elected_as_the_last_isr_member(seed: int) -> None:
     """Acks=all without fsync's window (KIP-966), which the simulation does not report:
     the leader loses power, the other members leave the ISR before the controllers fence
