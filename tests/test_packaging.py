@@ -108,8 +108,9 @@ USED_WITHOUT_IMPORT = {
     "pytest-asyncio": "asyncio_mode in pyproject",
     "pytest-timeout": "timeout in pyproject",
     "ruff": "make lint / make format",
+    "python-snappy": "kafka-python's snappy codec (tests/test_kafka_oracle.py)",
 }
-IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml"}
+IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
 
 
 def test_every_declared_dependency_is_used() -> None:
