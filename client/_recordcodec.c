@@ -133,9 +133,16 @@ static Py_ssize_t field_size(PyObject *b, Py_ssize_t index, const char *what) {
         n = PyBytes_GET_SIZE(b);
     else if (PyByteArray_Check(b))
         n = PyByteArray_GET_SIZE(b);
-    else if (PyMemoryView_Check(b))
-        n = PyMemoryView_GET_BUFFER(b)->len;
-    else {
+    else if (PyMemoryView_Check(b)) {
+        /* Through the buffer protocol, never the view's own struct: a released view
+         * (`with memoryview(x) as mv:` ended) refuses here instead of pointing at
+         * freed memory. */
+        Py_buffer view;
+        if (PyObject_GetBuffer(b, &view, PyBUF_FULL_RO) < 0)
+            return -1;
+        n = view.len;
+        PyBuffer_Release(&view);
+    } else {
         PyErr_Format(PyExc_TypeError, "record %zd: %s must be bytes or None, not %.200s",
                      index, what, Py_TYPE(b)->tp_name);
         return -1;
@@ -167,12 +174,18 @@ static int write_field(PyObject *b, unsigned char **pp, unsigned char *end) {
         data = PyByteArray_AS_STRING(b);
         n = PyByteArray_GET_SIZE(b);
     } else if (PyMemoryView_Check(b)) {
-        Py_buffer *view = PyMemoryView_GET_BUFFER(b);
-        n = view->len;
-        if (n > INT32_MAX || end - p < uvarint_size(zigzag32((int32_t)n)) + n)
+        Py_buffer view; /* as in field_size: a view released since then refuses */
+        if (PyObject_GetBuffer(b, &view, PyBUF_FULL_RO) < 0)
+            return -1;
+        n = view.len;
+        if (n > INT32_MAX || end - p < uvarint_size(zigzag32((int32_t)n)) + n) {
+            PyBuffer_Release(&view);
             goto changed;
+        }
         p = put_uvarint(p, zigzag32((int32_t)n));
-        if (PyBuffer_ToContiguous(p, view, n, 'C') < 0)
+        int rc = PyBuffer_ToContiguous(p, &view, n, 'C');
+        PyBuffer_Release(&view);
+        if (rc < 0)
             return -1;
         *pp = p + n;
         return 0;
@@ -376,6 +389,16 @@ static PyObject *build_batch(PyObject *module, PyObject *const *args, Py_ssize_t
     if (column(args[1], n, &keys) < 0 || column(args[2], n, &headers) < 0 ||
         column(args[3], n, &timestamps) < 0 || column(args[5], n, &deltas) < 0)
         goto done;
+    /* Making a column a sequence may run Python code (an iterable's __iter__) that
+     * resizes another column already taken: every length is checked again after. */
+    {
+        PyObject *all[] = {values, keys, headers, timestamps, deltas};
+        for (size_t c = 0; c < sizeof all / sizeof all[0]; c++)
+            if (all[c] != NULL && PySequence_Fast_GET_SIZE(all[c]) != n) {
+                PyErr_SetString(PyExc_ValueError, "record columns differ in length");
+                goto done;
+            }
+    }
     plan = PyMem_Malloc((size_t)n * sizeof(rec_plan));
     if (plan == NULL) {
         PyErr_NoMemory();

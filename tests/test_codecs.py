@@ -283,3 +283,15 @@ def test_skippable_zstd_frames_are_skipped():
     for section in (skip, skip[:-1] + frame, frame + skip[:-1]):
         with pytest.raises(CorruptRecordError):
             codecs.decompress(codecs.ZSTD, section)
+
+
+def test_lz4_reads_every_frame_and_refuses_bytes_after_the_last() -> None:
+    """As gzip members and zstd frames: a second lz4 frame is read, not dropped, and
+    trailing bytes that start no frame make the section corrupt, not ignored."""
+    one = codecs.compress(codecs.LZ4, b"a" * 100)
+    two = codecs.compress(codecs.LZ4, b"b" * 50)
+    assert codecs.decompress(codecs.LZ4, one + two) == b"a" * 100 + b"b" * 50
+    with pytest.raises(CorruptRecordError):
+        codecs.decompress(codecs.LZ4, one + b"garbage!")
+    with pytest.raises(CorruptRecordError, match="more than"):
+        codecs.decompress(codecs.LZ4, one + two, limit=120)

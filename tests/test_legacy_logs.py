@@ -362,3 +362,22 @@ def test_convert_crashing_anywhere_keeps_every_record(entry_with_fsync: bool) ->
                 for _, h in records.iter_batches(sim.read_bytes(path / name))
             )
     assert crashes > 20  # every step of several segments' rewrites was crashed into
+
+
+def test_legacy_header_values_and_keys_of_other_types_read_as_v2_holds_them() -> None:
+    """The old writer packed headers as given, so old logs may hold str header values or
+    bytes header keys: they read as bytes values and text keys, and re-encode as v2 (the
+    cleaner and convert re-encode them) to the same records."""
+    from legacy_batches import encode_legacy_batch
+
+    from rillet.client.wire import records
+
+    data = encode_legacy_batch(
+        [b"a", b"b"], [b"k", b"k"], headers=[[("ct", "text/plain")], [(b"trace", b"v")]]
+    )
+    got = records.decode_batch(data)
+    assert [r.headers for r in got] == [[("ct", b"text/plain")], [("trace", b"v")]]
+    again = records.encode_batch(
+        [r.value for r in got], [r.key for r in got], headers=[r.headers for r in got]
+    )
+    assert [r.headers for r in records.decode_batch(again)] == [r.headers for r in got]

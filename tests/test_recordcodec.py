@@ -10,6 +10,7 @@ damaged section (the same exception type, or the same result).
 
 from __future__ import annotations
 
+import array
 import shutil
 import sysconfig
 import zlib
@@ -597,3 +598,32 @@ def test_columns_changed_by_python_code_during_the_build_are_not_read_freed() ->
 
     data = build(m, values, headers=[Clears([("k", b"v")]), None, None, None, None])
     assert m.decode_columns(data[HEADER:], 5, 0, 1000, None)[3] == [b"a"] * 5
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_a_released_memoryview_is_refused_not_read(name: str) -> None:
+    """``with memoryview(buf) as mv: producer.send(..., mv)`` releases the view before
+    the batch is built: building must refuse it, never copy the freed buffer."""
+    with memoryview(array.array("B", b"\x42" * (1 << 16))) as mv:
+        pass
+    for values, headers in (([mv], None), ([b"v"], [[("h", mv)]])):
+        with pytest.raises(ValueError, match="released"):
+            impl(name).build_batch(values, None, headers, None, 0, None, 0, 0, -1, -1, -1, -1, None)
+
+
+def test_a_column_resized_while_another_is_taken_is_refused() -> None:
+    """Turning an iterable column into a sequence runs its ``__iter__``, which may shrink
+    a column already taken: the native build checks every length again, instead of
+    reading past the shrunken list (the twin takes len() first and refuses the
+    iterable outright)."""
+    values = [b"v" * 100 for _ in range(1000)]
+
+    class Shrinks:
+        def __iter__(self):
+            del values[1:]
+            return iter([None] * 1000)
+
+    with pytest.raises((ValueError, TypeError)):
+        impl("native").build_batch(
+            values, Shrinks(), None, None, 0, None, 0, 0, -1, -1, -1, -1, None
+        )

@@ -197,13 +197,23 @@ def _snappy_decompress(data: bytes | memoryview, limit: int) -> bytes:
 def _lz4_decompress(data: bytes | memoryview, limit: int) -> bytes:
     import lz4.frame
 
-    d = lz4.frame.LZ4FrameDecompressor()
-    out = d.decompress(data, max_length=limit + 1)
-    if len(out) > limit or (not d.eof and not d.needs_input):
-        raise _TooBig
-    if not d.eof:
-        raise CorruptRecordError("cannot decompress records: lz4 frame is truncated")
-    return out
+    # Every frame is read, under one limit, as for gzip members and zstd frames: bytes
+    # after a frame are a further frame or a corrupt section, never ignored.
+    parts = []
+    total = 0
+    rest: bytes | memoryview = data
+    while True:
+        d = lz4.frame.LZ4FrameDecompressor()
+        out = d.decompress(rest, max_length=limit - total + 1)
+        total += len(out)
+        if total > limit or (not d.eof and not d.needs_input):
+            raise _TooBig
+        if not d.eof:
+            raise CorruptRecordError("cannot decompress records: lz4 frame is truncated")
+        parts.append(out)
+        rest = d.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 _ZSTD_MAGIC = 0xFD2FB528

@@ -13,7 +13,8 @@ gaps), timestamp deltas (0x80) were from the batch's base timestamp, and headers
 were per record a list of ``[str, bytes]`` pairs or None. The codecs were lz4 (3) and
 zstd (4), compressing the whole section as in v2. Keys and values were any msgpack
 value, in practice bytes or None; v2 holds only bytes, so a str is read as its UTF-8
-bytes and any other value as its msgpack bytes (``_as_bytes``).
+bytes and any other value as its msgpack bytes (``_as_bytes``); so is a header value,
+and a bytes header key is read as UTF-8 text (``_header_key``).
 """
 
 from __future__ import annotations
@@ -73,10 +74,21 @@ def decode_columns(
     keys = _as_bytes(flat[i::stride])
     values = _as_bytes(flat[i + 1 :: stride])
     if a & ATTR_HEADERS:
-        headers = [None if not hs else [(str(k), v) for k, v in hs] for hs in flat[i + 2 :: stride]]
+        headers = [
+            None if not hs else [(_header_key(k), *_as_bytes([v])) for k, v in hs]
+            for hs in flat[i + 2 :: stride]
+        ]
     else:
         headers = [None] * n
     return offsets, timestamps, keys, values, headers
+
+
+def _header_key(k: object) -> str:
+    """v2 header keys are text: old bytes keys are read as UTF-8 (what a str key
+    would have been), anything else as its str()."""
+    if isinstance(k, bytes):
+        return k.decode("utf-8", "replace")
+    return k if isinstance(k, str) else str(k)
 
 
 def _as_bytes(column: list) -> list:
