@@ -226,12 +226,10 @@ def _filter_batch(
 ) -> bytes | None:
     """None when every record stays; else the re-encoded batch (b"" when none stays).
 
-    The batch keeps its last offset (Kafka's cleaner too): a batch is a log's unit, whose
-    last offset ends the log when it is the last batch (recovery, truncation and a
-    follower's fetch position read it there). With its superseded last record gone and
-    the last offset shortened, a log could end inside the span of its leader's copy of
-    that batch, which the leader then sends again from its base offset, below the
-    follower's log end, forever."""
+    The batch keeps its last offset (``records.rebuild_batch``): with its superseded last
+    record gone and the last offset shortened, a log could end inside the span of its
+    leader's copy of that batch, which the leader then sends again from its base offset,
+    below the follower's log end, forever."""
     offsets, stamps, keys, values, headers = records.decode_columns(view, 0, h)
     keep = [
         i
@@ -242,35 +240,13 @@ def _filter_batch(
         return None
     if not keep:
         return b""
-    kept = records.encode_batch(
-        [values[i] for i in keep],
+    return records.rebuild_batch(
+        h,
+        [offsets[i] for i in keep],
+        [stamps[i] for i in keep],
         [keys[i] for i in keep],
-        headers=[headers[i] for i in keep],
-        timestamps=[stamps[i] for i in keep],
-        offset_deltas=[offsets[i] - h.base_offset for i in keep],
-        compression=h.compression,
-        base_offset=h.base_offset,
-        partition_leader_epoch=h.partition_leader_epoch,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        attributes=h.attributes & records.ATTR_LOG_APPEND_TIME,
-    )
-    if keep[-1] == len(offsets) - 1:
-        return kept
-    n = records.read_header(kept)
-    return records.assemble_batch(
-        bytes(memoryview(kept)[records.HEADER_SIZE :]),
-        attributes=n.attributes,
-        record_count=n.record_count,
-        last_offset_delta=h.last_offset - h.base_offset,
-        base_timestamp=n.base_timestamp,
-        max_timestamp=n.max_timestamp,
-        base_offset=n.base_offset,
-        partition_leader_epoch=n.partition_leader_epoch,
-        producer_id=n.producer_id,
-        producer_epoch=n.producer_epoch,
-        base_sequence=n.base_sequence,
+        [values[i] for i in keep],
+        [headers[i] for i in keep],
     )
 
 

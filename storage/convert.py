@@ -149,21 +149,7 @@ def _convert_segment(seg: LogSegment, result: LogConversion, *, dry_run: bool) -
 def to_v2(view: memoryview | bytes, h: BatchHeader) -> bytes:
     """One legacy batch as v2, its records decoding to the same columns (checked)."""
     columns = records.decode_columns(view, 0, h)
-    offsets, stamps, keys, values, headers = columns
-    data = records.encode_batch(
-        values,
-        keys,
-        headers=headers,
-        timestamps=stamps,
-        offset_deltas=[o - h.base_offset for o in offsets],
-        compression=h.compression,
-        base_offset=h.base_offset,
-        partition_leader_epoch=h.partition_leader_epoch,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        attributes=h.attributes & records.ATTR_LOG_APPEND_TIME,
-    )
+    data = records.rebuild_batch(h, *columns)
     new = records.read_header(data)
     if new.last_offset != h.last_offset or _normal(records.decode_columns(data)) != _normal(
         columns

@@ -46,6 +46,7 @@ EPOCH_POS = 12
 MAGIC_POS = 16
 CRC_POS = 17
 ATTRIBUTES_POS = 21
+LAST_OFFSET_DELTA_POS = 23
 CRC_START = ATTRIBUTES_POS
 LOG_OVERHEAD = 12  # base_offset + batch_length: what batch_length does not count
 
@@ -399,6 +400,43 @@ def assemble_batch(
     )
     out[HEADER_SIZE:] = body
     _U.pack_into(out, CRC_POS, _crc32c.crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def rebuild_batch(
+    h: BatchHeader,
+    offsets: Sequence[int],
+    timestamps: Sequence[int],
+    keys: Sequence[Any],
+    values: Sequence[Any],
+    headers: Sequence[Any],
+) -> bytes:
+    """Some of a batch's records (decoded columns, at their offsets) as a new v2 batch in
+    its place: its base offset, last offset, leader epoch, producer fields, codec and
+    timestamp type are kept (the cleaner drops records; convert rewrites legacy ones).
+
+    The last offset stays even when the last record is gone, as Kafka's cleaner keeps
+    it: a batch is a log's unit, and its last offset ends the log when it is the last
+    batch (recovery, truncation and a follower's fetch position read it there)."""
+    data = encode_batch(
+        values,
+        keys,
+        headers=headers,
+        timestamps=timestamps,
+        offset_deltas=[o - h.base_offset for o in offsets],
+        compression=h.compression,
+        base_offset=h.base_offset,
+        partition_leader_epoch=h.partition_leader_epoch,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        attributes=h.attributes & ATTR_LOG_APPEND_TIME,
+    )
+    if offsets[-1] == h.last_offset:
+        return data
+    out = bytearray(data)  # the last offset delta is under the CRC: patch, then re-sum
+    _I.pack_into(out, LAST_OFFSET_DELTA_POS, h.last_offset_delta)
+    _U.pack_into(out, CRC_POS, _crc32c_of(memoryview(out)[CRC_START:]))
     return bytes(out)
 
 
