@@ -211,3 +211,27 @@ def stamped(batch: bytes, base: int, epoch: int) -> bytes:
     out = bytearray(batch)
     records.stamp(out, 0, base, epoch)
     return bytes(out)
+
+
+# --- Kafka's v2 record bytes, written here independently of the codec under test ---
+
+
+def uvarint(u: int) -> bytes:
+    """An unsigned varint: 7 bits a byte, low group first."""
+    out = bytearray()
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)
+
+
+def zigzag(v: int) -> bytes:
+    """A signed varint as Kafka writes it (zigzag), of any length: tests make over-long
+    ones on purpose."""
+    return uvarint(v << 1 if v >= 0 else ((-v) << 1) - 1)
+
+
+def bytes_field(b: bytes | None) -> bytes:
+    """A nullable key, value or header field: its length (-1 for null), then its bytes."""
+    return zigzag(-1) if b is None else zigzag(len(b)) + b

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import crc32c
 import pytest
+from helpers import bytes_field as field
+from helpers import zigzag as zz
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,21 +79,6 @@ def build(m: ModuleType, values: list, **kw: Any) -> bytes:
     }
     a.update(kw)
     return m.build_batch(values, *a.values())
-
-
-def zz(v: int) -> bytes:
-    """A zigzag varint of any length (the tests make over-long ones on purpose)."""
-    u = v << 1 if v >= 0 else ((-v) << 1) - 1
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
-
-
-def field(b: bytes | None) -> bytes:
-    return zz(-1) if b is None else zz(len(b)) + b
 
 
 def record(

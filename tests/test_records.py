@@ -7,6 +7,9 @@ import sys
 import textwrap
 
 import pytest
+from helpers import bytes_field as _bytes_field
+from helpers import uvarint as _uvarint
+from helpers import zigzag as _varint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,24 +140,6 @@ def test_iter_batches_stops_on_impossible_length_without_validation():
 
 
 # --- what a leader accepts from a producer (validate_produced) -------------------------
-
-
-def _varint(v: int) -> bytes:
-    """A zigzag varint as Kafka writes it, built here independently of the codec."""
-    return _uvarint((v << 1) ^ (v >> 63))
-
-
-def _uvarint(u: int) -> bytes:
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
-
-
-def _bytes_field(b: bytes | None) -> bytes:
-    return _varint(-1) if b is None else _varint(len(b)) + b
 
 
 def _record(
