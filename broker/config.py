@@ -88,6 +88,32 @@ BROKER_KEYS = ConfigTable(
             "Retired segment files outlive in-flight reads this long."),
         Key("log.retention.check.interval.ms", int, 300_000, "Retention/compaction period."),
         Key("log.flush.scheduler.interval.ms", int, 1000, "How often flush.ms is checked."),
+        # The remote (S3) tier: docs/tiered.md.
+        Key("remote.log.storage.system.enable", bool, False,
+            "Turn the remote tier on: topics with `remote.storage.enable` offload closed "
+            "segments to the object store below."),
+        Key("remote.log.storage.s3.bucket", str, "rillet-tier",
+            "S3 bucket of remote segments (created when missing)."),
+        Key("remote.log.storage.s3.prefix", str, "",
+            "Key prefix of every object this cluster writes (e.g. `prod/`)."),
+        Key("remote.log.storage.s3.endpoint.url", str, "",
+            "S3 endpoint (moto, MinIO, Ceph); empty = AWS's. Credentials: boto3's chain."),
+        Key("remote.log.storage.s3.region", str, "us-east-1", "S3 region."),
+        Key("remote.log.manager.task.interval.ms", int, 30_000,
+            "How often each led partition looks for segments to copy or delete remotely."),
+        Key("remote.log.manager.copier.thread.pool.size", int, 2,
+            "Segment uploads running at once (threads off the event loop)."),
+        Key("remote.log.manager.copy.max.bytes.per.second", int, -1,
+            "Upload rate limit over all partitions; -1 = unlimited."),
+        Key("remote.log.reader.threads", int, 4, "Remote reads (ranged GETs) at once."),
+        Key("remote.fetch.chunk.size.bytes", int, MIB,
+            "Remote reads fetch and cache segments in chunks of this size."),
+        Key("remote.fetch.chunk.cache.size.bytes", int, 64 * MIB,
+            "Bound on the remote chunk cache (read-ahead included)."),
+        Key("remote.fetch.prefetch.chunks", int, 2,
+            "Chunks read ahead after a remote read, for sequential consumers."),
+        Key("remote.log.orphan.min.age.ms", int, 600_000,
+            "Objects no metadata record names are deleted once this old."),
     ]
 )  # fmt: skip
 

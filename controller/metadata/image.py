@@ -228,6 +228,11 @@ class RemoteSegment:
     state: int = SEGMENT_COPY_STARTED
     size_bytes: int = 0
     max_timestamp_ms: int = -1
+    # Who wrote this state: the partition leader's broker id and leader epoch. The
+    # controller accepts a transition only from the current leader in its current epoch,
+    # so a deposed leader's late upload can never be recorded as finished.
+    broker_id: int = -1
+    leader_epoch: int = -1
 
 
 MetadataRecord = (
