@@ -20,3 +20,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
 
 
 from cluster import cluster, cluster_factory  # noqa: E402,F401  (shared fixtures)
+from s3_server import s3, s3_process, s3_server  # noqa: E402,F401  (shared fixtures)

@@ -1,0 +1,252 @@
+"""The remote tier's object stores: S3 (moto's server, a real process) and the in-memory
+one behave alike, and every failure comes out as RemoteStorageError with ``retriable``
+telling an outage from a request that can never succeed."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from s3_server import S3Endpoint
+
+from rillet.storage.remote.store import (
+    MemoryObjectStore,
+    ObjectStore,
+    RemoteStorageError,
+    S3ObjectStore,
+    _map_error,
+    store_from_config,
+)
+
+
+@dataclass
+class Backend:
+    """A store and its outage switch."""
+
+    store: ObjectStore
+    kind: str
+    endpoint: S3Endpoint | None = None
+
+    def outage(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.stop()
+        else:
+            assert isinstance(self.store, MemoryObjectStore)
+            self.store.unavailable = True
+
+    def recover(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.restart()
+        else:
+            assert isinstance(self.store, MemoryObjectStore)
+            self.store.unavailable = False
+
+
+@pytest.fixture(params=["s3", "memory"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "memory":
+        yield Backend(MemoryObjectStore(), "memory")
+        return
+    s3: S3Endpoint = request.getfixturevalue("s3")
+    # One attempt: an outage shows at once instead of after botocore's backoff.
+    store = S3ObjectStore("tier-test", prefix="cluster-a/", endpoint_url=s3.url, max_attempts=1)
+    yield Backend(store, "s3", s3)
+
+
+def test_put_then_get_whole_and_ranges(backend: Backend) -> None:
+    store = backend.store
+    data = bytes(range(256)) * 40
+    store.put("t-x/0/a.log", data, {"rillet-crc32c": "0badcafe"})
+    assert store.get("t-x/0/a.log") == data
+    assert store.get("t-x/0/a.log", 100, 1100) == data[100:1100]
+    assert store.get("t-x/0/a.log", 5000) == data[5000:]
+    assert store.get("t-x/0/a.log", 10_000, 20_000) == data[10_000:]  # cut at the end
+    assert store.get("t-x/0/a.log", 7, 7) == b""
+
+
+def test_put_streams_a_file_body(backend: Backend) -> None:
+    data = b"segment bytes " * 5000
+    backend.store.put("k", io.BytesIO(data))
+    assert backend.store.get("k") == data
+
+
+def test_put_replaces_the_whole_object(backend: Backend) -> None:
+    backend.store.put("k", b"first version, longer")
+    backend.store.put("k", b"second")
+    assert backend.store.get("k") == b"second"
+
+
+def test_head_gives_size_and_lowercased_metadata(backend: Backend) -> None:
+    backend.store.put("a", b"12345", {"Rillet-CRC32C": "00000001"})
+    info = backend.store.head("a")
+    assert info is not None
+    assert (info.key, info.size, info.metadata) == ("a", 5, {"rillet-crc32c": "00000001"})
+    assert info.last_modified_ms > 0
+    assert backend.store.head("missing") is None
+
+
+def test_list_by_prefix_in_key_order(backend: Backend) -> None:
+    store = backend.store
+    for key in ("t-1/0/00000000000000000010-b.log", "t-1/0/00000000000000000000-a.log",
+                "t-1/1/00000000000000000000-c.log", "t-2/0/x.log"):  # fmt: skip
+        store.put(key, key.encode(), {"m": "v"})
+    listed = list(store.list("t-1/0/"))
+    assert [i.key for i in listed] == [
+        "t-1/0/00000000000000000000-a.log",
+        "t-1/0/00000000000000000010-b.log",
+    ]
+    assert [i.size for i in listed] == [len(i.key) for i in listed]
+    assert all(i.metadata == {} for i in listed)  # as S3: list carries no user metadata
+    assert len(list(store.list(""))) == 4
+    assert list(store.list("nothing/")) == []
+
+
+def test_delete_tolerates_missing_keys(backend: Backend) -> None:
+    store = backend.store
+    store.put("a", b"1")
+    store.put("b", b"2")
+    store.delete(["a", "never-existed"])
+    store.delete([])
+    assert store.head("a") is None
+    assert store.get("b") == b"2"
+
+
+def test_missing_key_and_bad_range_are_not_retriable(backend: Backend) -> None:
+    with pytest.raises(RemoteStorageError) as missing:
+        backend.store.get("no/such/key")
+    assert missing.value.retriable is False
+    assert "no/such/key" in str(missing.value)
+    backend.store.put("short", b"abc")
+    with pytest.raises(RemoteStorageError) as bad_range:
+        backend.store.get("short", 10)
+    assert bad_range.value.retriable is False
+
+
+def test_an_outage_is_retriable_and_the_data_outlives_it(backend: Backend) -> None:
+    store = backend.store
+    store.put("kept", b"before the outage")
+    backend.outage()
+    calls: list[Any] = [
+        lambda: store.get("kept"),
+        lambda: store.get("kept", 1, 5),
+        lambda: store.put("new", b"x"),
+        lambda: store.head("kept"),
+        lambda: list(store.list("")),
+        lambda: store.delete(["kept"]),
+    ]
+    for call in calls:
+        with pytest.raises(RemoteStorageError) as down:
+            call()
+        assert down.value.retriable is True
+    backend.recover()
+    assert store.get("kept") == b"before the outage"
+
+
+def test_s3_keys_live_under_the_store_prefix(s3: S3Endpoint) -> None:
+    prefixed = S3ObjectStore("tier-test", prefix="cluster-a/", endpoint_url=s3.url)
+    whole = S3ObjectStore("tier-test", endpoint_url=s3.url)
+    prefixed.put("t-1/0/x.log", b"data")
+    assert [i.key for i in whole.list("")] == ["cluster-a/t-1/0/x.log"]
+    assert [i.key for i in prefixed.list("")] == ["t-1/0/x.log"]
+    assert whole.get("cluster-a/t-1/0/x.log") == b"data"
+
+
+def test_s3_reads_before_the_bucket_exists(s3: S3Endpoint) -> None:
+    store = S3ObjectStore("not-yet-created", endpoint_url=s3.url)
+    assert store.head("a") is None
+    assert list(store.list("")) == []
+    store.put("a", b"1")  # creates the bucket
+    assert store.get("a") == b"1"
+
+
+def test_s3_store_starts_while_s3_is_down(s3: S3Endpoint) -> None:
+    s3.stop()
+    store = S3ObjectStore("late-bucket", endpoint_url=s3.url, max_attempts=1)
+    with pytest.raises(RemoteStorageError) as down:
+        store.put("a", b"1")
+    assert down.value.retriable
+    s3.restart()
+    store.put("a", b"1")  # the bucket is made once S3 is back
+    assert store.get("a") == b"1"
+
+
+def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
+    response: Any = {
+        "Error": {"Code": code, "Message": "m"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    return botocore.exceptions.ClientError(response, "GetObject")
+
+
+@pytest.mark.parametrize(
+    ("exc", "retriable"),
+    [
+        (_client_error(503, "SlowDown"), True),
+        (_client_error(500, "InternalError"), True),
+        (_client_error(429, "TooManyRequests"), True),
+        (_client_error(400, "RequestTimeout"), True),
+        (_client_error(400, "ThrottlingException"), True),
+        (_client_error(404, "NoSuchKey"), False),
+        (_client_error(403, "AccessDenied"), False),
+        (_client_error(400, "InvalidRequest"), False),
+        (_client_error(416, "InvalidRange"), False),
+        (botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ConnectTimeoutError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ReadTimeoutError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"), True),
+        (botocore.exceptions.NoCredentialsError(), False),
+    ],
+)
+def test_error_mapping(exc: Exception, retriable: bool) -> None:
+    mapped = _map_error(exc, "get k")
+    assert mapped.retriable is retriable
+    assert str(mapped).startswith("get k: ")
+
+
+def test_store_from_config() -> None:
+    off = {"remote.log.storage.system.enable": False}
+    assert store_from_config(off) is None
+    on = {
+        "remote.log.storage.system.enable": True,
+        "remote.log.storage.s3.bucket": "b-tier",
+        "remote.log.storage.s3.prefix": "prod/",
+        "remote.log.storage.s3.endpoint.url": "http://127.0.0.1:1",
+        "remote.log.storage.s3.region": "eu-west-1",
+    }
+    store = store_from_config(on)
+    assert isinstance(store, S3ObjectStore)
+    assert (store.bucket, store.prefix, store.endpoint_url, store.region) == (
+        "b-tier",
+        "prod/",
+        "http://127.0.0.1:1",
+        "eu-west-1",
+    )
+    on["remote.log.storage.s3.endpoint.url"] = ""
+    aws = store_from_config(on)
+    assert isinstance(aws, S3ObjectStore) and aws.endpoint_url is None
+
+
+def test_memory_fault_hooks() -> None:
+    store = MemoryObjectStore()
+    store.put("k", b"abcdef")
+    store.fail_next(2)
+    for _ in range(2):
+        with pytest.raises(RemoteStorageError) as failed:
+            store.get("k")
+        assert failed.value.retriable
+    assert store.get("k") == b"abcdef"
+    store.fail_next(1, retriable=False)
+    with pytest.raises(RemoteStorageError) as fatal:
+        store.head("k")
+    assert not fatal.value.retriable
+    store.corrupt("k", 1)
+    assert store.get("k") == b"a\x9dcdef"
+    store.truncate("k", 3)
+    assert store.get("k") == b"a\x9dc"
+    info = store.head("k")
+    assert info is not None and info.size == 3
+    assert store.ops["get"] == 3 and store.gets[-1] == ("k", 0, None)
