@@ -48,6 +48,16 @@ class SparseIndex:
         if mutable:
             self._load()
 
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str) -> SparseIndex:
+        """A read-only index over an index file's bytes held elsewhere (a remote
+        segment's manifest carries them): no file behind it, nothing to reload or drop.
+        ``name`` says where the bytes came from, in messages."""
+        index = cls(Path(name), mutable=False)
+        n = len(data) // cls.ENTRY.size
+        index._keys, index._values = cls._decode(data[: n * cls.ENTRY.size])
+        return index
+
     # -- lifecycle ------------------------------------------------------------------
 
     def _columns(self) -> tuple[array, array]:

@@ -1,0 +1,428 @@
+"""Serve reads of remote segments: ranged GETs in chunks, checked, cached, read ahead.
+
+A read returns exactly what ``Log.read`` returns on the same segment: whole batches
+from the one holding the offset, within ``max_bytes`` but at least one, none reaching
+``max_offset``. It finds its start the way a local read does, through the segment's own
+offset index (carried in the manifest), then fetches the chunks covering the bytes.
+Each chunk is checked against the manifest's CRC-32C as it arrives, and each batch
+handed out is checked against its own CRC, so damaged bytes are never served: a damaged
+or truncated object raises RemoteStorageError(retriable=False) naming its key.
+
+The event loop never blocks: GETs and chunk checksums run in the reader's own bounded
+thread pool; everything else (cache, index lookups, cutting batches) runs on the loop.
+The chunk cache is one bounded LRU in bytes shared by every partition, with one GET per
+chunk however many reads want it at once; after each read the next chunks of the
+segment are fetched in the background for the consumer's next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import crc32c
+
+from rillet.client.wire import records
+from rillet.client.wire.errors import CorruptRecordError
+from rillet.client.wire.records import HEADER_SIZE, BatchHeader
+from rillet.storage.index import OffsetIndex, SparseIndex, TimeIndex
+from rillet.storage.remote.layout import RemoteManifest, SegmentKeys
+from rillet.storage.remote.store import ObjectStore, RemoteStorageError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ChunkKey = tuple[str, int]  # (log object key, chunk number)
+NO_LIMIT = 1 << 63  # a read without max_offset: every offset of the segment qualifies
+MANIFEST_CACHE_BYTES = 16 * 1024 * 1024
+
+
+class ChunkCache:
+    """A bounded LRU of verified chunks, in bytes. Loop-thread only (no lock).
+
+    A chunk larger than the whole bound is never kept. ``hits``/``misses`` count lookups.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._chunks: OrderedDict[ChunkKey, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __contains__(self, key: ChunkKey) -> bool:
+        return key in self._chunks
+
+    def get(self, key: ChunkKey) -> bytes | None:
+        data = self._chunks.get(key)
+        if data is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._chunks.move_to_end(key)
+        return data
+
+    def put(self, key: ChunkKey, data: bytes) -> None:
+        old = self._chunks.pop(key, None)
+        if old is not None:
+            self.size_bytes -= len(old)
+        if len(data) > self.max_bytes:
+            return
+        self._chunks[key] = data
+        self.size_bytes += len(data)
+        while self.size_bytes > self.max_bytes:
+            _, evicted = self._chunks.popitem(last=False)
+            self.size_bytes -= len(evicted)
+
+    def discard_object(self, object_key: str) -> None:
+        """Drop every chunk of one object (a deleted remote segment)."""
+        for key in [k for k in self._chunks if k[0] == object_key]:
+            self.size_bytes -= len(self._chunks.pop(key))
+
+
+@dataclass(slots=True)
+class _Cached:
+    """A manifest and its indexes, decoded once for the reads that follow."""
+
+    manifest: RemoteManifest
+    charge: int  # bytes counted against the manifest cache's bound
+    offsets: SparseIndex = field(init=False)
+    times: SparseIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offsets = OffsetIndex.from_bytes(self.manifest.offset_index, "remote .index")
+        self.times = TimeIndex.from_bytes(self.manifest.time_index, "remote .timeindex")
+
+
+class RemoteReader:
+    """Reads of remote segments for one broker; see the module docstring.
+
+    ``chunk_size`` is the size the copier is given for new uploads; reads use each
+    manifest's own, so segments uploaded under an older setting stay readable.
+    ``prefetch_chunks`` chunks past the end of each read are fetched in the background.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache_bytes: int,
+        chunk_size: int,
+        threads: int,
+        prefetch_chunks: int,
+        *,
+        manifest_cache_bytes: int = MANIFEST_CACHE_BYTES,
+    ) -> None:
+        self.store = store
+        self.cache = ChunkCache(cache_bytes)
+        self.chunk_size = chunk_size
+        self.prefetch_chunks = prefetch_chunks
+        self._pool = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="remote")
+        self._inflight: dict[ChunkKey, asyncio.Task[bytes]] = {}
+        self._manifests: OrderedDict[str, _Cached] = OrderedDict()
+        self._manifest_bytes = 0
+        self._manifest_cache_bytes = manifest_cache_bytes
+        self._manifest_inflight: dict[str, asyncio.Task[RemoteManifest]] = {}
+        self._background: set[asyncio.Task[bytes]] = set()
+        self._closed = False
+        # What went to the store (KIP-958's remote fetch metrics).
+        self.get_requests = 0
+        self.get_bytes = 0
+        self.get_errors = 0
+
+    # -- manifests --------------------------------------------------------------------
+
+    async def manifest(self, keys: SegmentKeys) -> RemoteManifest:
+        """The segment's manifest, from the bounded cache or one GET (shared by every
+        caller asking meanwhile). RemoteStorageError when missing or damaged."""
+        cached = self._manifests.get(keys.manifest)
+        if cached is not None:
+            self._manifests.move_to_end(keys.manifest)
+            return cached.manifest
+        task = self._manifest_inflight.get(keys.manifest)
+        if task is None:
+            task = self._spawn(self._fetch_manifest(keys))
+            self._manifest_inflight[keys.manifest] = task
+            task.add_done_callback(lambda _: self._manifest_inflight.pop(keys.manifest, None))
+        return await asyncio.shield(task)
+
+    async def _fetch_manifest(self, keys: SegmentKeys) -> RemoteManifest:
+        data = await self._get(keys.manifest, 0, None)
+        manifest = await self._in_pool(RemoteManifest.decode, data, key=keys.manifest)
+        self._remember(keys, manifest)
+        return manifest
+
+    def _remember(self, keys: SegmentKeys, manifest: RemoteManifest) -> _Cached:
+        old = self._manifests.pop(keys.manifest, None)
+        if old is not None:
+            self._manifest_bytes -= old.charge
+        # The decoded index columns take about twice their file bytes.
+        charge = 3 * (len(manifest.offset_index) + len(manifest.time_index))
+        charge += 4 * len(manifest.chunk_crcs) + 256
+        cached = _Cached(manifest, charge)
+        self._manifests[keys.manifest] = cached
+        self._manifest_bytes += charge
+        while self._manifest_bytes > self._manifest_cache_bytes and len(self._manifests) > 1:
+            _, evicted = self._manifests.popitem(last=False)
+            self._manifest_bytes -= evicted.charge
+        return cached
+
+    def _cached(self, keys: SegmentKeys, manifest: RemoteManifest) -> _Cached:
+        cached = self._manifests.get(keys.manifest)
+        if cached is not None and cached.manifest == manifest:
+            self._manifests.move_to_end(keys.manifest)
+            return cached
+        return self._remember(keys, manifest)
+
+    def forget(self, keys: SegmentKeys) -> None:
+        """Drop what is cached of a segment (it was deleted remotely)."""
+        cached = self._manifests.pop(keys.manifest, None)
+        if cached is not None:
+            self._manifest_bytes -= cached.charge
+        self.cache.discard_object(keys.log)
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def read(
+        self,
+        keys: SegmentKeys,
+        manifest: RemoteManifest,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+    ) -> bytes:
+        """Whole batches from the one holding ``offset``, as ``Log.read`` cuts them on
+        the same segment; b"" past its end or at ``max_offset``."""
+        end = NO_LIMIT if max_offset is None else max_offset
+        if offset >= end:
+            return b""
+        cached = self._cached(keys, manifest)
+        found = await self._find(keys, cached, offset)
+        if found is None:
+            return b""
+        position, first = found
+        if first.last_offset >= end:
+            return b""
+        limit = position + max(max_bytes, first.size)
+        data = await self._range(keys, manifest, position, min(limit, manifest.size_bytes))
+        cut = self._cut(keys, manifest, position, data, first, end)
+        result = data[:cut]
+        self._check_batches(keys, position, result)
+        self._prefetch(keys, manifest, (position + cut - 1) // manifest.chunk_size)
+        return result
+
+    def _cut(
+        self,
+        keys: SegmentKeys,
+        manifest: RemoteManifest,
+        start: int,
+        data: bytes,
+        first: BatchHeader,
+        end: int,
+    ) -> int:
+        """Bytes of ``data`` (the object from ``start`` up to the read's byte limit or
+        the object's end) that the read returns: ``Segment.read_end``'s rule, walking
+        the headers in hand instead of jumping by the index (the bytes are needed
+        anyway; the walk gives the same answer)."""
+        p = first.size
+        at_object_end = start + len(data) == manifest.size_bytes
+        while p < len(data):
+            if p + HEADER_SIZE > len(data) and not at_object_end:
+                return p  # a batch starting here cannot end within the limit
+            h = self._header(keys, data, p, start)
+            if start + p + h.size > manifest.size_bytes:
+                raise _damaged(keys.log, f"batch at {start + p} runs past the object's end")
+            if p + h.size > len(data) or h.last_offset >= end:
+                return p
+            p += h.size
+        return p
+
+    async def _find(
+        self, keys: SegmentKeys, cached: _Cached, offset: int
+    ) -> tuple[int, BatchHeader] | None:
+        """The first batch whose last offset is >= ``offset`` (``Segment.find``)."""
+        manifest = cached.manifest
+        entry = cached.offsets.floor(offset - manifest.start_offset)
+        return await self._walk(keys, manifest, entry[1] if entry else 0, "last_offset", offset)
+
+    async def _walk(
+        self, keys: SegmentKeys, manifest: RemoteManifest, position: int, column: str, at: int
+    ) -> tuple[int, BatchHeader] | None:
+        """From ``position``, the first batch whose ``column`` is >= ``at``."""
+        while position < manifest.size_bytes:
+            stop = min(position + HEADER_SIZE, manifest.size_bytes)
+            data = await self._range(keys, manifest, position, stop)
+            h = self._header(keys, data, 0, position)
+            if h.size < HEADER_SIZE or position + h.size > manifest.size_bytes:
+                raise _damaged(keys.log, f"batch at {position} has length {h.batch_length}")
+            if getattr(h, column) >= at:
+                return position, h
+            position += h.size
+        return None
+
+    @staticmethod
+    def _header(keys: SegmentKeys, data: bytes, p: int, start: int) -> BatchHeader:
+        try:
+            h = records.read_header(data, p)
+        except CorruptRecordError as exc:
+            raise _damaged(keys.log, f"at {start + p}: {exc}") from exc
+        if h.size < HEADER_SIZE:
+            raise _damaged(keys.log, f"batch at {start + p} has length {h.batch_length}")
+        return h
+
+    @staticmethod
+    def _check_batches(keys: SegmentKeys, start: int, data: bytes) -> None:
+        """Every batch's own CRC (and framing), before any is served."""
+        try:
+            for _ in records.iter_batches(data, validate=True):
+                pass
+        except CorruptRecordError as exc:
+            raise _damaged(keys.log, f"in the read from {start}: {exc}") from exc
+
+    async def offset_for_timestamp(
+        self, keys: SegmentKeys, manifest: RemoteManifest, timestamp: int
+    ) -> int | None:
+        """The first offset whose record timestamp is >= ``timestamp`` in this segment
+        (``Log.offset_for_timestamp`` within one segment), or None."""
+        if manifest.max_timestamp_ms < timestamp:
+            return None
+        cached = self._cached(keys, manifest)
+        # Segment.find_timestamp: start at the batch the time index points below it.
+        entry = cached.times.floor_before(timestamp)
+        start = 0
+        if entry is not None:
+            hit = cached.offsets.floor(entry[1])
+            start = hit[1] if hit else 0
+        found = await self._walk(keys, manifest, start, "max_timestamp", timestamp)
+        if found is None:
+            return None
+        position, h = found
+        data = await self._range(keys, manifest, position, position + h.size)
+        self._check_batches(keys, position, data)
+        try:
+            offsets, stamps, *_ = records.decode_columns(data, 0, h)
+        except CorruptRecordError as exc:
+            raise _damaged(keys.log, f"batch at {position}: {exc}") from exc
+        for off, ts in zip(offsets, stamps, strict=True):
+            if ts >= timestamp:
+                return off
+        return None
+
+    # -- chunks -----------------------------------------------------------------------
+
+    async def _range(
+        self, keys: SegmentKeys, manifest: RemoteManifest, start: int, end: int
+    ) -> bytes:
+        """Object bytes [start, end) from verified chunks (fetched at once when missing)."""
+        if end <= start:
+            return b""
+        size = manifest.chunk_size
+        first, last = start // size, (end - 1) // size
+        if first == last:
+            chunk = await self._chunk(keys, manifest, first)
+            return chunk[start - first * size : end - first * size]
+        chunks = await asyncio.gather(
+            *(self._chunk(keys, manifest, i) for i in range(first, last + 1))
+        )
+        joined = b"".join(chunks)
+        return joined[start - first * size : end - first * size]
+
+    async def _chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
+        key = (keys.log, i)
+        data = self.cache.get(key)
+        if data is not None:
+            return data
+        task = self._inflight.get(key)
+        if task is None:
+            task = self._start_chunk(keys, manifest, i)
+        # Shielded: a cancelled reader must not cancel the GET others wait for.
+        return await asyncio.shield(task)
+
+    def _start_chunk(
+        self, keys: SegmentKeys, manifest: RemoteManifest, i: int
+    ) -> asyncio.Task[bytes]:
+        key = (keys.log, i)
+        task = self._spawn(self._fetch_chunk(keys, manifest, i))
+        self._inflight[key] = task
+        task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return task
+
+    async def _fetch_chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
+        start, end = manifest.chunk_range(i)
+        data = await self._get(keys.log, start, end)
+        if len(data) != end - start:
+            raise _damaged(keys.log, f"chunk {i}: {len(data)} bytes of {end - start} (truncated)")
+        crc = await self._in_pool(crc32c.crc32c, data)
+        if crc != manifest.chunk_crcs[i]:
+            raise _damaged(
+                keys.log, f"chunk {i} CRC-32C {crc:#010x}, manifest {manifest.chunk_crcs[i]:#010x}"
+            )
+        self.cache.put((keys.log, i), data)
+        return data
+
+    async def _get(self, key: str, start: int, end: int | None) -> bytes:
+        self.get_requests += 1
+        try:
+            data = await self._in_pool(self.store.get, key, start, end)
+        except RemoteStorageError:
+            self.get_errors += 1
+            raise
+        self.get_bytes += len(data)
+        return data
+
+    def _prefetch(self, keys: SegmentKeys, manifest: RemoteManifest, last_chunk: int) -> None:
+        """Start GETs of the ``prefetch_chunks`` chunks after ``last_chunk`` that are
+        neither cached nor coming: a sequential reader's next reads find them."""
+        stop = min(last_chunk + 1 + self.prefetch_chunks, manifest.chunk_count)
+        for i in range(last_chunk + 1, stop):
+            key = (keys.log, i)
+            if key in self.cache or key in self._inflight:
+                continue
+            task = self._start_chunk(keys, manifest, i)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def wait_prefetched(self) -> None:
+        """Wait for the read-ahead started so far (its failures are only logged)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+        if self._closed:
+            raise RemoteStorageError("remote reader closed", retriable=True)
+        task: asyncio.Task[T] = asyncio.ensure_future(coro)  # type: ignore[assignment]
+        task.add_done_callback(_consume)
+        return task
+
+    async def _in_pool(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        loop = asyncio.get_running_loop()
+        if kwargs:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        """Cancel the read-ahead and stop the threads (GETs under way finish alone)."""
+        self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _consume(task: asyncio.Task) -> None:
+    """Mark a shared task's outcome seen, so a failure no reader waited for (read-ahead)
+    is logged here rather than as 'exception was never retrieved'."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("remote read failed: %s", task.exception())
+
+
+def _damaged(key: str, why: str) -> RemoteStorageError:
+    return RemoteStorageError(f"{key}: damaged remote data ({why})", retriable=False)
