@@ -176,7 +176,7 @@ class RemoteReader:
 
     def _cached(self, keys: SegmentKeys, manifest: RemoteManifest) -> _Cached:
         cached = self._manifests.get(keys.manifest)
-        if cached is not None and cached.manifest == manifest:
+        if cached is not None and (cached.manifest is manifest or cached.manifest == manifest):
             self._manifests.move_to_end(keys.manifest)
             return cached
         return self._remember(keys, manifest)
@@ -331,8 +331,11 @@ class RemoteReader:
         chunks = await asyncio.gather(
             *(self._chunk(keys, manifest, i) for i in range(first, last + 1))
         )
-        joined = b"".join(chunks)
-        return joined[start - first * size : end - first * size]
+        # One copy: the wanted part of each chunk, joined.
+        views = [memoryview(c) for c in chunks]
+        views[-1] = views[-1][: end - last * size]
+        views[0] = views[0][start - first * size :]
+        return b"".join(views)
 
     async def _chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
         key = (keys.log, i)
@@ -356,21 +359,18 @@ class RemoteReader:
 
     async def _fetch_chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
         start, end = manifest.chunk_range(i)
-        data = await self._get(keys.log, start, end)
+        data = await self._get(keys.log, start, end, manifest.chunk_crcs[i])
         if len(data) != end - start:
             raise _damaged(keys.log, f"chunk {i}: {len(data)} bytes of {end - start} (truncated)")
-        crc = await self._in_pool(crc32c.crc32c, data)
-        if crc != manifest.chunk_crcs[i]:
-            raise _damaged(
-                keys.log, f"chunk {i} CRC-32C {crc:#010x}, manifest {manifest.chunk_crcs[i]:#010x}"
-            )
         self.cache.put((keys.log, i), data)
         return data
 
-    async def _get(self, key: str, start: int, end: int | None) -> bytes:
+    async def _get(self, key: str, start: int, end: int | None, crc: int | None = None) -> bytes:
+        """One GET in the pool; with ``crc``, the bytes' CRC-32C is checked there too
+        (off the loop, in the same hop)."""
         self.get_requests += 1
         try:
-            data = await self._in_pool(self.store.get, key, start, end)
+            data = await self._in_pool(_get_checked, self.store, key, start, end, crc)
         except RemoteStorageError:
             self.get_errors += 1
             raise
@@ -415,6 +415,19 @@ class RemoteReader:
         for task in list(self._background):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _get_checked(
+    store: ObjectStore, key: str, start: int, end: int | None, crc: int | None
+) -> bytes:
+    data = store.get(key, start, end)
+    if crc is not None and end is not None and len(data) == end - start:
+        actual = crc32c.crc32c(data)
+        if actual != crc:
+            raise _damaged(
+                key, f"bytes [{start}, {end}) CRC-32C {actual:#010x}, manifest {crc:#010x}"
+            )
+    return data
 
 
 def _consume(task: asyncio.Task) -> None:
