@@ -119,6 +119,7 @@ def test_missing_key_and_bad_range_are_not_retriable(backend: Backend) -> None:
     with pytest.raises(RemoteStorageError) as missing:
         backend.store.get("no/such/key")
     assert missing.value.retriable is False
+    assert missing.value.code == "NoSuchKey"
     assert "no/such/key" in str(missing.value)
     backend.store.put("short", b"abc")
     with pytest.raises(RemoteStorageError) as bad_range:
@@ -250,3 +251,23 @@ def test_memory_fault_hooks() -> None:
     info = store.head("k")
     assert info is not None and info.size == 3
     assert store.ops["get"] == 3 and store.gets[-1] == ("k", 0, None)
+
+
+def test_a_stopped_server_process_is_retriable_and_restarts_on_its_port(tmp_path) -> None:
+    from s3_server import moto_server
+
+    with moto_server(tmp_path / "moto.log") as server:
+        store = S3ObjectStore("restart-test", endpoint_url=server.url, max_attempts=1)
+        store.put("a", b"1")
+        url = server.url
+        server.stop()
+        assert not server.running
+        with pytest.raises(RemoteStorageError) as down:
+            store.get("a")
+        assert down.value.retriable is True
+        server.start()
+        assert server.url == url
+        assert store.head("a") is None  # moto keeps objects in memory: a restart loses them
+        store.put("b", b"2")  # the bucket went with the objects: the store makes it again
+        assert store.get("b") == b"2"
+    assert not server.running

@@ -23,9 +23,10 @@ import botocore.exceptions
 class RemoteStorageError(Exception):
     """An object-store operation failed; ``retriable`` tells whether trying later helps."""
 
-    def __init__(self, message: str, *, retriable: bool) -> None:
+    def __init__(self, message: str, *, retriable: bool, code: str = "") -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.code = code  # the service's error code when it gave one (e.g. "NoSuchKey")
 
 
 class ObjectInfo(NamedTuple):
@@ -98,7 +99,9 @@ def _map_error(exc: Exception, what: str) -> RemoteStorageError:
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         retriable = status >= 500 or status == 429 or code in _RETRIABLE_CODES
         return RemoteStorageError(
-            f"{what}: {code or status} {error.get('Message', '')}".rstrip(), retriable=retriable
+            f"{what}: {code or status} {error.get('Message', '')}".rstrip(),
+            retriable=retriable,
+            code=code,
         )
     # Connection refused or reset, DNS, timeouts, a body cut short: the service, not the
     # request, is at fault.
@@ -210,7 +213,18 @@ class S3ObjectStore:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
         if metadata:
             kwargs["Metadata"] = dict(metadata)
-        self._call(f"put {key}", self._s3.put_object, **kwargs)
+        try:
+            self._call(f"put {key}", self._s3.put_object, **kwargs)
+        except RemoteStorageError as exc:
+            # The bucket went away after we made it (deleted, or a local S3 restarted
+            # empty): make it again, once, rather than fail every upload from now on.
+            if exc.code != "NoSuchBucket" or not self._create_bucket:
+                raise
+            self._bucket_ready = False
+            self._ensure_bucket()
+            if not isinstance(data, bytes | bytearray | memoryview):
+                data.seek(0)
+            self._call(f"put {key}", self._s3.put_object, **kwargs)
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         if end is not None and end <= start:
@@ -259,6 +273,7 @@ class S3ObjectStore:
                 raise RemoteStorageError(
                     f"delete {first.get('Key')}: {first.get('Code')} {first.get('Message', '')}",
                     retriable=first.get("Code") in _RETRIABLE_CODES,
+                    code=str(first.get("Code", "")),
                 )
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -361,12 +376,14 @@ class MemoryObjectStore:
             self._enter("get", key)
             self.gets.append((key, start, end))
             if key not in self._objects:
-                raise RemoteStorageError(f"get {key}: NoSuchKey", retriable=False)
+                raise RemoteStorageError(f"get {key}: NoSuchKey", retriable=False, code="NoSuchKey")
             data = self._objects[key][0]
         if end is not None and end <= start:
             return b""
         if start and start >= len(data):  # S3 answers 416 for a range past the end
-            raise RemoteStorageError(f"get {key}: InvalidRange {start}", retriable=False)
+            raise RemoteStorageError(
+                f"get {key}: InvalidRange {start}", retriable=False, code="InvalidRange"
+            )
         return data[start:end]
 
     def head(self, key: str) -> ObjectInfo | None:
