@@ -116,12 +116,12 @@ def test_delete_tolerates_missing_keys(backend: Backend) -> None:
 
 
 def test_missing_key_and_bad_range_are_not_retriable(backend: Backend) -> None:
+    backend.store.put("short", b"abc")
     with pytest.raises(RemoteStorageError) as missing:
         backend.store.get("no/such/key")
     assert missing.value.retriable is False
     assert missing.value.code == "NoSuchKey"
     assert "no/such/key" in str(missing.value)
-    backend.store.put("short", b"abc")
     with pytest.raises(RemoteStorageError) as bad_range:
         backend.store.get("short", 10)
     assert bad_range.value.retriable is False
