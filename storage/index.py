@@ -61,24 +61,27 @@ class SparseIndex:
     # -- lifecycle ------------------------------------------------------------------
 
     def _columns(self) -> tuple[array, array]:
-        if self._keys is None or self._values is None:
-            self._load()
+        keys, values = self._keys, self._values
+        if keys is None or values is None:
+            # The loaded columns, not the attributes: another thread's load may push
+            # this index out of the LRU (dropping the attributes) before we return.
+            keys, values = self._load()
             if not self.mutable:
                 self._remember()
         elif not self.mutable:
             with _LRU_LOCK:
                 if id(self) in self._loaded:
                     self._loaded.move_to_end(id(self))
-        assert self._keys is not None and self._values is not None  # for the type checker
-        return self._keys, self._values
+        return keys, values
 
-    def _load(self) -> None:
+    def _load(self) -> tuple[array, array]:
         try:
             data = fs.read_bytes(self.path)
         except FileNotFoundError:
             data = b""
         n = len(data) // self.ENTRY.size
-        self._keys, self._values = self._decode(data[: n * self.ENTRY.size])
+        self._keys, self._values = columns = self._decode(data[: n * self.ENTRY.size])
+        return columns
 
     def _remember(self) -> None:
         with _LRU_LOCK:  # logs open and close from executor threads too
@@ -97,9 +100,10 @@ class SparseIndex:
 
     def make_mutable(self) -> None:
         """Pin the columns in memory for appends or truncation (segment became active)."""
-        self._columns()
+        keys, values = self._columns()
         with _LRU_LOCK:
             self._loaded.pop(id(self), None)
+            self._keys, self._values = keys, values  # in case an eviction dropped them
         self.mutable = True
 
     def freeze(self) -> None:

@@ -256,3 +256,22 @@ def test_upload_to_s3_streams_the_segment(log: Log, s3_server: str) -> None:
     info = store.head(keys.log)
     assert info is not None and info.metadata[CRC_METADATA] == f"{crc32c.crc32c(data):08x}"
     assert RemoteManifest.decode(store.get(keys.manifest)) == manifest
+
+
+def test_index_snapshot_survives_its_columns_being_dropped_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """upload_segment reads a closed segment's index off the loop thread, while other
+    threads' lookups may push it out of the process-wide LRU of loaded indexes at any
+    moment: the lookup that loaded it must still get its columns. A bound of 0 makes
+    the eviction happen right after the load."""
+    from rillet.storage import index
+
+    log = build_log(tmp_path / "t-0", batches=120)
+    seg = closed_segments(log)[0]
+    seg.freeze()  # as after the roll's index write: columns on disk only
+    monkeypatch.setattr(index, "MAX_LOADED_INDEXES", 0)
+    offsets, times = seg.index_snapshot()
+    assert offsets == fs.read_bytes(seg.index.path) and len(offsets) > 0
+    assert times == fs.read_bytes(seg.time_index.path)
+    log.close()
