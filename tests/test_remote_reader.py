@@ -421,3 +421,21 @@ def test_offset_for_timestamp_matches_the_local_log(
 
     asyncio.run(compare())
     reader.close()
+
+
+def test_no_read_ahead_without_a_cache_to_keep_it(log: Log) -> None:
+    store, r = fresh_copy(log)
+    reader = reader_for(store, cache=0, prefetch=3)
+
+    async def read_twice() -> list[bytes]:
+        out = []
+        for _ in range(2):
+            out.append(await reader.read(r.keys, r.manifest, r.segment.base_offset, 0))
+            await reader.wait_prefetched()
+        return out
+
+    first, second = asyncio.run(read_twice())
+    assert first == second == records_at(r, r.segment.base_offset)
+    assert len(store.gets) == 2  # the one chunk, once per read: nothing ahead, nothing kept
+    assert reader.cache.size_bytes == 0
+    reader.close()

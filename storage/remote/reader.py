@@ -204,14 +204,15 @@ class RemoteReader:
         if offset >= end:
             return b""
         cached = self._cached(keys, manifest)
-        found = await self._find(keys, cached, offset)
+        held: dict[int, bytes] = {}  # this read's chunks, whatever the cache evicts
+        found = await self._find(keys, cached, offset, held)
         if found is None:
             return b""
         position, first = found
         if first.last_offset >= end:
             return b""
         limit = position + max(max_bytes, first.size)
-        data = await self._range(keys, manifest, position, min(limit, manifest.size_bytes))
+        data = await self._range(keys, manifest, position, min(limit, manifest.size_bytes), held)
         cut = self._cut(keys, manifest, position, data, first, end)
         result = data[:cut]
         self._check_batches(keys, position, result)
@@ -245,20 +246,27 @@ class RemoteReader:
         return p
 
     async def _find(
-        self, keys: SegmentKeys, cached: _Cached, offset: int
+        self, keys: SegmentKeys, cached: _Cached, offset: int, held: dict[int, bytes]
     ) -> tuple[int, BatchHeader] | None:
         """The first batch whose last offset is >= ``offset`` (``Segment.find``)."""
         manifest = cached.manifest
         entry = cached.offsets.floor(offset - manifest.start_offset)
-        return await self._walk(keys, manifest, entry[1] if entry else 0, "last_offset", offset)
+        start = entry[1] if entry else 0
+        return await self._walk(keys, manifest, start, "last_offset", offset, held)
 
     async def _walk(
-        self, keys: SegmentKeys, manifest: RemoteManifest, position: int, column: str, at: int
+        self,
+        keys: SegmentKeys,
+        manifest: RemoteManifest,
+        position: int,
+        column: str,
+        at: int,
+        held: dict[int, bytes],
     ) -> tuple[int, BatchHeader] | None:
         """From ``position``, the first batch whose ``column`` is >= ``at``."""
         while position < manifest.size_bytes:
             stop = min(position + HEADER_SIZE, manifest.size_bytes)
-            data = await self._range(keys, manifest, position, stop)
+            data = await self._range(keys, manifest, position, stop, held)
             h = self._header(keys, data, 0, position)
             if h.size < HEADER_SIZE or position + h.size > manifest.size_bytes:
                 raise _damaged(keys.log, f"batch at {position} has length {h.batch_length}")
@@ -300,11 +308,12 @@ class RemoteReader:
         if entry is not None:
             hit = cached.offsets.floor(entry[1])
             start = hit[1] if hit else 0
-        found = await self._walk(keys, manifest, start, "max_timestamp", timestamp)
+        held: dict[int, bytes] = {}
+        found = await self._walk(keys, manifest, start, "max_timestamp", timestamp, held)
         if found is None:
             return None
         position, h = found
-        data = await self._range(keys, manifest, position, position + h.size)
+        data = await self._range(keys, manifest, position, position + h.size, held)
         self._check_batches(keys, position, data)
         try:
             offsets, stamps, *_ = records.decode_columns(data, 0, h)
@@ -318,18 +327,24 @@ class RemoteReader:
     # -- chunks -----------------------------------------------------------------------
 
     async def _range(
-        self, keys: SegmentKeys, manifest: RemoteManifest, start: int, end: int
+        self,
+        keys: SegmentKeys,
+        manifest: RemoteManifest,
+        start: int,
+        end: int,
+        held: dict[int, bytes],
     ) -> bytes:
-        """Object bytes [start, end) from verified chunks (fetched at once when missing)."""
+        """Object bytes [start, end) from verified chunks (fetched at once when missing).
+        ``held`` keeps the chunks one read has used, so it never fetches one twice."""
         if end <= start:
             return b""
         size = manifest.chunk_size
         first, last = start // size, (end - 1) // size
         if first == last:
-            chunk = await self._chunk(keys, manifest, first)
+            chunk = await self._chunk(keys, manifest, first, held)
             return chunk[start - first * size : end - first * size]
         chunks = await asyncio.gather(
-            *(self._chunk(keys, manifest, i) for i in range(first, last + 1))
+            *(self._chunk(keys, manifest, i, held) for i in range(first, last + 1))
         )
         # One copy: the wanted part of each chunk, joined.
         views = [memoryview(c) for c in chunks]
@@ -337,16 +352,22 @@ class RemoteReader:
         views[0] = views[0][start - first * size :]
         return b"".join(views)
 
-    async def _chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
-        key = (keys.log, i)
-        data = self.cache.get(key)
+    async def _chunk(
+        self, keys: SegmentKeys, manifest: RemoteManifest, i: int, held: dict[int, bytes]
+    ) -> bytes:
+        data = held.get(i)
         if data is not None:
             return data
-        task = self._inflight.get(key)
-        if task is None:
-            task = self._start_chunk(keys, manifest, i)
-        # Shielded: a cancelled reader must not cancel the GET others wait for.
-        return await asyncio.shield(task)
+        key = (keys.log, i)
+        data = self.cache.get(key)
+        if data is None:
+            task = self._inflight.get(key)
+            if task is None:
+                task = self._start_chunk(keys, manifest, i)
+            # Shielded: a cancelled reader must not cancel the GET others wait for.
+            data = await asyncio.shield(task)
+        held[i] = data
+        return data
 
     def _start_chunk(
         self, keys: SegmentKeys, manifest: RemoteManifest, i: int
@@ -380,6 +401,8 @@ class RemoteReader:
     def _prefetch(self, keys: SegmentKeys, manifest: RemoteManifest, last_chunk: int) -> None:
         """Start GETs of the ``prefetch_chunks`` chunks after ``last_chunk`` that are
         neither cached nor coming: a sequential reader's next reads find them."""
+        if self.cache.max_bytes < manifest.chunk_size:
+            return  # nowhere to keep what would be read ahead
         stop = min(last_chunk + 1 + self.prefetch_chunks, manifest.chunk_count)
         for i in range(last_chunk + 1, stop):
             key = (keys.log, i)
