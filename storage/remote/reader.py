@@ -163,7 +163,7 @@ class RemoteReader:
         old = self._manifests.pop(keys.manifest, None)
         if old is not None:
             self._manifest_bytes -= old.charge
-        # The decoded index columns take about twice their file bytes.
+        # The index bytes, plus their decoded columns at about twice that.
         charge = 3 * (len(manifest.offset_index) + len(manifest.time_index))
         charge += 4 * len(manifest.chunk_crcs) + 256
         cached = _Cached(manifest, charge)
