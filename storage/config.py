@@ -35,6 +35,12 @@ class LogConfig:
     max_message_bytes: int = 1024 * 1024 + 12  # per batch, as Kafka's 1048588
     min_compaction_lag_ms: int = 0
     file_delete_delay_ms: int = 60_000  # retired segment files outlive in-flight reads
+    # The remote (S3) tier: closed segments are copied there by the partition leader, and
+    # a local segment is deleted only once it is remote and past local retention
+    # (storage/retention.py); retention.ms / retention.bytes then bound the whole log.
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2  # -2: same as retention.ms
+    local_retention_bytes: int = -2  # -2: same as retention.bytes
 
     @property
     def compact(self) -> bool:
@@ -43,6 +49,16 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        if self.local_retention_bytes == -2:
+            return self.retention_bytes
+        return self.local_retention_bytes
 
     @classmethod
     def from_dict(cls, settings: Mapping[str, Any], base: LogConfig | None = None) -> LogConfig:
@@ -71,6 +87,8 @@ class LogConfig:
         _at_least("file.delete.delay.ms", self.file_delete_delay_ms, 0)
         _at_least("retention.ms", self.retention_ms, -1)
         _at_least("retention.bytes", self.retention_bytes, -1)
+        _at_least("local.retention.ms", self.local_retention_ms, -2)
+        _at_least("local.retention.bytes", self.local_retention_bytes, -2)
         if self.flush_messages is not None:
             _at_least("flush.messages", self.flush_messages, 1)
         if self.flush_ms is not None:
@@ -93,12 +111,27 @@ def _parse(key: str, field: str, raw: Any) -> Any:
         return ",".join(parts)
     if raw is None and field in ("flush_messages", "flush_ms"):
         return None
+    if field in _BOOL_FIELDS:
+        return _parse_bool(key, raw)
     if isinstance(raw, bool):
         raise InvalidConfigError(f"{key} must be an integer, not {raw!r}")
     try:
         return int(raw)
     except (TypeError, ValueError):
         raise InvalidConfigError(f"{key} must be an integer, not {raw!r}") from None
+
+
+_BOOL_FIELDS = frozenset(f.name for f in dataclasses.fields(LogConfig) if f.type in ("bool", bool))
+
+
+def _parse_bool(key: str, raw: Any) -> bool:
+    """A bool, or the strings topic configs travel as ("true"/"false", any case)."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower() if isinstance(raw, str) else None
+    if text not in ("true", "false"):
+        raise InvalidConfigError(f"{key} must be true or false, not {raw!r}")
+    return text == "true"
 
 
 def _at_least(key: str, value: int, low: int) -> None:

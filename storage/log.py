@@ -147,6 +147,10 @@ class Log:
         # None: a log no broker replicates, bounded by its end.
         self.high_watermark: int | None = None
         self.topic_id: str | None = None  # partition.metadata; set by load and LogManager
+        # The highest offset safely in remote storage (docs/tiered.md), -1 when none:
+        # set by the broker from the metadata image. On a remote-enabled log retention
+        # deletes only segments that end at or below it (storage/retention.py).
+        self.remote_copied_end = -1
         self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
         # Closes this log's idle segment descriptors under a process-wide bound (the log
         # manager's); None: every descriptor stays open until the segment closes.

@@ -3,6 +3,14 @@ timestamp) or beyond retention.bytes, oldest first, and (whatever the cleanup po
 those wholly below the log start, never the active segment and never
 a segment holding records at or past the high watermark (``Log.removable_end``).
 
+On a log whose topic has ``remote.storage.enable`` (docs/tiered.md) the local rule is
+narrower: a segment goes only once its last offset is at or below
+``Log.remote_copied_end`` (the highest offset safely in remote storage, which the broker
+sets from the metadata image) and it is past *local* retention (local.retention.ms /
+local.retention.bytes, -2 meaning the total setting), or past total retention. Total
+retention of the remote log is the remote log manager's job; nothing that is not yet
+remote is ever deleted here, whatever its age.
+
 The decision is pure (``segments_to_delete``); ``apply_retention`` takes the chosen
 segments out of the log on the loop thread, then renames and checkpoints in the default
 executor. The files' descriptors live on for ``file.delete.delay.ms`` so reads already
@@ -29,13 +37,16 @@ def segments_to_delete(
     now_ms: int,
     removable_end: int,
     log_start: int = 0,
+    remote_end: int = -1,
 ) -> tuple[int, str]:
     """How many leading closed segments retention removes, and why (for the log line).
 
     Never the active segment, nor one holding an offset at or past ``removable_end``
     (the high watermark): a segment's records end where the next segment begins.
     Segments wholly below ``log_start`` go whatever the policy: nothing can read them
-    (a follower that took its leader's log start, Kafka's log-start breach rule)."""
+    (a follower that took its leader's log start, Kafka's log-start breach rule).
+    With ``config.remote_storage_enable``, only segments whose last offset is at or
+    below ``remote_end`` may go, by local retention or total retention."""
     closed = 0
     while closed < len(segments) - 1 and segments[closed + 1].base_offset <= removable_end:
         closed += 1
@@ -45,21 +56,52 @@ def segments_to_delete(
     reason = "log start" if count else ""
     if not config.delete:
         return count, reason
-    if config.retention_ms >= 0 and count < closed:
-        horizon = now_ms - config.retention_ms
+    limits = [("retention", config.retention_ms, config.retention_bytes)]
+    if config.remote_storage_enable:
+        # Segment i's last offset is the next segment's base - 1.
+        while closed > count and segments[closed].base_offset > remote_end + 1:
+            closed -= 1
+        limits.append(
+            (
+                "local.retention",
+                config.effective_local_retention_ms,
+                config.effective_local_retention_bytes,
+            )
+        )
+    for name, retention_ms, retention_bytes in limits:
+        count, reason = _by_limits(
+            segments, closed, now_ms, count, reason, name, retention_ms, retention_bytes
+        )
+    return count, reason
+
+
+def _by_limits(
+    segments: Sequence[LogSegment],
+    closed: int,
+    now_ms: int,
+    count: int,
+    reason: str,
+    name: str,  # "retention" or "local.retention", for the reason
+    retention_ms: int,
+    retention_bytes: int,
+) -> tuple[int, str]:
+    """``count`` raised to what one pair of time and size limits removes (at most
+    ``closed`` segments)."""
+    if retention_ms >= 0 and count < closed:
+        horizon = now_ms - retention_ms
         by_time = count
         while by_time < closed and segments[by_time].max_timestamp < horizon:
             by_time += 1
         if by_time > count:
-            count, reason = by_time, "retention.ms"
-    if config.retention_bytes >= 0:
-        excess = sum(s.size for s in segments) - config.retention_bytes
+            count, reason = by_time, f"{name}.ms"
+    if retention_bytes >= 0:
+        excess = sum(s.size for s in segments) - retention_bytes
         by_size = 0
         while by_size < closed and excess - segments[by_size].size >= 0:
             excess -= segments[by_size].size
             by_size += 1
         if by_size > count:
-            count, reason = by_size, "retention.bytes"
+            count, reason = by_size, f"{name}.bytes"
     return count, reason
 
 
@@ -70,7 +112,12 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
         if log.closed:  # deleted while this round waited for the lock
             return 0
         count, reason = segments_to_delete(
-            log.segments, log.config, now, log.removable_end, log.log_start_offset
+            log.segments,
+            log.config,
+            now,
+            log.removable_end,
+            log.log_start_offset,
+            log.remote_copied_end,
         )
         if count == 0:
             return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 
@@ -10,7 +11,7 @@ import pytest
 from helpers import log_records
 
 from rillet.client.wire import records
-from rillet.client.wire.errors import OffsetOutOfRangeError
+from rillet.client.wire.errors import InvalidConfigError, OffsetOutOfRangeError
 from rillet.storage import Log, LogConfig, LogManager, cleaner, fs, retention
 
 DAY = 24 * 3600 * 1000
@@ -298,6 +299,74 @@ async def test_size_retention_also_stops_at_the_high_watermark(tmp_path):
         log.append(keyed([b"k"] * 3, [b"v" * 30] * 3, DAY), 0)
     log.high_watermark = 0  # nothing committed yet: nothing may go
     assert await retention.apply_retention(log) == 0
+    await log.close_async()
+
+
+def test_log_config_parses_the_remote_tier_keys_as_topic_configs_send_them() -> None:
+    cfg = LogConfig.from_dict(
+        {"remote.storage.enable": "true", "local.retention.ms": "5", "local.retention.bytes": "7"}
+    )
+    assert cfg.remote_storage_enable is True
+    assert (cfg.effective_local_retention_ms, cfg.effective_local_retention_bytes) == (5, 7)
+    assert LogConfig.from_dict({"remote.storage.enable": "FALSE"}).remote_storage_enable is False
+    same = LogConfig(retention_ms=9, retention_bytes=11)  # -2: the total settings
+    assert (same.effective_local_retention_ms, same.effective_local_retention_bytes) == (9, 11)
+    with pytest.raises(InvalidConfigError):
+        LogConfig.from_dict({"remote.storage.enable": "yes"})
+    with pytest.raises(InvalidConfigError):
+        LogConfig.from_dict({"local.retention.bytes": -3})
+
+
+def _remote_log(tmp_path, clock, **settings) -> Log:
+    cfg = LogConfig(segment_bytes=1024, file_delete_delay_ms=0, remote_storage_enable=True)
+    log = Log.open(tmp_path / "t-0", dataclasses.replace(cfg, **settings), clock=clock)
+    for _ in range(30):
+        log.append(keyed([b"k"] * 5, [b"v" * 20] * 5, DAY), 0)  # all a day old
+    log.high_watermark = log.log_end_offset
+    return log
+
+
+async def test_a_remote_enabled_log_deletes_nothing_that_is_not_remote(tmp_path):
+    """Past every retention limit, yet nothing is remote: every segment stays."""
+    clock = FakeClock(10 * DAY)
+    log = _remote_log(tmp_path, clock, retention_ms=DAY, retention_bytes=0, local_retention_ms=0)
+    assert len(log.segments) > 4
+    assert await retention.apply_retention(log) == 0
+    await log.close_async()
+
+
+async def test_a_remote_enabled_log_deletes_up_to_the_remote_end_only(tmp_path):
+    clock = FakeClock(10 * DAY)
+    log = _remote_log(tmp_path, clock, local_retention_bytes=0)  # retention.ms: 7 days
+    bases = [s.base_offset for s in log.segments]
+    log.remote_copied_end = bases[3] - 2  # inside the third segment: two are remote
+    assert await retention.apply_retention(log) == 2
+    assert log.log_start_offset == bases[2]
+    log.remote_copied_end = bases[3] - 1  # the third segment's last offset
+    assert await retention.apply_retention(log) == 1
+    for seg in log.segments[:-1]:
+        assert seg.base_offset > log.remote_copied_end  # what is left is not remote
+    await log.close_async()
+
+
+async def test_a_remote_enabled_log_keeps_remote_segments_within_local_retention(tmp_path):
+    clock = FakeClock(DAY + 1000)
+    log = _remote_log(tmp_path, clock, retention_ms=-1, local_retention_ms=5000)
+    log.remote_copied_end = log.active_segment.base_offset - 1  # every closed one is remote
+    assert await retention.apply_retention(log) == 0  # 1 s old, local retention 5 s
+    clock.now += 5000
+    closed = len(log.segments) - 1
+    assert await retention.apply_retention(log) == closed
+    await log.close_async()
+
+
+async def test_local_retention_bytes_bounds_the_local_log_of_remote_segments(tmp_path):
+    clock = FakeClock(DAY)
+    log = _remote_log(tmp_path, clock, retention_ms=-1, local_retention_bytes=3000)
+    log.remote_copied_end = log.active_segment.base_offset - 1
+    removed = await retention.apply_retention(log)
+    assert removed > 0
+    assert log.size_bytes - log.segments[0].size < 3000 <= log.size_bytes + 1024
     await log.close_async()
 
 

@@ -62,6 +62,29 @@ def test_crashes_anywhere_under_a_tiny_fd_cache_many_seeds() -> None:
     run_many(run_seed_tiny_fd_cache, FD_CACHE_QUICK_SEEDS, count, SimulationFailure)
 
 
+REMOTE_QUICK_SEEDS = 20
+
+
+def run_seed_remote_tier(seed: int, **kwargs: object) -> object:
+    """A remote-enabled log whose highest remote offset moves at random (storage_model)."""
+    return run_seed(seed, remote_tier=True, **kwargs)
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_a_remote_enabled_log_never_deletes_above_the_remote_end(block: int) -> None:
+    """Crashes and faults anywhere, and retention never deletes a segment of a
+    remote-enabled log that ends above the highest remote offset."""
+    run_block(run_seed_remote_tier, block, 2, REMOTE_QUICK_SEEDS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_a_remote_enabled_log_many_seeds() -> None:
+    """make sim-long: RILLET_SIM_SEEDS / 2 seeds after the quick ones."""
+    count = seeds_from_env(2_000) // 2
+    run_many(run_seed_remote_tier, REMOTE_QUICK_SEEDS, count, SimulationFailure)
+
+
 def test_replay() -> None:
     """Replays RILLET_SIM_SEED with the whole trace echoed (-s to see it); with
     RILLET_SIM_FD_BOUND, under an fd cache of that bound."""

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import errno
+import itertools
 import random
 import sys
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,7 @@ from rillet.client.wire import records
 from rillet.client.wire.errors import CorruptRecordError, StorageError
 from rillet.storage import Log, LogConfig, cleaner, fs, retention
 from rillet.storage.fdcache import FdCache
+from rillet.storage.segment import LogSegment
 
 from .simfs import SimCrash, SimFileSystem
 
@@ -93,6 +96,10 @@ class Options:
     # with sweeps and fetch-like reads in the schedule; None: no cache, the action mix
     # the seeds pinned before it existed.
     fd_bound: int | None = None
+    # A remote-enabled log (docs/tiered.md): the highest remote offset moves at random,
+    # and retention must never delete a segment that ends above it (unless wholly below
+    # the log start). Off: the config and action mix the seeds pinned before it existed.
+    remote_tier: bool = False
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -158,6 +165,14 @@ class StorageModel:
             file_delete_delay_ms=0,
         )
         self.keys = compact
+        if self.options.remote_tier:
+            remote_rng = random.Random(seed * 104_729 + 3)  # the pinned draws stay as they were
+            self.config = dataclasses.replace(
+                self.config,
+                remote_storage_enable=True,
+                local_retention_bytes=remote_rng.choice([-2, 0, 1000, 3000]),
+                local_retention_ms=remote_rng.choice([-2, 0]),
+            )
 
     # -- running -------------------------------------------------------------------------
 
@@ -187,6 +202,8 @@ class StorageModel:
             steps.append((self.increment_log_start, 2))
         if self.options.fd_bound is not None:
             steps += [(self.fetch, 8), (self.sweep, 4)]
+        if self.options.remote_tier:
+            steps.append((self.move_remote_end, 4))
         actions, weights = zip(*steps, strict=True)
         for step_no in range(self.options.steps):
             self.step_no = step_no
@@ -431,18 +448,42 @@ class StorageModel:
         self.note(f"high watermark {hw}")
         self.log.high_watermark = hw
 
+    def move_remote_end(self) -> None:
+        """The metadata image's highest remote offset: anywhere up to the log end, down
+        too (the remote log's newest segments deleted by its own retention)."""
+        end = self.rng.randint(-1, max(self.end - 1, -1))
+        self.note(f"remote copied end {end}")
+        self.log.remote_copied_end = end
+
     def apply_retention(self) -> None:
         hw = self.log.removable_end
         self.note(f"retention (removable end {hw})")
         segments = self.log.segments
+        remote_end, log_start = self.log.remote_copied_end, self.log.log_start_offset
         count, _ = retention.segments_to_delete(segments, self.config, self.now, hw)
         if count:  # a crash inside may keep the new start: it is a start the log was given
             self.max_start = max(self.max_start, segments[count].base_offset)
             self._forget_flush_promises()
-        if run_inline(retention.apply_retention(self.log)):
+        removed = run_inline(retention.apply_retention(self.log))
+        if self.config.remote_storage_enable:
+            self.check_only_remote_deleted(segments[: removed + 1], remote_end, log_start)
+        if removed:
             self.expect(self.log.log_start_offset <= hw, "retention passed the high watermark")
             self.removed_batches = True
             self._resync("retention")
+
+    def check_only_remote_deleted(
+        self, segments: Sequence[LogSegment], remote_end: int, log_start: int
+    ) -> None:
+        """Every segment retention deleted (all of ``segments`` but the last) ended at or
+        below the remote end, or wholly below the log start (nothing can read it)."""
+        for seg, after in itertools.pairwise(segments):
+            last = after.base_offset - 1
+            self.expect(
+                last <= remote_end or after.base_offset <= log_start,
+                f"retention deleted segment {seg.base_offset}..{last} of a remote-enabled "
+                f"log above the remote end {remote_end}",
+            )
 
     def compact(self) -> None:
         if not self.config.compact:
