@@ -35,7 +35,12 @@ from rillet.controller.metadata.describe import (
     metadata_brokers,
     metadata_topic,
 )
-from rillet.controller.metadata.image import MetadataImage, MetadataRecord, replay_records
+from rillet.controller.metadata.image import (
+    MetadataImage,
+    MetadataRecord,
+    RemoteSegment,
+    replay_records,
+)
 from rillet.controller.metadata.quorum import (
     CreatableTopic,
     QuorumController,
@@ -326,6 +331,45 @@ def _alter(
     return records, out
 
 
+async def alter_remote_segments(
+    server: ControllerServer, ctl: QuorumController, f: m.AlterRemoteSegmentsRequest
+) -> m.AlterRemoteSegmentsResponse:
+    """A partition leader's remote segment state changes (docs/tiered.md). Each item is
+    judged on the pending image with the request's earlier accepted items applied (a
+    request may carry a segment's DELETE_STARTED and then its DELETE_FINISHED); the
+    answer goes out once the records commit."""
+    results = await server.commit(ctl, lambda base: _remote_segments(ctl, f, base))
+    return m.AlterRemoteSegmentsResponse(results=results)
+
+
+def _remote_segments(
+    ctl: QuorumController, f: m.AlterRemoteSegmentsRequest, base: MetadataImage
+) -> tuple[list[MetadataRecord], list[m.RemoteSegmentResult]]:
+    image = base
+    records: list[MetadataRecord] = []
+    out = []
+    for s in f.segments:
+        segment = RemoteSegment(
+            topic_id=s.topic_id,
+            partition=s.partition,
+            segment_id=s.segment_id,
+            start_offset=s.start_offset,
+            end_offset=s.end_offset,
+            leader_epochs=tuple((e.epoch, e.start_offset) for e in s.leader_epochs),
+            state=s.state,
+            size_bytes=s.size_bytes,
+            max_timestamp_ms=s.max_timestamp_ms,
+            broker_id=f.broker_id,
+            leader_epoch=s.leader_epoch,
+        )
+        recs, r = ctl.record_remote_segment(image, f.broker_id, f.broker_epoch, segment)
+        if recs:
+            records += recs
+            image = replay_records(image, recs)
+        out.append(m.RemoteSegmentResult(r.segment_id, r.error_code, r.error_message or None))
+    return records, out
+
+
 async def elect_leaders(
     server: ControllerServer, ctl: QuorumController, f: m.ElectLeadersRequest
 ) -> m.ElectLeadersResponse:
@@ -484,6 +528,7 @@ def build_handlers(server: ControllerServer) -> dict[int, Handler]:
         schemas.CREATE_TOPICS: create_topics,
         schemas.DELETE_TOPICS: delete_topics,
         schemas.ALTER_PARTITION: alter_partition,
+        schemas.ALTER_REMOTE_SEGMENTS: alter_remote_segments,
         schemas.ELECT_LEADERS: elect_leaders,
         schemas.ALTER_PARTITION_REASSIGNMENTS: alter_partition_reassignments,
         schemas.DESCRIBE_CLUSTER: describe_cluster_op,

@@ -21,7 +21,6 @@ from rillet.controller.metadata.image import (
     Partition,
     PartitionChange,
     RegisterBroker,
-    RemoteSegment,
     UnfenceBroker,
     check_partition,
     replay_records,
@@ -493,16 +492,6 @@ def test_alter_topic_configs_sets_and_deletes_keys() -> None:
     assert bad.error_code == E("INVALID_CONFIG")
     missing = c.run(c.ctl.alter_topic_configs(c.image, "nope", {"segment.ms": "1"}))
     assert missing.error_code == E("UNKNOWN_TOPIC_OR_PARTITION")
-
-
-def test_remote_segments_are_recorded_for_known_partitions_only() -> None:
-    c = Cluster(brokers=1)
-    c.create("tiered", rf=1)
-    tid = c.image.topic("tiered").topic_id  # type: ignore[union-attr]
-    assert c.run(c.ctl.record_remote_segment(c.image, RemoteSegment(tid, 0, "s", 0, 9))) == 0
-    assert list(c.image.remote_segments[(tid, 0)]) == ["s"]
-    unknown = c.run(c.ctl.record_remote_segment(c.image, RemoteSegment(tid, 5, "s", 0, 9)))
-    assert unknown == E("UNKNOWN_TOPIC_OR_PARTITION")
 
 
 def test_unregistering_a_broker_moves_its_leaderships_first() -> None:

@@ -36,6 +36,7 @@ EXPECTED_KEYS = {
     "AlterPartitionReassignments": 45,
     "RaftMessage": 1004,
     "DescribeQuorum": 55,
+    "AlterRemoteSegments": 1010,
 }
 
 

@@ -302,6 +302,41 @@ class SnapshotId(NamedTuple):
     epoch: int
 
 
+class RemoteSegmentResult(NamedTuple):
+    """On the wire: ``[segment_id, error_code, error_message]``."""
+
+    segment_id: str
+    error_code: int
+    error_message: str | None
+
+
+class EpochStart(NamedTuple):
+    """On the wire: ``[epoch, start_offset]``."""
+
+    epoch: int
+    start_offset: int
+
+
+class RemoteSegmentState(NamedTuple):
+    """On the wire: ``[topic_id, partition, segment_id, start_offset, end_offset, state,
+    leader_epoch, size_bytes, max_timestamp_ms, leader_epochs]``.
+    """
+
+    topic_id: str
+    partition: int
+    segment_id: str
+    start_offset: int
+    end_offset: int
+    # 0 COPY_STARTED, 1 COPY_FINISHED, 2 DELETE_STARTED, 3 DELETE_FINISHED
+    state: int
+    # the proposer's leader epoch of the partition
+    leader_epoch: int
+    size_bytes: int
+    max_timestamp_ms: int
+    # the leader-epoch entries the segment covers
+    leader_epochs: list[EpochStart]
+
+
 class ErrorResponse(NamedTuple):
     """A request-level error."""
 
@@ -945,6 +980,43 @@ class RaftMessageRequest(NamedTuple):
 
     def response_type(self) -> type[RaftMessageResponse]:
         return RaftMessageResponse
+
+
+class AlterRemoteSegmentsResponse(NamedTuple):
+    """AlterRemoteSegments response (key 1010)."""
+
+    # one per segment, in the request's order
+    results: list[RemoteSegmentResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class AlterRemoteSegmentsRequest(NamedTuple):
+    """AlterRemoteSegments request (key 1010). A partition leader records remote (tiered)
+    segment state changes in the metadata log (docs/tiered.md); answered once the records
+    are committed.
+    """
+
+    broker_id: int
+    broker_epoch: int
+    segments: list[RemoteSegmentState]
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[AlterRemoteSegmentsResponse]:
+        return AlterRemoteSegmentsResponse
 
 
 schemas.bind(globals())

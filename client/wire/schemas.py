@@ -1045,6 +1045,53 @@ ALTER_PARTITION = declare(
     scope=SCOPE_CLUSTER,
 )
 
+REMOTE_SEGMENT_STATE = Struct(
+    "RemoteSegmentState",
+    F("topic_id", STR),
+    F("partition", INT),
+    F("segment_id", STR),
+    F("start_offset", INT),
+    F("end_offset", INT),
+    F("state", INT, doc="0 COPY_STARTED, 1 COPY_FINISHED, 2 DELETE_STARTED, 3 DELETE_FINISHED"),
+    F("leader_epoch", INT, doc="the proposer's leader epoch of the partition"),
+    F("size_bytes", INT),
+    F("max_timestamp_ms", INT),
+    F(
+        "leader_epochs",
+        Array(Struct("EpochStart", F("epoch", INT), F("start_offset", INT))),
+        doc="the leader-epoch entries the segment covers",
+    ),
+)
+ALTER_REMOTE_SEGMENTS = declare(
+    1010,
+    "AlterRemoteSegments",
+    (0, 0),
+    request=[
+        F("broker_id", INT),
+        F("broker_epoch", INT),
+        F("segments", Array(REMOTE_SEGMENT_STATE)),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F(
+            "results",
+            Array(
+                Struct(
+                    "RemoteSegmentResult",
+                    F("segment_id", STR),
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                )
+            ),
+            doc="one per segment, in the request's order",
+        ),
+    ],
+    scope=SCOPE_CLUSTER,
+    doc="A partition leader records remote (tiered) segment state changes in the "
+    "metadata log (docs/tiered.md); answered once the records are committed.",
+)
+
 DESCRIBE_CLUSTER_BROKER = Struct(
     "DescribeClusterBroker",
     F("broker_id", INT),

@@ -55,6 +55,10 @@ from rillet.controller.metadata.election import (
 from rillet.controller.metadata.image import (
     NO_LEADER,
     RESOURCE_TOPIC,
+    SEGMENT_COPY_FINISHED,
+    SEGMENT_COPY_STARTED,
+    SEGMENT_DELETE_FINISHED,
+    SEGMENT_DELETE_STARTED,
     Config,
     Endpoint,
     FenceBroker,
@@ -197,6 +201,15 @@ class AlterPartitionResponse:
     leader_epoch: int = -1
     isr: tuple[int, ...] = ()
     partition_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSegmentResult:
+    """Outcome of one RemoteSegment state change a partition leader proposed."""
+
+    segment_id: str
+    error_code: int
+    error_message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,12 +748,55 @@ class QuorumController:
         ]
         return Result(records, TopicResult(name, NONE, "", image.topics_by_name[name].topic_id))
 
-    def record_remote_segment(self, image: MetadataImage, segment: RemoteSegment) -> Result:
-        """Record a tiered segment's state (placeholder for the S3 tier's bookkeeping)."""
+    def record_remote_segment(
+        self, image: MetadataImage, broker_id: int, broker_epoch: int, segment: RemoteSegment
+    ) -> Result:
+        """A partition leader records a tiered segment's state change (KIP-405's
+        lifecycle; docs/tiered.md, "Remote metadata"). Only the partition's current
+        leader, in its current leader epoch, may write, so a deposed leader's late
+        upload is never recorded as finished; the legal transitions are::
+
+            (none)                          -> COPY_STARTED
+            COPY_STARTED (same writer)      -> COPY_FINISHED
+            COPY_STARTED / COPY_FINISHED /
+            DELETE_STARTED (any writer)     -> DELETE_STARTED
+            DELETE_STARTED                  -> DELETE_FINISHED (removes it from the image)
+
+        Any writer's COPY_STARTED may be deleted: a new leader cleans up what its
+        predecessor left unfinished. A retry of a change already made (its answer was
+        lost) succeeds and writes nothing. The response is a ``RemoteSegmentResult``."""
+
+        def fail(code: int, msg: str) -> Result:
+            return Result([], RemoteSegmentResult(segment.segment_id, code, msg))
+
+        reg = image.brokers.get(broker_id)
+        if reg is None or reg.broker_epoch != broker_epoch:
+            return fail(STALE_BROKER_EPOCH, f"broker {broker_id} epoch {broker_epoch} is stale")
         t = image.topics_by_id.get(segment.topic_id)
-        if t is None or segment.partition not in t.partitions:
-            return Result([], UNKNOWN_TOPIC_OR_PARTITION)
-        return Result([segment], NONE)
+        p = None if t is None else t.partitions.get(segment.partition)
+        if p is None:
+            return fail(UNKNOWN_TOPIC_OR_PARTITION, "unknown topic id or partition")
+        if p.leader != broker_id:
+            return fail(NOT_LEADER_OR_FOLLOWER, f"broker {broker_id} does not lead it")
+        if segment.leader_epoch < p.leader_epoch:
+            return fail(
+                FENCED_LEADER_EPOCH, f"leader epoch {segment.leader_epoch} < {p.leader_epoch}"
+            )
+        if segment.leader_epoch > p.leader_epoch:
+            return fail(
+                UNKNOWN_LEADER_EPOCH, f"leader epoch {segment.leader_epoch} > {p.leader_epoch}"
+            )
+        if segment.broker_id != broker_id:
+            return fail(INVALID_REQUEST, f"segment names writer {segment.broker_id}")
+        if not segment.segment_id or not 0 <= segment.start_offset <= segment.end_offset:
+            return fail(INVALID_REQUEST, "a segment needs an id and 0 <= start <= end")
+        segs = image.remote_segments.get((segment.topic_id, segment.partition), {})
+        error = _remote_transition_error(segs.get(segment.segment_id), segment)
+        if error == "retry":
+            return Result([], RemoteSegmentResult(segment.segment_id, NONE))
+        if error is not None:
+            return fail(INVALID_REQUEST, error)
+        return Result([segment], RemoteSegmentResult(segment.segment_id, NONE))
 
     # -- partitions -------------------------------------------------------------------------
 
@@ -1040,6 +1096,45 @@ def _controller_partitions(image: MetadataImage) -> Iterator[tuple[TopicImage, P
     for t in image.building_topics.values():
         for p in t.partitions.values():
             yield t, p
+
+
+_SEGMENT_STATES = {
+    SEGMENT_COPY_STARTED: "COPY_STARTED",
+    SEGMENT_COPY_FINISHED: "COPY_FINISHED",
+    SEGMENT_DELETE_STARTED: "DELETE_STARTED",
+    SEGMENT_DELETE_FINISHED: "DELETE_FINISHED",
+}
+
+
+def _remote_transition_error(cur: RemoteSegment | None, new: RemoteSegment) -> str | None:
+    """Why ``new`` may not follow ``cur`` (the segment's state in the image, None when
+    it has none); "retry" when ``new`` is a change already made; None when legal."""
+    state = _SEGMENT_STATES.get(new.state)
+    if state is None:
+        return f"unknown segment state {new.state}"
+    have = "none" if cur is None else _SEGMENT_STATES[cur.state]
+    if cur is not None and cur == new:
+        return "retry"
+    if cur is not None and (cur.start_offset, cur.end_offset) != (new.start_offset, new.end_offset):
+        return f"segment {new.segment_id} spans {cur.start_offset}..{cur.end_offset}"
+    if new.state == SEGMENT_COPY_STARTED:
+        ok = cur is None
+    elif new.state == SEGMENT_COPY_FINISHED:
+        ok = (
+            cur is not None
+            and cur.state == SEGMENT_COPY_STARTED
+            and (cur.broker_id, cur.leader_epoch) == (new.broker_id, new.leader_epoch)
+        )
+    elif new.state == SEGMENT_DELETE_STARTED:
+        ok = cur is not None and cur.state != SEGMENT_DELETE_FINISHED
+    else:  # DELETE_FINISHED; none: the segment is gone already (a retry)
+        if cur is None:
+            return "retry"
+        ok = cur.state == SEGMENT_DELETE_STARTED
+    if ok:
+        return None
+    writer = "" if cur is None else f" by broker {cur.broker_id} epoch {cur.leader_epoch}"
+    return f"segment {new.segment_id}: {have}{writer} cannot become {state}"
 
 
 def _partition_response(topic: str, p: Partition) -> AlterPartitionResponse:
