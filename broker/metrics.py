@@ -15,6 +15,11 @@ What is counted, all per batch or per request, never per record:
   set, read from the replica manager when sampled;
 - failed partitions: followed partitions the fetcher stopped fetching after an
   unexpected error (docs/broker.md, "Faults"), read from the fetcher manager;
+- the remote tier's writes (KIP-958's names where they fit; broker/remote_log_manager.py):
+  copy bytes, copy requests (segments copied), copy errors, delete requests (segments
+  or topic prefixes deleted) and errors: counters; copy lag in segments and bytes
+  (closed, committed, not yet remote) and remote log size over the partitions this
+  broker leads: gauges the remote log manager sets at each of its passes;
 - event-loop lag: the largest lag and a histogram from the broker's `LoopLagMonitor`
   (how long some callback held the loop; docs/design.md, "Event-loop stalls").
 """
@@ -92,6 +97,24 @@ class BrokerMetrics:
             "100 * (1 - CPU share of the process)",
             registry=r,
         )
+        self.remote_counters = {
+            name: Counter(f"rillet_broker_{name}", doc, registry=r)
+            for name, doc in (
+                ("remote_copy_bytes", "Bytes of segments copied to remote storage"),
+                ("remote_copy_requests", "Segments copied to remote storage"),
+                ("remote_copy_errors", "Failed remote segment uploads (tries)"),
+                ("remote_delete_requests", "Remote segments or topic prefixes deleted"),
+                ("remote_delete_errors", "Failed remote deletes (tries)"),
+            )
+        }
+        self.remote_gauges = {
+            name: Gauge(f"rillet_broker_{name}", doc, registry=r)
+            for name, doc in (
+                ("remote_copy_lag_segments", "Closed committed segments not yet remote"),
+                ("remote_copy_lag_bytes", "Bytes of closed committed segments not yet remote"),
+                ("remote_log_size_bytes", "Remote log size of the partitions led here"),
+            )
+        }
         self._samples: deque[tuple[float, float, float, float, float]] = deque()
         self._latency_children: dict[str, Histogram] = {}
         self.sample()
@@ -105,6 +128,15 @@ class BrokerMetrics:
     def record_append(self, nbytes: int, messages: int) -> None:
         self.bytes_in.inc(nbytes)
         self.messages_in.inc(messages)
+
+    def count(self, counter: str, amount: float = 1) -> None:
+        """Add to one of the remote tier's counters (``remote_copy_bytes``...)."""
+        self.remote_counters[counter].inc(amount)
+
+    def set_remote_gauges(self, lag_segments: int, lag_bytes: int, size_bytes: int) -> None:
+        self.remote_gauges["remote_copy_lag_segments"].set(lag_segments)
+        self.remote_gauges["remote_copy_lag_bytes"].set(lag_bytes)
+        self.remote_gauges["remote_log_size_bytes"].set(size_bytes)
 
     def sample(self) -> None:
         """Take a sample for the rates (the broker calls this about once a second)."""
@@ -164,5 +196,7 @@ class BrokerMetrics:
             ),
             "failed_partitions": int(get("rillet_broker_failed_partitions") or 0),
             "request_latency": latency,
+            **{f"{name}_total": self.total(name) for name in self.remote_counters},
+            **{name: int(get(f"rillet_broker_{name}") or 0) for name in self.remote_gauges},
             **(self.loop_lag.snapshot() if self.loop_lag is not None else {}),
         }

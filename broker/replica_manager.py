@@ -70,6 +70,7 @@ from rillet.storage import Log, LogManager
 
 if TYPE_CHECKING:
     from rillet.broker.metrics import BrokerMetrics
+    from rillet.broker.remote_log_manager import RemoteLogManager
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class ReplicaManager:
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
         self._produce_ids = itertools.count(1)
         self.metrics: BrokerMetrics | None = None  # set by the server once built
+        # The remote (S3) tier, when the broker has one (set by the server).
+        self.remote: RemoteLogManager | None = None
         # Freezes the heap after thousands of partitions were taken on (set by the server).
         self.heap: HeapFreezer | None = None
         self._reader = FetchReader(
@@ -176,6 +179,8 @@ class ReplicaManager:
                 some_partitions(changes.deletes),
             )
         self._apply_config_changes(delta, image)
+        if self.remote is not None:  # after the roles: the replicas it updates exist
+            self.remote.on_metadata(delta, image, [*changes.leaders, *changes.followers])
         self._roles_changed()
         if self.heap is not None:
             self.heap.grew(len(changes.leaders) + len(changes.followers))

@@ -48,6 +48,7 @@ from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.handlers.produce import ProduceHandler
 from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.remote_log_manager import RemoteLogManager
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.broker.replication.fetcher import FetcherConfig, FetcherManager
 from rillet.broker.replication.types import AlterPartitionResponse
@@ -60,6 +61,7 @@ from rillet.client.wire import schemas
 from rillet.client.wire.connection import R, RequestMessage
 from rillet.controller.metadata.image import MetadataDelta, MetadataImage
 from rillet.storage import Log, LogManager
+from rillet.storage.remote.store import store_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ class ControllerLink(Protocol):
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Ask to have leaderships moved away; True once the controller says done."""
+
+    # Optional (the remote tier needs it; a link without it runs with the tier off):
+    # async def alter_remote_segments(self, segments) -> list[m.RemoteSegmentResult]
 
     async def stop(self) -> None:
         """Stop heartbeats and the metadata follower."""
@@ -157,6 +162,7 @@ class BrokerServer:
             self.replicas.under_replicated_count, self.fetchers.failed_count, self.loop_lag
         )
         self.replicas.metrics = self.metrics  # bytes and messages in, per append
+        self.replicas.remote = self._remote_log_manager(link, self.replicas, self.metrics)
         self.rpc = RpcServer(
             self._handlers(link), name=f"broker-{self.node_id}", **rpc_limits(cfg.values)
         )
@@ -182,6 +188,19 @@ class BrokerServer:
         if not self._caught_up.is_set():
             logger.info("broker %d: metadata caught up at offset %d", self.node_id, image.offset)
             self._caught_up.set()
+
+    def _remote_log_manager(
+        self, link: ControllerLink, replicas: ReplicaManager, metrics: BrokerMetrics
+    ) -> RemoteLogManager | None:
+        """The remote tier (docs/tiered.md), when ``remote.log.storage.system.enable``."""
+        store = store_from_config(self.config.values)
+        propose = getattr(link, "alter_remote_segments", None)
+        if store is None or propose is None:
+            return None
+        manager = RemoteLogManager(self.config, store, replicas, propose, metrics=metrics)
+        manager.start()
+        logger.info("broker %d: remote tier on %r", self.node_id, store)
+        return manager
 
     def _start_background_tasks(self, replicas: ReplicaManager) -> list[asyncio.Task]:
         """Each with its policy (docs/broker.md, "Faults"): ticks are fatal (a failed tick
@@ -277,6 +296,8 @@ class BrokerServer:
                 await task
         if self.fetchers is not None:
             await self.fetchers.stop()
+        if self.replicas is not None and self.replicas.remote is not None:
+            await self.replicas.remote.close()
         if self.replicas is not None:
             await self.replicas.shutdown()  # writes the final HW checkpoint
         if self.logs is not None:

@@ -35,9 +35,10 @@ from rillet.broker.link.controller_client import (
 )
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.client.runtime.tasks import on_death_fatal
+from rillet.client.wire import messages as m
 from rillet.client.wire.connection import R, RequestMessage
 from rillet.client.wire.errors import RilletError
-from rillet.controller.metadata.image import MetadataDelta, MetadataImage
+from rillet.controller.metadata.image import MetadataDelta, MetadataImage, RemoteSegment
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,18 @@ class QuorumLink:
         request = alter_partition_request(self.config.node_id, broker_epoch, batch)
         return alter_partition_answers(batch, await self.forward(request))
 
+    async def alter_remote_segments(
+        self, segments: Sequence[RemoteSegment]
+    ) -> list[m.RemoteSegmentResult]:
+        """One AlterRemoteSegments request (docs/tiered.md): this broker, as partition
+        leader, records remote segment state changes; one result per segment, in order,
+        once the controller has committed them."""
+        assert self.lifecycle is not None
+        request = remote_segments_request(
+            self.config.node_id, self.lifecycle.state.broker_epoch, segments
+        )
+        return list((await self.forward(request)).results)
+
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         if self.lifecycle is None or not self.lifecycle.state.registered:
             return True  # never registered: nothing to move
@@ -155,3 +168,27 @@ class QuorumLink:
         if self.follower is not None:
             await self.follower.stop()
         await self.channel.close()
+
+
+def remote_segments_request(
+    broker_id: int, broker_epoch: int, segments: Sequence[RemoteSegment]
+) -> m.AlterRemoteSegmentsRequest:
+    return m.AlterRemoteSegmentsRequest(
+        broker_id=broker_id,
+        broker_epoch=broker_epoch,
+        segments=[
+            m.RemoteSegmentState(
+                topic_id=s.topic_id,
+                partition=s.partition,
+                segment_id=s.segment_id,
+                start_offset=s.start_offset,
+                end_offset=s.end_offset,
+                state=s.state,
+                leader_epoch=s.leader_epoch,
+                size_bytes=s.size_bytes,
+                max_timestamp_ms=s.max_timestamp_ms,
+                leader_epochs=[m.EpochStart(e, o) for e, o in s.leader_epochs],
+            )
+            for s in segments
+        ],
+    )

@@ -834,6 +834,12 @@ class MetadataDelta:
         return {tid: td.name for tid, td in self._topics.items() if td.created and td.complete}
 
     @property
+    def changed_remote_partitions(self) -> frozenset[tuple[str, int]]:
+        """(topic id, partition) of every partition whose remote segments a record of
+        this delta changed (a removed topic's included)."""
+        return frozenset(self._remote)
+
+    @property
     def changed_configs(self) -> frozenset[tuple[int, str]]:
         return frozenset(self._configs)
 

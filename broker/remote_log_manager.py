@@ -1,0 +1,549 @@
+"""``RemoteLogManager``: this broker's side of the remote (S3) tier (docs/tiered.md).
+
+It owns the object store, the ``RemoteReader`` that fetches below the local log start
+read through (attribute ``reader``), and the tasks that write the remote log. Every
+``remote.log.manager.task.interval.ms``, for each partition this broker leads whose
+topic has ``remote.storage.enable``, one round (never two at once for a partition):
+
+a. cleanup: copies and deletions another writer (an earlier leader, or this broker in
+   an earlier leader epoch) left STARTED are deleted: DELETE_STARTED committed, the
+   objects deleted, DELETE_FINISHED committed;
+b. copy, oldest first, of closed segments wholly below the high watermark and past the
+   highest remote offset: COPY_STARTED committed, the upload on a copier thread (at most
+   ``remote.log.manager.copier.thread.pool.size`` at once, broker-wide, under the
+   ``remote.log.manager.copy.max.bytes.per.second`` limit, retried with backoff while
+   the store fails retriably and this broker still leads), COPY_FINISHED committed. A
+   COPY_FINISHED the controller refuses (a new leader was elected meanwhile) deletes the
+   objects it uploaded; the new leader deletes the COPY_STARTED record (a);
+c. remote retention: segments past ``retention.ms`` / ``retention.bytes`` of the whole
+   log are deleted as in (a);
+d. orphans: objects under the partition's prefix that no segment of the image names,
+   older than ``remote.log.orphan.min.age.ms``, are deleted.
+
+Which segments each step takes is decided by broker/remote_plan.py (pure). On every
+metadata change each replica of a changed partition gets ``log.remote_copied_end``,
+the highest offset safely remote, which bounds local retention (storage/retention.py).
+When a topic is deleted, every broker that held a replica of it deletes the topic's
+prefix (idempotent: any of them may finish first).
+
+Nothing here blocks the event loop: uploads, deletes and listings run on threads, and
+produce and fetch never wait for any of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from rillet.broker.config import BrokerConfig
+from rillet.broker.remote_plan import (
+    ToCopy,
+    copy_lag,
+    epochs_in,
+    orphans,
+    remote_segments_past_retention,
+    segments_to_copy,
+    stale_copies,
+)
+from rillet.client.wire import messages as m
+from rillet.client.wire.errors import RilletError
+from rillet.controller.metadata.image import (
+    SEGMENT_COPY_FINISHED,
+    SEGMENT_COPY_STARTED,
+    SEGMENT_DELETE_FINISHED,
+    SEGMENT_DELETE_STARTED,
+    MetadataDelta,
+    MetadataImage,
+    RemoteSegment,
+    TopicPartition,
+)
+from rillet.controller.metadata.remote_log import remote_log_view
+from rillet.storage.log import Log
+from rillet.storage.remote.copier import RateLimiter, delete_segment, upload_segment
+from rillet.storage.remote.layout import (
+    SegmentKeys,
+    partition_prefix,
+    segment_keys,
+    topic_prefix,
+)
+from rillet.storage.remote.store import ObjectStore, RemoteStorageError
+
+if TYPE_CHECKING:
+    from rillet.broker.metrics import BrokerMetrics
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# (segments) -> one result per segment, once committed: QuorumLink.alter_remote_segments.
+Proposer = Callable[[Sequence[RemoteSegment]], Awaitable[list[m.RemoteSegmentResult]]]
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 10.0
+DELETE_BATCH = 1000  # S3's DeleteObjects takes at most 1000 keys
+
+
+class ReplicaView(Protocol):
+    """What the manager reads of a replica (broker/replica.py's Replica)."""
+
+    topic_id: str
+    log: Log
+
+
+class ReplicasView(Protocol):
+    """What the manager reads of the ReplicaManager."""
+
+    broker_id: int
+    image: MetadataImage
+    replicas: Mapping[TopicPartition, Any]
+
+
+class _Abandoned(Exception):
+    """This broker no longer leads the partition in the epoch the work began in."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Lead:
+    """One round's partition, as led when the round began."""
+
+    tp: TopicPartition
+    topic_id: str
+    leader_epoch: int
+    replica: Any
+
+
+class RemoteLogManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: ObjectStore,
+        replicas: ReplicasView,
+        propose: Proposer,
+        *,
+        metrics: BrokerMetrics | None = None,
+        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.store = store
+        self.replicas = replicas
+        self.broker_id = replicas.broker_id
+        self.propose = propose
+        self.metrics = metrics
+        self.clock = wall_clock_ms
+        self.interval_s = config["remote.log.manager.task.interval.ms"] / 1000
+        self.orphan_min_age_ms = config["remote.log.orphan.min.age.ms"]
+        self.chunk_size = config["remote.fetch.chunk.size.bytes"]
+        copiers = config["remote.log.manager.copier.thread.pool.size"]
+        self.limiter = RateLimiter(config["remote.log.manager.copy.max.bytes.per.second"])
+        self._copy_pool = ThreadPoolExecutor(copiers, thread_name_prefix="remote-copy")
+        self._copy_slots = asyncio.Semaphore(copiers)
+        # Deletes and listings: short calls, kept off the copiers so an upload backlog
+        # never delays a cleanup.
+        self._io_pool = ThreadPoolExecutor(2, thread_name_prefix="remote-io")
+        self.reader = _make_reader(config, store)
+        self._rounds: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._topic_deletes: set[asyncio.Task[None]] = set()
+        # Per partition: (leader epoch, highest offset this broker finished copying in
+        # it): the image may not show a COPY_FINISHED yet when the next round starts.
+        self._copied_end: dict[TopicPartition, tuple[int, int]] = {}
+        self._last_sweep_ms: dict[TopicPartition, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="remote-log")
+
+    async def close(self) -> None:
+        """Stop every task. An upload already on a thread runs to its end (a thread
+        cannot be stopped): its objects are orphans the next leader's sweep deletes."""
+        self._closed = True
+        tasks = [t for t in (self._task, *self._rounds.values(), *self._topic_deletes) if t]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._copy_pool.shutdown(wait=False, cancel_futures=True)
+        self._io_pool.shutdown(wait=False, cancel_futures=True)
+        if self.reader is not None:
+            self.reader.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.schedule()
+            except Exception:  # a bug in one pass must not end the tier for good
+                logger.exception("remote log manager: scheduling failed")
+
+    def schedule(self) -> list[asyncio.Task[None]]:
+        """Start a round for each led remote partition that has none running; also
+        refreshes the copy-lag and remote-size gauges. Returns the rounds started."""
+        started = []
+        lag_segments = lag_bytes = size = 0
+        for lead in self._led():
+            view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+            log = lead.replica.log
+            hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset
+            lag = copy_lag(log.segments, hw, self._remote_end(lead, view.end_offset))
+            lag_segments, lag_bytes = lag_segments + lag.segments, lag_bytes + lag.bytes
+            size += view.size_bytes
+            running = self._rounds.get(lead.tp)
+            if running is None or running.done():
+                task = asyncio.get_running_loop().create_task(
+                    self._round(lead), name=f"remote-{lead.tp.topic}-{lead.tp.partition}"
+                )
+                self._rounds[lead.tp] = task
+                started.append(task)
+        if self.metrics is not None:
+            self.metrics.set_remote_gauges(lag_segments, lag_bytes, size)
+        return started
+
+    async def run_once(self) -> None:
+        """One round of every led partition, awaited (tests)."""
+        await asyncio.gather(*self.schedule())
+
+    def _led(self) -> Iterable[_Lead]:
+        image = self.replicas.image
+        for tp, replica in list(self.replicas.replicas.items()):
+            if not replica.log.config.remote_storage_enable:
+                continue
+            p = image.partition(tp.topic, tp.partition)
+            if p is not None and p.leader == self.broker_id and p.topic_id == replica.topic_id:
+                yield _Lead(tp, replica.topic_id, p.leader_epoch, replica)
+
+    def _still_leads(self, lead: _Lead) -> bool:
+        p = self.replicas.image.partition(lead.tp.topic, lead.tp.partition)
+        return (
+            not self._closed
+            and p is not None
+            and p.leader == self.broker_id
+            and p.leader_epoch == lead.leader_epoch
+            and self.replicas.replicas.get(lead.tp) is lead.replica
+        )
+
+    def _remote_end(self, lead: _Lead, image_end: int) -> int:
+        epoch, end = self._copied_end.get(lead.tp, (-1, -1))
+        return max(image_end, end) if epoch == lead.leader_epoch else image_end
+
+    # -- metadata --------------------------------------------------------------------
+
+    def on_metadata(
+        self, delta: MetadataDelta, image: MetadataImage, assigned: Iterable[TopicPartition]
+    ) -> None:
+        """Give each replica whose remote log changed (or that was just assigned here)
+        its highest remote offset; start deleting the remote data of deleted topics this
+        broker held a replica of."""
+        tps = set(assigned)
+        for topic_id, partition in delta.changed_remote_partitions:
+            t = image.topics_by_id.get(topic_id)
+            if t is not None:
+                tps.add(TopicPartition(t.name, partition))
+        for tp in tps:
+            replica = self.replicas.replicas.get(tp)
+            if replica is not None:
+                view = remote_log_view(image, replica.topic_id, tp.partition)
+                replica.log.remote_copied_end = view.end_offset
+        for topic_id, name in delta.deleted_topics.items():
+            before = delta.image.topics_by_id.get(topic_id)
+            if before is not None and any(
+                self.broker_id in p.replicas for p in before.partitions.values()
+            ):
+                self._start_topic_delete(name, topic_id)
+
+    def _start_topic_delete(self, topic: str, topic_id: str) -> None:
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._delete_topic(topic, topic_id), name=f"remote-delete-{topic}"
+        )
+        self._topic_deletes.add(task)
+        task.add_done_callback(self._topic_deletes.discard)
+
+    async def _delete_topic(self, topic: str, topic_id: str) -> None:
+        prefix = topic_prefix(topic, topic_id)
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                keys = await self._io(_list_keys, self.store, prefix)
+                if not keys:
+                    logger.info("remote data of deleted topic %s (%s) is gone", topic, topic_id)
+                    return
+                await self._io(_delete_keys, self.store, keys)
+                self._count("remote_delete_requests")
+            except RemoteStorageError as e:
+                self._count("remote_delete_errors")
+                logger.warning("deleting the remote data of topic %s: %s", topic, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    # -- one round of one partition --------------------------------------------------
+
+    async def _round(self, lead: _Lead) -> None:
+        try:
+            for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
+                if not await step(lead):
+                    return  # refused or failed: the next round starts afresh
+        except _Abandoned:
+            logger.info("%s-%d: leadership moved; remote work stops", *lead.tp)
+        except Exception:
+            # The next round starts afresh from the image: nothing is lost but time.
+            logger.exception("%s-%d: remote log round failed", *lead.tp)
+
+    @staticmethod
+    def _keys(lead: _Lead, start_offset: int, segment_id: str) -> SegmentKeys:
+        return segment_keys(
+            lead.tp.topic, lead.topic_id, lead.tp.partition, start_offset, segment_id
+        )
+
+    def _segments(self, lead: _Lead) -> Mapping[str, RemoteSegment]:
+        key = (lead.topic_id, lead.tp.partition)
+        return self.replicas.image.remote_segments.get(key, {})
+
+    async def _cleanup(self, lead: _Lead) -> bool:
+        for seg in stale_copies(self._segments(lead), self.broker_id, lead.leader_epoch):
+            logger.info(
+                "%s-%d: deleting segment %s (%d..%d) left %s by broker %d in epoch %d",
+                *lead.tp,
+                seg.segment_id,
+                seg.start_offset,
+                seg.end_offset,
+                "copying" if seg.state == SEGMENT_COPY_STARTED else "deleting",
+                seg.broker_id,
+                seg.leader_epoch,
+            )
+            if not await self._delete_remote(lead, seg):
+                return False
+        return True
+
+    async def _copy_all(self, lead: _Lead) -> bool:
+        log = lead.replica.log
+        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+        hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset
+        for todo in segments_to_copy(log.segments, hw, self._remote_end(lead, view.end_offset)):
+            if not self._still_leads(lead) or not await self._copy(lead, todo):
+                return False
+        return True
+
+    async def _copy(self, lead: _Lead, todo: ToCopy) -> bool:
+        seg, log = todo.segment, lead.replica.log
+        segment_id = uuid.uuid4().hex
+        epochs = epochs_in(log.epochs.entries(), seg.base_offset, todo.end_offset)
+        record = RemoteSegment(
+            topic_id=lead.topic_id,
+            partition=lead.tp.partition,
+            segment_id=segment_id,
+            start_offset=seg.base_offset,
+            end_offset=todo.end_offset,
+            leader_epochs=epochs,
+            state=SEGMENT_COPY_STARTED,
+            size_bytes=seg.size,
+            max_timestamp_ms=seg.max_timestamp,
+            broker_id=self.broker_id,
+            leader_epoch=lead.leader_epoch,
+        )
+        if not await self._record(lead, record):
+            return False
+        keys = self._keys(lead, seg.base_offset, segment_id)
+        try:
+            manifest = await self._with_retries(
+                lead,
+                self._copy_pool,
+                self._copy_slots,
+                upload_segment,
+                self.store,
+                keys,
+                seg,
+                epochs,
+                segment_id,
+                self.chunk_size,
+                self.limiter,
+            )
+        except Exception as e:
+            self._count("remote_copy_errors")
+            if not isinstance(e, _Abandoned):
+                logger.warning("%s-%d: upload of %s failed: %r", *lead.tp, keys.log, e)
+            await self._discard(lead, record, keys)
+            return False
+        finished = dataclasses.replace(
+            record,
+            state=SEGMENT_COPY_FINISHED,
+            size_bytes=manifest.size_bytes,
+            max_timestamp_ms=manifest.max_timestamp_ms,
+        )
+        if not await self._record(lead, finished):
+            # Fenced: a new leader owns the partition; what we uploaded is ours to delete.
+            with contextlib.suppress(Exception):
+                await self._io(delete_segment, self.store, keys)
+            return False
+        self._copied_end[lead.tp] = (lead.leader_epoch, todo.end_offset)
+        self._count("remote_copy_requests")
+        self._count("remote_copy_bytes", manifest.size_bytes)
+        logger.debug(
+            "%s-%d: copied %d..%d as %s", *lead.tp, seg.base_offset, todo.end_offset, segment_id
+        )
+        return True
+
+    async def _discard(self, lead: _Lead, record: RemoteSegment, keys: SegmentKeys) -> None:
+        """An upload given up: delete its record and objects while still leading (else
+        the next leader's cleanup does), or at least the objects."""
+        with contextlib.suppress(Exception):
+            if self._still_leads(lead):
+                await self._delete_remote(lead, record)
+            else:
+                await self._io(delete_segment, self.store, keys)
+
+    async def _retention(self, lead: _Lead) -> bool:
+        log = lead.replica.log
+        if not log.config.delete:
+            return True
+        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+        expired = remote_segments_past_retention(
+            view.segments,
+            log.log_start_offset,
+            log.size_bytes,
+            log.config.retention_ms,
+            log.config.retention_bytes,
+            self.clock(),
+        )
+        for seg in expired:
+            if not await self._delete_remote(lead, seg):
+                return False
+        if expired:
+            logger.info(
+                "%s-%d: remote retention deleted %d segment(s) up to offset %d",
+                *lead.tp,
+                len(expired),
+                expired[-1].end_offset,
+            )
+        return True
+
+    async def _sweep(self, lead: _Lead) -> bool:
+        now = self.clock()
+        last = self._last_sweep_ms.get(lead.tp)
+        if last is not None and now - last < max(self.orphan_min_age_ms // 2, 1):
+            return True
+        self._last_sweep_ms[lead.tp] = now
+        prefix = partition_prefix(lead.tp.topic, lead.topic_id, lead.tp.partition)
+        objects = await self._io(lambda: list(self.store.list(prefix)))
+        if not self._still_leads(lead):
+            raise _Abandoned
+        named = self._segments(lead).keys()  # read after the listing: it can only grow
+        lost = orphans(objects, named, self.clock(), self.orphan_min_age_ms)
+        if lost:
+            logger.info("%s-%d: deleting %d orphaned object(s)", *lead.tp, len(lost))
+            await self._io(_delete_keys, self.store, lost)
+        return True
+
+    # -- steps -----------------------------------------------------------------------
+
+    async def _delete_remote(self, lead: _Lead, seg: RemoteSegment) -> bool:
+        """DELETE_STARTED, the objects, DELETE_FINISHED: each step committed or done
+        before the next, so a crash anywhere leaves a DELETE_STARTED to finish."""
+        start = dataclasses.replace(
+            seg,
+            state=SEGMENT_DELETE_STARTED,
+            broker_id=self.broker_id,
+            leader_epoch=lead.leader_epoch,
+        )
+        if not await self._record(lead, start):
+            return False
+        keys = self._keys(lead, seg.start_offset, seg.segment_id)
+        try:
+            await self._with_retries(lead, self._io_pool, None, delete_segment, self.store, keys)
+        except _Abandoned:
+            raise
+        except Exception as e:
+            self._count("remote_delete_errors")
+            logger.warning("%s-%d: deleting %s failed: %r", *lead.tp, keys.log, e)
+            return False
+        self._count("remote_delete_requests")
+        return await self._record(lead, dataclasses.replace(start, state=SEGMENT_DELETE_FINISHED))
+
+    async def _record(self, lead: _Lead, segment: RemoteSegment) -> bool:
+        """Commit one state change through the controller; False when refused."""
+        try:
+            (result,) = await self.propose([segment])
+        except RilletError as e:
+            logger.warning(
+                "%s-%d: recording segment %s failed: %s", *lead.tp, segment.segment_id, e
+            )
+            return False
+        if result.error_code:
+            logger.info(
+                "%s-%d: the controller refused segment %s state %d: error %d %s",
+                *lead.tp,
+                segment.segment_id,
+                segment.state,
+                result.error_code,
+                result.error_message or "",
+            )
+            return False
+        return True
+
+    async def _with_retries(
+        self,
+        lead: _Lead,
+        pool: ThreadPoolExecutor,
+        slots: asyncio.Semaphore | None,
+        fn: Callable[..., T],
+        *args: Any,
+    ) -> T:
+        """``fn(*args)`` on ``pool``, again after a backoff while it fails retriably and
+        this broker still leads (raises _Abandoned once it does not)."""
+        loop = asyncio.get_running_loop()
+        backoff = BACKOFF_MIN_S
+        while True:
+            if not self._still_leads(lead):
+                raise _Abandoned
+            try:
+                if slots is None:
+                    return await loop.run_in_executor(pool, fn, *args)
+                async with slots:
+                    return await loop.run_in_executor(pool, fn, *args)
+            except RemoteStorageError as e:
+                if not e.retriable:
+                    raise
+                self._count(
+                    "remote_copy_errors" if pool is self._copy_pool else "remote_delete_errors"
+                )
+                logger.warning("%s-%d: remote storage: %s (retrying)", *lead.tp, e)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
+
+    def _count(self, counter: str, amount: float = 1) -> None:
+        if self.metrics is not None:
+            self.metrics.count(counter, amount)
+
+
+def _list_keys(store: ObjectStore, prefix: str) -> list[str]:
+    return [o.key for o in store.list(prefix)]
+
+
+def _delete_keys(store: ObjectStore, keys: Sequence[str]) -> None:
+    for i in range(0, len(keys), DELETE_BATCH):
+        store.delete(keys[i : i + DELETE_BATCH])
+
+
+def _make_reader(config: BrokerConfig, store: ObjectStore) -> Any:
+    """The RemoteReader fetches below the local log start go through."""
+    try:
+        from rillet.storage.remote.reader import RemoteReader
+    except ImportError:  # the reader lands separately
+        return None
+    return RemoteReader(
+        store,
+        cache_bytes=config["remote.fetch.chunk.cache.size.bytes"],
+        chunk_size=config["remote.fetch.chunk.size.bytes"],
+        threads=config["remote.log.reader.threads"],
+        prefetch_chunks=config["remote.fetch.prefetch.chunks"],
+    )

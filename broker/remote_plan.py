@@ -1,0 +1,135 @@
+"""What the remote log manager does next, decided without I/O (docs/tiered.md).
+
+Each function reads a partition's local segments, its remote segments as the metadata
+image records them, and the clock it is given, and says what to copy, what to delete
+or what to clean up; broker/remote_log_manager.py carries that out (uploads, deletes,
+metadata records). Kept pure so every rule is tested on plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+from rillet.controller.metadata.image import (
+    SEGMENT_COPY_STARTED,
+    SEGMENT_DELETE_STARTED,
+    RemoteSegment,
+)
+from rillet.storage.remote.layout import parse_segment_key
+from rillet.storage.remote.store import ObjectInfo
+from rillet.storage.segment import LogSegment
+
+
+class ToCopy(NamedTuple):
+    segment: LogSegment
+    end_offset: int  # its last offset: the next segment's base offset - 1
+
+
+def segments_to_copy(
+    segments: Sequence[LogSegment], high_watermark: int, remote_end: int
+) -> list[ToCopy]:
+    """Closed segments to upload, oldest first: every segment whose next segment's base
+    offset is at or below the high watermark (all its records are committed: no leader
+    change can truncate them) and whose last offset is past ``remote_end``, the highest
+    offset already remote (-1: none)."""
+    out = []
+    for seg, after in zip(segments, segments[1:], strict=False):
+        if after.base_offset > high_watermark:
+            break
+        end = after.base_offset - 1
+        if end > remote_end and seg.size > 0:
+            out.append(ToCopy(seg, end))
+    return out
+
+
+def epochs_in(
+    entries: Sequence[tuple[int, int]], start: int, end: int
+) -> tuple[tuple[int, int], ...]:
+    """The (epoch, start offset) entries of a log's leader-epoch cache that cover the
+    offsets ``start``..``end``: the epoch in force at ``start`` (starting there), then
+    every epoch that starts inside the range."""
+    out: list[tuple[int, int]] = []
+    for epoch, first in entries:
+        if first <= start:
+            out = [(epoch, start)]
+        elif first <= end:
+            out.append((epoch, first))
+        else:
+            break
+    return tuple(out)
+
+
+def remote_segments_past_retention(
+    remote: Sequence[RemoteSegment],
+    local_log_start: int,
+    local_size_bytes: int,
+    retention_ms: int,
+    retention_bytes: int,
+    now_ms: int,
+) -> list[RemoteSegment]:
+    """Finished remote segments (sorted by start offset) that total retention deletes,
+    oldest first: older than ``retention_ms`` (by their largest timestamp), or beyond
+    ``retention_bytes`` of the whole log (remote-only segments plus the local log).
+
+    Only segments wholly below the local log start: one whose offsets are still on local
+    disk goes once local retention has deleted them there (it deletes whatever is past
+    total retention too). Deleting it earlier would lower the highest remote offset
+    below data that is only local, and that data would be copied again."""
+    below = [s for s in remote if s.end_offset < local_log_start]
+    out: list[RemoteSegment] = []
+    horizon = now_ms - retention_ms
+    excess = sum(s.size_bytes for s in below) + local_size_bytes - retention_bytes
+    for seg in below:
+        by_time = retention_ms >= 0 and seg.max_timestamp_ms < horizon
+        by_size = retention_bytes >= 0 and excess - seg.size_bytes >= 0
+        if not (by_time or by_size):
+            break
+        out.append(seg)
+        excess -= seg.size_bytes
+    return out
+
+
+def stale_copies(
+    segments: Mapping[str, RemoteSegment], broker_id: int, leader_epoch: int
+) -> list[RemoteSegment]:
+    """Copies and deletions left unfinished by another writer (an earlier leader, or
+    this broker in an earlier leader epoch), oldest first: a new leader deletes them.
+    Its own are in flight, or will be, and are left alone."""
+    out = [
+        s
+        for s in segments.values()
+        if s.state in (SEGMENT_COPY_STARTED, SEGMENT_DELETE_STARTED)
+        and (s.broker_id, s.leader_epoch) != (broker_id, leader_epoch)
+    ]
+    return sorted(out, key=lambda s: (s.start_offset, s.segment_id))
+
+
+def orphans(
+    objects: Iterable[ObjectInfo], named: Iterable[str], now_ms: int, min_age_ms: int
+) -> list[str]:
+    """Keys of segment objects that no remote segment of the image names (by segment
+    id) and that are at least ``min_age_ms`` old: a leader that died between an upload
+    and its COPY_STARTED record's cleanup, or a deletion cut short, left them. The age
+    guards an upload whose COPY_STARTED this broker's image does not show yet. Keys
+    that are not segment objects are never touched."""
+    ids = set(named)
+    out = []
+    for obj in objects:
+        parsed = parse_segment_key(obj.key)
+        if parsed is None or parsed[1] in ids:
+            continue
+        if now_ms - obj.last_modified_ms >= min_age_ms:
+            out.append(obj.key)
+    return out
+
+
+class CopyLag(NamedTuple):
+    segments: int
+    bytes: int
+
+
+def copy_lag(segments: Sequence[LogSegment], high_watermark: int, remote_end: int) -> CopyLag:
+    """What is ready to copy and not remote yet (KIP-958's copy lag)."""
+    todo = segments_to_copy(segments, high_watermark, remote_end)
+    return CopyLag(len(todo), sum(t.segment.size for t in todo))
