@@ -1,0 +1,283 @@
+"""The remote log manager's driver (broker/remote_log_manager.py) against an in-memory
+object store and the real controller logic (`QuorumController.record_remote_segment`):
+what reaches the store and the metadata image after each round."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from test_quorum_controller import Cluster
+
+from rillet.broker import remote_log_manager as rlm_module
+from rillet.broker.config import broker_config_table
+from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.remote_log_manager import RemoteLogManager
+from rillet.client.wire import messages as m
+from rillet.client.wire import records
+from rillet.controller.metadata.image import (
+    SEGMENT_COPY_FINISHED,
+    SEGMENT_COPY_STARTED,
+    MetadataDelta,
+    RemoteSegment,
+    RemoveTopic,
+    TopicPartition,
+)
+from rillet.controller.metadata.remote_log import remote_log_view
+from rillet.storage import Log, LogConfig, retention
+from rillet.storage.remote.layout import parse_segment_key, segment_keys
+from rillet.storage.remote.store import MemoryObjectStore
+
+TP = TopicPartition("t", 0)
+NOW = 10**12  # wall clock of the manager and the store (ms)
+
+
+class Harness:
+    """One broker leading t-0 (rf 3) with a real log, a MemoryObjectStore and a
+    controller whose committed records become the broker's image at once."""
+
+    def __init__(self, tmp_path: Path, **log_settings: Any) -> None:
+        self.c = Cluster(brokers=3)
+        self.c.create("t", rf=3, configs={"remote.storage.enable": "true"})
+        p = self.c.p("t")
+        self.topic_id, self.leader = p.topic_id, p.leader
+        cfg = LogConfig(segment_bytes=1024, remote_storage_enable=True, file_delete_delay_ms=0)
+        self.log = Log.open(
+            tmp_path / "t-0", dataclasses.replace(cfg, **log_settings), clock=lambda: NOW
+        )
+        self.log.epochs.assign(p.leader_epoch, 0)
+        self.replica = SimpleNamespace(topic_id=self.topic_id, log=self.log)
+        self.replicas = SimpleNamespace(
+            broker_id=self.leader, image=self.c.image, replicas={TP: self.replica}
+        )
+        self.now = NOW
+        self.store = MemoryObjectStore(clock=lambda: self.now)
+        self.refuse: set[int] = set()  # states the controller is made to refuse
+        self.before_record: Any = None  # called with each proposed record
+        config = broker_config_table().load(
+            None, ["node.id=1", "remote.log.orphan.min.age.ms=1000"]
+        )
+        self.metrics = BrokerMetrics()
+        self.rlm = RemoteLogManager(
+            config,  # type: ignore[arg-type]
+            self.store,
+            self.replicas,  # type: ignore[arg-type]
+            self.propose,
+            metrics=self.metrics,
+            wall_clock_ms=lambda: self.now,
+        )
+
+    async def propose(self, segments: list[RemoteSegment]) -> list[m.RemoteSegmentResult]:
+        out = []
+        for seg in segments:
+            if self.before_record is not None:
+                self.before_record(seg)
+            epoch = self.c.epochs[self.replicas.broker_id]
+            records_, result = self.c.ctl.record_remote_segment(
+                self.c.image, self.replicas.broker_id, epoch, seg
+            )
+            if seg.state in self.refuse:
+                records_, result = [], dataclasses.replace(result, error_code=74)
+            self.commit(records_)
+            out.append(m.RemoteSegmentResult(seg.segment_id, result.error_code, None))
+        return out
+
+    def commit(self, records_: list[Any]) -> None:
+        before = self.c.image
+        self.c.run((records_, None))
+        delta = MetadataDelta(before)
+        delta.replay_all(records_, self.c.image.offset, 1)
+        self.replicas.image = self.c.image
+        self.rlm.on_metadata(delta, self.c.image, [])
+
+    def produce(self, batches: int = 40) -> None:
+        for _ in range(batches):
+            self.log.append(records.encode_batch([b"v" * 40] * 4, timestamps=[NOW] * 4), 1)
+        self.log.high_watermark = self.log.log_end_offset
+
+    def segments(self) -> dict[str, RemoteSegment]:
+        return dict(self.c.image.remote_segments.get((self.topic_id, 0), {}))
+
+    def view(self) -> Any:
+        return remote_log_view(self.c.image, self.topic_id, 0)
+
+    def stored(self) -> list[str]:
+        return self.store.keys()  # noqa: SIM118 (a store, not a dict)
+
+    def named_by_objects(self) -> set[str]:
+        return {parse_segment_key(k)[1] for k in self.stored()}  # type: ignore[index]
+
+    def move_leader(self) -> None:
+        self.c.heartbeat(self.leader, fence=True)
+        self.replicas.image = self.c.image
+
+
+async def test_closed_committed_segments_are_copied_oldest_first_and_recorded(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce()
+    segs = h.log.segments
+    h.log.high_watermark = segs[-2].base_offset  # the last closed segment not committed
+    await h.rlm.run_once()
+    finished = sorted(h.segments().values(), key=lambda s: s.start_offset)
+    assert [s.start_offset for s in finished] == [s.base_offset for s in segs[:-2]]
+    assert all(s.state == SEGMENT_COPY_FINISHED for s in finished)
+    assert all(
+        (s.broker_id, s.leader_epoch) == (h.leader, h.c.p("t").leader_epoch) for s in finished
+    )
+    assert h.view().end_offset == segs[-2].base_offset - 1
+    # Each segment has its log object and manifest, named by its start and segment id.
+    for s in finished:
+        keys = segment_keys("t", h.topic_id, 0, s.start_offset, s.segment_id)
+        assert {keys.log, keys.manifest} <= set(h.stored())
+        assert s.size_bytes == next(x.size for x in segs if x.base_offset == s.start_offset)
+    assert len(h.stored()) == 2 * len(finished)
+    # The replica learned the remote end from the metadata change.
+    assert h.log.remote_copied_end == h.view().end_offset
+    snap = h.metrics.snapshot()
+    assert snap["remote_copy_requests_total"] == len(finished)
+    assert snap["remote_copy_bytes_total"] == sum(s.size_bytes for s in finished)
+    # A second round copies only what the high watermark now covers.
+    h.log.high_watermark = h.log.log_end_offset
+    await h.rlm.run_once()
+    assert len(h.segments()) == len(segs) - 1
+    await h.rlm.run_once()
+    assert len(h.segments()) == len(segs) - 1  # nothing twice
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_local_retention_then_deletes_only_what_is_remote(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0)
+    h.produce()
+    h.log.high_watermark = h.log.segments[3].base_offset
+    assert await retention.apply_retention(h.log) == 0  # nothing remote yet
+    await h.rlm.run_once()
+    assert await retention.apply_retention(h.log) == 3
+    assert h.log.log_start_offset == h.view().end_offset + 1
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_a_new_leader_cleans_up_unfinished_work_of_other_writers(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce()
+    # The broker before us started a copy, uploaded part of it, and died.
+    other = next(b for b in h.c.p("t").replicas if b != h.leader)
+    h.replicas.broker_id = other
+    epoch = h.c.p("t").leader_epoch
+    h.c.run(h.c.ctl.elect_preferred_leaders(h.c.image))  # make sure of the leader
+    stale = RemoteSegment(
+        h.topic_id, 0, "stale", 0, 99, ((0, 0),), SEGMENT_COPY_STARTED, 10, 1, h.leader, epoch
+    )
+    h.replicas.broker_id = h.leader
+    h.commit([stale])
+    keys = segment_keys("t", h.topic_id, 0, 0, "stale")
+    h.store.put(keys.log, b"half an upload")
+    h.move_leader()  # the leader changes; the new one is 'us' now
+    new = h.c.p("t")
+    h.replicas.broker_id = h.rlm.broker_id = new.leader
+    await h.rlm.run_once()
+    assert "stale" not in h.segments()
+    assert keys.log not in h.stored()
+    assert all(s.state == SEGMENT_COPY_FINISHED for s in h.segments().values())
+    assert all(s.leader_epoch == new.leader_epoch for s in h.segments().values())
+    assert h.named_by_objects() == set(h.segments())
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_a_copy_the_controller_refuses_to_finish_deletes_its_own_objects(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    h.refuse = {SEGMENT_COPY_FINISHED}  # a new leader was elected meanwhile
+    await h.rlm.run_once()
+    started = list(h.segments().values())
+    assert len(started) == 1 and started[0].state == SEGMENT_COPY_STARTED  # the new leader's
+    assert h.stored() == []  # but no object of the refused copy is left
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_retriable_store_errors_are_retried_until_the_upload_goes_through(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(rlm_module, "BACKOFF_MIN_S", 0.001)
+    h = Harness(tmp_path)
+    h.produce(10)
+    h.store.fail_next(3)
+    await h.rlm.run_once()
+    assert [s.state for s in h.segments().values()] == [SEGMENT_COPY_FINISHED] * len(h.segments())
+    assert h.segments()
+    assert h.metrics.snapshot()["remote_copy_errors_total"] == 3
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_a_failed_upload_is_deleted_with_its_record(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    h.store.fail_next(1, retriable=False)
+    await h.rlm.run_once()
+    assert h.segments() == {} and h.stored() == []  # given up, nothing left behind
+    await h.rlm.run_once()
+    assert h.segments() and h.named_by_objects() == set(h.segments())  # the next round copies
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_remote_retention_deletes_segments_and_objects(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    copied = len(h.segments())
+    assert copied > 3
+    h.now += 61_000  # everything remote is past retention.ms now
+    await h.rlm.run_once()
+    assert h.segments() == {}
+    assert h.stored() == []
+    assert h.metrics.snapshot()["remote_delete_requests_total"] == copied
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_the_sweep_deletes_old_objects_no_segment_names(tmp_path) -> None:
+    h = Harness(tmp_path)
+    stray = segment_keys("t", h.topic_id, 0, 500, "stray")
+    h.store.put(stray.log, b"x")
+    h.store.put("t-" + h.topic_id + "/0/notes.txt", b"not ours")
+    h.now += 500
+    young = segment_keys("t", h.topic_id, 0, 600, "young")
+    h.store.put(young.log, b"x")
+    h.now += 600  # stray is 1100 ms old, young 600 ms: the minimum age is 1000 ms
+    await h.rlm.run_once()
+    assert stray.log not in h.stored()
+    assert young.log in h.stored() and f"t-{h.topic_id}/0/notes.txt" in h.stored()
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_a_deleted_topics_prefix_is_emptied(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    await h.rlm.run_once()
+    assert h.stored()
+    h.store.put("other-topic/0/x.log", b"x")
+    h.commit([RemoveTopic(h.topic_id)])
+    await asyncio.gather(*h.rlm._topic_deletes)
+    assert h.stored() == ["other-topic/0/x.log"]
+    await h.rlm.close()
+    h.log.close()
+
+
+async def test_a_follower_runs_no_rounds(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    h.replicas.broker_id = h.rlm.broker_id = next(b for b in h.c.p("t").replicas if b != h.leader)
+    await h.rlm.run_once()
+    assert h.segments() == {} and h.stored() == []
+    await h.rlm.close()
+    h.log.close()

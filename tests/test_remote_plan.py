@@ -1,0 +1,116 @@
+"""The remote log manager's decisions (broker/remote_plan.py), on plain values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rillet.broker.remote_plan import (
+    copy_lag,
+    epochs_in,
+    orphans,
+    remote_segments_past_retention,
+    segments_to_copy,
+    stale_copies,
+)
+from rillet.client.wire import records
+from rillet.controller.metadata.image import (
+    SEGMENT_COPY_FINISHED,
+    SEGMENT_COPY_STARTED,
+    SEGMENT_DELETE_STARTED,
+    RemoteSegment,
+)
+from rillet.storage import Log, LogConfig
+from rillet.storage.remote.layout import segment_keys
+from rillet.storage.remote.store import ObjectInfo
+
+
+def _log(tmp_path: Path, batches: int = 40) -> Log:
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1024), clock=lambda: 0)
+    for _ in range(batches):
+        log.append(records.encode_batch([b"v" * 40] * 4, timestamps=[5] * 4), 0)
+    return log
+
+
+def test_only_closed_committed_segments_past_the_remote_end_are_copied(tmp_path) -> None:
+    log = _log(tmp_path)
+    segs = log.segments
+    assert len(segs) > 5
+    everything = segments_to_copy(segs, log.log_end_offset, -1)
+    assert [t.segment for t in everything] == list(segs[:-1])  # never the active one
+    assert [t.end_offset for t in everything] == [s.base_offset - 1 for s in segs[1:]]
+    # The high watermark inside segment 3: its records are not all committed.
+    assert [t.segment for t in segments_to_copy(segs, segs[3].base_offset + 1, -1)] == list(
+        segs[:2]
+    ) + [segs[2]]
+    assert [t.segment for t in segments_to_copy(segs, segs[3].base_offset - 1, -1)] == list(
+        segs[:2]
+    )
+    # Already remote up to the end of segment 1 (or inside segment 2: it goes again whole).
+    assert segments_to_copy(segs, log.log_end_offset, segs[2].base_offset - 1)[0].segment is segs[2]
+    assert segments_to_copy(segs, log.log_end_offset, segs[2].base_offset)[0].segment is segs[2]
+    lag = copy_lag(segs, log.log_end_offset, segs[2].base_offset - 1)
+    assert lag.segments == len(segs) - 3 and lag.bytes == sum(s.size for s in segs[2:-1])
+    log.close()
+
+
+def test_the_leader_epochs_a_segment_covers() -> None:
+    entries = [(0, 0), (3, 50), (4, 120), (7, 300)]
+    assert epochs_in(entries, 0, 49) == ((0, 0),)
+    assert epochs_in(entries, 40, 130) == ((0, 40), (3, 50), (4, 120))
+    assert epochs_in(entries, 50, 119) == ((3, 50),)
+    assert epochs_in(entries, 400, 500) == ((7, 400),)
+    assert epochs_in([], 0, 10) == ()
+
+
+def _remote(start: int, end: int, size: int = 100, ts: int = 0, **over: object) -> RemoteSegment:
+    fields: dict[str, object] = dict(state=SEGMENT_COPY_FINISHED, size_bytes=size)
+    fields.update(over)
+    return RemoteSegment(
+        "tid",
+        0,
+        f"s{start}",
+        start,
+        end,
+        max_timestamp_ms=ts,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_remote_retention_by_time_and_size_only_below_the_local_log_start() -> None:
+    segs = [_remote(0, 9, ts=10), _remote(10, 19, ts=20), _remote(20, 29, ts=30)]
+    # Time: older than 1000 ms at now=1025 means max timestamp < 25.
+    assert remote_segments_past_retention(segs, 30, 0, 1000, -1, 1025) == segs[:2]
+    # Segment 20..29 is still local (local log start 25): never deleted remotely yet.
+    assert remote_segments_past_retention(segs, 25, 0, 0, -1, 10**6) == segs[:2]
+    # Size: 300 remote + 150 local, 250 allowed: the two oldest go.
+    assert remote_segments_past_retention(segs, 30, 150, -1, 250, 0) == segs[:2]
+    assert remote_segments_past_retention(segs, 30, 150, -1, 350, 0) == segs[:1]
+    assert remote_segments_past_retention(segs, 30, 150, -1, -1, 0) == []
+    # Oldest first: a young segment stops retention by time before older-looking ones.
+    mixed = [_remote(0, 9, ts=50), _remote(10, 19, ts=0)]
+    assert remote_segments_past_retention(mixed, 30, 0, 1000, -1, 1025) == []
+
+
+def test_stale_copies_are_every_other_writers_unfinished_work() -> None:
+    mine = _remote(0, 9, state=SEGMENT_COPY_STARTED, broker_id=1, leader_epoch=5)
+    old_epoch = _remote(10, 19, state=SEGMENT_COPY_STARTED, broker_id=1, leader_epoch=4)
+    other = _remote(20, 29, state=SEGMENT_DELETE_STARTED, broker_id=2, leader_epoch=3)
+    done = _remote(30, 39, broker_id=2, leader_epoch=3)
+    by_id = {s.segment_id: s for s in (other, done, mine, old_epoch)}
+    assert stale_copies(by_id, 1, 5) == [old_epoch, other]
+
+
+def test_orphans_are_old_segment_objects_no_segment_names() -> None:
+    named = segment_keys("t", "tid", 0, 0, "named")
+    stray = segment_keys("t", "tid", 0, 10, "stray")
+    young = segment_keys("t", "tid", 0, 20, "young")
+    objects = [
+        ObjectInfo(named.log, 1, 0, {}),
+        ObjectInfo(named.manifest, 1, 0, {}),
+        ObjectInfo(stray.log, 1, 0, {}),
+        ObjectInfo(stray.manifest, 1, 0, {}),
+        ObjectInfo(young.log, 1, 900, {}),
+        ObjectInfo("t-tid/0/README", 1, 0, {}),  # not a segment object: never touched
+    ]
+    assert orphans(objects, ["named"], 1000, 500) == [stray.log, stray.manifest]
+    assert orphans(objects, ["named"], 1000, 0) == [stray.log, stray.manifest, young.log]
