@@ -12,6 +12,7 @@ import pytest
 from test_controller_concurrent_writes import GUARD_S, _unfenced_brokers, server  # noqa: F401
 from test_quorum_controller import Cluster, _HandlerServer
 
+from rillet.broker.link.controller_link import remote_segments_request
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import code_of
 from rillet.controller import handlers
@@ -178,18 +179,9 @@ def test_a_new_leader_deletes_a_finished_segment_of_an_earlier_epoch() -> None:
 
 
 def _wire(seg: RemoteSegment) -> m.RemoteSegmentState:
-    return m.RemoteSegmentState(
-        seg.topic_id,
-        seg.partition,
-        seg.segment_id,
-        seg.start_offset,
-        seg.end_offset,
-        seg.state,
-        seg.leader_epoch,
-        seg.size_bytes,
-        seg.max_timestamp_ms,
-        [m.EpochStart(e, o) for e, o in seg.leader_epochs],
-    )
+    """The segment as the broker's link sends it."""
+    (state,) = remote_segments_request(seg.broker_id, 0, [seg]).segments
+    return state
 
 
 async def test_one_request_carries_several_changes_each_judged_after_the_ones_before() -> None:
