@@ -187,7 +187,13 @@ class RemoteLogManager:
         refreshes the copy-lag and remote-size gauges. Returns the rounds started."""
         started = []
         lag_segments = lag_bytes = size = 0
-        for lead in self._led():
+        leads = list(self._led())
+        led = {lead.tp for lead in leads}
+        for book in (self._rounds, self._copied_end, self._last_sweep_ms):
+            for tp in [tp for tp in book if tp not in led]:  # leadership moved away
+                if book is not self._rounds or self._rounds[tp].done():
+                    del book[tp]
+        for lead in leads:
             view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
             log = lead.replica.log
             hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset

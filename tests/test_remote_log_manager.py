@@ -143,6 +143,10 @@ async def test_closed_committed_segments_are_copied_oldest_first_and_recorded(tm
     h.log.high_watermark = h.log.log_end_offset
     await h.rlm.run_once()
     assert len(h.segments()) == len(segs) - 1
+    # The gauges describe the pass as it began: one committed segment not yet remote.
+    snap = h.metrics.snapshot()
+    assert (snap["remote_copy_lag_segments"], snap["remote_copy_lag_bytes"]) == (1, segs[-2].size)
+    assert snap["remote_log_size_bytes"] == sum(s.size_bytes for s in finished)
     await h.rlm.run_once()
     assert len(h.segments()) == len(segs) - 1  # nothing twice
     await h.rlm.close()
