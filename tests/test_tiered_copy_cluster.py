@@ -266,10 +266,14 @@ def test_an_s3_outage_delays_uploads_and_deletes_nothing_uncopied(
         wait_until(lambda: len(tier.finished("tiered")) >= 2, DEADLINE_S, 0.2, "first copies")
         s3.stop()
         errors_before = dict(writer.errors_seen)  # a first produce may beat the metadata
+        # Produce (acks=all) goes on, and the log grows well past what is remote. (The
+        # remote end is read once an upload finished just before the outage has had
+        # time to commit.)
+        acked = writer.acked_count()
+        wait_until(lambda: writer.acked_count() >= acked + 750, DEADLINE_S, 0.1, "produce")
         remote_end = covered(tier.finished("tiered"))
         acked = writer.acked_count()
-        # Produce (acks=all) goes on, and the log grows well past what is remote.
-        wait_until(lambda: writer.acked_count() >= acked + 1500, DEADLINE_S, 0.1, "produce")
+        wait_until(lambda: writer.acked_count() >= acked + 750, DEADLINE_S, 0.1, "produce")
         leader = leader_of(cluster, "tiered")
         wait_until(
             lambda: len(tier.local_bases(leader, "tiered")) > 5, DEADLINE_S, 0.2, "more segments"
