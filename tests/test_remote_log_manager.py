@@ -248,6 +248,24 @@ async def test_remote_retention_deletes_segments_and_objects(tmp_path) -> None:
     h.log.close()
 
 
+async def test_remote_retention_bytes_bounds_the_whole_log(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=-1, retention_bytes=4000)
+    h.produce()
+    await h.rlm.run_once()  # copies; remote retention waits: every copy is still local
+    copied = sorted(h.segments().values(), key=lambda s: s.start_offset)
+    assert len(copied) > 6 and h.stored()
+    await retention.apply_retention(h.log)  # local retention: the remote ones leave
+    await h.rlm.run_once()
+    kept = sorted(h.segments().values(), key=lambda s: s.start_offset)
+    assert 0 < len(kept) < len(copied)
+    assert kept == copied[len(copied) - len(kept) :]  # the oldest went
+    total = sum(s.size_bytes for s in kept) + h.log.size_bytes
+    assert total - kept[0].size_bytes < 4000 <= total  # whole segments, no more than needed
+    assert h.named_by_objects() == {s.segment_id for s in kept}
+    await h.rlm.close()
+    h.log.close()
+
+
 async def test_the_sweep_deletes_old_objects_no_segment_names(tmp_path) -> None:
     h = Harness(tmp_path)
     stray = segment_keys("t", h.topic_id, 0, 500, "stray")
