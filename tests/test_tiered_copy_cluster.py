@@ -9,6 +9,7 @@ committed metadata log from the controllers (docs/tiered.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,14 @@ class Tier:
     def objects(self, prefix: str = "") -> list[str]:
         return [o.key for o in self.store.list(prefix)]
 
+    def local_bytes(self, broker: int, topic: str, partition: int = 0) -> int:
+        d = Path(self.cluster.node_dir(broker)) / "logs" / f"{topic}-{partition}"
+        total = 0
+        for path in d.glob("*.log"):
+            with contextlib.suppress(FileNotFoundError):  # retention renamed it meanwhile
+                total += path.stat().st_size
+        return total
+
     def local_bases(self, broker: int, topic: str, partition: int = 0) -> list[int]:
         d = Path(self.cluster.node_dir(broker)) / "logs" / f"{topic}-{partition}"
         return sorted(int(p.name.split(".")[0]) for p in d.glob("*.log"))
@@ -173,8 +182,10 @@ def test_segments_reach_s3_and_leave_local_disk_then_retention_and_deletion_clea
     tier = Tier(cluster, s3)
     create(cluster, "tiered")
     create(cluster, "expiring", **{"retention.ms": "4000"})
+    create(cluster, "bounded", **{"retention.bytes": "8192"})
     produce(cluster, "tiered", 200)
     produce(cluster, "expiring", 100)
+    produce(cluster, "bounded", 100)
 
     # Closed, committed segments go to S3 and, once there, leave every replica's disk.
     wait_until(lambda: len(tier.finished("tiered")) >= 10, DEADLINE_S, 0.2, "copies")
@@ -199,6 +210,16 @@ def test_segments_reach_s3_and_leave_local_disk_then_retention_and_deletion_clea
         0.2,
         "remote retention",
     )
+
+    # retention.bytes: remote plus local stay within one segment of the bound.
+    def bounded() -> bool:
+        remote = tier.finished("bounded")
+        local = tier.local_bytes(leader_of(cluster, "bounded"), "bounded")
+        total = sum(s.size_bytes for s in remote) + local
+        return bool(remote) and remote[0].start_offset > 0 and total - remote[0].size_bytes < 8192
+
+    wait_until(bounded, DEADLINE_S, 0.2, "remote retention by size")
+    wait_until(lambda: only_finished_objects(tier, "bounded"), DEADLINE_S, 0.2, "quiet bucket")
 
     # Topic deletion empties the topic's prefix.
     t = tier.image().topic("tiered")
