@@ -73,6 +73,7 @@ from rillet.storage.remote.layout import (
     segment_keys,
     topic_prefix,
 )
+from rillet.storage.remote.reader import RemoteReader
 from rillet.storage.remote.store import ObjectStore, RemoteStorageError
 
 if TYPE_CHECKING:
@@ -171,8 +172,7 @@ class RemoteLogManager:
                 await task
         self._copy_pool.shutdown(wait=False, cancel_futures=True)
         self._io_pool.shutdown(wait=False, cancel_futures=True)
-        if self.reader is not None:
-            self.reader.close()
+        self.reader.close()
 
     async def _run(self) -> None:
         while True:
@@ -540,12 +540,8 @@ def _delete_keys(store: ObjectStore, keys: Sequence[str]) -> None:
         store.delete(keys[i : i + DELETE_BATCH])
 
 
-def _make_reader(config: BrokerConfig, store: ObjectStore) -> Any:
+def _make_reader(config: BrokerConfig, store: ObjectStore) -> RemoteReader:
     """The RemoteReader fetches below the local log start go through."""
-    try:
-        from rillet.storage.remote.reader import RemoteReader
-    except ImportError:  # the reader lands separately
-        return None
     return RemoteReader(
         store,
         cache_bytes=config["remote.fetch.chunk.cache.size.bytes"],
