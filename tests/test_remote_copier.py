@@ -5,6 +5,8 @@ upload rate limiter's arithmetic."""
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -12,11 +14,12 @@ import crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from remote_helpers import build_log, closed_segments, epochs_of
+from remote_helpers import build_log, closed_segments, epochs_of, random_batch
 
 from rillet.storage import Log, fs
 from rillet.storage.remote.copier import (
     CRC_METADATA,
+    LocalSegmentError,
     RateLimiter,
     delete_segment,
     upload_segment,
@@ -240,7 +243,7 @@ def test_unlimited_and_invalid_rates() -> None:
 
 def test_upload_refuses_an_empty_segment(tmp_path: Path) -> None:
     empty = Log.open(tmp_path / "e-0").active_segment
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalSegmentError, match="empty segment"):
         upload_segment(MemoryObjectStore(), segment_keys("t", "i", 0, 0, "s"), empty, [], "s", 64)
 
 
@@ -274,4 +277,74 @@ def test_index_snapshot_survives_its_columns_being_dropped_meanwhile(
     offsets, times = seg.index_snapshot()
     assert offsets == fs.read_bytes(seg.index.path) and len(offsets) > 0
     assert times == fs.read_bytes(seg.time_index.path)
+    log.close()
+
+
+def test_a_segment_changed_under_the_put_is_not_uploaded(tmp_path: Path) -> None:
+    """The PUT reads the file again after the checksum pass: a byte that changed in
+    between must fail the upload (no manifest), not ship bytes the manifest's CRCs
+    contradict, which would make every later read of the segment fail."""
+    log = build_log(tmp_path / "t-0")
+    seg = closed_segments(log)[1]
+
+    class FlippingStore(MemoryObjectStore):
+        def put(self, key: str, data: Body, metadata: Mapping[str, str] | None = None) -> None:
+            if key.endswith(".log"):
+                fd = os.open(seg.log_path, os.O_RDWR)
+                try:
+                    old = os.pread(fd, 1, 5000)
+                    os.pwrite(fd, bytes([old[0] ^ 1]), 5000)
+                finally:
+                    os.close(fd)
+            super().put(key, data, metadata)
+
+    store = FlippingStore()
+    keys = segment_keys("t", "id", 0, seg.base_offset, "s")
+    with pytest.raises(LocalSegmentError, match="changed"):
+        upload_segment(store, keys, seg, [], "s", 1000)
+    assert keys.manifest not in store.keys()
+    log.close()
+
+
+def test_an_append_during_the_upload_is_refused(tmp_path: Path) -> None:
+    """An active segment appended to while it uploads must not yield a manifest whose
+    end offset, index or max timestamp cover bytes the log object lacks."""
+    log = build_log(tmp_path / "t-0", batches=20, segment_bytes=10**7)
+    seg = log.active_segment
+    rng = random.Random(3)
+
+    class Appending(RateLimiter):
+        def acquire(self, n: int) -> None:  # runs after the size was read
+            for _ in range(10):
+                log.append(random_batch(rng, 1_800_000_000_000), 99)
+
+    store = MemoryObjectStore()
+    keys = segment_keys("t", "id", 0, 0, "s")
+    with pytest.raises(LocalSegmentError, match="active"):
+        upload_segment(store, keys, seg, [], "s", 1000, Appending(-1))
+    assert keys.manifest not in store.keys()
+    log.close()
+
+
+def test_an_unreadable_segment_is_a_local_error(tmp_path: Path) -> None:
+    """A file shorter than its segment says is the broker's problem, not the store's:
+    not a RemoteStorageError (which callers retry against the store)."""
+    log = build_log(tmp_path / "t-0")
+    seg = closed_segments(log)[0]
+    os.truncate(seg.log_path, seg.size - 10)
+    with pytest.raises(LocalSegmentError) as caught:
+        upload_segment(MemoryObjectStore(), segment_keys("t", "i", 0, 0, "s"), seg, [], "s", 64)
+    assert not isinstance(caught.value, RemoteStorageError)
+    log.close()
+
+
+def test_the_manifest_describes_only_the_bytes_uploaded(tmp_path: Path) -> None:
+    """End offset and max timestamp come from the batches in the uploaded bytes."""
+    log = build_log(tmp_path / "t-0")
+    for seg, nxt in zip(closed_segments(log), log.segments[1:], strict=True):
+        store = MemoryObjectStore()
+        keys = segment_keys("t", "id", 0, seg.base_offset, "s")
+        manifest = upload_segment(store, keys, seg, [], "s", 1000)
+        assert manifest.end_offset == nxt.base_offset - 1
+        assert manifest.max_timestamp_ms == max(h.max_timestamp for _, h in seg.headers_from(0))
     log.close()

@@ -9,6 +9,8 @@ credential or a bad request will fail the same way again.
 
 from __future__ import annotations
 
+import base64
+import struct
 import threading
 import time
 from collections import Counter
@@ -18,6 +20,12 @@ from typing import IO, Any, NamedTuple, Protocol
 import boto3
 import botocore.config
 import botocore.exceptions
+
+# Object metadata carrying the object's whole-content CRC-32C (8 hex digits); on S3 the
+# same CRC also goes as the request's own checksum, so S3 refuses a body damaged on the
+# way instead of storing it.
+CRC_METADATA = "rillet-crc32c"
+DELETE_BATCH = 1000  # S3's DeleteObjects limit per request
 
 
 class RemoteStorageError(Exception):
@@ -84,11 +92,30 @@ _RETRIABLE_CODES = frozenset(
         "RequestTimeoutException",
         "InternalError",
         "ServiceUnavailable",
+        "InternalFailure",
         "503",
         "500",
+        # Credentials that expired or a clock that drifted: a refresh (boto3 refreshes
+        # temporary credentials itself) or NTP fixes them without anyone's help.
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "TokenRefreshRequired",
+        "RequestExpired",
+        "RequestTimeTooSkewed",
+        # A conflicting operation on the bucket is still in progress (409).
+        "OperationAborted",
     }
 )
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound", "NoSuchBucket"})
+_NO_BATCH_DELETE_CODES = frozenset({"MissingContentMD5", "InvalidDigest", "NotImplemented"})
+
+
+def _crc_of(metadata: Mapping[str, str]) -> int | None:
+    value = {k.lower(): v for k, v in metadata.items()}.get(CRC_METADATA)
+    try:
+        return None if value is None else int(value, 16)
+    except ValueError:
+        return None
 
 
 def _map_error(exc: Exception, what: str) -> RemoteStorageError:
@@ -105,7 +132,12 @@ def _map_error(exc: Exception, what: str) -> RemoteStorageError:
         )
     # Connection refused or reset, DNS, timeouts, a body cut short: the service, not the
     # request, is at fault.
-    transient = (
+    transient: tuple[type[BaseException], ...] = (
+        # No credentials yet, or their provider (instance metadata, SSO) failed to answer:
+        # a credential chain that works again later, not a bad request.
+        botocore.exceptions.NoCredentialsError,
+        botocore.exceptions.CredentialRetrievalError,
+        botocore.exceptions.TokenRetrievalError,
         botocore.exceptions.ConnectionError,  # refused, DNS, connect timeout
         botocore.exceptions.HTTPClientError,  # read timeout, reset, closed
         botocore.exceptions.IncompleteReadError,
@@ -140,7 +172,9 @@ class S3ObjectStore:
         max_connections: int = 32,
     ) -> None:
         self.bucket = bucket
-        self.prefix = prefix
+        # A prefix names a folder: "prod" must never see "prod2/...".
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self._single_deletes = False  # the service refused DeleteObjects (see delete)
         self.endpoint_url = endpoint_url or None
         self.region = region
         self._create_bucket = create_bucket
@@ -213,6 +247,9 @@ class S3ObjectStore:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
         if metadata:
             kwargs["Metadata"] = dict(metadata)
+            crc = _crc_of(metadata)
+            if crc is not None:  # S3 checks the body against it and refuses a mismatch
+                kwargs["ChecksumCRC32C"] = base64.b64encode(struct.pack(">I", crc)).decode()
         try:
             self._call(f"put {key}", self._s3.put_object, **kwargs)
         except RemoteStorageError as exc:
@@ -259,22 +296,47 @@ class S3ObjectStore:
 
     def delete(self, keys: Sequence[str]) -> None:
         keys = list(keys)
-        for i in range(0, len(keys), 1000):  # S3's DeleteObjects limit per request
-            objects = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            r = self._call(
-                f"delete {keys[i]}..",
-                self._s3.delete_objects,
-                Bucket=self.bucket,
-                Delete={"Objects": objects, "Quiet": True},
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i : i + DELETE_BATCH]
+            if not self._single_deletes:
+                try:
+                    self._delete_batch(batch)
+                    continue
+                except RemoteStorageError as exc:
+                    if exc.code not in _NO_BATCH_DELETE_CODES:
+                        raise
+                # Older MinIO and Ceph want Content-MD5 on DeleteObjects, which botocore
+                # (>= 1.36) no longer sends (it sends a CRC header instead): delete one
+                # key at a time there, from now on.
+                self._single_deletes = True
+            for key in batch:
+                try:
+                    self._call(
+                        f"delete {key}",
+                        self._s3.delete_object,
+                        Bucket=self.bucket,
+                        Key=self._key(key),
+                    )
+                except RemoteStorageError as exc:
+                    if exc.code not in _MISSING_CODES:
+                        raise
+
+    def _delete_batch(self, keys: Sequence[str]) -> None:
+        objects = [{"Key": self._key(k)} for k in keys]
+        r = self._call(
+            f"delete {keys[0]}..",
+            self._s3.delete_objects,
+            Bucket=self.bucket,
+            Delete={"Objects": objects, "Quiet": True},
+        )
+        errors = [e for e in r.get("Errors", []) if e.get("Code") not in _MISSING_CODES]
+        if errors:
+            first = errors[0]
+            raise RemoteStorageError(
+                f"delete {first.get('Key')}: {first.get('Code')} {first.get('Message', '')}",
+                retriable=first.get("Code") in _RETRIABLE_CODES,
+                code=str(first.get("Code", "")),
             )
-            errors = [e for e in r.get("Errors", []) if e.get("Code") not in _MISSING_CODES]
-            if errors:
-                first = errors[0]
-                raise RemoteStorageError(
-                    f"delete {first.get('Key')}: {first.get('Code')} {first.get('Message', '')}",
-                    retriable=first.get("Code") in _RETRIABLE_CODES,
-                    code=str(first.get("Code", "")),
-                )
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self._s3.get_paginator("list_objects_v2")
@@ -372,15 +434,18 @@ class MemoryObjectStore:
             self._objects[key] = (body, self._clock(), meta)
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if end is not None and end <= start:
+            return b""  # as S3ObjectStore: an empty range sends no request at all
         with self._lock:
             self._enter("get", key)
             self.gets.append((key, start, end))
             if key not in self._objects:
                 raise RemoteStorageError(f"get {key}: NoSuchKey", retriable=False, code="NoSuchKey")
             data = self._objects[key][0]
-        if end is not None and end <= start:
-            return b""
-        if start and start >= len(data):  # S3 answers 416 for a range past the end
+        ranged = start > 0 or end is not None
+        if ranged and start >= len(data):
+            # S3 answers 416 for a range starting past the end, and for any range at
+            # all on an empty object; a plain GET of an empty object is fine.
             raise RemoteStorageError(
                 f"get {key}: InvalidRange {start}", retriable=False, code="InvalidRange"
             )
@@ -395,10 +460,13 @@ class MemoryObjectStore:
             return ObjectInfo(key, len(data), modified, dict(metadata))
 
     def delete(self, keys: Sequence[str]) -> None:
-        with self._lock:
-            self._enter("delete", ",".join(keys))
-            for key in keys:
-                self._objects.pop(key, None)
+        keys = list(keys)
+        for i in range(0, len(keys), DELETE_BATCH):  # one request per batch, as on S3
+            batch = keys[i : i + DELETE_BATCH]
+            with self._lock:
+                self._enter("delete", ",".join(batch))
+                for key in batch:
+                    self._objects.pop(key, None)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         with self._lock:
