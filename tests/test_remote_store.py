@@ -4,12 +4,16 @@ telling an outage from a request that can never succeed."""
 
 from __future__ import annotations
 
+import base64
 import io
+import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import botocore.exceptions
+import crc32c
 import pytest
 from s3_server import S3Endpoint
 
@@ -21,6 +25,37 @@ from rillet.storage.remote.store import (
     _map_error,
     store_from_config,
 )
+
+
+class FakeClient:
+    """A stand-in for the boto3 S3 client at its method boundary: records the calls,
+    and answers DeleteObjects with ``delete_objects_error`` when set."""
+
+    def __init__(self, delete_objects_error: str | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.delete_objects_error = delete_objects_error
+
+    def put_object(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("put_object", kwargs))
+        return {}
+
+    def delete_objects(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("delete_objects", kwargs))
+        if self.delete_objects_error:
+            raise _client_error(400, self.delete_objects_error)
+        return {}
+
+    def delete_object(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("delete_object", kwargs))
+        return {}
+
+
+def _fake_store(client: FakeClient, prefix: str = "p/") -> S3ObjectStore:
+    store = S3ObjectStore(
+        "b", prefix=prefix, endpoint_url="http://127.0.0.1:9", create_bucket=False
+    )
+    store._s3 = client  # type: ignore[assignment]
+    return store
 
 
 @dataclass
@@ -199,7 +234,17 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
         (botocore.exceptions.ConnectTimeoutError(endpoint_url="http://x"), True),
         (botocore.exceptions.ReadTimeoutError(endpoint_url="http://x"), True),
         (botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"), True),
-        (botocore.exceptions.NoCredentialsError(), False),
+        # Credentials missing for now, their provider failing, expired or refused for
+        # a clock skew: boto3's chain (or NTP) recovers, so a later try works.
+        (botocore.exceptions.NoCredentialsError(), True),
+        (botocore.exceptions.CredentialRetrievalError(provider="iam-role", error_msg="t"), True),
+        (_client_error(400, "ExpiredToken"), True),
+        (_client_error(403, "RequestTimeTooSkewed"), True),
+        (_client_error(409, "OperationAborted"), True),
+        (_client_error(503, "SlowDown"), True),
+        (_client_error(400, "RequestLimitExceeded"), True),
+        (_client_error(403, "InvalidAccessKeyId"), False),
+        (_client_error(400, "BucketAlreadyExists"), False),
     ],
 )
 def test_error_mapping(exc: Exception, retriable: bool) -> None:
@@ -271,3 +316,85 @@ def test_a_stopped_server_process_is_retriable_and_restarts_on_its_port(tmp_path
         store.put("b", b"2")  # the bucket went with the objects: the store makes it again
         assert store.get("b") == b"2"
     assert not server.running
+
+
+def test_delete_falls_back_to_one_key_at_a_time_without_content_md5() -> None:
+    """Older MinIO/Ceph refuse DeleteObjects without Content-MD5 (which botocore >= 1.36
+    no longer sends): the store deletes key by key there, and keeps doing so."""
+    client = FakeClient(delete_objects_error="MissingContentMD5")
+    store = _fake_store(client)
+    store.delete(["a", "b"])
+    assert [c[0] for c in client.calls] == ["delete_objects", "delete_object", "delete_object"]
+    assert [c[1]["Key"] for c in client.calls[1:]] == ["p/a", "p/b"]
+    client.calls.clear()
+    store.delete(["c"])
+    assert client.calls == [("delete_object", {"Bucket": "b", "Key": "p/c"})]
+
+
+def test_delete_objects_other_errors_are_not_swallowed() -> None:
+    store = _fake_store(FakeClient(delete_objects_error="AccessDenied"))
+    with pytest.raises(RemoteStorageError) as caught:
+        store.delete(["a"])
+    assert caught.value.code == "AccessDenied"
+
+
+def test_delete_splits_into_requests_of_1000_keys() -> None:
+    client = FakeClient()
+    _fake_store(client).delete([f"k{i}" for i in range(2500)])
+    sizes = [len(c[1]["Delete"]["Objects"]) for c in client.calls]
+    assert sizes == [1000, 1000, 500]
+
+
+def test_put_sends_the_crc32c_as_the_request_checksum() -> None:
+    """S3 checks the body against x-amz-checksum-crc32c and refuses a damaged one."""
+    client = FakeClient()
+    data = b"segment bytes"
+    _fake_store(client).put("k.log", data, {"rillet-crc32c": f"{crc32c.crc32c(data):08x}"})
+    [(_, kwargs)] = client.calls
+    assert base64.b64decode(kwargs["ChecksumCRC32C"]) == struct.pack(">I", crc32c.crc32c(data))
+    client.calls.clear()
+    _fake_store(client).put("other", data)
+    assert "ChecksumCRC32C" not in client.calls[0][1]
+
+
+def test_a_prefix_is_a_folder() -> None:
+    assert _fake_store(FakeClient(), prefix="prod").prefix == "prod/"
+    assert _fake_store(FakeClient(), prefix="prod/").prefix == "prod/"
+    assert _fake_store(FakeClient(), prefix="").prefix == ""
+
+
+def test_prefix_never_lists_a_sibling_folder(s3: S3Endpoint) -> None:
+    S3ObjectStore("tier-test", prefix="prod2/", endpoint_url=s3.url).put("x", b"other")
+    prod = S3ObjectStore("tier-test", prefix="prod", endpoint_url=s3.url)
+    prod.put("y", b"mine")
+    assert [i.key for i in prod.list("")] == ["y"]
+    assert S3ObjectStore("tier-test", endpoint_url=s3.url).get("prod/y") == b"mine"
+
+
+def test_list_and_delete_more_than_a_page(s3: S3Endpoint) -> None:
+    """Listings page at 1000 keys and DeleteObjects takes at most 1000: both split."""
+    store = S3ObjectStore("tier-test", prefix="many/", endpoint_url=s3.url)
+    keys = [f"k{i:05d}" for i in range(1005)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.put(k, b""), keys))
+    assert [i.key for i in store.list("")] == keys
+    store.delete(keys)
+    assert list(store.list("")) == []
+
+
+def test_memory_store_behaves_as_s3_at_the_edges() -> None:
+    store = MemoryObjectStore()
+    assert store.get("missing", 5, 5) == b""  # an empty range sends nothing, as on S3
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    with pytest.raises(RemoteStorageError) as caught:
+        store.get("empty", 0, 10)  # S3: 416 for any range of an empty object
+    assert caught.value.code == "InvalidRange"
+    store.put("x", b"1")
+    store.fail_next(2)
+    with pytest.raises(RemoteStorageError):
+        store.delete([f"k{i}" for i in range(1500)])  # two requests: both fail
+    with pytest.raises(RemoteStorageError):
+        store.delete(["x"])
+    store.delete(["x"])
+    assert store.keys() == ["empty"]
