@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from remote_helpers import build_log, closed_segments, epochs_of, random_batch
 
 from rillet.storage import Log, fs
+from rillet.storage.index import OFFSET_ENTRY, TIME_ENTRY
 from rillet.storage.remote.copier import (
     CRC_METADATA,
     LocalSegmentError,
@@ -161,8 +162,8 @@ MANIFEST = RemoteManifest(
     max_timestamp_ms=1_700_000_000_123,
     chunk_size=4096,
     chunk_crcs=(1, 2, 0xFFFFFFFF),
-    offset_index=bytes(range(16)),
-    time_index=bytes(range(24)),
+    offset_index=OFFSET_ENTRY.pack(0, 0) + OFFSET_ENTRY.pack(40, 5000),
+    time_index=TIME_ENTRY.pack(1_700_000_000_000, 0) + TIME_ENTRY.pack(1_700_000_000_123, 40),
     leader_epochs=((3, 90), (4, 150)),
 )
 
@@ -193,6 +194,37 @@ def test_manifest_with_a_wrong_chunk_count_is_refused() -> None:
     wrong = RemoteManifest(**_fields(chunk_crcs=(1, 2)))  # type: ignore[arg-type]
     with pytest.raises(RemoteStorageError):
         RemoteManifest.decode(wrong.encode())
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"end_offset": 99},  # ends before it starts
+        {"size_bytes": 0, "chunk_crcs": ()},  # an empty object
+        {"offset_index": OFFSET_ENTRY.pack(40, 5000) + OFFSET_ENTRY.pack(0, 0)},
+        {"offset_index": OFFSET_ENTRY.pack(0, 0) + OFFSET_ENTRY.pack(0, 10)},
+        {"offset_index": OFFSET_ENTRY.pack(0, 0) + OFFSET_ENTRY.pack(40, 10_000)},
+        {"offset_index": OFFSET_ENTRY.pack(0, 0) + OFFSET_ENTRY.pack(81, 5000)},
+        {"time_index": TIME_ENTRY.pack(5, 0) + TIME_ENTRY.pack(4, 40)},
+        {"time_index": TIME_ENTRY.pack(5, 40) + TIME_ENTRY.pack(6, 0)},
+        {"time_index": TIME_ENTRY.pack(5, 0) + TIME_ENTRY.pack(6, 81)},
+    ],
+)
+def test_a_manifest_whose_fields_disagree_is_refused(changes: dict[str, object]) -> None:
+    """Checksummed but inconsistent (a writer's bug, or another version's): a reader
+    steered by it would read the wrong bytes or past the object."""
+    wrong = RemoteManifest(**_fields(**changes))  # type: ignore[arg-type]
+    with pytest.raises(RemoteStorageError) as caught:
+        RemoteManifest.decode(wrong.encode())
+    assert caught.value.retriable is False
+
+
+def test_a_manifest_must_match_its_key() -> None:
+    MANIFEST.check_keys(segment_keys("t", "i", 0, 100, "seg-1"))
+    for keys in (segment_keys("t", "i", 0, 101, "seg-1"), segment_keys("t", "i", 0, 100, "seg-2")):
+        with pytest.raises(RemoteStorageError) as caught:
+            MANIFEST.check_keys(keys)
+        assert caught.value.retriable is False
 
 
 def _fields(**changes: object) -> dict[str, object]:
@@ -302,7 +334,8 @@ def test_a_segment_changed_under_the_put_is_not_uploaded(tmp_path: Path) -> None
     keys = segment_keys("t", "id", 0, seg.base_offset, "s")
     with pytest.raises(LocalSegmentError, match="changed"):
         upload_segment(store, keys, seg, [], "s", 1000)
-    assert keys.manifest not in store.keys()
+    stored = store.keys()
+    assert keys.manifest not in stored
     log.close()
 
 
@@ -322,7 +355,8 @@ def test_an_append_during_the_upload_is_refused(tmp_path: Path) -> None:
     keys = segment_keys("t", "id", 0, 0, "s")
     with pytest.raises(LocalSegmentError, match="active"):
         upload_segment(store, keys, seg, [], "s", 1000, Appending(-1))
-    assert keys.manifest not in store.keys()
+    stored = store.keys()
+    assert keys.manifest not in stored
     log.close()
 
 

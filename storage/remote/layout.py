@@ -174,9 +174,42 @@ class RemoteManifest:
         )  # type: ignore[arg-type]
         if (
             chunk_size <= 0
+            or size <= 0
+            or end < start
+            or start < 0
             or n_crcs != manifest.chunk_count
             or index_len % OFFSET_ENTRY.size
             or time_len % TIME_ENTRY.size
         ):
             raise damaged("inconsistent fields")
+        # The indexes steer every read: entries must rise and stay inside the segment,
+        # or a read would start in the wrong place (or past the object).
+        span = end - start
+        offsets = list(OFFSET_ENTRY.iter_unpack(offset_index))
+        if not _rising(offsets, strict=True) or any(
+            rel > span or pos >= size for rel, pos in offsets
+        ):
+            raise damaged("offset index out of order or past the segment")
+        times = list(TIME_ENTRY.iter_unpack(time_index))
+        if not _rising(times, strict=False) or any(rel > span for _, rel in times):
+            raise damaged("time index out of order or past the segment")
         return manifest
+
+    def check_keys(self, keys: SegmentKeys) -> None:
+        """The manifest must be the one its key names (start offset, segment id): a
+        manifest copied or written under another segment's key is damage, not data."""
+        parsed = parse_segment_key(keys.manifest)
+        if parsed is not None and (parsed[0], parsed[1]) != (self.start_offset, self.segment_id):
+            raise RemoteStorageError(
+                f"{keys.manifest}: damaged manifest (it describes segment "
+                f"{self.segment_id} at {self.start_offset})",
+                retriable=False,
+            )
+
+
+def _rising(entries: list[tuple[int, int]], *, strict: bool) -> bool:
+    """Both columns never decrease; with ``strict`` the first strictly rises."""
+    for (a0, b0), (a1, b1) in zip(entries, entries[1:], strict=False):
+        if a1 < a0 or b1 < b0 or (strict and a1 == a0):
+            return False
+    return True
