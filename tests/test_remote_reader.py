@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -438,4 +439,234 @@ def test_no_read_ahead_without_a_cache_to_keep_it(log: Log) -> None:
     assert first == second == records_at(r, r.segment.base_offset)
     assert len(store.gets) == 2  # the one chunk, once per read: nothing ahead, nothing kept
     assert reader.cache.size_bytes == 0
+    reader.close()
+
+
+class GatedStore(MemoryObjectStore):
+    """GETs of ``key`` block until ``gate`` is set (a connection that trickles)."""
+
+    def __init__(self, key: str = "") -> None:
+        super().__init__()
+        self.key = key
+        self.gate = threading.Event()
+        self.blocked = threading.Event()  # a GET is waiting at the gate
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if key == self.key and not self.gate.is_set():
+            self.blocked.set()
+            self.gate.wait(60)  # a guard against a hung test, never reached when it passes
+        return super().get(key, start, end)
+
+
+def gated_copy(log: Log) -> tuple[GatedStore, Remote]:
+    store = GatedStore()
+    r = upload_all(log, store)[1]
+    store.key = r.keys.log
+    return store, r
+
+
+def test_a_reupload_under_the_same_keys_is_never_served_old_bytes(tmp_path: Path) -> None:
+    """A retried upload writes the same keys again; chunks cached from the old object
+    must not answer a read under the new manifest."""
+    a = build_log(tmp_path / "a" / "t-0", seed=1)
+    b = build_log(tmp_path / "b" / "t-0", seed=2)
+    store = MemoryObjectStore()
+    keys = segment_keys("t", "tid", 0, 0, "same")
+    ma = upload_segment(store, keys, closed_segments(a)[0], [], "same", CHUNK)
+    reader = reader_for(store)
+
+    async def go() -> bytes:
+        await reader.read(keys, ma, 0, 3000)
+        mb = upload_segment(store, keys, closed_segments(b)[0], [], "same", CHUNK)
+        return await reader.read(keys, mb, 0, 3000)
+
+    assert asyncio.run(go()) == b.read_bytes(0, 3000)
+    reader.close()
+    a.close()
+    b.close()
+
+
+def test_a_manifest_under_another_segments_key_is_refused(log: Log) -> None:
+    store = MemoryObjectStore()
+    remotes = upload_all(log, store)
+    r0, r1 = remotes[0], remotes[1]
+    store.put(r1.keys.manifest, store.get(r0.keys.manifest))
+    reader = reader_for(store)
+    with pytest.raises(RemoteStorageError) as caught:
+        asyncio.run(reader.manifest(r1.keys))
+    assert caught.value.retriable is False
+    reader.close()
+
+
+def test_an_offset_the_manifest_promises_but_the_object_lacks_is_damage(log: Log) -> None:
+    """A manifest claiming offsets its object does not hold (written for a segment that
+    grew meanwhile) must fail the read, never answer b"" (the end of the segment)."""
+    store, r = fresh_copy(log)
+    promised = replace(r.manifest, end_offset=r.manifest.end_offset + 50)
+    reader = reader_for(store)
+    with pytest.raises(RemoteStorageError) as caught:
+        asyncio.run(reader.read(r.keys, promised, r.manifest.end_offset + 10, 1000))
+    assert caught.value.retriable is False
+    late = replace(r.manifest, max_timestamp_ms=r.manifest.max_timestamp_ms + 10_000)
+    with pytest.raises(RemoteStorageError):
+        asyncio.run(reader.offset_for_timestamp(r.keys, late, late.max_timestamp_ms))
+    reader.close()
+
+
+def test_a_get_that_never_returns_fails_and_the_next_read_starts_afresh(log: Log) -> None:
+    store, r = gated_copy(log)
+    reader = RemoteReader(store, 1 << 20, CHUNK, threads=2, prefetch_chunks=0, get_timeout_s=0.05)
+    want = log.read_bytes(r.segment.base_offset, 0)
+
+    async def go() -> bytes:
+        with pytest.raises(RemoteStorageError) as stuck:
+            await reader.read(r.keys, r.manifest, r.segment.base_offset, 0)
+        assert stuck.value.retriable is True
+        assert not reader._inflight  # the stuck GET is no longer joined
+        store.key = ""  # the store answers again, for any new GET
+        return await reader.read(r.keys, r.manifest, r.segment.base_offset, 0)
+
+    try:
+        assert asyncio.run(go()) == want
+    finally:
+        store.gate.set()
+    reader.close()
+
+
+def test_reads_fail_fast_once_every_thread_is_stuck(log: Log) -> None:
+    store, r = gated_copy(log)
+    reader = RemoteReader(store, 1 << 20, CHUNK, threads=1, prefetch_chunks=0, get_timeout_s=0.05)
+
+    async def go() -> None:
+        with pytest.raises(RemoteStorageError):
+            await reader.read(r.keys, r.manifest, r.segment.base_offset, 0)
+        before = len(store.gets)
+        with pytest.raises(RemoteStorageError, match="not answering") as fast:
+            await reader.read(r.keys, r.manifest, r.segment.base_offset, 0)
+        assert fast.value.retriable is True and len(store.gets) == before
+
+    try:
+        asyncio.run(go())
+    finally:
+        store.gate.set()
+    reader.close()
+
+
+def test_close_fails_waiting_reads_as_retriable_and_later_reads_too(log: Log) -> None:
+    store, r = gated_copy(log)
+    reader = reader_for(store)
+
+    async def go() -> None:
+        pending = asyncio.ensure_future(reader.read(r.keys, r.manifest, r.segment.base_offset, 0))
+        await asyncio.to_thread(store.blocked.wait, 60)
+        reader.close()
+        with pytest.raises(RemoteStorageError) as waiting:
+            await pending
+        assert waiting.value.retriable is True
+        for later in (
+            reader.read(r.keys, r.manifest, r.segment.base_offset, 0),
+            reader.manifest(r.keys),
+        ):
+            with pytest.raises(RemoteStorageError):
+                await later
+
+    try:
+        asyncio.run(go())
+    finally:
+        store.gate.set()
+
+
+def test_forget_cancels_the_segments_gets(log: Log) -> None:
+    """A deleted segment's GET under way must not put its chunk in the cache later."""
+    store, r = gated_copy(log)
+    other = upload_all(log, store)[2]
+    reader = RemoteReader(store, 1 << 20, CHUNK, threads=1, prefetch_chunks=0)
+
+    async def go() -> None:
+        pending = asyncio.ensure_future(reader.read(r.keys, r.manifest, r.segment.base_offset, 0))
+        await asyncio.to_thread(store.blocked.wait, 60)
+        reader.forget(r.keys)
+        with pytest.raises(RemoteStorageError) as waiting:
+            await pending
+        assert waiting.value.retriable is True
+        store.gate.set()
+        # One thread: this read's GET runs after the forgotten one returned.
+        await reader.read(other.keys, other.manifest, other.segment.base_offset, 0)
+
+    try:
+        asyncio.run(go())
+    finally:
+        store.gate.set()
+    assert all(k[0] != r.keys.log for k in reader.cache._chunks)
+    reader.close()
+
+
+def test_read_ahead_never_multiplies_gets_for_many_sequential_readers(tmp_path: Path) -> None:
+    """16 sequential consumers over a cache of 8 chunks: read-ahead cannot be kept until
+    its readers come, so it must stand back, not evict and fetch again."""
+    store = MemoryObjectStore()
+    parts = []
+    for p in range(16):
+        log = Log.open(
+            tmp_path / f"s-{p}", LogConfig(segment_bytes=40_000, index_interval_bytes=512)
+        )
+        rng = random.Random(p)
+        for i in range(400):
+            values = [rng.randbytes(rng.randint(1, 100)) for _ in range(rng.randint(1, 4))]
+            log.append(records.encode_batch(values, timestamp_ms=i), 0)
+        keys = segment_keys("t", "tid", p, 0, "x")
+        parts.append((keys, upload_segment(store, keys, log.segments[0], [], "x", 2048)))
+        log.close()
+
+    def gets(prefetch: int) -> tuple[int, int]:
+        store.gets.clear()
+        reader = RemoteReader(store, 8 * 2048, 2048, threads=2, prefetch_chunks=prefetch)
+        ahead_peak = 0
+
+        async def consume() -> None:
+            nonlocal ahead_peak
+            offsets = [0] * len(parts)
+            done = [False] * len(parts)
+
+            async def one(i: int) -> None:
+                nonlocal ahead_peak
+                keys, m = parts[i]
+                data = await reader.read(keys, m, offsets[i], 1500)
+                ahead_peak = max(ahead_peak, sum(reader._ahead.values()))
+                if not data:
+                    done[i] = True
+                    return
+                offsets[i] = [h for _, h in records.iter_batches(data)][-1].next_offset
+
+            while not all(done):
+                await asyncio.gather(*(one(i) for i in range(len(parts)) if not done[i]))
+            await reader.wait_prefetched()
+
+        asyncio.run(consume())
+        reader.close()
+        return len(store.gets), ahead_peak
+
+    without, _ = gets(0)
+    with_prefetch, ahead_peak = gets(4)
+    assert with_prefetch <= without + 32  # a few probes, not a multiple
+    assert ahead_peak <= 4 * 2048  # read-ahead in flight or unused: half the cache
+
+
+def test_reads_under_way_hold_bounded_bytes(log: Log) -> None:
+    """Eight concurrent reads of a whole segment: the bytes they hold at once stay
+    within the bound (one read may exceed it alone), and all get their answer."""
+    store, r = fresh_copy(log)
+    size = r.manifest.size_bytes
+    bound = size + 2 * CHUNK
+    reader = RemoteReader(store, 0, CHUNK, threads=2, prefetch_chunks=0, read_bytes_in_flight=bound)
+
+    async def go() -> list[bytes]:
+        return await asyncio.gather(
+            *(reader.read(r.keys, r.manifest, r.segment.base_offset, size) for _ in range(8))
+        )
+
+    want = log.read_bytes(r.segment.base_offset, size)
+    assert asyncio.run(go()) == [want] * 8
+    assert 0 < reader.read_bytes_peak <= bound
+    assert reader.read_bytes_held == 0
     reader.close()

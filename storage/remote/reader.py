@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -37,9 +38,13 @@ from rillet.storage.remote.store import ObjectStore, RemoteStorageError
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-ChunkKey = tuple[str, int]  # (log object key, chunk number)
+# (log object key, start, end, CRC-32C): the bytes a manifest vouches for, not just
+# where they are, so a re-upload under the same key never serves the old object's.
+ChunkKey = tuple[str, int, int, int]
 NO_LIMIT = 1 << 63  # a read without max_offset: every offset of the segment qualifies
 MANIFEST_CACHE_BYTES = 16 * 1024 * 1024
+GET_TIMEOUT_S = 30.0
+READ_BYTES_IN_FLIGHT = 64 * 1024 * 1024
 
 
 class ChunkCache:
@@ -54,6 +59,9 @@ class ChunkCache:
         self.hits = 0
         self.misses = 0
         self._chunks: OrderedDict[ChunkKey, bytes] = OrderedDict()
+        # Keys of recently evicted chunks (no data): a miss on one means the cache is
+        # too small for what is being read, and read-ahead would only make it worse.
+        self._ghosts: OrderedDict[ChunkKey, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -79,8 +87,14 @@ class ChunkCache:
         self._chunks[key] = data
         self.size_bytes += len(data)
         while self.size_bytes > self.max_bytes:
-            _, evicted = self._chunks.popitem(last=False)
+            gone, evicted = self._chunks.popitem(last=False)
             self.size_bytes -= len(evicted)
+            self._ghosts[gone] = None
+            while len(self._ghosts) > max(2 * len(self._chunks), 64):
+                self._ghosts.popitem(last=False)
+
+    def recently_evicted(self, key: ChunkKey) -> bool:
+        return key in self._ghosts
 
     def discard_object(self, object_key: str) -> None:
         """Drop every chunk of one object (a deleted remote segment)."""
@@ -119,12 +133,36 @@ class RemoteReader:
         prefetch_chunks: int,
         *,
         manifest_cache_bytes: int = MANIFEST_CACHE_BYTES,
+        get_timeout_s: float = GET_TIMEOUT_S,
+        read_bytes_in_flight: int = READ_BYTES_IN_FLIGHT,
     ) -> None:
         self.store = store
         self.cache = ChunkCache(cache_bytes)
         self.chunk_size = chunk_size
         self.prefetch_chunks = prefetch_chunks
-        self._pool = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="remote")
+        self.get_timeout_s = get_timeout_s
+        self._threads = max(threads, 1)
+        self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="remote")
+        # Threads still stuck in a call whose deadline passed (see _in_pool).
+        self._abandoned = 0
+        self._abandoned_lock = threading.Lock()
+        # Bytes that reads under way may hold at once (one read alone may exceed it).
+        self.read_bytes_limit = read_bytes_in_flight
+        self.read_bytes_held = 0
+        self.read_bytes_peak = 0
+        self._read_waiters: list[asyncio.Future[None]] = []
+        # Read-ahead: chunks fetched ahead and not used yet (kept to half the cache),
+        # and demand GETs under way (read-ahead waits while there are any).
+        self._ahead: dict[ChunkKey, int] = {}
+        self._demand = 0
+        # Whether read-ahead pays: +1 per chunk read ahead then used, -1 per chunk read
+        # ahead then evicted unused. Below 0 it pauses for ``_ahead_pause`` reads,
+        # doubling each time it proves useless again (many sequential consumers on a
+        # cache too small for their read-ahead would otherwise multiply the GETs).
+        self._ahead_score = 0
+        self._ahead_skip = 0
+        self._ahead_pause = 1
+        self.prefetch_wasted = 0
         self._inflight: dict[ChunkKey, asyncio.Task[bytes]] = {}
         self._manifests: OrderedDict[str, _Cached] = OrderedDict()
         self._manifest_bytes = 0
@@ -141,7 +179,9 @@ class RemoteReader:
 
     async def manifest(self, keys: SegmentKeys) -> RemoteManifest:
         """The segment's manifest, from the bounded cache or one GET (shared by every
-        caller asking meanwhile). RemoteStorageError when missing or damaged."""
+        caller asking meanwhile). RemoteStorageError when missing, damaged, or not the
+        manifest its key names."""
+        self._check_open()
         cached = self._manifests.get(keys.manifest)
         if cached is not None:
             self._manifests.move_to_end(keys.manifest)
@@ -151,11 +191,12 @@ class RemoteReader:
             task = self._spawn(self._fetch_manifest(keys))
             self._manifest_inflight[keys.manifest] = task
             task.add_done_callback(lambda _: self._manifest_inflight.pop(keys.manifest, None))
-        return await asyncio.shield(task)
+        return await self._join(task)
 
     async def _fetch_manifest(self, keys: SegmentKeys) -> RemoteManifest:
         data = await self._get(keys.manifest, 0, None)
         manifest = await self._in_pool(RemoteManifest.decode, data, key=keys.manifest)
+        manifest.check_keys(keys)
         self._remember(keys, manifest)
         return manifest
 
@@ -179,13 +220,24 @@ class RemoteReader:
         if cached is not None and (cached.manifest is manifest or cached.manifest == manifest):
             self._manifests.move_to_end(keys.manifest)
             return cached
+        # A different manifest under the same key (a re-upload): it replaces the cached
+        # one; chunks are keyed by their CRCs, so the old object's are never served.
         return self._remember(keys, manifest)
 
     def forget(self, keys: SegmentKeys) -> None:
-        """Drop what is cached of a segment (it was deleted remotely)."""
+        """Drop what is cached of a segment (it was deleted remotely), and cancel its
+        GETs under way so their chunks never land in the cache afterwards (readers
+        waiting on them get a retriable RemoteStorageError)."""
         cached = self._manifests.pop(keys.manifest, None)
         if cached is not None:
             self._manifest_bytes -= cached.charge
+        task = self._manifest_inflight.pop(keys.manifest, None)
+        if task is not None:
+            task.cancel()
+        for key in [k for k in self._inflight if k[0] == keys.log]:
+            self._inflight.pop(key).cancel()
+        for key in [k for k in self._ahead if k[0] == keys.log]:
+            del self._ahead[key]
         self.cache.discard_object(keys.log)
 
     # -- reads ------------------------------------------------------------------------
@@ -199,25 +251,70 @@ class RemoteReader:
         max_offset: int | None = None,
     ) -> bytes:
         """Whole batches from the one holding ``offset``, as ``Log.read`` cuts them on
-        the same segment; b"" past its end or at ``max_offset``."""
+        the same segment.
+
+        b"" means nothing of this segment qualifies: ``offset`` is at or past
+        ``max_offset`` or past ``manifest.end_offset``. A compacted segment may end
+        before the next one starts (a gap of offsets no batch holds): a caller whose
+        offset is past ``manifest.end_offset`` must move on to the segment holding the
+        next offset, not take b"" for the end of the log. An offset up to
+        ``end_offset`` that finds no batch means the object is damaged, and raises.
+        """
+        self._check_open()
         end = NO_LIMIT if max_offset is None else max_offset
-        if offset >= end:
+        if offset >= end or offset > manifest.end_offset:
             return b""
         cached = self._cached(keys, manifest)
-        held: dict[int, bytes] = {}  # this read's chunks, whatever the cache evicts
-        found = await self._find(keys, cached, offset, held)
-        if found is None:
-            return b""
-        position, first = found
-        if first.last_offset >= end:
-            return b""
-        limit = position + max(max_bytes, first.size)
-        data = await self._range(keys, manifest, position, min(limit, manifest.size_bytes), held)
-        cut = self._cut(keys, manifest, position, data, first, end)
-        result = data[:cut]
-        self._check_batches(keys, position, result)
-        self._prefetch(keys, manifest, (position + cut - 1) // manifest.chunk_size)
-        return result
+        # Bytes this read may hold: its answer plus the chunks at either end of it.
+        want = min(max_bytes, manifest.size_bytes) + 2 * manifest.chunk_size
+        reserved = await self._reserve(want)
+        try:
+            held: dict[int, bytes] = {}  # this read's chunks, whatever the cache evicts
+            found = await self._find(keys, cached, offset, held)
+            if found is None:
+                raise _damaged(
+                    keys.log, f"no batch holds offset {offset} (end offset {manifest.end_offset})"
+                )
+            position, first = found
+            if first.last_offset >= end:
+                return b""
+            if first.size + 2 * manifest.chunk_size > reserved:  # one batch past max_bytes
+                reserved += await self._reserve(first.size + 2 * manifest.chunk_size - reserved)
+            limit = position + max(max_bytes, first.size)
+            stop = min(limit, manifest.size_bytes)
+            data = await self._range(keys, manifest, position, stop, held)
+            held.clear()
+            cut = self._cut(keys, manifest, position, data, first, end)
+            result = data if cut == len(data) else data[:cut]
+            del data
+            self._check_batches(keys, position, result)
+            self._prefetch(keys, manifest, (position + cut - 1) // manifest.chunk_size)
+            return result
+        finally:
+            self._release(reserved)
+
+    async def _reserve(self, n: int) -> int:
+        """Wait until ``n`` more bytes fit the in-flight read bound (a read larger than
+        the whole bound waits until it is alone), then count them."""
+        loop = asyncio.get_running_loop()
+        while self.read_bytes_held and self.read_bytes_held + n > self.read_bytes_limit:
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._read_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._read_waiters:
+                    self._read_waiters.remove(waiter)
+        self.read_bytes_held += n
+        self.read_bytes_peak = max(self.read_bytes_peak, self.read_bytes_held)
+        return n
+
+    def _release(self, n: int) -> None:
+        self.read_bytes_held -= n
+        waiters, self._read_waiters = self._read_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _cut(
         self,
@@ -263,8 +360,13 @@ class RemoteReader:
         at: int,
         held: dict[int, bytes],
     ) -> tuple[int, BatchHeader] | None:
-        """From ``position``, the first batch whose ``column`` is >= ``at``."""
+        """From ``position``, the first batch whose ``column`` is >= ``at``. Holds
+        only the chunks from the current header on (an index-less segment walks from
+        0: what it passed is let go)."""
+        size = manifest.chunk_size
         while position < manifest.size_bytes:
+            for i in [i for i in held if i < position // size]:
+                del held[i]
             stop = min(position + HEADER_SIZE, manifest.size_bytes)
             data = await self._range(keys, manifest, position, stop, held)
             h = self._header(keys, data, 0, position)
@@ -299,6 +401,7 @@ class RemoteReader:
     ) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp`` in this segment
         (``Log.offset_for_timestamp`` within one segment), or None."""
+        self._check_open()
         if manifest.max_timestamp_ms < timestamp:
             return None
         cached = self._cached(keys, manifest)
@@ -310,8 +413,8 @@ class RemoteReader:
             start = hit[1] if hit else 0
         held: dict[int, bytes] = {}
         found = await self._walk(keys, manifest, start, "max_timestamp", timestamp, held)
-        if found is None:
-            return None
+        if found is None:  # the manifest promised a batch this late: the object lacks it
+            raise _damaged(keys.log, f"no batch reaches timestamp {timestamp}")
         position, h = found
         data = await self._range(keys, manifest, position, position + h.size, held)
         self._check_batches(keys, position, data)
@@ -352,38 +455,59 @@ class RemoteReader:
         views[0] = views[0][start - first * size :]
         return b"".join(views)
 
+    @staticmethod
+    def _chunk_key(keys: SegmentKeys, manifest: RemoteManifest, i: int) -> ChunkKey:
+        start, end = manifest.chunk_range(i)
+        return (keys.log, start, end, manifest.chunk_crcs[i])
+
     async def _chunk(
         self, keys: SegmentKeys, manifest: RemoteManifest, i: int, held: dict[int, bytes]
     ) -> bytes:
         data = held.get(i)
         if data is not None:
             return data
-        key = (keys.log, i)
+        key = self._chunk_key(keys, manifest, i)
         data = self.cache.get(key)
         if data is None:
             task = self._inflight.get(key)
             if task is None:
-                task = self._start_chunk(keys, manifest, i)
-            # Shielded: a cancelled reader must not cancel the GET others wait for.
-            data = await asyncio.shield(task)
+                if self.cache.recently_evicted(key):  # fetched again: the cache thrashes
+                    self._ahead_score = min(self._ahead_score, 0) - 1
+                task = self._start_chunk(keys, manifest, i, demand=True)
+            data = await self._join(task)
+        if self._ahead.pop(key, None) is not None:  # read ahead, now used
+            self._ahead_score = min(self._ahead_score + 1, 8)
+            if self._ahead_score >= 4:
+                self._ahead_pause = 1
         held[i] = data
         return data
 
     def _start_chunk(
-        self, keys: SegmentKeys, manifest: RemoteManifest, i: int
+        self, keys: SegmentKeys, manifest: RemoteManifest, i: int, *, demand: bool
     ) -> asyncio.Task[bytes]:
-        key = (keys.log, i)
-        task = self._spawn(self._fetch_chunk(keys, manifest, i))
+        key = self._chunk_key(keys, manifest, i)
+        task = self._spawn(self._fetch_chunk(keys, manifest, i, key))
         self._inflight[key] = task
-        task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        if demand:
+            self._demand += 1
+
+        def done(_: asyncio.Task[bytes]) -> None:
+            if self._inflight.get(key) is task:
+                del self._inflight[key]
+            if demand:
+                self._demand -= 1
+
+        task.add_done_callback(done)
         return task
 
-    async def _fetch_chunk(self, keys: SegmentKeys, manifest: RemoteManifest, i: int) -> bytes:
+    async def _fetch_chunk(
+        self, keys: SegmentKeys, manifest: RemoteManifest, i: int, key: ChunkKey
+    ) -> bytes:
         start, end = manifest.chunk_range(i)
         data = await self._get(keys.log, start, end, manifest.chunk_crcs[i])
         if len(data) != end - start:
             raise _damaged(keys.log, f"chunk {i}: {len(data)} bytes of {end - start} (truncated)")
-        self.cache.put((keys.log, i), data)
+        self.cache.put(key, data)
         return data
 
     async def _get(self, key: str, start: int, end: int | None, crc: int | None = None) -> bytes:
@@ -400,15 +524,44 @@ class RemoteReader:
 
     def _prefetch(self, keys: SegmentKeys, manifest: RemoteManifest, last_chunk: int) -> None:
         """Start GETs of the ``prefetch_chunks`` chunks after ``last_chunk`` that are
-        neither cached nor coming: a sequential reader's next reads find them."""
-        if self.cache.max_bytes < manifest.chunk_size:
-            return  # nowhere to keep what would be read ahead
-        stop = min(last_chunk + 1 + self.prefetch_chunks, manifest.chunk_count)
+        neither cached nor coming: a sequential reader's next reads find them.
+
+        Read-ahead must never cost more GETs than it saves. It waits while demand GETs
+        are under way (they go first in the FIFO pool), and what it has fetched and not
+        yet seen used, in the cache or coming, stays within half the cache: beyond that
+        it would evict the chunks it read ahead before their readers come for them
+        (many sequential consumers and a small cache)."""
+        if self.prefetch_chunks <= 0:
+            return
+        for key in [k for k in self._ahead if k not in self.cache and k not in self._inflight]:
+            del self._ahead[key]  # evicted unused, or its GET failed
+            self._ahead_score -= 1
+            self.prefetch_wasted += 1
+        if self._ahead_skip > 0:
+            self._ahead_skip -= 1
+            return
+        if self._ahead_score < 0:
+            self._ahead_skip = self._ahead_pause
+            self._ahead_pause = min(2 * self._ahead_pause, 1 << 10)
+            self._ahead_score = 0
+            return
+        if self._demand:
+            return
+        budget = self.cache.max_bytes // 2
+        ahead = sum(self._ahead.values())
+        # After a pause, probe with one chunk before trusting read-ahead with more.
+        depth = self.prefetch_chunks if self._ahead_pause == 1 else 1
+        stop = min(last_chunk + 1 + depth, manifest.chunk_count)
         for i in range(last_chunk + 1, stop):
-            key = (keys.log, i)
+            key = self._chunk_key(keys, manifest, i)
             if key in self.cache or key in self._inflight:
                 continue
-            task = self._start_chunk(keys, manifest, i)
+            length = key[2] - key[1]
+            if ahead + length > budget:
+                return
+            ahead += length
+            self._ahead[key] = length
+            task = self._start_chunk(keys, manifest, i, demand=False)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -419,22 +572,79 @@ class RemoteReader:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+    def _check_open(self) -> None:
         if self._closed:
             raise RemoteStorageError("remote reader closed", retriable=True)
-        task: asyncio.Task[T] = asyncio.ensure_future(coro)  # type: ignore[assignment]
+
+    def _spawn(self, coro: Coroutine[object, object, T]) -> asyncio.Task[T]:
+        if self._closed:
+            coro.close()
+            raise RemoteStorageError("remote reader closed", retriable=True)
+        task: asyncio.Task[T] = asyncio.ensure_future(coro)
         task.add_done_callback(_consume)
         return task
 
+    async def _join(self, task: asyncio.Task[T]) -> T:
+        """Wait for a task other readers may share. Shielded: a cancelled reader must not
+        cancel what others wait for. When the shared task itself was cancelled (close,
+        forget), its waiters get a retriable RemoteStorageError, not a CancelledError
+        they would take for their own cancellation."""
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise RemoteStorageError(
+                    "remote read abandoned: the reader closed or the segment was deleted",
+                    retriable=True,
+                ) from None
+            raise
+
     async def _in_pool(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-        loop = asyncio.get_running_loop()
-        if kwargs:
-            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-        return await loop.run_in_executor(self._pool, fn, *args)
+        """Run ``fn`` in the pool within ``get_timeout_s`` (queueing included).
+
+        A call past its deadline fails with a retriable error and the next read starts
+        afresh; its thread cannot be stopped (a GET stuck on a trickling connection) and
+        is abandoned, still counted as busy until it returns. Once every thread is
+        abandoned, calls fail at once rather than queue behind them."""
+        if self._abandoned >= self._threads:
+            raise RemoteStorageError(
+                f"remote store not answering: {self._abandoned} GETs stuck past "
+                f"{self.get_timeout_s}s",
+                retriable=True,
+            )
+        try:
+            future: Future[T] = self._pool.submit(fn, *args, **kwargs)
+        except RuntimeError as exc:  # shut down
+            raise RemoteStorageError("remote reader closed", retriable=True) from exc
+        waiting = asyncio.wrap_future(future)
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=self.get_timeout_s)
+        except asyncio.CancelledError:
+            future.cancel()  # not started yet: never runs
+            raise
+        if not done:
+            if not future.cancel():  # running: abandon the thread
+                with self._abandoned_lock:
+                    self._abandoned += 1
+                future.add_done_callback(self._unabandon)
+            raise RemoteStorageError(
+                f"remote store call took over {self.get_timeout_s}s", retriable=True
+            )
+        if waiting.cancelled():  # the pool shut down under it
+            raise RemoteStorageError("remote reader closed", retriable=True)
+        return waiting.result()
+
+    def _unabandon(self, _: Future[object]) -> None:
+        with self._abandoned_lock:
+            self._abandoned -= 1
 
     def close(self) -> None:
-        """Cancel the read-ahead and stop the threads (GETs under way finish alone)."""
+        """Stop: reads under way and later fail with a retriable RemoteStorageError;
+        the threads stop (GETs under way finish alone)."""
         self._closed = True
+        for task in [*self._inflight.values(), *self._manifest_inflight.values()]:
+            task.cancel()
         for task in list(self._background):
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
