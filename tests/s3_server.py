@@ -84,16 +84,39 @@ class S3Server:
             self.stop()
             raise
 
-    def _read_port(self, proc: subprocess.Popen[bytes]) -> int:
+    def _read_port(self, proc: subprocess.Popen[bytes], timeout_s: float | None = None) -> int:
+        """The port from moto's start-up line, within ``timeout_s`` (START_TIMEOUT_S):
+        a server that hangs before printing it fails the fixture instead of the run.
+        The lines are read in a thread (a pipe's readline has no deadline); the caller
+        stops the process on failure, which ends the stream and the thread."""
         assert proc.stderr is not None
-        seen = b""
-        # moto writes the line within its start-up; a dead process ends the stream.
-        for line in iter(proc.stderr.readline, b""):
-            seen += line
-            match = _PORT_LINE.search(line)
-            if match:
-                return int(match.group(1))
-        raise RuntimeError(f"moto server exited before listening:\n{seen.decode(errors='replace')}")
+        stream = proc.stderr
+        seen: list[bytes] = []
+        found: list[int] = []
+        ended = threading.Event()
+
+        def scan() -> None:
+            try:
+                for line in iter(stream.readline, b""):
+                    seen.append(line)
+                    match = _PORT_LINE.search(line)
+                    if match:
+                        found.append(int(match.group(1)))
+                        return
+            finally:
+                ended.set()
+
+        threading.Thread(target=scan, name="moto-port", daemon=True).start()
+        limit = START_TIMEOUT_S if timeout_s is None else timeout_s
+        if not ended.wait(limit):
+            raise RuntimeError(
+                f"moto server printed no port line within {limit}s:\n"
+                + b"".join(seen).decode(errors="replace")
+            )
+        if found:
+            return found[0]
+        output = b"".join(seen).decode(errors="replace")
+        raise RuntimeError(f"moto server exited before listening:\n{output}")
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
         """Keep reading the server's stderr (its request log) so it never blocks on a

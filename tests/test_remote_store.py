@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from typing import Any
 import botocore.exceptions
 import crc32c
 import pytest
-from s3_server import S3Endpoint
+from s3_server import S3Endpoint, S3Server
 
 from rillet.storage.remote.store import (
     MemoryObjectStore,
@@ -398,3 +400,17 @@ def test_memory_store_behaves_as_s3_at_the_edges() -> None:
         store.delete(["x"])
     store.delete(["x"])
     assert store.keys() == ["empty"]
+
+
+def test_a_server_that_never_prints_its_port_fails_the_fixture_in_time() -> None:
+    """A moto that hangs before its start-up line must fail the fixture, not block
+    the whole run on a pipe's readline."""
+    silent = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], stderr=subprocess.PIPE
+    )
+    try:
+        with pytest.raises(RuntimeError, match="no port line"):
+            S3Server()._read_port(silent, timeout_s=0.1)
+    finally:
+        silent.kill()
+        silent.wait()
