@@ -670,3 +670,20 @@ def test_reads_under_way_hold_bounded_bytes(log: Log) -> None:
     assert 0 < reader.read_bytes_peak <= bound
     assert reader.read_bytes_held == 0
     reader.close()
+
+
+def test_reads_of_batches_larger_than_max_bytes_never_wait_for_each_other(log: Log) -> None:
+    """Reads that each hold part of the bound and then need more for a batch past
+    their max_bytes must not wait on one another."""
+    store, r = fresh_copy(log)
+    reader = RemoteReader(
+        store, 0, CHUNK, threads=2, prefetch_chunks=0, read_bytes_in_flight=3 * CHUNK
+    )
+    offsets = [h.base_offset for _, h in r.segment.headers_from(0)]
+
+    async def go() -> list[bytes]:
+        return await asyncio.gather(*(reader.read(r.keys, r.manifest, o, 0) for o in offsets))
+
+    assert asyncio.run(go()) == [log.read_bytes(o, 0) for o in offsets]
+    assert reader.read_bytes_held == 0
+    reader.close()

@@ -278,8 +278,14 @@ class RemoteReader:
             position, first = found
             if first.last_offset >= end:
                 return b""
-            if first.size + 2 * manifest.chunk_size > reserved:  # one batch past max_bytes
-                reserved += await self._reserve(first.size + 2 * manifest.chunk_size - reserved)
+            extra = first.size + 2 * manifest.chunk_size - reserved
+            if extra > 0:
+                # One batch larger than max_bytes: counted, but never waited for (two
+                # reads each holding part of the bound and waiting for more would wait
+                # for each other forever).
+                self.read_bytes_held += extra
+                self.read_bytes_peak = max(self.read_bytes_peak, self.read_bytes_held)
+                reserved += extra
             limit = position + max(max_bytes, first.size)
             stop = min(limit, manifest.size_bytes)
             data = await self._range(keys, manifest, position, stop, held)
