@@ -634,6 +634,7 @@ class RemoteReader:
                 with self._abandoned_lock:
                     self._abandoned += 1
                 future.add_done_callback(self._unabandon)
+                waiting.add_done_callback(_consume)  # its late outcome is nobody's
             raise RemoteStorageError(
                 f"remote store call took over {self.get_timeout_s}s", retriable=True
             )
@@ -669,7 +670,7 @@ def _get_checked(
     return data
 
 
-def _consume(task: asyncio.Task) -> None:
+def _consume(task: asyncio.Future) -> None:
     """Mark a shared task's outcome seen, so a failure no reader waited for (read-ahead)
     is logged here rather than as 'exception was never retrieved'."""
     if not task.cancelled() and task.exception() is not None:
