@@ -17,6 +17,7 @@ from rillet.broker.replication.types import (
     FetchClock,
     FetchResponse,
     IncrementLogStartOffset,
+    ListLeaderLocalStart,
     ProposeAlterPartition,
     ReplicationConfig,
     ReplicationInvariantError,
@@ -755,3 +756,86 @@ def test_needs_tick_only_while_a_tick_could_act() -> None:
     assert a.state.needs_tick()  # the shrink is in flight
     commit(a, proposal)
     assert not a.state.needs_tick()  # ISR (1, 2), both at the end
+
+
+# ---- the remote tier ----------------------------------------------------------------
+
+
+def tiered_leader() -> tuple[Replica, Replica, Replica]:
+    """Broker 1 leads epoch 2 of m0..m5 (m0-m2 written in epoch 1, m3-m5 in epoch 2) and
+    its local log starts at 4: offsets 0-3 are only in the remote tier."""
+    a, b, c = trio(isr=(1, 2))
+    a.append(["m0", "m1", "m2"])
+    a.apply(a.state.become_leader(2, 2, (1, 2, 3), (1, 2), now_ms=0))
+    for r in (b, c):
+        r.apply(r.state.become_follower(1, 2, 2, (1, 2, 3), (1, 2)))
+    a.append(["m3", "m4", "m5"])
+    a.log.increment_log_start_offset(4)
+    return a, b, c
+
+
+REMOTE_EPOCHS = ((1, 0), (2, 3))  # the remote segments' leader epochs, as metadata has them
+
+
+def test_a_fetch_below_the_local_start_that_the_tier_holds_is_moved_to_tiered_storage() -> None:
+    a, _, c = tiered_leader()
+    request = c.state.fetch_request()
+    assert request is not None and request.fetch_offset == 0
+    decision = a.driver.on_follower_fetch(request, None, 0)
+    assert decision.error_code == E("OFFSET_MOVED_TO_TIERED_STORAGE")
+    # Below the remote log start too (remote retention): plain out of range.
+    assert a.driver.on_follower_fetch(request, None, 1).error_code == E("OFFSET_OUT_OF_RANGE")
+    # No remote tier: out of range, as before.
+    assert a.driver.on_follower_fetch(request).error_code == E("OFFSET_OUT_OF_RANGE")
+
+
+def test_a_follower_below_the_leaders_local_start_restarts_there_with_the_remote_epochs() -> None:
+    """Kafka's follower on OFFSET_MOVED_TO_TIERED_STORAGE: ask the leader's earliest local
+    offset, rebuild the epoch cache from the remote segments, truncate fully, start at
+    the leader's local log start, fetch on from there."""
+    a, _, c = tiered_leader()
+    request = c.state.fetch_request()
+    assert request is not None
+    effects = c.driver.on_fetch_response(a.serve(request, 0, remote_log_start=0)[0], [])
+    (question,) = effects
+    assert question == ListLeaderLocalStart(fetch_offset=0, leader_epoch=2)
+    assert c.log.log_end_offset == 0  # nothing happens until the leader answers
+    applied = c.driver.on_leader_local_start(question, a.log.log_start_offset, REMOTE_EPOCHS)
+    assert applied == (TruncateFullyAndStartAt(4, REMOTE_EPOCHS), UpdateHighWatermark(4))
+    assert (c.log.log_start_offset, c.log.log_end_offset) == (4, 4)
+    assert c.log.epochs == list(REMOTE_EPOCHS)
+    assert c.state.high_watermark == 4  # all below the local start was committed
+    request = c.state.fetch_request()
+    assert request is not None
+    assert (request.fetch_offset, request.last_fetched_epoch) == (4, 2)
+    c.fetch_from(a)  # the epoch check passes on the leader's local epochs, records follow
+    assert c.log.read(4) == a.log.read(4)
+    assert c.log.epochs == list(REMOTE_EPOCHS)
+
+
+def test_remote_epochs_at_or_past_the_local_start_are_left_to_the_fetched_batches() -> None:
+    a, _, c = tiered_leader()
+    request = c.state.fetch_request()
+    assert request is not None
+    (question,) = c.driver.on_fetch_response(a.serve(request, 0, remote_log_start=0)[0], [])
+    # The remote tier also holds offset 4 onwards (copied, not yet deleted locally).
+    applied = c.driver.on_leader_local_start(question, 4, (*REMOTE_EPOCHS, (3, 4)))
+    assert applied[0] == TruncateFullyAndStartAt(4, REMOTE_EPOCHS)
+
+
+def test_a_stale_local_start_answer_changes_nothing() -> None:
+    a, _, c = tiered_leader()
+    request = c.state.fetch_request()
+    assert request is not None
+    (question,) = c.driver.on_fetch_response(a.serve(request, 0, remote_log_start=0)[0], [])
+    c.apply(c.state.become_follower(1, 3, 3, (1, 2, 3), (1, 2)))  # a new leader epoch
+    assert c.driver.on_leader_local_start(question, 4, REMOTE_EPOCHS) == ()
+    assert c.log.log_end_offset == 0
+    c.apply(c.state.become_follower(1, 2, 2, (1, 2, 3), (1, 2)))  # (stale: ignored)
+    fresh = ListLeaderLocalStart(0, 3)
+    # The leader's local start is not past our position (it moved back: a new leader
+    # holding more locally): nothing to skip; the next fetch decides.
+    assert c.driver.on_leader_local_start(fresh, 0, REMOTE_EPOCHS) == ()
+    assert c.driver.on_leader_local_start(fresh, 4, REMOTE_EPOCHS)[0] == TruncateFullyAndStartAt(
+        4, REMOTE_EPOCHS
+    )

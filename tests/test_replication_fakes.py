@@ -63,7 +63,11 @@ class FakeLog:
         return (floor[-1] if floor else epoch), higher[0][1]
 
     def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
-        assert start_offset == self.log_end_offset
+        # At the log end (a new leader epoch), or below the start of an emptied log (the
+        # epochs of records only the remote tier holds).
+        assert start_offset == self.log_end_offset or (
+            not self.records and start_offset < self.log_start_offset
+        )
         if epoch > self.latest_epoch:
             self.epochs.append((epoch, start_offset))
 
@@ -197,9 +201,12 @@ class Replica:
         )
         return outcome.error_code if outcome.error_code != errors.NONE else None
 
-    def serve(self, request: FetchRequest, now_ms: int) -> tuple[FetchResponse, list[Record]]:
+    def serve(
+        self, request: FetchRequest, now_ms: int, remote_log_start: int = UNDEFINED_OFFSET
+    ) -> tuple[FetchResponse, list[Record]]:
+        """``remote_log_start``: the first offset the remote tier holds, if any."""
         self.now_ms = now_ms
-        decision = self.driver.on_follower_fetch(request)
+        decision = self.driver.on_follower_fetch(request, None, remote_log_start)
         records: list[Record] = []
         if decision.error_code == errors.NONE and decision.diverging_epoch is None:
             records = self.log.read(request.fetch_offset)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import (
     ACKS_ALL,
+    UNDEFINED_OFFSET,
     AlterPartitionResponse,
     AppendFetched,
     AssignEpochStartOffset,
@@ -35,6 +36,7 @@ from rillet.broker.replication.types import (
     FetchRequest,
     FetchResponse,
     IncrementLogStartOffset,
+    ListLeaderLocalStart,
     ProposeAlterPartition,
     Truncate,
     TruncateFullyAndStartAt,
@@ -142,8 +144,10 @@ class PartitionDriver:
                     self.network.send_alter_partition(effect)
                 case Truncate(offset):
                     self.storage.truncate_to(offset)  # also drops empty epochs at the end
-                case TruncateFullyAndStartAt(offset):
+                case TruncateFullyAndStartAt(offset, epochs):
                     self.storage.truncate_fully_and_start_at(offset)
+                    for epoch, start in epochs:  # the remote records' epochs, after the cut
+                        self.storage.assign_epoch_start_offset(epoch, start)
                 case IncrementLogStartOffset(offset):
                     self.storage.increment_log_start_offset(offset)
                 case AppendFetched():
@@ -151,6 +155,8 @@ class PartitionDriver:
                         raise ValueError("AppendFetched without the fetched bytes")
                     self.storage.append_fetched(effect, fetched)
                     self.network.log_appended()
+                case ListLeaderLocalStart():
+                    pass  # a question for the leader: the fetcher, which sees it returned, asks
                 case _:
                     raise TypeError(f"unknown replication effect {effect!r}")
 
@@ -220,12 +226,16 @@ class PartitionDriver:
         return LeaderAppend(errors.NONE, first, last)
 
     def on_follower_fetch(
-        self, request: FetchRequest, clock: FetchClock | None = None
+        self,
+        request: FetchRequest,
+        clock: FetchClock | None = None,
+        remote_log_start: int = UNDEFINED_OFFSET,
     ) -> FetchDecision:
         """A follower's fetch position reaches the core (HW, ISR expansion); the decision
         says whether to send it records or a diverging epoch. ``clock``: its fetch
-        session's (``FetchClock``), None for a sessionless fetch."""
-        decision = self.state.on_fetch_request(request, self.clock(), clock)
+        session's (``FetchClock``), None for a sessionless fetch. ``remote_log_start``:
+        the remote tier's first offset (UNDEFINED_OFFSET: none)."""
+        decision = self.state.on_fetch_request(request, self.clock(), clock, remote_log_start)
         self.apply(decision.effects)
         return decision
 
@@ -239,3 +249,17 @@ class PartitionDriver:
         moved = self.state.on_fetched_appended()
         self.apply(moved)
         return effects + moved
+
+    def on_leader_local_start(
+        self,
+        question: ListLeaderLocalStart,
+        local_start: int,
+        remote_epochs: Sequence[tuple[int, int]],
+    ) -> tuple[Effect, ...]:
+        """The leader's answer to ``question``: empty the log and start it at its local
+        log start, with the remote records' epochs (or nothing, if the answer is stale)."""
+        effects = self.state.on_leader_local_start(
+            question.fetch_offset, question.leader_epoch, local_start, remote_epochs
+        )
+        self.apply(effects)
+        return effects

@@ -19,6 +19,12 @@ catch up with it; OFFSET_OUT_OF_RANGE the core answers with a truncation), recon
 with backoff, and look the leader's address up in the metadata image on every connect
 (a restarted broker may listen on a new port).
 
+The remote tier: a partition answered OFFSET_MOVED_TO_TIERED_STORAGE comes back from
+its core as a ``ListLeaderLocalStart`` question. Before the next Fetch, one ListOffsets
+(EARLIEST_LOCAL_TIMESTAMP, -4) on the same connection asks the leader for each such
+partition's local log start; the answer goes back to the core with the remote segments'
+leader epochs from the metadata image, and the core starts the log there.
+
 ``FetcherManager.sync()`` runs after every metadata change: each partition this broker
 follows goes to the fetcher of its leader; a partition that this broker now leads, or
 whose leader is -1, goes nowhere; a fetcher left without partitions stops.
@@ -52,6 +58,7 @@ from rillet.broker.replication.types import (
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
+    ListLeaderLocalStart,
     ReplicationInvariantError,
 )
 from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
@@ -61,6 +68,7 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import NO_LEADER, TopicPartition
+from rillet.controller.metadata.remote_log import remote_log_view
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +89,7 @@ LEADER_CATCHING_UP = frozenset(
 )
 REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
 Sent = dict[TopicPartition, tuple[Replica, FetchRequest]]  # what one Fetch asked, by partition
+EARLIEST_LOCAL = -4  # ListOffsets: the leader's local log start
 # FetchPartition from a tuple of its fields, in C: one per partition per fetch, where the
 # class call (a Python-level __new__) costs ~150 ns more.
 _partition: Callable[[tuple[int, ...]], m.FetchPartition] = partial(tuple.__new__, m.FetchPartition)
@@ -214,6 +223,9 @@ class SourceFetcher:
         self._held: set[TopicPartition] = set()  # backed off: left out until their time
         # Partitions of the response being handled that back off, by error code.
         self._backing_off: dict[int, list[TopicPartition]] = {}
+        # Partitions whose core asked for the leader's local log start (the remote tier
+        # holds their fetch offset): asked before the next Fetch.
+        self._local_start_wanted: dict[TopicPartition, tuple[Replica, ListLeaderLocalStart]] = {}
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
         # The incremental fetch session with this leader (client/fetch_session.py).
@@ -335,6 +347,60 @@ class SourceFetcher:
                 )
                 continue
             self._handle_response(response, payload, sent)
+            if self._local_start_wanted:
+                await self._list_local_starts(conn)
+
+    async def _list_local_starts(self, conn: Connection) -> None:
+        """Ask the leader for the local log start of every partition whose core wants it
+        (one ListOffsets -4), and hand each answer to the partition's core. A failed ask
+        backs the partition off; its next fetch is answered the same way and asks again."""
+        wanted, self._local_start_wanted = self._local_start_wanted, {}
+        by_topic: dict[str, list[m.ListOffsetsPartition]] = {}
+        for tp, (_, question) in wanted.items():
+            row = m.ListOffsetsPartition(tp.partition, question.leader_epoch, EARLIEST_LOCAL)
+            by_topic.setdefault(tp.topic, []).append(row)
+        request = m.ListOffsetsRequest(
+            replica_id=self.manager.config.broker_id,
+            topics=[m.ListOffsetsTopic(t, rows) for t, rows in by_topic.items()],
+        )
+        try:
+            response, _ = await conn.call(
+                request, timeout_ms=self.manager.config.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
+            )
+        except (RilletError, OSError) as e:
+            logger.info("fetcher from %d: asking local log starts failed: %s", self.source_id, e)
+            for tp in wanted:
+                self._back_off(tp)
+            self._close()
+            return
+        answered = {
+            TopicPartition(t.topic, r.partition): r for t in response.topics for r in t.partitions
+        }
+        image = self.manager.replicas.image
+        for tp, (replica, question) in wanted.items():
+            r = answered.get(tp)
+            if self.manager.replicas.replicas.get(tp) is not replica or tp not in self.partitions:
+                continue
+            self._stale.add(tp)
+            if r is None or r.error_code != errors.NONE:
+                self._back_off(tp)
+                continue
+            epochs = remote_log_view(image, replica.topic_id, tp.partition).leader_epochs()
+            try:
+                replica.driver.on_leader_local_start(question, r.offset, epochs)
+            except (ReplicationInvariantError, RilletError, OSError) as e:
+                logger.error(
+                    "%s: starting at the leader's local log start failed: %r", replica.log.name, e
+                )
+                self._back_off(tp)
+                continue
+            logger.info(
+                "%s: offset %d is only in the remote tier; log restarted at the leader's "
+                "local log start %d",
+                replica.log.name,
+                question.fetch_offset,
+                r.offset,
+            )
 
     async def _wait_for_work(self) -> None:
         """Until partitions are added, or the first backed-off partition may fetch."""
@@ -492,6 +558,9 @@ class SourceFetcher:
             )
             self._back_off(tp)
             return
+        for effect in effects:
+            if isinstance(effect, ListLeaderLocalStart):
+                self._local_start_wanted[tp] = (replica, effect)
         if code != errors.NONE and not effects:
             logger.debug(
                 "%s: fetch from %d answered %s; backing off",

@@ -7,9 +7,17 @@ they diverge it answers with a diverging epoch (epoch, end_offset) instead of re
 and the follower truncates (KIP-101, KIP-279, KIP-320/KIP-595 fetch-based truncation).
 Truncation may take several rounds when the follower holds epochs the leader never saw;
 each round uses the follower's newest remaining epoch, so it converges.
+
+A fetch below the leader's local log start, in the range its remote tier holds, is
+answered OFFSET_MOVED_TO_TIERED_STORAGE: the follower asks the leader for its local log
+start (``ListLeaderLocalStart``), then empties its log and starts it there, with the
+leader epochs of the records below taken from the remote segments' metadata
+(``on_leader_local_start``), as Kafka's follower does; it never copies the remote range.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from rillet.broker.replication.types import (
     UNDEFINED_EPOCH,
@@ -21,6 +29,7 @@ from rillet.broker.replication.types import (
     EpochLogView,
     FetchRequest,
     FetchResponse,
+    ListLeaderLocalStart,
     Truncate,
     TruncateFullyAndStartAt,
     invariant,
@@ -28,6 +37,7 @@ from rillet.broker.replication.types import (
 from rillet.client.wire import errors
 
 _OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
+_OFFSET_MOVED_TO_TIERED_STORAGE = errors.code_of("OFFSET_MOVED_TO_TIERED_STORAGE")
 
 
 class FollowerState:
@@ -59,6 +69,8 @@ class FollowerState:
             return [], high_watermark  # answers an older request; the log has moved on
         if response.error_code == _OFFSET_OUT_OF_RANGE:
             return self._on_out_of_range(response, high_watermark)
+        if response.error_code == _OFFSET_MOVED_TO_TIERED_STORAGE:
+            return [ListLeaderLocalStart(log_end_offset, self.leader_epoch)], high_watermark
         if response.error_code != errors.NONE:
             return [], high_watermark  # fenced / not leader: wait for new metadata, retry
         if response.diverging_epoch is not None:
@@ -99,6 +111,30 @@ class FollowerState:
         # Above the leader's end: only an unclean election gets here, and the epoch
         # check catches it first whenever we have an epoch. Wait for metadata.
         return [], high_watermark
+
+    def on_leader_local_start(
+        self,
+        fetch_offset: int,
+        leader_epoch: int,
+        local_start: int,
+        remote_epochs: Sequence[tuple[int, int]],
+        high_watermark: int,
+    ) -> tuple[list[Effect], int]:
+        """The leader's local log start, asked for after an OFFSET_MOVED_TO_TIERED_STORAGE
+        answer to our fetch at ``fetch_offset`` in ``leader_epoch``: start the log empty
+        there, with the epochs of the remote records below it (``remote_epochs``, the
+        remote segments' (epoch, start offset) entries, oldest first). Everything below
+        it is committed (only committed records are copied remotely), so the high
+        watermark may move up to it. An answer to an older question, or one that no
+        longer lies past our log end, changes nothing: the next fetch asks again."""
+        if (
+            leader_epoch != self.leader_epoch
+            or fetch_offset != self._log.log_end_offset
+            or local_start <= fetch_offset
+        ):
+            return [], high_watermark
+        epochs = tuple((e, s) for e, s in remote_epochs if s < local_start)
+        return [TruncateFullyAndStartAt(local_start, epochs)], max(high_watermark, local_start)
 
     def _check_batches(self, batches: tuple[BatchInfo, ...], log_end_offset: int) -> int:
         """The batches must continue our log, in order, in epochs we may accept.

@@ -48,6 +48,7 @@ UNKNOWN_LEADER_EPOCH = errors.code_of("UNKNOWN_LEADER_EPOCH")
 NOT_ENOUGH_REPLICAS = errors.code_of("NOT_ENOUGH_REPLICAS")
 INVALID_REQUIRED_ACKS = errors.code_of("INVALID_REQUIRED_ACKS")
 OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
+OFFSET_MOVED_TO_TIERED_STORAGE = errors.code_of("OFFSET_MOVED_TO_TIERED_STORAGE")
 INELIGIBLE_REPLICA = errors.code_of("INELIGIBLE_REPLICA")
 
 # AlterPartition errors after which the controller certainly did not apply the change:
@@ -375,10 +376,14 @@ class PartitionState:
         now_ms: int,
         current_leader_epoch: int | None = None,
         clock: FetchClock | None = None,
+        remote_log_start: int = UNDEFINED_OFFSET,
     ) -> FetchDecision:
         """A follower fetched (Kafka: fetchRecords + updateFollowerFetchState). ``clock``:
         the fetch came through a session whose later fetches may leave this partition
-        out while it stays caught up (see FetchClock and ``is_idle_follower``)."""
+        out while it stays caught up (see FetchClock and ``is_idle_follower``).
+        ``remote_log_start``: the first offset the remote tier holds (UNDEFINED_OFFSET:
+        none); a fetch below the local log start at or above it is answered
+        OFFSET_MOVED_TO_TIERED_STORAGE, not OFFSET_OUT_OF_RANGE."""
         error = self.validate_leader_epoch(current_leader_epoch)
         if error is None and (self.role is not Role.LEADER or replica_id not in self._followers):
             error = NOT_LEADER_OR_FOLLOWER
@@ -389,7 +394,13 @@ class PartitionState:
             if epoch < last_fetched_epoch or end_offset < fetch_offset:
                 return self._fetch_decision(errors.NONE, EpochEndOffset(epoch, end_offset))
         if not self._log.log_start_offset <= fetch_offset <= self._leader_log_end_offset:
-            return self._fetch_decision(OFFSET_OUT_OF_RANGE)
+            tiered = (
+                remote_log_start != UNDEFINED_OFFSET
+                and remote_log_start <= fetch_offset < self._log.log_start_offset
+            )
+            return self._fetch_decision(
+                OFFSET_MOVED_TO_TIERED_STORAGE if tiered else OFFSET_OUT_OF_RANGE
+            )
         self._followers[replica_id].on_fetch(
             fetch_offset, self._leader_log_end_offset, now_ms, clock
         )
@@ -398,7 +409,11 @@ class PartitionState:
         return self._fetch_decision(errors.NONE, None, tuple(effects))
 
     def on_fetch_request(
-        self, request: FetchRequest, now_ms: int, clock: FetchClock | None = None
+        self,
+        request: FetchRequest,
+        now_ms: int,
+        clock: FetchClock | None = None,
+        remote_log_start: int = UNDEFINED_OFFSET,
     ) -> FetchDecision:
         """on_follower_fetch for a FetchRequest value."""
         return self.on_follower_fetch(
@@ -408,6 +423,7 @@ class PartitionState:
             now_ms,
             request.current_leader_epoch,
             clock,
+            remote_log_start,
         )
 
     def is_idle_follower(self, replica_id: int) -> bool:
@@ -649,6 +665,25 @@ class PartitionState:
             effects.append(UpdateHighWatermark(new_hw))
         if answered:
             effects.extend(self._follow_log_start(response.log_start_offset))
+        return tuple(effects)
+
+    def on_leader_local_start(
+        self,
+        fetch_offset: int,
+        leader_epoch: int,
+        local_start: int,
+        remote_epochs: Sequence[tuple[int, int]],
+    ) -> tuple[Effect, ...]:
+        """The answer to a ``ListLeaderLocalStart``: the leader's local log start, and the
+        remote segments' leader epochs (FollowerState.on_leader_local_start)."""
+        if self._follower is None:
+            return ()
+        effects, new_hw = self._follower.on_leader_local_start(
+            fetch_offset, leader_epoch, local_start, remote_epochs, self.high_watermark
+        )
+        if new_hw != self.high_watermark:
+            self.high_watermark = new_hw
+            effects.append(UpdateHighWatermark(new_hw))
         return tuple(effects)
 
     def on_fetched_appended(self) -> tuple[Effect, ...]:

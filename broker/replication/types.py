@@ -199,9 +199,27 @@ class Truncate:
 @dataclass(frozen=True, slots=True)
 class TruncateFullyAndStartAt:
     """Follower: drop the whole log and restart it empty at `offset` (the fetch offset was
-    below the leader's log start offset)."""
+    below the leader's log start offset, or its local log start). `epochs`: (epoch, start
+    offset) entries of the records below `offset`, which only the remote tier holds
+    (from its segments' metadata), recorded in the emptied log's epoch cache after the
+    cut: the next fetch's last fetched epoch, and later this replica's answers to
+    divergence checks, come from them (Kafka: buildRemoteLogAuxState)."""
 
     offset: int
+    epochs: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ListLeaderLocalStart:
+    """Follower: the leader answered OFFSET_MOVED_TO_TIERED_STORAGE (our fetch offset is
+    below its local log start, in the remote tier): ask it for its local log start
+    (ListOffsets EARLIEST_LOCAL_TIMESTAMP, -4) and hand the answer, with the remote
+    segments' leader epochs, to ``PartitionState.on_leader_local_start`` with these
+    values. Carried out by whoever holds the connection to the leader (the fetcher),
+    not by the storage: the driver's ``apply`` passes it over."""
+
+    fetch_offset: int
+    leader_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +252,7 @@ Effect = (
     | TruncateFullyAndStartAt
     | AppendFetched
     | IncrementLogStartOffset
+    | ListLeaderLocalStart
 )
 
 
