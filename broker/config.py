@@ -112,6 +112,9 @@ BROKER_KEYS = ConfigTable(
             "Bound on the remote chunk cache (read-ahead included)."),
         Key("remote.fetch.prefetch.chunks", int, 2,
             "Chunks read ahead after a remote read, for sequential consumers."),
+        Key("remote.fetch.max.wait.ms", int, 500,
+            "Longest a fetch waits on its remote reads; those not done by then answer "
+            "REQUEST_TIMED_OUT (retriable) and finish into the chunk cache."),
         Key("remote.log.orphan.min.age.ms", int, 600_000,
             "Objects no metadata record names are deleted once this old."),
     ]

@@ -21,7 +21,10 @@ What is counted, all per batch or per request, never per record:
   (closed, committed, not yet remote) and remote log size over the partitions this
   broker leads: gauges the remote log manager sets at each of its passes;
 - event-loop lag: the largest lag and a histogram from the broker's `LoopLagMonitor`
-  (how long some callback held the loop; docs/design.md, "Event-loop stalls").
+  (how long some callback held the loop; docs/design.md, "Event-loop stalls");
+- remote fetches (KIP-405/KIP-958's RemoteFetchBytesPerSec, RemoteFetchRequestsPerSec,
+  RemoteFetchErrorsPerSec): counters of bytes read from the remote tier for fetches,
+  partition reads sent there, and those that answered an error (broker/remote_fetch.py).
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class BrokerMetrics:
                 ("remote_copy_errors", "Failed remote segment uploads (tries)"),
                 ("remote_delete_requests", "Remote segments or topic prefixes deleted"),
                 ("remote_delete_errors", "Failed remote deletes (tries)"),
+                ("remote_fetch_bytes", "Bytes read from the remote tier for fetches"),
+                ("remote_fetch_requests", "Partition reads served from the remote tier"),
+                ("remote_fetch_errors", "Remote partition reads that answered an error"),
             )
         }
         self.remote_gauges = {
@@ -137,6 +143,11 @@ class BrokerMetrics:
         self.remote_gauges["remote_copy_lag_segments"].set(lag_segments)
         self.remote_gauges["remote_copy_lag_bytes"].set(lag_bytes)
         self.remote_gauges["remote_log_size_bytes"].set(size_bytes)
+
+    def record_remote_fetch(self, reads: int, nbytes: int, failed: int) -> None:
+        self.count("remote_fetch_requests", reads)
+        self.count("remote_fetch_bytes", nbytes)
+        self.count("remote_fetch_errors", failed)
 
     def sample(self) -> None:
         """Take a sample for the rates (the broker calls this about once a second)."""

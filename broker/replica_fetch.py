@@ -6,6 +6,11 @@ redirect; follower: its position goes to the leader's core through the partition
 driver), then reads whole batches as a ``FileSlice`` — a byte range of one segment file,
 never decoded — within the request's byte budget. ``fetch_messages`` repeats passes
 while it long-polls; the last pass's slices are what the handler sends.
+
+A consumer partition whose offset left local disk for the remote tier is not read here:
+the pass marks it with a ``RemoteRead`` and a byte reservation, taken from the budget as
+a local read's bytes are, and ``fetch_messages`` reads it remotely
+(broker/remote_fetch.py), then passes once more with those answers (``completed``).
 """
 
 from __future__ import annotations
@@ -15,12 +20,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rillet.broker.remote_fetch import RemoteLogViews, RemoteRead, RemoteTier, holds, segments_from
+from rillet.broker.remote_fetch import log_start_offset as global_log_start
 from rillet.broker.replica import Replica
 from rillet.broker.replication.partition_state import Role
-from rillet.broker.replication.types import EpochEndOffset, FetchClock, FetchRequest
+from rillet.broker.replication.types import (
+    UNDEFINED_OFFSET,
+    EpochEndOffset,
+    FetchClock,
+    FetchRequest,
+)
 from rillet.client.wire import errors
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import MetadataImage, TopicPartition
+from rillet.controller.metadata.remote_log import RemoteLogView
 from rillet.storage import FileSlice, Log
 
 logger = logging.getLogger(__name__)
@@ -29,6 +42,7 @@ NONE = errors.NONE
 OFFSET_OUT_OF_RANGE = errors.code_of("OFFSET_OUT_OF_RANGE")
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
 INCONSISTENT_TOPIC_ID = errors.code_of("INCONSISTENT_TOPIC_ID")
+OFFSET_MOVED_TO_TIERED_STORAGE = errors.code_of("OFFSET_MOVED_TO_TIERED_STORAGE")
 CONSUMER = -1
 NO_REPLICA = -1
 _MAX_NOTED = 10_000  # bound on the remembered "logged once" keys
@@ -66,7 +80,8 @@ class FetchPartition:
 class FetchPartitionResult:
     """One partition's answer (Kafka: FetchPartitionData). ``records`` is a byte range of
     a segment file, or None; ``high_watermark`` is also the last stable offset (no
-    transactions)."""
+    transactions); ``log_start_offset`` the partition's, across both tiers. ``remote``:
+    a read the remote tier answers (``records`` is None until it has)."""
 
     topic: str
     partition: int
@@ -79,6 +94,7 @@ class FetchPartitionResult:
     # A follower's read that found it in the ISR at the leader's end with nothing to
     # send: its session may leave the partition unread until something changes.
     idle: bool = False
+    remote: RemoteRead | None = None
 
     @property
     def nbytes(self) -> int:
@@ -95,6 +111,14 @@ class FetchResult:
     error: bool = False  # some partition answered an error: answer at once
     redirect: bool = False  # a partition named a preferred read replica: answer at once
     touched: list[Replica] = field(default_factory=list)  # where a long poll parks
+    remote: list[int] = field(default_factory=list)  # partitions (by index) read remotely
+    reserved: int = 0  # bytes the remote reads reserved of the budget
+
+    @property
+    def empty(self) -> bool:
+        """No partition has data or a remote read yet: the next may exceed the limits by
+        one batch."""
+        return self.nbytes == 0 and not self.remote
 
 
 class FetchReader:
@@ -106,11 +130,15 @@ class FetchReader:
         replicas: dict[TopicPartition, Replica],
         image: Callable[[], MetadataImage],
         partition_error: Callable[[str, int], int],
+        remote: Callable[[], RemoteTier | None] = lambda: None,
     ) -> None:
+        """``remote``: the broker's remote tier, None while it is off."""
         self.broker_id = broker_id
         self.replicas = replicas
         self.image = image
         self.partition_error = partition_error
+        self.remote = remote
+        self.views = RemoteLogViews()
         self._noted: set[tuple[Any, ...]] = set()  # (what, tp, epoch...) logged once
 
     def read_all(
@@ -119,20 +147,39 @@ class FetchReader:
         partitions: list[FetchPartition],
         first: bool = True,
         clock: FetchClock | None = None,
+        completed: dict[int, FetchPartitionResult] | None = None,
     ) -> FetchResult:
         """One read over every partition. A follower's position is recorded on the
         ``first`` pass only: re-reads after a long-poll wake-up must not count as fetches
         (they would refresh its caught-up time without the follower asking again).
-        ``clock``: the follower's fetch session's (FetchClock), None without one."""
+        ``clock``: the follower's fetch session's (FetchClock), None without one.
+
+        ``completed``: the remote reads of an earlier pass, answered, by partition index.
+        They stand in for those partitions, their bytes counted first (a local partition
+        is then never the one allowed past the limits), and no new remote read starts."""
         out = FetchResult()
         budget = params.max_bytes
         rack = params.rack_id if params.is_consumer else ""
-        for p in partitions:
-            result = self.read_one(p, params.replica_id, budget, out, first, rack, clock)
+        if completed:
+            for done in completed.values():
+                budget -= done.nbytes
+                out.nbytes += done.nbytes
+                out.error = out.error or done.error_code != NONE
+        for i, p in enumerate(partitions):
+            if completed and i in completed:
+                out.partitions.append(completed[i])
+                continue
+            result = self.read_one(
+                p, params.replica_id, budget, out, first, rack, clock, completed is None
+            )
             nbytes = result.nbytes
             if nbytes:
                 budget -= nbytes
                 out.nbytes += nbytes
+            elif result.remote is not None:
+                budget -= result.remote.max_bytes
+                out.reserved += result.remote.max_bytes
+                out.remote.append(i)
             out.partitions.append(result)
         return out
 
@@ -145,7 +192,9 @@ class FetchReader:
         first: bool = True,
         rack: str = "",
         clock: FetchClock | None = None,
+        remote_ok: bool = True,
     ) -> FetchPartitionResult:
+        """``remote_ok``: a consumer offset in the remote tier may start a remote read."""
         topic, partition, offset = p.topic, p.partition, p.fetch_offset
         replica = self.replicas.get(TopicPartition(topic, partition))
         if replica is None:
@@ -159,9 +208,14 @@ class FetchReader:
             return FetchPartitionResult(topic, partition, INCONSISTENT_TOPIC_ID)
         out.touched.append(replica)
         state, log = replica.state, replica.log
+        view = self._remote_view(replica)
+        start = global_log_start(view, log.log_start_offset)
         diverging = None
+        remote = False  # the offset is read from the remote tier
         if replica_id == CONSUMER:
             code = self._check_consumer_fetch(replica, offset, p.current_leader_epoch)
+            if code == OFFSET_OUT_OF_RANGE and holds(view, offset, log.log_start_offset):
+                code, remote = None, True
             # Below the HW only: the leader's, or this follower's own (which trails it).
             limit = state.max_readable_offset(for_consumer=True)
             preferred = None if code else self._preferred_read_replica(replica, rack, offset)
@@ -174,7 +228,7 @@ class FetchReader:
                     partition,
                     NONE,
                     state.high_watermark,
-                    log.log_start_offset,
+                    start,
                     preferred_read_replica=preferred,
                 )
         elif first:
@@ -184,7 +238,8 @@ class FetchReader:
                 p.last_fetched_epoch,
                 p.current_leader_epoch,  # type: ignore[arg-type]
             )
-            decision = replica.driver.on_follower_fetch(request, clock)
+            remote_start = view.log_start_offset if view is not None else UNDEFINED_OFFSET
+            decision = replica.driver.on_follower_fetch(request, clock, remote_start)
             replica.activate()  # its position may have moved off the leader's end
             code = decision.error_code or None
             diverging = decision.diverging_epoch
@@ -194,15 +249,19 @@ class FetchReader:
             if code is None and not replica.is_leader:
                 code = NOT_LEADER_OR_FOLLOWER
             if code is None and not log.log_start_offset <= offset <= log.log_end_offset:
-                code = OFFSET_OUT_OF_RANGE
+                moved = holds(view, offset, log.log_start_offset)
+                code = OFFSET_MOVED_TO_TIERED_STORAGE if moved else OFFSET_OUT_OF_RANGE
             limit = None
         hw = state.high_watermark
         if code is not None or diverging is not None:
             out.error = True
-            return FetchPartitionResult(
-                topic, partition, code or NONE, hw, log.log_start_offset, diverging
-            )
-        data = _read(log, offset, min(p.max_bytes, budget), limit, first=out.nbytes == 0)
+            return FetchPartitionResult(topic, partition, code or NONE, hw, start, diverging)
+        if remote:
+            assert view is not None and limit is not None
+            result = self._remote_read(replica, view, p, budget, limit, out.empty, remote_ok, start)
+            out.error = out.error or result.error_code != NONE
+            return result
+        data = _read(log, offset, min(p.max_bytes, budget), limit, first=out.empty)
         nbytes = data.length if data is not None else 0
         if nbytes and replica_id == CONSUMER and not replica.is_leader:
             out.follower_nbytes += nbytes
@@ -215,11 +274,49 @@ class FetchReader:
                 state.leader_epoch,
                 hw,
             )
-        start = log.log_start_offset
         if nbytes:
             return FetchPartitionResult(topic, partition, NONE, hw, start, records=data)
         idle = replica_id != CONSUMER and first and state.is_idle_follower(replica_id)
         return FetchPartitionResult(topic, partition, NONE, hw, start, idle=idle)
+
+    def _remote_view(self, replica: Replica) -> RemoteLogView | None:
+        """The partition's remote log, or None (none, or the tier off on this broker)."""
+        if self.remote() is None:
+            return None
+        return self.views.get(self.image(), replica.topic_id, replica.partition)
+
+    def _remote_read(
+        self,
+        replica: Replica,
+        view: RemoteLogView,
+        p: FetchPartition,
+        budget: int,
+        limit: int,
+        first: bool,
+        remote_ok: bool,
+        start: int,
+    ) -> FetchPartitionResult:
+        """A consumer partition below the local log start: a RemoteRead reserving
+        min(partition max bytes, what is left of the response), or an empty answer when
+        nothing is left (or no remote read may start in this pass)."""
+        hw = replica.state.high_watermark
+        max_bytes = min(p.max_bytes, budget)
+        segments = segments_from(view, p.fetch_offset, replica.log.log_start_offset)
+        if not segments:  # past the remote end, below the local start: a gap in the log
+            return FetchPartitionResult(p.topic, p.partition, OFFSET_OUT_OF_RANGE, hw, start)
+        if not remote_ok or (max_bytes <= 0 and not first):
+            return FetchPartitionResult(p.topic, p.partition, NONE, hw, start)
+        read = RemoteRead(
+            p.topic,
+            replica.topic_id,
+            p.partition,
+            p.fetch_offset,
+            max(max_bytes, 0),
+            limit,
+            first,
+            segments,
+        )
+        return FetchPartitionResult(p.topic, p.partition, NONE, hw, start, remote=read)
 
     @staticmethod
     def _check_consumer_fetch(

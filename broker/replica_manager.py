@@ -10,7 +10,9 @@ handlers only decode, call and encode:
   purgatory. Every append happens before its first ``await`` (Produce pipelining).
 - ``fetch_messages``: per partition, check or record the fetcher's position through the
   core, read a byte range of the log (broker/replica_fetch.py), long-poll until
-  ``min_bytes`` or ``max_wait_ms``; returns the ranges for zero-copy sending.
+  ``min_bytes`` or ``max_wait_ms``; returns the ranges for zero-copy sending. Consumer
+  offsets that left local disk are read from the remote tier, all of one fetch at once
+  (broker/remote_fetch.py).
 
 Effects the cores return are carried out by ``PartitionDriver.apply``
 (broker/replication/driver.py), the interpreter the simulator runs too; this module
@@ -44,8 +46,15 @@ from rillet.broker.link.alter_partition_manager import (
     AlterPartitionsSender,
     Proposal,
 )
+from rillet.broker.remote_fetch import RemoteLogViews, RemoteRead, read_remote
 from rillet.broker.replica import FetchWatch, Replica
-from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchReader, FetchResult
+from rillet.broker.replica_fetch import (
+    FetchParams,
+    FetchPartition,
+    FetchPartitionResult,
+    FetchReader,
+    FetchResult,
+)
 from rillet.broker.replication import hw_checkpoint
 from rillet.broker.replication.partition_state import PartitionState
 from rillet.broker.replication.types import (
@@ -124,12 +133,17 @@ class ReplicaManager:
         self.replication = ReplicationConfig(config["replica.lag.time.max.ms"])
         self._produce_ids = itertools.count(1)
         self.metrics: BrokerMetrics | None = None  # set by the server once built
-        # The remote (S3) tier, when the broker has one (set by the server).
+        # The remote (S3) tier, when the broker has one (set by the server): it copies
+        # and deletes, and its ``reader`` serves offsets below a local log start.
         self.remote: RemoteLogManager | None = None
         # Freezes the heap after thousands of partitions were taken on (set by the server).
         self.heap: HeapFreezer | None = None
         self._reader = FetchReader(
-            self.broker_id, self.replicas, lambda: self.image, self.partition_error
+            self.broker_id,
+            self.replicas,
+            lambda: self.image,
+            self.partition_error,
+            lambda: self.remote,
         )
         self._refusal_logged_ms: dict[str, int] = {}
         self._metadata_waiters: list[asyncio.Future[None]] = []
@@ -392,6 +406,11 @@ class ReplicaManager:
     def partition_error(self, topic: str, partition: int) -> int:
         return partition_error(self.image, topic, partition)
 
+    @property
+    def views(self) -> RemoteLogViews:
+        """Each partition's remote log, cached per image change (broker/remote_fetch.py)."""
+        return self._reader.views
+
     def leaders(self) -> Iterable[Replica]:
         return (r for r in self.replicas.values() if r.is_leader)
 
@@ -559,6 +578,8 @@ class ReplicaManager:
         while True:
             result = self._reader.read_all(params, partitions, first)
             first = False
+            if result.remote:
+                return await self._read_remote(params, partitions, result)
             remaining = deadline - loop.time()
             done = result.nbytes >= params.min_bytes or result.error or result.redirect
             if done or remaining <= 0:
@@ -573,6 +594,42 @@ class ReplicaManager:
                 for replica in result.touched:  # a timed-out waiter must not pile up
                     if waiter in replica.waiters:
                         replica.waiters.remove(waiter)
+
+    async def _read_remote(
+        self, params: FetchParams, partitions: list[FetchPartition], result: FetchResult
+    ) -> FetchResult:
+        """Read the pass's remote partitions, all at once, each within its reservation and
+        at most ``remote.fetch.max.wait.ms``; then read the local ones again in the step
+        that returns (their file ranges must be pinned then, docs/tiered.md). No long
+        poll: a consumer reading history is answered as soon as the tier has."""
+        remote = self.remote
+        reads = [result.partitions[i].remote for i in result.remote]
+        completed: dict[int, FetchPartitionResult] = {}
+        if remote is not None:
+            image_at = self.image
+            outcomes = await read_remote(
+                remote.reader,
+                [r for r in reads if r is not None],
+                self.config["remote.fetch.max.wait.ms"] / 1000,
+                lambda read: self._still_remote(read, image_at),
+                self.metrics,
+            )
+            for i, outcome in zip(result.remote, outcomes, strict=True):
+                done = result.partitions[i]
+                done.remote = None
+                done.error_code = outcome.error_code
+                done.records = outcome.records()
+                completed[i] = done
+        return self._reader.read_all(params, partitions, False, completed=completed)
+
+    def _still_remote(self, read: RemoteRead, image_at: MetadataImage) -> bool:
+        """Whether a failed remote read's segments are all still in the remote log: a
+        missing object is then damage; else retention deleted it meanwhile."""
+        for image in (image_at, self.image):
+            segs = image.remote_segments.get((read.topic_id, read.partition), {})
+            if any(segs.get(s.segment_id) != s for s in read.segments):
+                return False
+        return True
 
     async def _fetch_watched(
         self, params: FetchParams, partitions: list[FetchPartition], session: FetchSession

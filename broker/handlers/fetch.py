@@ -20,17 +20,24 @@ trails the leader's). A consumer fetch to the leader that carries ``rack_id`` ge
 ``preferred_read_replica`` when an in-sync follower sits in that rack and the leader does
 not (Kafka's RackAwareReplicaSelector); that answer carries no records and returns at
 once, and the consumer fetches the partition from that follower until it fails.
+
+The remote tier: a consumer offset below the local log start is read from S3
+(broker/remote_fetch.py); ListOffsets earliest (-2) answers the log start across both
+tiers, EARLIEST_LOCAL_TIMESTAMP (-4) the local one (what a follower asks after
+OFFSET_MOVED_TO_TIERED_STORAGE), and a timestamp older than the local records is looked
+up in the remote segments' time indexes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from rillet.broker import remote_fetch
 from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchPartitionResult
@@ -39,12 +46,15 @@ from rillet.client.runtime.rpc_server import FileRange, Request, Response
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import TopicPartition
+from rillet.controller.metadata.remote_log import RemoteLogView
+from rillet.storage.remote.store import RemoteStorageError
 
 NONE = errors.NONE
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
 CONSUMER = -1
 EARLIEST = -2
 LATEST = -1
+EARLIEST_LOCAL = -4  # Kafka's EARLIEST_LOCAL_TIMESTAMP (KIP-405)
 # FetchPartitionResult from a tuple of its fields, in C: one per partition per fetch, where
 # the class call (a Python-level __new__) costs ~150 ns more.
 _result: Callable[[tuple[Any, ...]], m.FetchPartitionResult] = partial(
@@ -162,24 +172,32 @@ class FetchHandler:
         return Response(m.FetchResponse(out, session_id=context.session_id), payload)
 
 
+Lookup = m.ListOffsetsPartitionResult | Coroutine[Any, Any, m.ListOffsetsPartitionResult]
+
+
 class ListOffsetsHandler:
-    """Earliest (-2) is the log start, latest (-1) the high watermark, anything else the
-    first record whose timestamp is at or after it (below the HW), or offset -1."""
+    """Earliest (-2) is the log start (the remote one when the tier holds older
+    records), earliest local (-4) the local log start, latest (-1) the high watermark,
+    anything else the first record whose timestamp is at or after it (below the HW), or
+    offset -1. Only a timestamp lookup in the remote tier awaits (its partitions at once)."""
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
 
     async def __call__(self, request: Request) -> Response:
         req: m.ListOffsetsRequest = request.message
+        rows = [[self.lookup(t.topic, *p) for p in t.partitions] for t in req.topics]
+        waits = [r for row in rows for r in row if not isinstance(r, tuple)]
+        if waits:
+            found = iter(await asyncio.gather(*waits))
+            rows = [[r if isinstance(r, tuple) else next(found) for r in row] for row in rows]
         out = [
-            m.ListOffsetsTopicResult(t.topic, [self.lookup(t.topic, *p) for p in t.partitions])
-            for t in req.topics
+            m.ListOffsetsTopicResult(t.topic, row)  # type: ignore[arg-type]
+            for t, row in zip(req.topics, rows, strict=True)
         ]
         return Response(m.ListOffsetsResponse(out))
 
-    def lookup(
-        self, topic: str, partition: int, leader_epoch: int, ts: int
-    ) -> m.ListOffsetsPartitionResult:
+    def lookup(self, topic: str, partition: int, leader_epoch: int, ts: int) -> Lookup:
         result = m.ListOffsetsPartitionResult
         replica = self.replicas.replicas.get(TopicPartition(topic, partition))
         if replica is None:
@@ -191,11 +209,58 @@ class ListOffsetsHandler:
         if code is not None:
             return result(partition, code, -1, -1, -1)
         hw = state.high_watermark
+        tier = self.replicas.remote
+        view = None
+        if tier is not None:
+            view = self.replicas.views.get(self.replicas.image, replica.topic_id, partition)
+        local_start = log.log_start_offset
         if ts == EARLIEST:
-            return result(partition, NONE, -1, log.log_start_offset, state.leader_epoch)
+            start = remote_fetch.log_start_offset(view, local_start)
+            return result(partition, NONE, -1, start, state.leader_epoch)
+        if ts == EARLIEST_LOCAL:
+            return result(partition, NONE, -1, local_start, state.leader_epoch)
         if ts == LATEST:
             return result(partition, NONE, -1, hw, state.leader_epoch)
-        found = log.offset_for_timestamp(ts)
-        if found is None or found.offset >= hw:
+        if tier is not None and view is not None and view.log_start_offset < local_start:
+            return self._remote_lookup(tier, replica.topic_id, topic, partition, view, ts)
+        return self._local_lookup(topic, partition, ts)
+
+    def _local_lookup(self, topic: str, partition: int, ts: int) -> m.ListOffsetsPartitionResult:
+        result = m.ListOffsetsPartitionResult
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        if replica is None:
+            return result(partition, self.replicas.partition_error(topic, partition), -1, -1, -1)
+        state = replica.state
+        found = replica.log.offset_for_timestamp(ts)
+        if found is None or found.offset >= state.high_watermark:
             return result(partition, NONE, -1, -1, -1)
         return result(partition, NONE, found.timestamp, found.offset, state.leader_epoch)
+
+    async def _remote_lookup(
+        self,
+        tier: remote_fetch.RemoteTier,
+        topic_id: str,
+        topic: str,
+        partition: int,
+        view: RemoteLogView,
+        ts: int,
+    ) -> m.ListOffsetsPartitionResult:
+        """The remote segments below the local log start first (the older records), then
+        the local log. A remote failure answers the partition's error code."""
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        local_start = replica.log.log_start_offset if replica is not None else 0
+        try:
+            found = await remote_fetch.offset_for_timestamp(
+                tier.reader, topic, topic_id, partition, view, local_start, ts
+            )
+        except RemoteStorageError as e:
+            code = remote_fetch.STORAGE_ERROR if e.retriable else remote_fetch.CORRUPT_MESSAGE
+            return m.ListOffsetsPartitionResult(partition, code, -1, -1, -1)
+        # Awaited: the replica may have changed; the local lookup checks it again.
+        if found is None:
+            return self._local_lookup(topic, partition, ts)
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        if replica is None or not replica.is_leader:
+            return m.ListOffsetsPartitionResult(partition, NOT_LEADER_OR_FOLLOWER, -1, -1, -1)
+        epoch = replica.state.leader_epoch
+        return m.ListOffsetsPartitionResult(partition, NONE, found.timestamp, found.offset, epoch)

@@ -130,7 +130,8 @@ class ListOffsetsPartition(NamedTuple):
 
     partition: int
     current_leader_epoch: int
-    # -1 latest, -2 earliest, else a timestamp in ms
+    # -1 latest, -2 earliest (the remote log start when the tier holds older records), -4
+    # earliest local (the local log start), else a timestamp in ms
     timestamp: int
 
 

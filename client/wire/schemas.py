@@ -820,7 +820,12 @@ LIST_OFFSETS_PARTITION = Struct(
     "ListOffsetsPartition",
     F("partition", INT),
     F("current_leader_epoch", INT),
-    F("timestamp", INT, doc="-1 latest, -2 earliest, else a timestamp in ms"),
+    F(
+        "timestamp",
+        INT,
+        doc="-1 latest, -2 earliest (the remote log start when the tier holds older records), "
+        "-4 earliest local (the local log start), else a timestamp in ms",
+    ),
 )
 LIST_OFFSETS_RESULT = Struct(
     "ListOffsetsPartitionResult",

@@ -1,0 +1,355 @@
+"""The read side of the remote tier, through ReplicaManager.fetch_messages and the
+ListOffsets handler: consumer offsets below a partition's local log start are served
+from the RemoteReader, byte for byte what the local log returned before the segments
+left local disk, within fetch.max.bytes together with the local partitions of the same
+fetch, several partitions at once; a failing store or damaged data gives that partition
+an error, never data, and the others are unaffected (broker/remote_fetch.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from test_replica_manager import commit
+
+from rillet.broker.config import BrokerConfig, broker_config_table
+from rillet.broker.handlers.fetch import ListOffsetsHandler
+from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
+from rillet.broker.replica_manager import ReplicaManager
+from rillet.client.wire import errors, records
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    SEGMENT_COPY_FINISHED,
+    SEGMENT_DELETE_STARTED,
+    MetadataImage,
+    RemoteSegment,
+    TopicPartition,
+)
+from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
+from rillet.storage import Log, LogManager
+from rillet.storage.remote.layout import SegmentKeys, segment_keys
+from rillet.storage.remote.store import RemoteStorageError
+
+E = errors.code_of
+T0, U0 = TopicPartition("t", 0), TopicPartition("u", 0)
+BATCHES_PER_SEGMENT = 4
+SEGMENTS = 3  # per partition: two closed and offloaded, the active one local
+
+
+class FakeReader:
+    """Serves each uploaded segment from a frozen copy of its bytes (the records as the
+    local log held them), with the fault hooks the tests need."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, Log] = {}  # by log key: a copy of the partition's log
+        self.failures: dict[str, RemoteStorageError] = {}  # by log key
+        self.started = 0
+        self.all_started = asyncio.Event()
+        self.expect_concurrent = 0
+        self.hang = False
+
+    async def manifest(self, keys: SegmentKeys) -> SegmentKeys:
+        return keys
+
+    async def read(
+        self, keys: SegmentKeys, manifest: object, offset: int, max_bytes: int, max_offset=None
+    ) -> bytes:
+        self.started += 1
+        if self.started >= self.expect_concurrent:
+            self.all_started.set()
+        if self.expect_concurrent:
+            await self.all_started.wait()  # every read of the fetch is in flight at once
+        if self.hang:
+            await asyncio.Event().wait()
+        failure = self.failures.get(keys.log)
+        if failure is not None:
+            raise failure
+        return self.logs[keys.log].read_bytes(offset, max_bytes, max_offset)
+
+    async def offset_for_timestamp(self, keys: SegmentKeys, manifest: object, ts: int):
+        found = self.logs[keys.log].offset_for_timestamp(ts)
+        return None if found is None else found.offset
+
+
+@dataclass
+class Tier:
+    reader: FakeReader = field(default_factory=FakeReader)
+
+
+@dataclass
+class Cluster:
+    manager: ReplicaManager
+    image: MetadataImage
+    tier: Tier
+    tmp: Path
+    expected: dict[TopicPartition, dict[int, bytes]] = field(default_factory=dict)
+    segment_ids: dict[TopicPartition, list[str]] = field(default_factory=dict)
+
+
+def config(log_dir: Path, *extra: str) -> BrokerConfig:
+    values = broker_config_table().load(
+        None,
+        ["node.id=1", "listeners=BROKER://127.0.0.1:0", f"log.dirs={log_dir}", *extra],
+    )
+    return BrokerConfig.from_config(values)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Broker 1 leads ``t-0`` and ``u-0``, each of three segments of four batches; the
+    first two segments of each are in the remote tier and gone from local disk."""
+    logs = LogManager(tmp_path / "data")
+    logs.startup()
+    manager = ReplicaManager(config(tmp_path / "data", "remote.fetch.max.wait.ms=200"), logs)
+    quorum = QuorumController(ControllerConfig())
+    image = EMPTY_IMAGE
+    reg = quorum.register_broker(image, 1, "inc", [("BROKER", "h", 1)], None, 0)
+    image = await commit(manager, image, reg.records)
+    epoch = reg.response.broker_epoch
+    beat = quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0)
+    image = await commit(manager, image, beat.records)
+    topics = [("t", 1, 1, {}), ("u", 1, 1, {})]
+    image = await commit(manager, image, quorum.create_topics(image, topics).records)
+    tier = Tier()
+    manager.remote = tier
+    manager.metrics = BrokerMetrics()
+    c = Cluster(manager, image, tier, tmp_path)
+    for tp in (T0, U0):
+        await fill(c, tp)
+    yield c
+    await manager.shutdown()
+    logs.close()
+
+
+async def fill(c: Cluster, tp: TopicPartition) -> None:
+    """Three segments of four batches (timestamps 1000, 1001, ... per batch)."""
+    log = c.manager.replicas[tp].log
+    n = 0
+    for seg in range(SEGMENTS):
+        if seg:
+            log.roll()
+        for _ in range(BATCHES_PER_SEGMENT):
+            values = [f"{tp.topic}-{n}-{i}".encode() * 20 for i in range(5)]
+            data = records.encode_batch(values, timestamp_ms=1000 + n)
+            (r,) = await c.manager.append_records([(tp, memoryview(bytearray(data)))], 1, 1000)
+            assert r.error_code == errors.NONE
+            n += 1
+
+
+async def offload(c: Cluster, tp: TopicPartition, count: int = 2) -> None:
+    """Upload the first ``count`` segments (remember what a local read of each offset
+    returned), commit them as finished remote segments, and move the local log start
+    past them, as the remote log manager and local retention do."""
+    import shutil
+
+    replica = c.manager.replicas[tp]
+    log = replica.log
+    hw = replica.state.high_watermark
+    await log.wait_background()  # the rolls' index writes
+    copy_dir = c.tmp / f"copy-{tp.topic}"
+    shutil.copytree(log.directory, copy_dir / log.directory.name)
+    copy = LogManager(copy_dir)
+    copy.startup()
+    frozen = copy.get_or_create(tp.topic, tp.partition, log.config)
+    expected = c.expected.setdefault(tp, {})
+    recs = []
+    segments = list(log.segments)
+    for i, seg in enumerate(segments[:count]):
+        end = segments[i + 1].base_offset - 1
+        for offset in range(seg.base_offset, end + 1):
+            expected[offset] = log.read_bytes(offset, 1 << 20, hw)
+        seg_id = f"seg{i}"
+        c.segment_ids.setdefault(tp, []).append(seg_id)
+        keys = segment_keys(tp.topic, replica.topic_id, tp.partition, seg.base_offset, seg_id)
+        c.tier.reader.logs[keys.log] = frozen
+        recs.append(
+            RemoteSegment(
+                replica.topic_id,
+                tp.partition,
+                seg_id,
+                seg.base_offset,
+                end,
+                ((0, 0),),
+                SEGMENT_COPY_FINISHED,
+                seg.size,
+                seg.max_timestamp,
+                1,
+                0,
+            )
+        )
+    c.image = await commit(c.manager, c.image, recs)
+    log.increment_log_start_offset(segments[count].base_offset)
+
+
+def consumer(max_bytes: int = 1 << 20, min_bytes: int = 1, max_wait_ms: int = 0) -> FetchParams:
+    return FetchParams(-1, max_wait_ms, min_bytes, max_bytes)
+
+
+def part(tp: TopicPartition, offset: int, max_bytes: int = 1 << 20) -> FetchPartition:
+    return FetchPartition(tp.topic, tp.partition, offset, -1, None, max_bytes)
+
+
+def data_of(result: FetchResult, i: int) -> bytes:
+    r = result.partitions[i]
+    assert r.records is not None, r
+    return r.records.read()
+
+
+def local_start(c: Cluster, tp: TopicPartition) -> int:
+    return c.manager.replicas[tp].log.log_start_offset
+
+
+async def test_an_offset_below_the_local_start_is_served_remotely_byte_for_byte(
+    cluster: Cluster,
+) -> None:
+    await offload(cluster, T0)
+    start = local_start(cluster, T0)
+    assert start == 2 * BATCHES_PER_SEGMENT * 5
+    for offset in (0, 7, start - 1):
+        result = await cluster.manager.fetch_messages(consumer(), [part(T0, offset)])
+        (r,) = result.partitions
+        assert r.error_code == errors.NONE
+        assert r.log_start_offset == 0  # the log start across both tiers
+        assert data_of(result, 0) == cluster.expected[T0][offset]
+    # The local records are still read locally, and report the same log start.
+    result = await cluster.manager.fetch_messages(consumer(), [part(T0, start)])
+    (r,) = result.partitions
+    assert r.records is not None and r.records.fd >= 0 and r.log_start_offset == 0
+    metrics = cluster.manager.metrics
+    assert metrics is not None
+    assert metrics.total("remote_fetch_requests") == 3
+    assert metrics.total("remote_fetch_bytes") == sum(
+        len(cluster.expected[T0][o]) for o in (0, 7, start - 1)
+    )
+    assert metrics.total("remote_fetch_errors") == 0
+
+
+async def test_remote_and_local_partitions_share_one_fetch_max_bytes(cluster: Cluster) -> None:
+    await offload(cluster, T0)
+    one = len(cluster.expected[T0][0]) - len(cluster.expected[T0][5])  # a batch's size
+    limit = 3 * one + one // 2
+    # Local first: it takes what it reads, the remote partition reserves what is left.
+    result = await cluster.manager.fetch_messages(
+        consumer(max_bytes=limit), [part(U0, 0, one), part(T0, 0)]
+    )
+    local, remote = result.partitions
+    assert (local.nbytes, remote.nbytes) == (one, 2 * one)
+    assert data_of(result, 1) == cluster.expected[T0][0][: 2 * one]
+    # Remote first: its reservation leaves the local partition less than a batch, so
+    # it sends nothing (only the first partition with data may pass the limit).
+    result = await cluster.manager.fetch_messages(
+        consumer(max_bytes=limit), [part(T0, 0, 3 * one), part(U0, 0)]
+    )
+    remote, local = result.partitions
+    assert (remote.nbytes, local.nbytes) == (3 * one, 0) and local.error_code == errors.NONE
+    # A remote partition after a local one gets no batch past its reservation either.
+    result = await cluster.manager.fetch_messages(
+        consumer(max_bytes=limit), [part(U0, 0), part(T0, 0)]
+    )
+    local, remote = result.partitions
+    assert (local.nbytes, remote.nbytes) == (3 * one, 0) and remote.error_code == errors.NONE
+    # The first partition with data may pass the limit by one batch, as a local one may.
+    result = await cluster.manager.fetch_messages(consumer(max_bytes=1), [part(T0, 0), part(U0, 0)])
+    assert result.nbytes == one and data_of(result, 0) == cluster.expected[T0][0][:one]
+
+
+async def test_several_partitions_of_one_fetch_are_read_remotely_at_once(
+    cluster: Cluster,
+) -> None:
+    await offload(cluster, T0)
+    await offload(cluster, U0)
+    cluster.tier.reader.expect_concurrent = 2  # each read waits until both have started
+    result = await cluster.manager.fetch_messages(consumer(4 << 20), [part(T0, 0), part(U0, 3)])
+    assert data_of(result, 0) == cluster.expected[T0][0]
+    assert data_of(result, 1) == cluster.expected[U0][3]
+
+
+async def test_a_fetch_with_remote_data_does_not_long_poll(cluster: Cluster) -> None:
+    await offload(cluster, T0)
+    params = consumer(min_bytes=1 << 30, max_wait_ms=600_000)
+    result = await cluster.manager.fetch_messages(params, [part(T0, 0), part(U0, 0)])
+    assert result.nbytes < 1 << 30 and data_of(result, 0) == cluster.expected[T0][0]
+
+
+async def test_a_failing_store_answers_a_retriable_error_on_that_partition_only(
+    cluster: Cluster,
+) -> None:
+    await offload(cluster, T0)
+    reader = cluster.tier.reader
+    for key in reader.logs:
+        reader.failures[key] = RemoteStorageError("connection refused", retriable=True)
+    result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
+    remote, local = result.partitions
+    assert remote.error_code == E("KAFKA_STORAGE_ERROR") and remote.records is None
+    assert errors.is_retriable(remote.error_code)
+    assert local.error_code == errors.NONE and local.nbytes > 0
+    assert cluster.manager.metrics is not None
+    assert cluster.manager.metrics.total("remote_fetch_errors") == 1
+
+
+async def test_a_hung_store_times_out_that_partition_only(cluster: Cluster) -> None:
+    await offload(cluster, T0)
+    cluster.tier.reader.hang = True  # remote.fetch.max.wait.ms is 200 here
+    result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
+    remote, local = result.partitions
+    assert remote.error_code == E("REQUEST_TIMED_OUT") and remote.records is None
+    assert local.error_code == errors.NONE and local.nbytes > 0
+
+
+async def test_damaged_remote_data_is_an_error_never_data(cluster: Cluster) -> None:
+    await offload(cluster, T0)
+    reader = cluster.tier.reader
+    for key in reader.logs:
+        reader.failures[key] = RemoteStorageError("chunk 0 CRC mismatch", retriable=False)
+    result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
+    remote, local = result.partitions
+    assert remote.error_code == E("CORRUPT_MESSAGE") and remote.records is None
+    assert local.error_code == errors.NONE and local.nbytes > 0
+
+
+async def test_a_segment_deleted_during_the_read_is_out_of_range_not_damage(
+    cluster: Cluster,
+) -> None:
+    await offload(cluster, T0)
+    reader = cluster.tier.reader
+    for key in reader.logs:
+        reader.failures[key] = RemoteStorageError("NoSuchKey", retriable=False)
+    replica = cluster.manager.replicas[T0]
+    seg0 = cluster.image.remote_segments[(replica.topic_id, 0)]["seg0"]
+    deleting = RemoteSegment(**{**_fields(seg0), "state": SEGMENT_DELETE_STARTED})
+    cluster.image = await commit(cluster.manager, cluster.image, [deleting])
+    result = await cluster.manager.fetch_messages(consumer(), [part(T0, 5)])
+    assert result.partitions[0].error_code == E("OFFSET_OUT_OF_RANGE")
+
+
+def _fields(seg: RemoteSegment) -> dict[str, object]:
+    return {name: getattr(seg, name) for name in seg.__slots__}  # type: ignore[attr-defined]
+
+
+async def test_list_offsets_earliest_earliest_local_and_a_remote_timestamp(
+    cluster: Cluster,
+) -> None:
+    await offload(cluster, T0)
+    handler = ListOffsetsHandler(cluster.manager)
+    start = local_start(cluster, T0)
+
+    async def lookup(ts: int) -> tuple[int, int, int]:
+        r = handler.lookup("t", 0, -1, ts)
+        if not isinstance(r, tuple):
+            r = await r
+        return r.error_code, r.offset, r.timestamp
+
+    assert await lookup(-2) == (errors.NONE, 0, -1)  # the remote log start
+    assert await lookup(-4) == (errors.NONE, start, -1)  # the local one
+    # Batch n holds offsets 5n..5n+4 stamped 1000 + n: batch 3 is remote, batch 9 local.
+    assert await lookup(1003) == (errors.NONE, 15, 1003)
+    assert await lookup(0) == (errors.NONE, 0, 1000)
+    assert await lookup(1009) == (errors.NONE, 45, 1009)
+    assert await lookup(5000) == (errors.NONE, -1, -1)
+    # Without the tier (off on this broker) earliest is the local start.
+    cluster.manager.remote = None
+    assert await lookup(-2) == (errors.NONE, start, -1)
