@@ -11,7 +11,9 @@
   the v2 bytes (in C where the codec was built).
 - Errors: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, a broken connection...
   refresh metadata and carry on from the same position at the new leader;
-  OFFSET_OUT_OF_RANGE resets by ``auto_offset_reset`` or raises when it is ``'none'``.
+  OFFSET_OUT_OF_RANGE resets by ``auto_offset_reset`` or raises when it is ``'none'``;
+  CORRUPT_MESSAGE (the broker found the stored batches damaged) and other non-retriable
+  errors are raised to the application.
 - Fetch from follower (KIP-392): ``client_rack`` goes out as ``rack_id``; when the
   leader's answer names a ``preferred_read_replica`` the partition is fetched from that
   replica until it errors (any error, OFFSET_OUT_OF_RANGE included, sends the partition
@@ -616,7 +618,10 @@ class Consumer:
             await self._reset_positions([tp])
             return
         error = error_for(code, f"{tp.topic}-{tp.partition}")
-        if not error.retriable:
+        if not error.retriable or code == CorruptRecordError.code:
+            # CORRUPT_MESSAGE is retriable for a producer, but a broker that answers a
+            # fetch with it found the stored data damaged (its remote tier): raised to
+            # the application, as Kafka's consumer does, not retried forever.
             self._fail(error)
             return
         self._refresh_later()

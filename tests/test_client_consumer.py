@@ -11,7 +11,7 @@ from rillet.client.admin import Admin, AdminError, NewTopic
 from rillet.client.consumer import Consumer, ConsumerRecord, TopicPartition, decode_records
 from rillet.client.producer import Producer
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
-from rillet.client.wire import records
+from rillet.client.wire import errors, records
 from rillet.client.wire.errors import CorruptRecordError, OffsetOutOfRangeError
 
 
@@ -140,6 +140,28 @@ async def test_offset_out_of_range_resets_or_raises(fake: FakeCluster) -> None:
     ) as c:
         c.seek(("t", 0), 1000)
         with pytest.raises(OffsetOutOfRangeError):
+            await consume(c, 1)
+
+
+async def test_a_fetch_error_on_damaged_data_fails_the_consumer_a_retriable_one_retries(
+    fake: FakeCluster,
+) -> None:
+    """As Kafka's consumer: CORRUPT_MESSAGE in a fetch answer (a broker found the data
+    damaged, e.g. in its remote tier) is raised to the application, not retried forever;
+    KAFKA_STORAGE_ERROR (the remote store unreachable) is retried at the same offset."""
+    await fill(fake, 10)
+    part = fake.topics["t"][0]
+    part.fetch_inject = [errors.code_of("KAFKA_STORAGE_ERROR")] * 2
+    async with Consumer(
+        assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True, retry_backoff_ms=5
+    ) as c:
+        assert [r.offset for r in await consume(c, 10)] == list(range(10))
+        assert part.fetch_inject == []
+    part.fetch_inject = [errors.code_of("CORRUPT_MESSAGE")]
+    async with Consumer(
+        assignment=[("t", 0)], bootstrap=fake.bootstrap, from_beginning=True, retry_backoff_ms=5
+    ) as c:
+        with pytest.raises(CorruptRecordError):
             await consume(c, 1)
 
 

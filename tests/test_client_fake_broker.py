@@ -44,6 +44,7 @@ class FakePartition:
     end_offset: int = 0
     appended: asyncio.Event = field(default_factory=asyncio.Event)
     inject: list[int] = field(default_factory=list)  # error codes for the next produces
+    fetch_inject: list[int] = field(default_factory=list)  # ... and the next fetches
     move_at: tuple[int, int] | None = None  # (end offset, node): move the leader there
 
 
@@ -213,6 +214,10 @@ class FakeCluster:
                     continue
                 if offset > part.end_offset or offset < 0:
                     out.append([p, 1, part.end_offset, part.end_offset, 0, None, -1, 0])
+                    continue
+                if part.fetch_inject:
+                    code = part.fetch_inject.pop(0)
+                    out.append([p, code, part.end_offset, part.end_offset, 0, None, -1, 0])
                     continue
                 data = self._read(part, offset, max_bytes)
                 if not data:
