@@ -232,6 +232,7 @@ class BrokerServer:
             (schemas.DELETE_TOPICS, meta.delete_topics),
             (schemas.ELECT_LEADERS, meta.elect_leaders),
             (schemas.ALTER_PARTITION_REASSIGNMENTS, meta.alter_partition_reassignments),
+            (schemas.DESCRIBE_LOG_DIRS, meta.describe_log_dirs),
         ]
         return {api.key: self._timed(api.name, h) for api, h in by_api}
 

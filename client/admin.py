@@ -345,6 +345,45 @@ class Admin:
             raise AdminError("describe topics", missing)
         return [TopicDescription(n, snap.topics[n]) for n in (wanted or sorted(snap.topics))]
 
+    async def describe_logs(
+        self, topics: Iterable[TopicDescription]
+    ) -> dict[tuple[str, int], m.DescribeLogDirsPartition]:
+        """Each partition's log as its leader sees it (DescribeLogDirs): log start in
+        either tier, local log start, sizes, remote segments and copy lag. One request
+        per leader, all at once; a partition whose leader is down or answered an error
+        is left out (the caller shows it as unknown)."""
+        by_leader: dict[int, dict[str, list[int]]] = {}
+        for t in topics:
+            for p in t.partitions:
+                if p.leader >= 0:
+                    by_leader.setdefault(p.leader, {}).setdefault(t.name, []).append(p.partition)
+
+        async def ask(node: int, wanted: dict[str, list[int]]) -> m.DescribeLogDirsResponse:
+            request = m.DescribeLogDirsRequest(
+                topics=[m.DescribeLogDirsTopic(t, ps) for t, ps in wanted.items()]
+            )
+            conn = await self._meta.connection(node)
+            response, _ = await conn.call(request)
+            return response
+
+        nodes = list(by_leader)
+        if any(n not in self._meta.snapshot.brokers for n in nodes):
+            await self._meta.refresh(force=True)  # where each leader listens
+        answers = await asyncio.gather(
+            *(ask(n, by_leader[n]) for n in nodes), return_exceptions=True
+        )
+        out: dict[tuple[str, int], m.DescribeLogDirsPartition] = {}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, (RilletError, OSError)):
+                    raise answer
+                continue
+            for t in answer.topics:
+                for r in t.partitions:
+                    if r.error_code == 0:
+                        out[(t.topic, r.partition)] = r
+        return out
+
     async def describe_cluster(self) -> ClusterDescription:
         response = await self._request(m.DescribeClusterRequest())
         listed = sorted(response.brokers)

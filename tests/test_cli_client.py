@@ -55,6 +55,13 @@ def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
     assert all(
         len(p["replicas"]) == 3 and p["leader"] in p["replicas"] for p in topic["partitions"]
     )
+    # Each leader's log (DescribeLogDirs): nothing tiered, nothing written yet.
+    assert all(
+        (p["local_log_start_offset"], p["remote_log_start_offset"], p["copy_lag_segments"])
+        == (0, -1, 0)
+        and p["remote_storage"] is False
+        for p in topic["partitions"]
+    )
     human = rillet(cluster, "topic", "describe", "cli").stdout
     assert "partitions: 3  RF: 3" in human and "Isr" in human
 

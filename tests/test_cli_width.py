@@ -217,3 +217,32 @@ def test_log_verify_summary_fits_80_columns(tmp_path) -> None:  # noqa: ANN001
         "OK: 12 segment file(s), 322116 valid batch(es), 2040001152 record(s), "
         "12884901888 bytes checked"
     )
+
+
+def test_a_tiered_topic_describe_adds_a_tier_table_within_80_columns() -> None:
+    described = topic("events", 3)
+    for p in described["partitions"]:
+        p.update(
+            local_log_start_offset=12_345_678_901,
+            remote_log_start_offset=0 if p["partition"] else -1,
+            remote_size_bytes=987 * 1024**3,
+            copy_lag_segments=1234,
+            copy_lag_bytes=5 * 1024**3 + 1,
+            remote_storage=True,
+        )
+    described["partitions"][2]["local_log_start_offset"] = None  # its leader did not answer
+    c = console()
+    print_describe([described], console=c)
+    lines = lines_of(c)
+    assert all(len(line) <= WIDTH for line in lines)
+    tier = lines[lines.index(next(x for x in lines if x.startswith("Partition  LocalStart"))) :]
+    assert tier == [
+        "Partition  LocalStart   RemoteStart  RemoteSize  CopyLag",
+        "0          12345678901  -            987.0 GiB   1234 (5.0 GiB)",
+        "1          12345678901  0            987.0 GiB   1234 (5.0 GiB)",
+        "2          ?            0            ?           ?",
+    ]
+    # A topic that does not tier gets no such table.
+    c = console()
+    print_describe([topic("plain", 2)], console=c)
+    assert not any("RemoteStart" in line for line in lines_of(c))

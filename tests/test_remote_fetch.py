@@ -11,16 +11,21 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from test_replica_manager import commit
 
 from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.handlers.fetch import ListOffsetsHandler
+from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
 from rillet.broker.replica_manager import ReplicaManager
+from rillet.client.runtime.rpc_server import Request
 from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     SEGMENT_COPY_FINISHED,
@@ -112,7 +117,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     epoch = reg.response.broker_epoch
     beat = quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0)
     image = await commit(manager, image, beat.records)
-    topics = [("t", 1, 1, {}), ("u", 1, 1, {})]
+    topics = [("t", 1, 1, {"remote.storage.enable": "true"}), ("u", 1, 1, {})]
     image = await commit(manager, image, quorum.create_topics(image, topics).records)
     tier = Tier()
     manager.remote = tier
@@ -353,3 +358,40 @@ async def test_list_offsets_earliest_earliest_local_and_a_remote_timestamp(
     # Without the tier (off on this broker) earliest is the local start.
     cluster.manager.remote = None
     assert await lookup(-2) == (errors.NONE, start, -1)
+
+
+async def test_describe_log_dirs_reports_both_tiers_and_the_copy_lag(cluster: Cluster) -> None:
+    await offload(cluster, T0, count=1)  # segment 1 is closed but not remote yet
+    handlers = MetadataHandlers(cluster.manager.config, cluster.manager, _no_forward, lambda: 1)
+    request = m.DescribeLogDirsRequest(
+        topics=[m.DescribeLogDirsTopic("t", [0, 7]), m.DescribeLogDirsTopic("u", [0])]
+    )
+    response = (await handlers.describe_log_dirs(_request(request))).message
+    (t0, t7), (u0,) = (t.partitions for t in response.topics)
+    log = cluster.manager.replicas[T0].log
+    first, second = list(log.segments)[:2]
+    assert t0 == m.DescribeLogDirsPartition(
+        0,
+        errors.NONE,
+        log_start_offset=0,
+        local_log_start_offset=second.base_offset,
+        log_end_offset=log.log_end_offset,
+        size_bytes=log.size_bytes,
+        remote_log_start_offset=0,
+        remote_end_offset=second.base_offset - 1,
+        remote_size_bytes=first.size,
+        remote_segments=1,
+        copy_lag_bytes=second.size,
+        copy_lag_segments=1,
+        remote_storage=True,
+    )
+    assert t7.error_code == E("UNKNOWN_TOPIC_OR_PARTITION")
+    assert (u0.remote_log_start_offset, u0.copy_lag_segments, u0.remote_storage) == (-1, 0, False)
+
+
+async def _no_forward(request: object) -> object:
+    raise AssertionError("nothing is forwarded")
+
+
+def _request(message: object) -> Request:
+    return cast(Request, SimpleNamespace(message=message))

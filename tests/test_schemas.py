@@ -37,6 +37,7 @@ EXPECTED_KEYS = {
     "RaftMessage": 1004,
     "DescribeQuorum": 55,
     "AlterRemoteSegments": 1010,
+    "DescribeLogDirs": 35,
 }
 
 

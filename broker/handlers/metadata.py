@@ -1,5 +1,5 @@
-"""Metadata, DescribeCluster, CreateTopics, DeleteTopics, ElectLeaders and
-AlterPartitionReassignments.
+"""Metadata, DescribeCluster, CreateTopics, DeleteTopics, ElectLeaders,
+AlterPartitionReassignments and DescribeLogDirs.
 
 Metadata and DescribeCluster are read straight off the broker's metadata image (the
 controller's ``describe_topics`` / ``describe_cluster``), so a broker answers them from
@@ -9,6 +9,11 @@ shows the change, so a client that created a topic through a broker can use it t
 once. ElectLeaders and AlterPartitionReassignments are forwarded the same way; the
 handler then waits (bounded by ``timeout_ms``) until this broker's image shows the new
 leaders or replica sets, so a describe through the same broker right after sees them.
+
+DescribeLogDirs is answered by each partition's leader from its log and its image's
+remote segments: the log start in either tier, the local one, sizes, and the copy lag
+(closed local segments above the highest offset safely remote), for
+`rillet topic describe`.
 
 Auto-creation (``auto.create.topics.enable``, off by default): a Metadata request that
 allows it and names an unknown topic starts a CreateTopics with ``num.partitions`` and
@@ -37,13 +42,15 @@ from rillet.controller.metadata.describe import (
     metadata_brokers,
     metadata_topic,
 )
-from rillet.controller.metadata.image import MetadataImage
+from rillet.controller.metadata.image import MetadataImage, TopicPartition
+from rillet.controller.metadata.remote_log import EMPTY_REMOTE_LOG
 
 logger = logging.getLogger(__name__)
 
 Forward = Callable[[Any], Awaitable[Any]]  # a typed request -> its typed response
 UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 LEADER_NOT_AVAILABLE = errors.code_of("LEADER_NOT_AVAILABLE")
+NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
 DEFAULT_TIMEOUT_MS = 30_000
 # The controller has committed the change when it answers; this only spares a client
 # a stale read from this broker, so do not hold the answer long for it.
@@ -72,6 +79,59 @@ class MetadataHandlers:
     @property
     def cluster_id(self) -> str:
         return self.config.cluster_id or cluster_id_of(self.image) or ""
+
+    async def describe_log_dirs(self, request: Request) -> Response:
+        req: m.DescribeLogDirsRequest = request.message
+        if req.topics is None:
+            wanted = sorted((r.topic, r.partition) for r in self.replicas.leaders())
+        else:
+            wanted = [(t.topic, p) for t in req.topics for p in t.partitions]
+        by_topic: dict[str, list[m.DescribeLogDirsPartition]] = {}
+        for topic, partition in wanted:
+            by_topic.setdefault(topic, []).append(self._describe_log(topic, partition))
+        topics = [m.DescribeLogDirsTopicResult(t, rows) for t, rows in by_topic.items()]
+        return Response(m.DescribeLogDirsResponse(topics))
+
+    def _describe_log(self, topic: str, partition: int) -> m.DescribeLogDirsPartition:
+        replica = self.replicas.replicas.get(TopicPartition(topic, partition))
+        if replica is None or not replica.is_leader:
+            code = (
+                NOT_LEADER_OR_FOLLOWER
+                if replica
+                else self.replicas.partition_error(topic, partition)
+            )
+            return m.DescribeLogDirsPartition(
+                partition, code, -1, -1, -1, 0, -1, -1, 0, 0, 0, 0, False
+            )
+        log, image = replica.log, self.image
+        view = self.replicas.views.get(image, replica.topic_id, partition) or EMPTY_REMOTE_LOG
+        tiered = image.topic_config(topic).get("remote.storage.enable", "").lower() == "true"
+        local_start = log.log_start_offset
+        start = min(local_start, view.log_start_offset) if view.segments else local_start
+        # Copy lag: closed segments holding offsets above the remote end (KIP-958's
+        # RemoteCopyLagBytes/Segments), only for a topic that tiers.
+        lag_bytes = lag_segments = 0
+        segments = log.segments
+        if tiered:
+            for seg, nxt in zip(segments, segments[1:], strict=False):
+                if nxt.base_offset - 1 > view.end_offset:
+                    lag_bytes += seg.size
+                    lag_segments += 1
+        return m.DescribeLogDirsPartition(
+            partition,
+            errors.NONE,
+            start,
+            local_start,
+            log.log_end_offset,
+            log.size_bytes,
+            view.log_start_offset,
+            view.end_offset,
+            view.size_bytes,
+            len(view.segments),
+            lag_bytes,
+            lag_segments,
+            tiered,
+        )
 
     def _cluster(self, include_fenced: bool = False) -> ClusterDescription:
         # DescribeCluster lists fenced brokers too, flagged: tooling waits on that flag.

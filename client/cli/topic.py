@@ -93,7 +93,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with Admin(args.bootstrap) as admin:
             topics = await admin.describe_topics([args.name] if args.name else None)
+            logs = await admin.describe_logs(topics)
         described = [t.as_dict() for t in topics]
+        add_logs(described, logs)
         counts = partition_counts(described)
         shown = filter_partitions(
             described, args.under_replicated_partitions, args.unavailable_partitions
@@ -107,6 +109,30 @@ def cmd_describe(args: argparse.Namespace) -> int:
         return 0
 
     return run(main)
+
+
+LOG_FIELDS = (
+    "log_start_offset",
+    "local_log_start_offset",
+    "log_end_offset",
+    "size_bytes",
+    "remote_log_start_offset",
+    "remote_size_bytes",
+    "remote_segments",
+    "copy_lag_bytes",
+    "copy_lag_segments",
+    "remote_storage",
+)
+
+
+def add_logs(topics: list[dict[str, Any]], logs: dict[tuple[str, int], Any]) -> None:
+    """Each partition's log figures from its leader (None where the leader did not
+    answer): both tiers' log starts, sizes and the copy lag."""
+    for t in topics:
+        for p in t["partitions"]:
+            log = logs.get((t["name"], p["partition"]))
+            for name in LOG_FIELDS:
+                p[name] = getattr(log, name) if log is not None else None
 
 
 def partition_counts(topics: list[dict[str, Any]]) -> dict[str, int]:
@@ -164,6 +190,8 @@ def print_describe(
         fields = _topic_header(t) if headers else [f"[bold]Topic: {t['name']}[/bold]"]
         console.print(Fields(fields))
         console.print(partition_table(t["partitions"]), soft_wrap=True)
+        if any(_tiered(p) for p in t["partitions"]):
+            console.print(tier_table(t["partitions"]), soft_wrap=True)
 
 
 PARTITION_COLUMNS = ("Partition", "Leader", "Epoch", "Replicas", "Isr")
@@ -202,6 +230,55 @@ def partition_table(parts: list[dict[str, Any]]) -> Any:
             text.append("  ")
             text.append(mark, style=style)
     return text
+
+
+def _tiered(p: dict[str, Any]) -> bool:
+    """The partition's topic tiers, or the remote tier holds some of it."""
+    remote = p.get("remote_log_start_offset")
+    return bool(p.get("remote_storage")) or (remote is not None and remote >= 0)
+
+
+TIER_COLUMNS = ("Partition", "LocalStart", "RemoteStart", "RemoteSize", "CopyLag")
+
+
+def tier_table(parts: list[dict[str, Any]]) -> Any:
+    """A tiered topic's second table: per partition the local and remote log starts,
+    the remote size, and the copy lag (closed segments not yet remote, and their size);
+    ? where the leader did not answer, - where nothing is remote yet."""
+    from rich.text import Text
+
+    def cell(p: dict[str, Any], name: str) -> str:
+        value = p.get(name)
+        return "?" if value is None else str(value)
+
+    rows = []
+    for p in parts:
+        known = p.get("local_log_start_offset") is not None
+        remote = p.get("remote_log_start_offset")
+        rows.append(
+            [
+                str(p["partition"]),
+                cell(p, "local_log_start_offset"),
+                "?" if remote is None else "-" if remote < 0 else str(remote),
+                human_bytes(p["remote_size_bytes"]) if known else "?",
+                f"{p['copy_lag_segments']} ({human_bytes(p['copy_lag_bytes'])})" if known else "?",
+            ]
+        )
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(TIER_COLUMNS)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(TIER_COLUMNS, widths, strict=True)).rstrip()]
+    for cells in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    return Text("\n".join(lines))
+
+
+def human_bytes(n: int) -> str:
+    """1023 B, 1.5 KiB, 64.0 MiB..."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -226,6 +226,48 @@ class DeletableTopicResult(NamedTuple):
     error_message: str | None
 
 
+class DescribeLogDirsPartition(NamedTuple):
+    """On the wire: ``[partition, error_code, log_start_offset, local_log_start_offset,
+    log_end_offset, size_bytes, remote_log_start_offset, remote_end_offset,
+    remote_size_bytes, remote_segments, copy_lag_bytes, copy_lag_segments,
+    remote_storage]``.
+    """
+
+    partition: int
+    error_code: int
+    # the first offset in either tier
+    log_start_offset: int
+    local_log_start_offset: int
+    log_end_offset: int
+    # on local disk
+    size_bytes: int
+    # -1: nothing in the remote tier
+    remote_log_start_offset: int
+    # the highest offset safely remote, -1 if none
+    remote_end_offset: int
+    remote_size_bytes: int
+    remote_segments: int
+    # closed local segments above the remote end
+    copy_lag_bytes: int
+    copy_lag_segments: int
+    # the topic's remote.storage.enable, on this broker
+    remote_storage: bool
+
+
+class DescribeLogDirsTopicResult(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[DescribeLogDirsPartition]
+
+
+class DescribeLogDirsTopic(NamedTuple):
+    """On the wire: ``[topic, partitions]``."""
+
+    topic: str
+    partitions: list[int]
+
+
 class PartitionResult(NamedTuple):
     """On the wire: ``[topic, partition, error_code, error_message]``."""
 
@@ -637,6 +679,41 @@ class DeleteTopicsRequest(NamedTuple):
 
     def response_type(self) -> type[DeleteTopicsResponse]:
         return DeleteTopicsResponse
+
+
+class DescribeLogDirsResponse(NamedTuple):
+    """DescribeLogDirs response (key 35)."""
+
+    topics: list[DescribeLogDirsTopicResult]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DescribeLogDirsRequest(NamedTuple):
+    """DescribeLogDirs request (key 35). Answered by each partition's leader (others:
+    NOT_LEADER_OR_FOLLOWER): its local and remote log (rillet's shape, not Kafka's). Feeds
+    `rillet topic describe`.
+    """
+
+    # nil: every partition this broker leads
+    topics: list[DescribeLogDirsTopic] | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DescribeLogDirsResponse]:
+        return DescribeLogDirsResponse
 
 
 class ElectLeadersResponse(NamedTuple):

@@ -1120,6 +1120,52 @@ DESCRIBE_CLUSTER = declare(
     ],
 )
 
+DESCRIBE_LOG_DIRS_PARTITION = Struct(
+    "DescribeLogDirsPartition",
+    F("partition", INT),
+    F("error_code", INT),
+    F("log_start_offset", INT, doc="the first offset in either tier"),
+    F("local_log_start_offset", INT),
+    F("log_end_offset", INT),
+    F("size_bytes", INT, doc="on local disk"),
+    F("remote_log_start_offset", INT, doc="-1: nothing in the remote tier"),
+    F("remote_end_offset", INT, doc="the highest offset safely remote, -1 if none"),
+    F("remote_size_bytes", INT),
+    F("remote_segments", INT),
+    F("copy_lag_bytes", INT, doc="closed local segments above the remote end"),
+    F("copy_lag_segments", INT),
+    F("remote_storage", BOOL, doc="the topic's remote.storage.enable, on this broker"),
+)
+DESCRIBE_LOG_DIRS = declare(
+    35,
+    "DescribeLogDirs",
+    (0, 0),
+    request=[
+        F(
+            "topics",
+            Opt(Array(Struct("DescribeLogDirsTopic", F("topic", STR), F("partitions", INT_LIST)))),
+            default=None,
+            doc="nil: every partition this broker leads",
+        ),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "DescribeLogDirsTopicResult",
+                    F("topic", STR),
+                    F("partitions", Array(DESCRIBE_LOG_DIRS_PARTITION)),
+                )
+            ),
+        ),
+    ],
+    doc="Answered by each partition's leader (others: NOT_LEADER_OR_FOLLOWER): its local "
+    "and remote log (rillet's shape, not Kafka's). Feeds `rillet topic describe`.",
+)
+
 LISTENER = Struct("Listener", F("name", STR), F("host", STR), F("port", INT))
 BROKER_REGISTRATION = declare(
     62,
