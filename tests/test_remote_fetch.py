@@ -7,7 +7,7 @@ an error, never data, and the others are unaffected (broker/remote_fetch.py)."""
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,54 +35,46 @@ from rillet.controller.metadata.image import (
     TopicPartition,
 )
 from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
-from rillet.storage import Log, LogManager
+from rillet.storage import LogManager
+from rillet.storage.remote.copier import upload_segment
 from rillet.storage.remote.layout import SegmentKeys, segment_keys
-from rillet.storage.remote.store import RemoteStorageError
+from rillet.storage.remote.reader import RemoteReader
+from rillet.storage.remote.store import MemoryObjectStore
 
 E = errors.code_of
 T0, U0 = TopicPartition("t", 0), TopicPartition("u", 0)
 BATCHES_PER_SEGMENT = 4
+CHUNK = 512  # bytes per remote chunk: every segment is several
 SEGMENTS = 3  # per partition: two closed and offloaded, the active one local
 
 
-class FakeReader:
-    """Serves each uploaded segment from a frozen copy of its bytes (the records as the
-    local log held them), with the fault hooks the tests need."""
+class GatedStore(MemoryObjectStore):
+    """A MemoryObjectStore whose GETs can be held: ``hold`` blocks every GET until it is
+    set; ``together`` makes GETs wait until that many are under way at once."""
 
     def __init__(self) -> None:
-        self.logs: dict[str, Log] = {}  # by log key: a copy of the partition's log
-        self.failures: dict[str, RemoteStorageError] = {}  # by log key
-        self.started = 0
-        self.all_started = asyncio.Event()
-        self.expect_concurrent = 0
-        self.hang = False
+        super().__init__()
+        self.hold: threading.Event | None = None
+        self.together: threading.Barrier | None = None
 
-    async def manifest(self, keys: SegmentKeys) -> SegmentKeys:
-        return keys
-
-    async def read(
-        self, keys: SegmentKeys, manifest: object, offset: int, max_bytes: int, max_offset=None
-    ) -> bytes:
-        self.started += 1
-        if self.started >= self.expect_concurrent:
-            self.all_started.set()
-        if self.expect_concurrent:
-            await self.all_started.wait()  # every read of the fetch is in flight at once
-        if self.hang:
-            await asyncio.Event().wait()
-        failure = self.failures.get(keys.log)
-        if failure is not None:
-            raise failure
-        return self.logs[keys.log].read_bytes(offset, max_bytes, max_offset)
-
-    async def offset_for_timestamp(self, keys: SegmentKeys, manifest: object, ts: int):
-        found = self.logs[keys.log].offset_for_timestamp(ts)
-        return None if found is None else found.offset
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if self.together is not None:
+            self.together.wait(timeout=30)
+        if self.hold is not None:
+            self.hold.wait(timeout=30)
+        return super().get(key, start, end)
 
 
 @dataclass
 class Tier:
-    reader: FakeReader = field(default_factory=FakeReader)
+    """The remote log manager as the fetch path sees it: its reader."""
+
+    store: GatedStore = field(default_factory=GatedStore)
+    reader: RemoteReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Small chunks: a read spans several, each checked against the manifest.
+        self.reader = RemoteReader(self.store, 1 << 20, CHUNK, threads=4, prefetch_chunks=1)
 
 
 @dataclass
@@ -92,7 +84,7 @@ class Cluster:
     tier: Tier
     tmp: Path
     expected: dict[TopicPartition, dict[int, bytes]] = field(default_factory=dict)
-    segment_ids: dict[TopicPartition, list[str]] = field(default_factory=dict)
+    keys: dict[TopicPartition, list[SegmentKeys]] = field(default_factory=dict)
 
 
 def config(log_dir: Path, *extra: str) -> BrokerConfig:
@@ -126,6 +118,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     for tp in (T0, U0):
         await fill(c, tp)
     yield c
+    store = tier.store
+    store.together = None
+    if store.hold is not None:
+        store.hold.set()
+    tier.reader.close()
     await manager.shutdown()
     logs.close()
 
@@ -149,17 +146,10 @@ async def offload(c: Cluster, tp: TopicPartition, count: int = 2) -> None:
     """Upload the first ``count`` segments (remember what a local read of each offset
     returned), commit them as finished remote segments, and move the local log start
     past them, as the remote log manager and local retention do."""
-    import shutil
-
     replica = c.manager.replicas[tp]
     log = replica.log
     hw = replica.state.high_watermark
     await log.wait_background()  # the rolls' index writes
-    copy_dir = c.tmp / f"copy-{tp.topic}"
-    shutil.copytree(log.directory, copy_dir / log.directory.name)
-    copy = LogManager(copy_dir)
-    copy.startup()
-    frozen = copy.get_or_create(tp.topic, tp.partition, log.config)
     expected = c.expected.setdefault(tp, {})
     recs = []
     segments = list(log.segments)
@@ -168,9 +158,9 @@ async def offload(c: Cluster, tp: TopicPartition, count: int = 2) -> None:
         for offset in range(seg.base_offset, end + 1):
             expected[offset] = log.read_bytes(offset, 1 << 20, hw)
         seg_id = f"seg{i}"
-        c.segment_ids.setdefault(tp, []).append(seg_id)
         keys = segment_keys(tp.topic, replica.topic_id, tp.partition, seg.base_offset, seg_id)
-        c.tier.reader.logs[keys.log] = frozen
+        manifest = upload_segment(c.tier.store, keys, seg, [(0, seg.base_offset)], seg_id, CHUNK)
+        c.keys.setdefault(tp, []).append(keys)
         recs.append(
             RemoteSegment(
                 replica.topic_id,
@@ -178,10 +168,10 @@ async def offload(c: Cluster, tp: TopicPartition, count: int = 2) -> None:
                 seg_id,
                 seg.base_offset,
                 end,
-                ((0, 0),),
+                ((0, seg.base_offset),),
                 SEGMENT_COPY_FINISHED,
-                seg.size,
-                seg.max_timestamp,
+                manifest.size_bytes,
+                manifest.max_timestamp_ms,
                 1,
                 0,
             )
@@ -267,7 +257,9 @@ async def test_several_partitions_of_one_fetch_are_read_remotely_at_once(
 ) -> None:
     await offload(cluster, T0)
     await offload(cluster, U0)
-    cluster.tier.reader.expect_concurrent = 2  # each read waits until both have started
+    # Each GET waits until the other partition's is under way too: one remote read
+    # per fetch at a time (KAFKA-14915) would never finish.
+    cluster.tier.store.together = threading.Barrier(2)
     result = await cluster.manager.fetch_messages(consumer(4 << 20), [part(T0, 0), part(U0, 3)])
     assert data_of(result, 0) == cluster.expected[T0][0]
     assert data_of(result, 1) == cluster.expected[U0][3]
@@ -284,9 +276,7 @@ async def test_a_failing_store_answers_a_retriable_error_on_that_partition_only(
     cluster: Cluster,
 ) -> None:
     await offload(cluster, T0)
-    reader = cluster.tier.reader
-    for key in reader.logs:
-        reader.failures[key] = RemoteStorageError("connection refused", retriable=True)
+    cluster.tier.store.unavailable = True  # every call fails, retriable (connection refused)
     result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
     remote, local = result.partitions
     assert remote.error_code == E("KAFKA_STORAGE_ERROR") and remote.records is None
@@ -298,7 +288,7 @@ async def test_a_failing_store_answers_a_retriable_error_on_that_partition_only(
 
 async def test_a_hung_store_times_out_that_partition_only(cluster: Cluster) -> None:
     await offload(cluster, T0)
-    cluster.tier.reader.hang = True  # remote.fetch.max.wait.ms is 200 here
+    cluster.tier.store.hold = threading.Event()  # remote.fetch.max.wait.ms is 200 here
     result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
     remote, local = result.partitions
     assert remote.error_code == E("REQUEST_TIMED_OUT") and remote.records is None
@@ -307,22 +297,22 @@ async def test_a_hung_store_times_out_that_partition_only(cluster: Cluster) -> N
 
 async def test_damaged_remote_data_is_an_error_never_data(cluster: Cluster) -> None:
     await offload(cluster, T0)
-    reader = cluster.tier.reader
-    for key in reader.logs:
-        reader.failures[key] = RemoteStorageError("chunk 0 CRC mismatch", retriable=False)
-    result = await cluster.manager.fetch_messages(consumer(), [part(T0, 0), part(U0, 0)])
-    remote, local = result.partitions
-    assert remote.error_code == E("CORRUPT_MESSAGE") and remote.records is None
-    assert local.error_code == errors.NONE and local.nbytes > 0
+    seg0, seg1 = cluster.keys[T0]
+    cluster.tier.store.corrupt(seg0.log, 100)  # a flipped byte in the first batch
+    cluster.tier.store.truncate(seg1.log, 700)  # a cut object (its manifest says more)
+    for offset in (0, 5, 20, 35):
+        result = await cluster.manager.fetch_messages(consumer(), [part(T0, offset), part(U0, 0)])
+        remote, local = result.partitions
+        assert remote.error_code == E("CORRUPT_MESSAGE") and remote.records is None, offset
+        assert local.error_code == errors.NONE and local.nbytes > 0
 
 
 async def test_a_segment_deleted_during_the_read_is_out_of_range_not_damage(
     cluster: Cluster,
 ) -> None:
     await offload(cluster, T0)
-    reader = cluster.tier.reader
-    for key in reader.logs:
-        reader.failures[key] = RemoteStorageError("NoSuchKey", retriable=False)
+    seg0_keys = cluster.keys[T0][0]
+    cluster.tier.store.delete([seg0_keys.log, seg0_keys.manifest])  # retention got there
     replica = cluster.manager.replicas[T0]
     seg0 = cluster.image.remote_segments[(replica.topic_id, 0)]["seg0"]
     deleting = RemoteSegment(**{**_fields(seg0), "state": SEGMENT_DELETE_STARTED})
