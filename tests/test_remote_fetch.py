@@ -67,7 +67,8 @@ class GatedStore(MemoryObjectStore):
 
 @dataclass
 class Tier:
-    """The remote log manager as the fetch path sees it: its reader."""
+    """The remote log manager as the fetch path sees it: its reader (and the calls the
+    broker makes on any remote log manager, as no-ops)."""
 
     store: GatedStore = field(default_factory=GatedStore)
     reader: RemoteReader = field(init=False)
@@ -75,6 +76,12 @@ class Tier:
     def __post_init__(self) -> None:
         # Small chunks: a read spans several, each checked against the manifest.
         self.reader = RemoteReader(self.store, 1 << 20, CHUNK, threads=4, prefetch_chunks=1)
+
+    def on_metadata(self, *args: object) -> None:
+        """(The remote log manager's copy side: not in these tests.)"""
+
+    async def close(self) -> None:
+        self.reader.close()
 
 
 @dataclass

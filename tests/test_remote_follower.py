@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 from helpers import wait_until_async
 from test_broker_inproc import batch, broker_config, produce
@@ -27,6 +26,21 @@ from rillet.controller.metadata.image import (
 )
 
 TOPIC = "history"
+
+
+class TierOn:
+    """A remote tier that is on, with nothing to do: this test reads nothing remotely
+    and copies nothing (the remote segments are hand-made records)."""
+
+    reader = None
+
+    def on_metadata(self, *args: object) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 TP = TopicPartition(TOPIC, 0)
 
 
@@ -46,7 +60,7 @@ async def test_a_new_replica_starts_at_the_leaders_local_log_start(tmp_path: Pat
             servers.append(server)
         leader, follower = servers
         assert leader.replicas is not None and follower.replicas is not None
-        leader.replicas.remote = SimpleNamespace(reader=None)  # the tier is on (no reads here)
+        leader.replicas.remote = TierOn()  # type: ignore[assignment]
         topic_id = uuid.uuid4().hex
         await shared.commit([Topic(TOPIC, topic_id), Partition(topic_id, 0, (1,), (1,), 1, 0, 0)])
         async with await Connection.open("127.0.0.1", leader.port) as conn:
