@@ -66,6 +66,7 @@ class FetchPartitionResult(NamedTuple):
     error_code: int
     high_watermark: int
     last_stable_offset: int
+    # the first offset in either tier (local or remote)
     log_start_offset: int
     diverging_epoch: EpochEndOffset | None
     preferred_read_replica: int

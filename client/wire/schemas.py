@@ -760,7 +760,7 @@ FETCH_RESULT = Struct(
     F("error_code", INT),
     F("high_watermark", INT),
     F("last_stable_offset", INT),
-    F("log_start_offset", INT),
+    F("log_start_offset", INT, doc="the first offset in either tier (local or remote)"),
     F("diverging_epoch", Opt(EPOCH_END)),
     F("preferred_read_replica", INT),
     F("nbytes", INT),
