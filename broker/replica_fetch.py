@@ -209,7 +209,13 @@ class FetchReader:
         out.touched.append(replica)
         state, log = replica.state, replica.log
         view = self._remote_view(replica)
-        start = global_log_start(view, log.log_start_offset)
+        # Consumers get the log start across both tiers (Kafka's logStartOffset); a
+        # follower gets the local one, which it takes, bounded by its HW: the leader's
+        # epoch history starts there, so below it no epoch check can find records this
+        # replica wrote as a deposed leader (docs/replication.md, "The follower's log
+        # start"); what lies below is in the remote tier, for any replica to serve.
+        local = log.log_start_offset
+        start = global_log_start(view, local) if replica_id == CONSUMER else local
         diverging = None
         remote = False  # the offset is read from the remote tier
         if replica_id == CONSUMER:

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from helpers import wait_until_async
-from test_broker_inproc import batch, broker_config, produce
+from test_broker_inproc import batch, broker_config, fetch, produce
 from test_replication_fetcher_faults import Link, SharedMetadata
 
 from rillet.broker.server import BrokerServer
@@ -105,8 +105,15 @@ async def test_a_new_replica_starts_at_the_leaders_local_log_start(tmp_path: Pat
             assert copy.read_bytes(local_start, 1 << 20) == log.read_bytes(local_start, 1 << 20)
             # The remote records' epoch (0 from offset 0) is in the follower's cache.
             assert copy.epochs.entries()[0] == (0, 0)
-            # And it joins the ISR like any caught-up follower.
-            assert copy.high_watermark >= local_start
+            # The leader's local log start moves on (its local retention, once the next
+            # segment is remote too): the follower takes it, up to its own high watermark
+            # (a consumer is told the log start across both tiers, 0).
+            log.roll()
+            assert (await produce(conn, TOPIC, 0, batch(b"last")))[1] == 0
+            log.increment_log_start_offset(end)
+            await wait_until_async(lambda: copy.log_start_offset == end)
+            row, _ = await fetch(conn, TOPIC, 0, end)
+            assert row[4] == 0  # log_start_offset
     finally:
         for server in reversed(servers):
             await server.stop(controlled=False)
