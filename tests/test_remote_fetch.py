@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from test_replica_manager import commit
+from test_replica_manager import commit, register
 
 from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.handlers.fetch import ListOffsetsHandler
@@ -27,14 +27,12 @@ from rillet.client.runtime.rpc_server import Request
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.image import (
-    EMPTY_IMAGE,
     SEGMENT_COPY_FINISHED,
     SEGMENT_DELETE_STARTED,
     MetadataImage,
     RemoteSegment,
     TopicPartition,
 )
-from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
 from rillet.storage import LogManager
 from rillet.storage.remote.copier import upload_segment
 from rillet.storage.remote.layout import SegmentKeys, segment_keys
@@ -109,13 +107,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     logs = LogManager(tmp_path / "data")
     logs.startup()
     manager = ReplicaManager(config(tmp_path / "data", "remote.fetch.max.wait.ms=200"), logs)
-    quorum = QuorumController(ControllerConfig())
-    image = EMPTY_IMAGE
-    reg = quorum.register_broker(image, 1, "inc", [("BROKER", "h", 1)], None, 0)
-    image = await commit(manager, image, reg.records)
-    epoch = reg.response.broker_epoch
-    beat = quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0)
-    image = await commit(manager, image, beat.records)
+    quorum, image = await register(manager)
     topics = [("t", 1, 1, {"remote.storage.enable": "true"}), ("u", 1, 1, {})]
     image = await commit(manager, image, quorum.create_topics(image, topics).records)
     tier = Tier()

@@ -49,22 +49,24 @@ async def commit(manager: ReplicaManager, image: MetadataImage, recs: list) -> M
     return image
 
 
+async def register(manager: ReplicaManager) -> tuple[QuorumController, MetadataImage]:
+    """Broker 1 registered and unfenced, through a controller's own record making."""
+    quorum = QuorumController(ControllerConfig())
+    image = EMPTY_IMAGE
+    reg = quorum.register_broker(image, 1, "inc", [("BROKER", "h", 1)], None, 0)
+    image = await commit(manager, image, reg.records)
+    epoch = reg.response.broker_epoch
+    beat = quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0)
+    return quorum, await commit(manager, image, beat.records)
+
+
 @pytest.fixture
 async def manager(tmp_path: Path) -> AsyncIterator[ReplicaManager]:
     """Broker 1 leads ``t-0``, its only replica."""
     logs = LogManager(tmp_path)
     logs.startup()
     manager = ReplicaManager(broker_config(tmp_path), logs)
-    quorum = QuorumController(ControllerConfig())
-    image = EMPTY_IMAGE
-    reg = quorum.register_broker(image, 1, "inc", [("BROKER", "h", 1)], None, 0)
-    image = await commit(manager, image, reg.records)
-    epoch = reg.response.broker_epoch
-    image = await commit(
-        manager,
-        image,
-        quorum.broker_heartbeat(image, 1, epoch, image.offset, False, False, 0).records,
-    )
+    quorum, image = await register(manager)
     image = await commit(manager, image, quorum.create_topics(image, [("t", 1, 1, {})]).records)
     assert manager.replicas[TP].is_leader
     yield manager

@@ -64,6 +64,16 @@ def local_start(tier: Tier, broker: int, topic: str) -> int:
     return tier.local_bases(broker, topic)[0]
 
 
+def wait_offloaded(tier: Tier, topic: str, brokers: tuple[int, ...] = (1, 2, 3)) -> None:
+    """Until the first 100 offsets are remote and gone from every broker's disk."""
+    wait_until(
+        lambda: min(local_start(tier, b, topic) for b in brokers) > 100,
+        DEADLINE_S,
+        0.2,
+        "early segments remote and gone from local disk",
+    )
+
+
 def test_a_consumer_from_offset_0_reads_every_record_through_both_tiers(
     cluster_factory: Any, s3: S3Endpoint
 ) -> None:
@@ -79,12 +89,7 @@ def test_a_consumer_from_offset_0_reads_every_record_through_both_tiers(
             assert (await client.produce_bytes(leader, "history", 0, data)).error_code == 0
 
     run(cluster, write)
-    wait_until(
-        lambda: min(local_start(tier, b, "history") for b in (1, 2, 3)) > 100,
-        DEADLINE_S,
-        0.2,
-        "early segments remote and gone from every broker",
-    )
+    wait_offloaded(tier, "history")
     got = consume_all(cluster, "history", len(values))
     assert [o for o, _ in got] == list(range(len(values)))
     assert [v for _, v in got] == values
@@ -119,7 +124,7 @@ def test_a_new_replica_catches_up_a_partition_whose_early_history_is_only_remote
 
     run(cluster, create_on_one)
     produce(cluster, "moved", BATCHES)
-    wait_until(lambda: local_start(tier, 1, "moved") > 100, DEADLINE_S, 0.2, "local deletion")
+    wait_offloaded(tier, "moved", (1,))
 
     async def reassign() -> None:
         async with Admin(cluster.bootstrap) as admin:
@@ -146,12 +151,7 @@ def test_a_flipped_byte_in_a_remote_object_is_an_error_for_the_consumer(
     tier = Tier(cluster, s3)
     create(cluster, "damaged")
     produce(cluster, "damaged", BATCHES)
-    wait_until(
-        lambda: min(local_start(tier, b, "damaged") for b in (1, 2, 3)) > 100,
-        DEADLINE_S,
-        0.2,
-        "early segments remote and gone from every broker",
-    )
+    wait_offloaded(tier, "damaged")
     first = min(
         (k for k in tier.objects("damaged-") if (parse_segment_key(k) or (1, "", ""))[0] == 0),
         key=lambda k: k.endswith(".manifest"),
