@@ -172,9 +172,13 @@ async def read_remote(
     read's segments are still in the remote log (a missing object is then damage, not
     retention)."""
     tasks = [asyncio.ensure_future(read_one(reader, r)) for r in reads]
-    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    for task in pending:
-        task.cancel()  # the GETs finish in the reader's threads and fill its cache
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    finally:
+        for task in tasks:
+            # Past the wait (or the fetch itself cancelled, its connection gone): the
+            # GETs finish in the reader's threads and still fill its cache.
+            task.cancel()
     out = [_outcome(r, t, t in pending, still_remote) for r, t in zip(reads, tasks, strict=True)]
     if metrics is not None:
         metrics.record_remote_fetch(

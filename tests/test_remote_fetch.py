@@ -7,6 +7,7 @@ an error, never data, and the others are unaffected (broker/remote_fetch.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -384,3 +385,24 @@ async def _no_forward(request: object) -> object:
 
 def _request(message: object) -> Request:
     return cast(Request, SimpleNamespace(message=message))
+
+
+async def test_a_cancelled_fetch_leaves_no_remote_read_behind(cluster: Cluster) -> None:
+    """The client went away (its fetch cancelled) during a remote read: the read's task
+    goes too; the GET under way finishes in the reader's thread."""
+    await offload(cluster, T0)
+    cluster.tier.store.hold = threading.Event()
+    before = asyncio.all_tasks()
+    fetch = asyncio.ensure_future(cluster.manager.fetch_messages(consumer(), [part(T0, 0)]))
+    while not any(
+        t.get_coro().__qualname__ == "read_one"  # type: ignore[union-attr]
+        for t in asyncio.all_tasks() - before
+    ):
+        await asyncio.sleep(0)
+    fetch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fetch
+    for _ in range(3):
+        await asyncio.sleep(0)
+    left = {t.get_coro().__qualname__ for t in asyncio.all_tasks() - before}  # type: ignore[union-attr]
+    assert "read_one" not in left  # (the reader's own shared GET may go on: its cache's)
