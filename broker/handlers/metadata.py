@@ -12,7 +12,7 @@ leaders or replica sets, so a describe through the same broker right after sees 
 
 DescribeLogDirs is answered by each partition's leader from its log and its image's
 remote segments: the log start in either tier, the local one, sizes, and the copy lag
-(closed local segments above the highest offset safely remote), for
+(closed, committed local segments above the highest offset safely remote), for
 `rillet topic describe`.
 
 Auto-creation (``auto.create.topics.enable``, off by default): a Metadata request that
@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.remote_plan import copy_lag
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.runtime.tasks import on_death_log
@@ -108,15 +109,10 @@ class MetadataHandlers:
         tiered = image.topic_config(topic).get("remote.storage.enable", "").lower() == "true"
         local_start = log.log_start_offset
         start = min(local_start, view.log_start_offset) if view.segments else local_start
-        # Copy lag: closed segments holding offsets above the remote end (KIP-958's
-        # RemoteCopyLagBytes/Segments), only for a topic that tiers.
-        lag_bytes = lag_segments = 0
-        segments = log.segments
-        if tiered:
-            for seg, nxt in zip(segments, segments[1:], strict=False):
-                if nxt.base_offset - 1 > view.end_offset:
-                    lag_bytes += seg.size
-                    lag_segments += 1
+        # Copy lag (KIP-958's RemoteCopyLagSegments/Bytes, as the remote log manager's
+        # gauges count it), only for a topic that tiers.
+        lag = copy_lag(log.segments, replica.state.high_watermark, view.end_offset)
+        lag_bytes, lag_segments = (lag.bytes, lag.segments) if tiered else (0, 0)
         return m.DescribeLogDirsPartition(
             partition,
             errors.NONE,

@@ -248,7 +248,7 @@ class DescribeLogDirsPartition(NamedTuple):
     remote_end_offset: int
     remote_size_bytes: int
     remote_segments: int
-    # closed local segments above the remote end
+    # closed, committed local segments not yet remote
     copy_lag_bytes: int
     copy_lag_segments: int
     # the topic's remote.storage.enable, on this broker

@@ -1132,7 +1132,7 @@ DESCRIBE_LOG_DIRS_PARTITION = Struct(
     F("remote_end_offset", INT, doc="the highest offset safely remote, -1 if none"),
     F("remote_size_bytes", INT),
     F("remote_segments", INT),
-    F("copy_lag_bytes", INT, doc="closed local segments above the remote end"),
+    F("copy_lag_bytes", INT, doc="closed, committed local segments not yet remote"),
     F("copy_lag_segments", INT),
     F("remote_storage", BOOL, doc="the topic's remote.storage.enable, on this broker"),
 )
