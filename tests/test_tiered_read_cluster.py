@@ -11,15 +11,10 @@ import asyncio
 from typing import Any
 
 import pytest
-
-# The write side (the remote log manager and its cluster test helpers) comes with the
-# copy slice: until it is merged there are no uploads to read back.
-pytest.importorskip("test_tiered_copy_cluster", reason="needs the remote tier's write side")
-
-from helpers import wait_until  # noqa: E402
-from replication_cluster import Client, run  # noqa: E402
-from s3_server import S3Endpoint  # noqa: E402
-from test_tiered_copy_cluster import (  # noqa: E402
+from helpers import wait_until
+from replication_cluster import Client, run
+from s3_server import S3Endpoint
+from test_tiered_copy_cluster import (
     DEADLINE_S,
     TOPIC_CONFIG,
     Tier,
@@ -29,13 +24,13 @@ from test_tiered_copy_cluster import (  # noqa: E402
     tiered_cluster,
 )
 
-from rillet.client.admin import Admin  # noqa: E402
-from rillet.client.consumer import Consumer  # noqa: E402
-from rillet.client.wire import errors, records  # noqa: E402
-from rillet.client.wire import messages as m  # noqa: E402
-from rillet.client.wire.errors import CorruptRecordError  # noqa: E402
-from rillet.storage.remote.layout import parse_segment_key  # noqa: E402
-from rillet.tools.local_cluster import LocalCluster  # noqa: E402
+from rillet.client.admin import Admin
+from rillet.client.consumer import Consumer
+from rillet.client.wire import errors, records
+from rillet.client.wire import messages as m
+from rillet.client.wire.errors import CorruptRecordError
+from rillet.storage.remote.layout import parse_segment_key
+from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 
