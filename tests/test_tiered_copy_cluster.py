@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import wait_until, wait_until_async
 from replication_cluster import Client, Writer, replication_cluster, run
 from s3_server import S3Endpoint
 
 from rillet.broker.link.controller_client import ControllerChannel, MetadataFollower
+from rillet.client.wire import messages as m
 from rillet.client.wire import records
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
@@ -162,8 +163,23 @@ def produce(cluster: LocalCluster, topic: str, batches: int, value: bytes = b"x"
 
 
 def create(cluster: LocalCluster, topic: str, **configs: str) -> None:
+    """Create ``topic`` and wait until every broker's metadata has it with a leader:
+    CreateTopics is answered once the controllers committed it, and a leader that has
+    not applied that record yet answers a produce UNKNOWN_TOPIC_OR_PARTITION."""
+
+    async def known_everywhere(client: Client) -> bool:
+        for b in client.live_brokers():
+            response, _ = await (await client.conn(b)).call(m.MetadataRequest([topic]))
+            (t,) = response.topics
+            if t.error_code != 0 or not t.partitions:
+                return False
+            if any(p.leader_id < 0 for p in t.partitions):
+                return False
+        return True
+
     async def body(client: Client) -> None:
         await client.create_topic(topic, 1, 3, {**TOPIC_CONFIG, **configs})
+        await wait_until_async(lambda: known_everywhere(client), DEADLINE_S, 0.05, topic)
 
     run(cluster, body)
 
