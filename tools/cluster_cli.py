@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from rillet.client.cli.common import Fields
-from rillet.tools.local_cluster import ClusterError, LocalCluster, parse_settings
+from rillet.tools import local_s3
+from rillet.tools.local_cluster import (
+    DEFAULT_S3_BUCKET,
+    DEFAULT_S3_PORT,
+    DEFAULT_S3_REGION,
+    ClusterError,
+    LocalCluster,
+    S3Tier,
+    free_port,
+    parse_settings,
+)
 
 DEFAULT_DATA_DIR = "rillet-data"
 
@@ -43,6 +53,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="config for every node whose roles know KEY (repeatable)",
+    )
+    tier = up.add_argument_group(
+        "remote tier",
+        "By default an embedded S3 server (moto) runs beside the cluster and every broker "
+        "tiers to it; topics opt in with remote.storage.enable=true (docs/tiered.md).",
+    )
+    tier.add_argument("--no-s3", action="store_true", help="no remote tier, no S3 server")
+    tier.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="tier to this S3 endpoint instead (AWS, MinIO...; credentials from boto3's "
+        "usual chain: environment, ~/.aws, instance role); starts no S3 server",
+    )
+    tier.add_argument("--s3-bucket", help=f"bucket of remote segments ({DEFAULT_S3_BUCKET})")
+    tier.add_argument("--s3-region", help=f"region of --s3-endpoint ({DEFAULT_S3_REGION})")
+    tier.add_argument(
+        "--s3-port",
+        type=int,
+        help=f"port of the embedded S3 server ({DEFAULT_S3_PORT}; any with --ephemeral-ports)",
     )
     up.add_argument("--json", action="store_true", help="machine-readable output")
     up.set_defaults(func=cmd_up)
@@ -93,6 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster = _cluster_for_up(args)
         _check_ports_free(cluster)
         _say(args, f"starting {len(cluster.nodes)} nodes in {cluster.data_dir} ...")
+        _say(args, f"remote tier: {_s3_line(cluster)}")
         cluster.start(owned=not args.detach)
         described = cluster.wait_ready()
     except ClusterError as e:
@@ -108,12 +138,14 @@ def cmd_up(args: argparse.Namespace) -> int:
                     "bootstrap": cluster.bootstrap,
                     "nodes": cluster.status(),
                     "cluster_id": described.cluster_id,
+                    "s3": cluster.s3_status(),
                 }
             )
         )
     else:
         print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}", flush=True)
         print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}", flush=True)
+        print(f"  remote tier: {_s3_line(cluster)}", flush=True)
     if args.detach:
         if not args.json:
             print(f"  stop it with: rillet cluster down --data-dir {args.data_dir}")
@@ -138,6 +170,10 @@ def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
             )
         if args.set:
             cluster.overrides.update(parse_settings(args.set))
+        if args.no_s3 or args.s3_endpoint or args.s3_port:  # else: as it was
+            cluster.s3 = _s3_for_up(args)
+        elif cluster.s3 is not None and cluster.s3.embedded and not _moto_or_warn():
+            cluster.s3 = None
         return cluster
     return LocalCluster(
         args.data_dir,
@@ -147,7 +183,43 @@ def _cluster_for_up(args: argparse.Namespace) -> LocalCluster:
         ephemeral_ports=args.ephemeral_ports,
         overrides=parse_settings(args.set),
         racks=args.rack or None,
+        s3=_s3_for_up(args),
     )
+
+
+def _s3_for_up(args: argparse.Namespace) -> S3Tier | None:
+    """The remote tier `cluster up` gives the brokers: none, the endpoint given, or an
+    embedded S3 server (when moto is installed: without it the cluster starts anyway,
+    with no tier, and says how to get it)."""
+    bucket = args.s3_bucket or DEFAULT_S3_BUCKET
+    if args.no_s3:
+        return None
+    if args.s3_endpoint:
+        return S3Tier(args.s3_endpoint, bucket, args.s3_region or DEFAULT_S3_REGION)
+    if not _moto_or_warn():
+        return None
+    port = args.s3_port or (free_port() if args.ephemeral_ports else DEFAULT_S3_PORT)
+    return S3Tier.embedded_on(port, bucket)
+
+
+def _moto_or_warn() -> bool:
+    if local_s3.moto_server_available():
+        return True
+    print(
+        "rillet cluster: moto's S3 server is not installed, so the cluster starts without "
+        f"its remote tier. To get it: {local_s3.INSTALL_HINT}; or point the brokers at an "
+        "S3 endpoint with --s3-endpoint URL.",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _s3_line(cluster: LocalCluster) -> str:
+    s3 = cluster.s3
+    if s3 is None:
+        return "off (no S3)"
+    where = "embedded S3 server" if s3.embedded else "external S3"
+    return f"{where} {s3.endpoint}, bucket {s3.bucket} (topics opt in: remote.storage.enable=true)"
 
 
 def ports_in_use(cluster: LocalCluster) -> list[int]:
@@ -158,6 +230,8 @@ def ports_in_use(cluster: LocalCluster) -> list[int]:
         for port in (n.controller_port, n.broker_port)
         if port  # 0 or None: the OS picks one
     ]
+    if cluster.s3 is not None and cluster.s3.port:
+        ports.append(cluster.s3.port)
     busy = []
     for port in ports:
         with socket.socket() as s:
@@ -228,15 +302,35 @@ def _stop_cluster(cluster: LocalCluster, say: Callable[[str], None]) -> int:
 
 
 def _live_view(cluster: LocalCluster):  # noqa: ANN202 - a rich renderable
-    return status_view(cluster.status(), cluster.partition_health(1.0))
+    return status_view(cluster.status(), cluster.partition_health(1.0), cluster.s3_status())
 
 
-def status_view(rows: list[dict[str, Any]], health: dict[str, Any] | None):  # noqa: ANN201
+def status_view(  # noqa: ANN201 - a rich renderable
+    rows: list[dict[str, Any]], health: dict[str, Any] | None, s3: dict[str, Any] | None = None
+):
     """The node table with the health line under it, left-aligned as `cluster status`
-    prints it: as the table's centred caption it wrapped on an 80-column terminal."""
+    prints it: as the table's centred caption it wrapped on an 80-column terminal; then
+    the remote tier's line."""
     from rich.console import Group
 
-    return Group(_table(rows), _health_line(health))
+    return Group(_table(rows), _health_line(health), _s3_status_line(s3))
+
+
+def _s3_status_line(s3: dict[str, Any] | None) -> Fields:
+    if s3 is None:
+        return Fields(["remote tier: off"])
+    if not s3["embedded"]:
+        return Fields([f"remote tier: S3 {s3['endpoint']}", f"bucket: {s3['bucket']}"], sep="   ")
+    style = "green" if s3["state"] == "running" else "red"
+    pid = f" (pid {s3['pid']})" if s3["pid"] else ""
+    return Fields(
+        [
+            f"remote tier: embedded S3 {s3['endpoint']}",
+            f"bucket: {s3['bucket']}",
+            f"[{style}]{s3['state']}[/{style}]{pid}",
+        ],
+        sep="   ",
+    )
 
 
 def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
@@ -291,13 +385,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "nodes": rows,
                     "controller_id": health["controller_id"] if health else -1,
                     "partitions": _partition_counts(health),
+                    "s3": cluster.s3_status(),
                 }
             )
         )
         return 0
     from rich.console import Console
 
-    Console().print(status_view(rows, health))
+    Console().print(status_view(rows, health, cluster.s3_status()))
     return 0
 
 

@@ -12,11 +12,13 @@ Layout under ``data_dir``::
     node-<id>/stdout.log    readiness lines (appended on every start)
     node-<id>/node.log      the node's log (stderr)
     node-<id>/metadata/     a controller's Raft log        node-<id>/logs/  a broker's logs
+    s3/                     the embedded S3 server: stdout.log, s3.log, its objects'
+                            snapshot (tools/local_s3.py), when the cluster runs one
 
 Node ids: in separated mode brokers are 1..B and controllers 101..100+C; in combined
 mode nodes 1..N run both roles. Default ports (non-ephemeral): broker i listens on
 9092+2(i-1) and controller j on 9093+2(j-1), so 127.0.0.1:9092 is the bootstrap and
-the even/odd split never collides.
+the even/odd split never collides. The embedded S3 server listens on 9080 (below them all).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
 from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
+from rillet.tools import local_s3
 
 T = TypeVar("T")
 
@@ -54,6 +57,10 @@ HAVE_PROC = os.path.exists("/proc/self/stat")
 ZOMBIE_REAP_WAIT_S = 5.0
 CONTROLLER_ID_BASE = 100
 DEFAULT_BROKER_PORT = 9092
+DEFAULT_S3_PORT = 9080
+DEFAULT_S3_BUCKET = "rillet-tier"
+DEFAULT_S3_REGION = "us-east-1"
+S3_DIR = "s3"
 
 
 class ClusterError(Exception):
@@ -79,6 +86,38 @@ class Node:
     @property
     def is_controller(self) -> bool:
         return "controller" in self.roles
+
+
+@dataclass
+class S3Tier:
+    """The remote tier every broker of the cluster uses: the embedded S3 server (moto, one
+    more process of the cluster on ``port``) or an external endpoint (the cluster starts
+    nothing; boto3 finds credentials in the environment, as it would anywhere)."""
+
+    endpoint: str
+    bucket: str = DEFAULT_S3_BUCKET
+    region: str = DEFAULT_S3_REGION
+    port: int | None = None  # set: embedded, served on this fixed port
+    pid: int | None = None
+    start_time: int | None = None
+    stdout_offset: int = 0
+
+    @classmethod
+    def embedded_on(cls, port: int, bucket: str = DEFAULT_S3_BUCKET) -> S3Tier:
+        # Fixed for the cluster's life: brokers keep the endpoint, across S3 restarts too.
+        return cls(f"http://127.0.0.1:{port}", bucket, DEFAULT_S3_REGION, port)
+
+    @property
+    def embedded(self) -> bool:
+        return self.port is not None
+
+    def broker_config(self) -> dict[str, Any]:
+        return {
+            "remote.log.storage.system.enable": True,
+            "remote.log.storage.s3.endpoint.url": self.endpoint,
+            "remote.log.storage.s3.bucket": self.bucket,
+            "remote.log.storage.s3.region": self.region,
+        }
 
 
 def free_port() -> int:
@@ -191,7 +230,11 @@ class LocalCluster:
         node_overrides: dict[int, dict[str, Any]] | None = None,
         racks: Iterable[str | None] | None = None,
         python: str = sys.executable,
+        s3: S3Tier | bool | None = None,
     ) -> None:
+        """``s3``: the remote tier of every broker. True: an embedded S3 server on
+        DEFAULT_S3_PORT (an ephemeral one with ``ephemeral_ports``); an S3Tier as given;
+        None or False: no remote tier."""
         self.data_dir = Path(data_dir).resolve()
         self.overrides = dict(overrides or {})
         unknown = sorted(set(self.overrides) - set(role_table(["broker", "controller"]).keys))
@@ -199,6 +242,9 @@ class LocalCluster:
             raise ClusterError(f"overrides: no broker or controller knows {', '.join(unknown)}")
         self.node_overrides = {k: dict(v) for k, v in (node_overrides or {}).items()}
         self.python = python
+        if s3 is True:
+            s3 = S3Tier.embedded_on(free_port() if ephemeral_ports else DEFAULT_S3_PORT)
+        self.s3: S3Tier | None = s3 or None
         self.nodes: dict[int, Node] = {}
         # The foreground `cluster up` whose exit stops the nodes: {"pid", "start_time"}.
         self.owner: dict[str, int | None] | None = None
@@ -269,6 +315,8 @@ class LocalCluster:
         if node.is_broker:
             values["log.dirs"] = str(d / "logs")
             values["broker.rack"] = node.rack
+            if self.s3 is not None:
+                values.update(self.s3.broker_config())
         # Cluster-wide overrides reach only the nodes whose roles know the key (a broker
         # key would make a controller refuse to start); per-node ones are given as asked.
         known = role_table(node.roles).keys
@@ -290,6 +338,7 @@ class LocalCluster:
             "node_overrides": {str(k): v for k, v in self.node_overrides.items()},
             "python": self.python,
             "owner": self.owner,
+            "s3": asdict(self.s3) if self.s3 is not None else None,
         }
         tmp = self.data_dir / (STATE_FILE + f".tmp.{os.getpid()}")
         tmp.write_text(json.dumps(state, indent=2))
@@ -339,6 +388,10 @@ class LocalCluster:
             node.pid, node.start_time = raw.get("pid"), raw.get("start_time")
             node.listeners = dict(raw.get("listeners") or {})
             node.stdout_offset = raw.get("stdout_offset", 0)
+        raw_s3 = state.get("s3")
+        if self.s3 is not None and raw_s3 is not None:
+            self.s3.pid, self.s3.start_time = raw_s3.get("pid"), raw_s3.get("start_time")
+            self.s3.stdout_offset = raw_s3.get("stdout_offset", 0)
 
     # --- ownership ------------------------------------------------------------------
     #
@@ -374,6 +427,7 @@ class LocalCluster:
             overrides=state.get("overrides"),
             node_overrides={int(k): v for k, v in state.get("node_overrides", {}).items()},
             python=state.get("python", sys.executable),
+            s3=S3Tier(**state["s3"]) if state.get("s3") else None,
         )
         for raw in state["nodes"]:
             cluster._add(Node(**raw))
@@ -392,6 +446,10 @@ class LocalCluster:
             self.owner = {"pid": pid, "start_time": process_start_time(pid)} if owned else None
             order = sorted(self.nodes.values(), key=lambda n: (not n.is_controller, n.node_id))
             try:
+                if self.s3 is not None and self.s3.embedded:
+                    # First: a broker's first upload should find it serving.
+                    self._spawn_s3()
+                    self._await_s3(timeout_s)
                 for node in order:
                     self._spawn(node)
                 for node in order:
@@ -407,6 +465,8 @@ class LocalCluster:
             running += LocalCluster.load(self.data_dir).running_nodes()
         if running:
             raise ClusterError(f"nodes {sorted(set(running))} of this cluster are already running")
+        if self.s3_running():
+            raise ClusterError("the S3 server of this cluster is already running")
 
     def running_nodes(self) -> list[int]:
         """Nodes whose recorded process runs, and those running unrecorded (``_strays``)."""
@@ -471,63 +531,147 @@ class LocalCluster:
         command = "broker" if node.is_broker else "controller"
         stdout_path = d / "stdout.log"
         node.listeners = {}
-        node.stdout_offset = stdout_path.stat().st_size if stdout_path.exists() else 0
+        node.stdout_offset = _size(stdout_path)
+        env = self._child_env()
+        if node.is_broker and self.s3 is not None and self.s3.embedded:
+            for name in local_s3.MASKED_ENV:
+                env.pop(name, None)
+            env.update(local_s3.embedded_env(self.s3.region))
+        argv = [self.python, "-m", "rillet.client.cli", command, "--config", str(config)]
+        node.pid, node.start_time = _popen(argv, d, stdout_path, d / "node.log", env)
+        self.save()  # recorded at once: `cluster down` must find it whatever happens next
+
+    def _child_env(self) -> dict[str, str]:
+        """The environment of a process of the cluster: ours, plus the owner to watch."""
         env = dict(os.environ)
         env.pop(OWNER_ENV, None)
         owner = self._live_owner()
         self.owner = owner  # an owner that died is no owner
         if owner is not None:
             env[OWNER_ENV] = owner_value(owner["pid"], owner.get("start_time"))  # type: ignore[arg-type]
-        with open(stdout_path, "ab") as out, open(d / "node.log", "ab") as err:
-            proc = subprocess.Popen(
-                [self.python, "-m", "rillet.client.cli", command, "--config", str(config)],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                cwd=d,
-                env=env,
-                # Ctrl-C in the terminal reaches only the owner, which stops brokers
-                # before controllers; a node outlives `cluster up --detach`.
-                start_new_session=True,
-            )
-        started = process_start_time(proc.pid)
-        if started is None and HAVE_PROC:
-            # Exited already (a zombie has no start time): a pid recorded without one
-            # would stand for whatever process gets that pid next.
-            node.pid = node.start_time = None
-            proc.poll()  # reap it
-        else:
-            node.pid, node.start_time = proc.pid, started
-        # Keep a handle so the child can be reaped (no zombies) while we run.
-        _CHILDREN[proc.pid] = proc
-        self.save()  # recorded at once: `cluster down` must find it whatever happens next
+        return env
 
     def _await_listening(self, node: Node, timeout_s: float) -> None:
-        path = self.node_dir(node.node_id) / "stdout.log"
-        offset = node.stdout_offset
+        node.listeners = self._await_ready(
+            f"node {node.node_id}",
+            self.node_dir(node.node_id) / "stdout.log",
+            node.stdout_offset,
+            lambda: self.is_running(node),
+            lambda: self.log_tail(node.node_id),
+            timeout_s,
+        )
+
+    def _await_ready(
+        self,
+        what: str,
+        path: Path,
+        offset: int,
+        running: Callable[[], bool],
+        tail: Callable[[], str],
+        timeout_s: float,
+    ) -> dict[str, str]:
+        """The listeners of the readiness line a process prints on stdout once bound."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in _read_from(path, offset):
                 event = _parse_event(line)
                 if event and event.get("event") == "listening":
-                    node.listeners = dict(event.get("listeners", {}))
-                    return
-            if not self.is_running(node):
-                raise ClusterError(
-                    f"node {node.node_id} exited during start-up; its log ends with:\n"
-                    + self.log_tail(node.node_id)
-                )
+                    return dict(event.get("listeners", {}))
+            if not running():
+                raise ClusterError(f"{what} exited during start-up; its log ends with:\n" + tail())
             time.sleep(0.05)
         raise ClusterError(
-            f"node {node.node_id} did not report listening within {timeout_s:.0f}s; log:\n"
-            + self.log_tail(node.node_id)
+            f"{what} did not report listening within {timeout_s:.0f}s; log:\n" + tail()
         )
 
     def log_tail(self, node_id: int, lines: int = 30) -> str:
-        path = self.node_dir(node_id) / "node.log"
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return _tail(self.node_dir(node_id) / "node.log", lines)
+
+    # --- the embedded S3 server ---------------------------------------------------
+    #
+    # One more process of the cluster (tools/local_s3.py), started before the nodes and
+    # stopped after them, owned, recorded and found again (``_s3_strays``) as a node is.
+
+    @property
+    def s3_dir(self) -> Path:
+        return self.data_dir / S3_DIR
+
+    def _embedded_s3(self) -> S3Tier:
+        if self.s3 is None or not self.s3.embedded:
+            raise ClusterError("this cluster runs no embedded S3 server")
+        return self.s3
+
+    def _spawn_s3(self) -> None:
+        s3 = self._embedded_s3()
+        d = self.s3_dir
+        d.mkdir(parents=True, exist_ok=True)
+        stdout_path = d / "stdout.log"
+        s3.stdout_offset = _size(stdout_path)
+        argv = local_s3.command(self.python, s3.port, d)  # type: ignore[arg-type]
+        s3.pid, s3.start_time = _popen(argv, d, stdout_path, d / "s3.log", self._child_env())
+        self.save()
+
+    def _await_s3(self, timeout_s: float) -> None:
+        s3 = self._embedded_s3()
+        self._await_ready(
+            "the S3 server",
+            self.s3_dir / "stdout.log",
+            s3.stdout_offset,
+            self.s3_running,
+            lambda: _tail(self.s3_dir / "s3.log"),
+            timeout_s,
+        )
+
+    def s3_running(self) -> bool:
+        return self.s3 is not None and process_is(self.s3.pid, self.s3.start_time)
+
+    def start_s3(self, timeout_s: float = 60.0) -> None:
+        """Start the embedded S3 server again (its objects come back from its snapshot)."""
+        with self.locked():
+            if self.s3_running() or self._s3_strays():
+                raise ClusterError("the S3 server is already running")
+            self._spawn_s3()
+            self._await_s3(timeout_s)
+
+    def stop_s3(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
+        """SIGTERM: it stops serving, then writes its objects to disk. ``kill``: SIGKILL,
+        and its objects since the last clean stop are lost (it keeps them in memory)."""
+        with self.locked():
+            s3 = self._embedded_s3()
+            pids = set(self._s3_strays())
+            if self.s3_running():
+                pids.add(s3.pid)  # type: ignore[arg-type]
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
+            _terminate(sorted(pids), kill=kill, timeout_s=timeout_s)
+            s3.pid = s3.start_time = None
+
+    def pause_s3(self) -> None:
+        """SIGSTOP: connections are accepted (the kernel's backlog) and never answered,
+        as from an S3 that hangs."""
+        self._signal_s3(signal.SIGSTOP)
+
+    def resume_s3(self) -> None:
+        self._signal_s3(signal.SIGCONT)
+
+    def _signal_s3(self, sig: signal.Signals) -> None:
+        s3 = self._embedded_s3()
+        if not self.s3_running():
+            raise ClusterError("the S3 server is not running")
+        os.kill(s3.pid, sig)  # type: ignore[arg-type]
+
+    def _s3_strays(self) -> list[int]:
+        """Processes serving this cluster's S3 directory that are not the recorded one."""
+        if self.s3 is None or not self.s3.embedded:
+            return []
+        recorded = self.s3.pid if self.s3_running() else None
+        wanted = os.fsencode(self.s3_dir)
+
+        def serves(args: list[bytes]) -> bool:
+            return os.fsencode(local_s3.MODULE) in args and _flag(args, b"--data-dir") == wanted
+
+        return [pid for pid, _ in _processes(serves) if pid != recorded]
 
     def signal_node(self, node_id: int, sig: signal.Signals) -> None:
         node = self._node(node_id)
@@ -567,28 +711,20 @@ class LocalCluster:
                 _terminate(sorted(pids), kill=kill, timeout_s=timeout_s)
                 for n in group:
                     n.pid = n.start_time = None
+            if self.s3 is not None and self.s3.embedded:
+                self.stop_s3(kill=kill, timeout_s=timeout_s)  # last: brokers upload until then
             self.owner = None
 
     def _strays(self) -> dict[int, int]:
         """Processes (pid -> node id) running a node config of this cluster that are not
         the recorded process of that node: a command killed between starting a node and
         recording it, or a state file overwritten by an older tool. Linux (/proc) only."""
-        if not HAVE_PROC:
-            return {}
         configs = {os.fsencode(self.node_dir(i) / "config.toml"): i for i in self.nodes}
         recorded = {n.pid for n in self.nodes.values() if n.pid}
         found: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in recorded or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            node_id = _node_config_of(args, configs)
-            if node_id is not None and process_start_time(int(entry)) is not None:
-                found[int(entry)] = node_id
+        for pid, args in _processes(lambda args: _node_config_of(args, configs) is not None):
+            if pid not in recorded:
+                found[pid] = _node_config_of(args, configs)  # type: ignore[assignment]
         return found
 
     def brokers(self) -> list[Node]:
@@ -698,6 +834,20 @@ class LocalCluster:
             )
         return rows
 
+    def s3_status(self) -> dict[str, Any] | None:
+        """The remote tier the brokers use (None: off) and, if embedded, its process."""
+        if self.s3 is None:
+            return None
+        running = self.s3_running()
+        return {
+            "endpoint": self.s3.endpoint,
+            "bucket": self.s3.bucket,
+            "region": self.s3.region,
+            "embedded": self.s3.embedded,
+            "state": ("running" if running else "stopped") if self.s3.embedded else "external",
+            "pid": self.s3.pid if running else None,
+        }
+
     def __enter__(self) -> LocalCluster:
         return self
 
@@ -724,16 +874,77 @@ def summarize_partitions(metadata: m.MetadataResponse) -> dict[str, Any]:
     }
 
 
+def _popen(
+    argv: list[str], cwd: Path, stdout_path: Path, log_path: Path, env: dict[str, str]
+) -> tuple[int | None, int | None]:
+    """Start a process of the cluster; (pid, start time), or (None, None) if it is gone
+    already."""
+    with open(stdout_path, "ab") as out, open(log_path, "ab") as err:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            # Ctrl-C in the terminal reaches only the owner, which stops brokers
+            # before controllers; a node outlives `cluster up --detach`.
+            start_new_session=True,
+        )
+    # Keep a handle so the child can be reaped (no zombies) while we run.
+    _CHILDREN[proc.pid] = proc
+    started = process_start_time(proc.pid)
+    if started is None and HAVE_PROC:
+        # Exited already (a zombie has no start time): a pid recorded without one
+        # would stand for whatever process gets that pid next.
+        proc.poll()  # reap it
+        return None, None
+    return proc.pid, started
+
+
+def _processes(match: Callable[[list[bytes]], bool]) -> list[tuple[int, list[bytes]]]:
+    """Running processes (pid, command line) whose command line ``match`` accepts, but
+    this one. Linux (/proc) only: elsewhere none."""
+    if not HAVE_PROC:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if match(args) and process_start_time(int(entry)) is not None:
+            found.append((int(entry), args))
+    return found
+
+
+def _flag(args: list[bytes], flag: bytes) -> bytes | None:
+    for name, value in zip(args, args[1:], strict=False):
+        if name == flag:
+            return value
+    return None
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def _node_config_of(args: list[bytes], configs: dict[bytes, int]) -> int | None:
     """The node whose config a command line runs as a node (``_spawn``'s command:
     ``-m rillet.client.cli <role> --config <path>``), or None: a process that only names
     the file (an editor, ``less``) is not a node, and stopping the cluster spares it."""
     if b"rillet.client.cli" not in args:
         return None
-    for flag, value in zip(args, args[1:], strict=False):
-        if flag == b"--config" and value in configs:
-            return configs[value]
-    return None
+    return configs.get(_flag(args, b"--config"))  # type: ignore[arg-type]
 
 
 def _rack(racks: list, i: int) -> str | None:
