@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-scale-50k clean
+.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-tiered bench-scale-50k clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,8 @@ $(STAMP): $(BIN)/python pyproject.toml $(NATIVE_SRC)
 
 install: $(STAMP)
 
+# The dev extra holds moto[server], so the cluster's embedded S3 server (the remote tier)
+# runs; without it `cluster up` starts the cluster with no tier and says how to get it.
 up: install
 	$(BIN)/rillet cluster up
 
@@ -66,6 +68,11 @@ fuzz-codec: install
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The remote tier against local disk on one cluster with its embedded S3 server (moto):
+# cold remote reads vs local reads, upload throughput, broker memory with the cache full.
+bench-tiered: install
+	$(BIN)/python benchmarks/tiered_bench.py
 
 # The slow partition-scale run: 50,000 partitions must come up healthy, however slowly.
 bench-scale-50k: install

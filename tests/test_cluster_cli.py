@@ -6,6 +6,7 @@ foreground, no node process of the cluster is left running untracked."""
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_until
 
-from rillet.tools import local_cluster
+from rillet.tools import cluster_cli, local_cluster, local_s3
 from rillet.tools.local_cluster import ClusterError, LocalCluster, write_config
 
 pytestmark = pytest.mark.cluster
@@ -379,3 +380,108 @@ def test_a_node_that_exits_before_its_start_time_is_read_is_not_recorded(
     state = json.loads((tmp_path / "c" / "cluster.json").read_text())
     recorded = {n["node_id"]: n["pid"] for n in state["nodes"]}
     assert recorded[101] is None
+
+
+def s3_client(endpoint: str):  # noqa: ANN201 - a boto3 S3 client
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def s3_servers(data_dir: Path) -> list[int]:
+    """Running embedded S3 servers of the cluster in ``data_dir``."""
+    return [
+        pid
+        for pid in cluster_processes(data_dir)
+        if b"rillet.tools.local_s3" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_cluster_up_runs_an_s3_server_that_brokers_tier_to_and_down_stops_it(
+    data_dir: Path,
+) -> None:
+    """The embedded remote tier: one S3 server process beside the nodes, every broker
+    configured for it (controllers know no such key), stopped by `cluster down`; the
+    objects it holds are back after `cluster down` and `cluster up` (brokers name them
+    in the metadata log, which survives too)."""
+    d = str(data_dir)
+    up = ["cluster", "up", "--detach", "--json", "--ephemeral-ports", "--data-dir", d]
+    info = json.loads(rillet(*up, "--controllers", "1", "--brokers", "2").stdout)
+    s3 = info["s3"]
+    assert s3["embedded"] and s3["state"] == "running"
+    assert s3_servers(data_dir) == [s3["pid"]]
+    assert status(data_dir)["s3"] == s3
+    for broker in (1, 2):
+        config = (data_dir / f"node-{broker}" / "config.toml").read_text()
+        assert '"remote.log.storage.system.enable" = true' in config
+        assert f'"remote.log.storage.s3.endpoint.url" = "{s3["endpoint"]}"' in config
+        environ = Path(f"/proc/{status(data_dir)['nodes'][broker - 1]['pid']}/environ")
+        assert b"AWS_ACCESS_KEY_ID=testing\0" in environ.read_bytes()
+    assert "remote.log" not in (data_dir / "node-101" / "config.toml").read_text()
+
+    client = s3_client(s3["endpoint"])
+    client.create_bucket(Bucket="kept")
+    client.put_object(Bucket="kept", Key="a/0.log", Body=b"segment", Metadata={"crc": "1"})
+    rillet("cluster", "down", "--data-dir", d)
+    assert cluster_processes(data_dir) == []
+    assert status(data_dir)["s3"]["state"] == "stopped"
+
+    again = json.loads(rillet(*up).stdout)
+    assert again["s3"]["endpoint"] == s3["endpoint"]  # the brokers' endpoint is fixed
+    got = s3_client(s3["endpoint"]).get_object(Bucket="kept", Key="a/0.log")
+    assert got["Body"].read() == b"segment" and got["Metadata"] == {"crc": "1"}
+    rillet("cluster", "down", "--data-dir", d)
+    assert cluster_processes(data_dir) == []
+
+
+def test_cluster_up_with_no_s3_starts_no_s3_server(data_dir: Path) -> None:
+    d = str(data_dir)
+    up = ["cluster", "up", "--detach", "--json", "--ephemeral-ports", "--data-dir", d]
+    info = json.loads(rillet(*up, "--controllers", "1", "--brokers", "1", "--no-s3").stdout)
+    assert info["s3"] is None
+    assert s3_servers(data_dir) == [] and not (data_dir / "s3").exists()
+    assert "remote.log" not in (data_dir / "node-1" / "config.toml").read_text()
+    text = rillet("cluster", "status", "--data-dir", d).stdout
+    assert "remote tier: off" in text
+
+
+def up_args(*args: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cluster_cli.register(parser.add_subparsers())
+    return parser.parse_args(["cluster", "up", *args])
+
+
+def test_an_s3_endpoint_is_given_to_the_brokers_and_starts_no_server(tmp_path: Path) -> None:
+    args = up_args("--s3-endpoint", "http://minio:9000", "--s3-bucket", "b1", "--s3-region", "r")
+    tier = cluster_cli._s3_for_up(args)
+    assert tier is not None and not tier.embedded
+    cluster = LocalCluster(tmp_path / "c", controllers=1, brokers=1, s3=tier)
+    config = cluster.config_for(cluster.nodes[1])
+    assert config["remote.log.storage.s3.endpoint.url"] == "http://minio:9000"
+    assert config["remote.log.storage.s3.bucket"] == "b1"
+    assert config["remote.log.storage.s3.region"] == "r"
+    assert config["remote.log.storage.system.enable"] is True
+    # The user's own settings win over the tool's.
+    cluster.overrides["remote.log.storage.s3.bucket"] = "b2"
+    assert cluster.config_for(cluster.nodes[1])["remote.log.storage.s3.bucket"] == "b2"
+    assert cluster.s3_status()["state"] == "external"  # type: ignore[index]
+    cluster.start_node(101, timeout_s=60)
+    try:
+        assert cluster._s3_strays() == [] and not (tmp_path / "c" / "s3").exists()
+    finally:
+        cluster.stop(kill=True)
+
+
+def test_without_moto_cluster_up_says_how_to_get_it_and_runs_with_no_tier(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(local_s3, "moto_server_available", lambda: False)
+    assert cluster_cli._s3_for_up(up_args()) is None
+    assert "pip install 'rillet[s3]'" in capsys.readouterr().err
+    assert cluster_cli._s3_for_up(up_args("--s3-endpoint", "http://s3:9000")) is not None
