@@ -36,6 +36,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--chunk-kb", type=int, default=1024, help="the remote chunk size")
     parser.add_argument("--batch-size", type=int, default=64 * 1024)
     parser.add_argument("--timeout-s", type=float, default=300, help="for the copy to catch up")
+    parser.add_argument("--data-dir", help="keep the cluster's files here (default: a temp dir)")
     args = parser.parse_args()
     overrides = {
         "remote.log.manager.task.interval.ms": 500,
@@ -88,7 +90,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="rillet-tiered-bench-") as tmp:
         cluster = LocalCluster(
-            Path(tmp),
+            Path(args.data_dir or tmp),
             controllers=1,
             brokers=args.brokers,
             ephemeral_ports=True,
@@ -100,6 +102,8 @@ def main() -> None:
         except BenchError as e:
             raise SystemExit(f"tiered_bench: {e}") from None
         print(json.dumps(result, indent=2))
+        if any("error" in result[k] for k in ("remote_read", "local_read")):
+            raise SystemExit(1)
 
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
@@ -124,8 +128,11 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     targets = watcher.local_starts()  # below these, partition p is only in S3
     if not any(targets.values()):
         raise BenchError(f"no segment of {TIERED} left local disk: {watcher.describe()}")
-    remote = asyncio.run(read_below(cluster, TIERED, targets))
-    local = asyncio.run(read_below(cluster, PLAIN, targets))
+    remote = measured(lambda: asyncio.run(read_below(cluster, TIERED, targets)))
+    local = measured(lambda: asyncio.run(read_below(cluster, PLAIN, targets)))
+    ratio = None
+    if "mb_per_s" in remote and "mb_per_s" in local:
+        ratio = round(remote["mb_per_s"] / local["mb_per_s"], 3)
     upload_s = caught_up - watcher.first_object_at  # type: ignore[operator]
     return {
         "setup": {
@@ -149,7 +156,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         },
         "remote_read": remote,
         "local_read": local,
-        "remote_vs_local_ratio": round(remote["mb_per_s"] / local["mb_per_s"], 3),
+        "remote_vs_local_ratio": ratio,
         "broker_rss_mb": {
             "after_produce": rss_after_produce,
             "after_remote_read": rss_mb(broker.pid),
@@ -157,6 +164,14 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             "s3_server": rss_mb(cluster.s3.pid if cluster.s3 else None),
         },
     }
+
+
+def measured(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``body()``'s figures, or what stopped it: the other figures are still worth having."""
+    try:
+        return body()
+    except BenchError as e:
+        return {"error": str(e)}
 
 
 class TierWatcher:
@@ -231,18 +246,26 @@ class TierWatcher:
         now = time.monotonic()
         manifests: dict[int, set[int]] = {}
         log_bytes = logs = 0
-        paginator = self._client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self._bucket):
-            for item in page.get("Contents", []):
-                parsed = _segment_key(item["Key"], self.topic)
-                if parsed is None:
-                    continue
-                partition, start, kind = parsed
-                if kind == "log":
-                    logs += 1
-                    log_bytes += item["Size"]
-                elif kind == "manifest":
-                    manifests.setdefault(partition, set()).add(start)
+        try:
+            items = [
+                item
+                for page in self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self._bucket
+                )
+                for item in page.get("Contents", [])
+            ]
+        except self._client.exceptions.NoSuchBucket:
+            items = []  # the brokers create it when they first need it
+        for item in items:
+            parsed = _segment_key(item["Key"], self.topic)
+            if parsed is None:
+                continue
+            partition, start, kind = parsed
+            if kind == "log":
+                logs += 1
+                log_bytes += item["Size"]
+            elif kind == "manifest":
+                manifests.setdefault(partition, set()).add(start)
         if logs and self.first_object_at is None:
             self.first_object_at = now
         self._manifests, self.uploaded_bytes, self.uploaded_segments = manifests, log_bytes, logs
