@@ -1,29 +1,38 @@
 """A randomized fault suite on real processes (tests/test_chaos.py, ``make chaos``).
 
 One seed fixes a schedule of faults (random.Random(seed)); the schedule runs against 3
-controllers and 3 brokers while Writers produce acks=all to three RF=3,
-min.insync.replicas=2 topics: a plain one, a compacted one, and one that the schedule
-may delete and re-create. Faults, one at a time, each held until the writers have
-made some progress (answered produce requests, not a guessed time):
+controllers, 3 brokers and the cluster's embedded S3 server (the brokers' remote tier)
+while Writers produce acks=all to four RF=3, min.insync.replicas=2 topics: a plain one,
+a compacted one, one that the schedule may delete and re-create, and a tiered one
+(``remote.storage.enable``, tiny segments, one segment kept locally: its early history
+lives only in S3). Faults, one at a time, each held until the writers have made some
+progress (answered produce requests, not a guessed time):
 
 - ``kill``: kill -9 a broker, restart it;
 - ``pause``: SIGSTOP a broker, SIGCONT it;
 - ``bounce``: SIGTERM a broker (a controlled shutdown), restart it;
 - ``controller``: kill -9 the active controller, restart it;
 - ``two``: kill -9 two brokers at once (acks=all cannot succeed meanwhile), restart both;
-- ``recreate``: delete the re-creatable topic and create it again.
+- ``recreate``: delete the re-creatable topic and create it again;
+- ``s3-stop``: stop the S3 server (connections refused; it keeps its objects), start it;
+- ``s3-pause``: SIGSTOP the S3 server (requests hang), SIGCONT it.
 
-Then the cluster heals (everything running, every ISR full, writes succeed again) and
-is checked, Jepsen-style: every acknowledged record is at its acknowledged offset
-with its value (on the compacted topic: or superseded by a later record of its key),
-no record that was never sent, each key's records in the order sent, and, once the
+Writes must go on through an S3 fault (the hold counts produce answers), as reads of
+recent data must. Then the cluster heals (everything running, every ISR full, writes
+succeed again, and on every replica of the tiered topic the first segments have left
+local disk, so offset 0 is only in S3) and is checked, Jepsen-style: every
+acknowledged record is at its acknowledged offset with its value (on the compacted
+topic: or superseded by a later record of its key), no record that was never sent, each
+key's records in the order sent; on the tiered topic every offset from 0 to the high
+watermark is readable, through the remote tier below the local log start; and, once the
 cluster is stopped, every replica of a partition holds the same bytes below the high
 watermark (compacted partitions: the same latest record per key, since each replica
-runs its own cleaner).
+runs its own cleaner; tiered ones: from the highest local log start of the replicas).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import time
@@ -48,8 +57,8 @@ from rillet.client.wire.connection import Connection
 from rillet.storage import Log
 from rillet.tools.local_cluster import LocalCluster
 
-PLAIN, COMPACT, RECREATED = "plain", "compact", "recreated"
-PARTITIONS = {PLAIN: 3, COMPACT: 2, RECREATED: 2}
+PLAIN, COMPACT, RECREATED, TIERED = "plain", "compact", "recreated", "tiered"
+PARTITIONS = {PLAIN: 3, COMPACT: 2, RECREATED: 2, TIERED: 2}
 TOPIC_CONFIGS = {
     PLAIN: {"min.insync.replicas": "2"},
     COMPACT: {
@@ -59,12 +68,23 @@ TOPIC_CONFIGS = {
         "min.compaction.lag.ms": "0",
     },
     RECREATED: {"min.insync.replicas": "2"},
+    TIERED: {
+        "min.insync.replicas": "2",
+        "remote.storage.enable": "true",
+        "segment.bytes": "4096",  # many closed segments to upload within a schedule
+        "local.retention.bytes": "4096",  # and few kept locally: offset 0 only in S3
+        "retention.ms": "-1",
+    },
 }
-KEYS = {PLAIN: 16, COMPACT: 8, RECREATED: 0}
-# The cleaner runs every maintenance round, so compaction happens within a schedule.
-BROKER_EXTRA = {"log.retention.check.interval.ms": 500}
-KINDS = ("kill", "pause", "bounce", "controller", "two", "recreate")
-WEIGHTS = (3, 2, 2, 2, 1, 1)
+KEYS = {PLAIN: 16, COMPACT: 8, RECREATED: 0, TIERED: 0}
+# The cleaner and local retention run every maintenance round, and the remote-log task
+# often, so compaction and tiering happen within a schedule.
+BROKER_EXTRA = {
+    "log.retention.check.interval.ms": 500,
+    "remote.log.manager.task.interval.ms": 200,
+}
+KINDS = ("kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause")
+WEIGHTS = (3, 2, 2, 2, 1, 1, 1, 1)
 REPLAY = "RILLET_CHAOS_SEED={seed} pytest -s tests/test_chaos.py::test_chaos_replay"
 
 
@@ -75,10 +95,11 @@ class ChaosFailure(AssertionError):
 @dataclass(frozen=True, slots=True)
 class Step:
     kind: str
-    brokers: tuple[int, ...]  # the brokers it hits (none for controller/recreate)
+    brokers: tuple[int, ...]  # the brokers it hits (none for controller/recreate/s3-*)
     hold: int  # produce answers the writers must get while the fault lasts
     # Also hold until the cluster has acted on it (the victims fenced or out of every
     # ISR, or a new active controller); otherwise the victims may be back before that.
+    # (An S3 fault has nothing the cluster acts on: the brokers just retry.)
     acted_on: bool = False
 
 
@@ -88,7 +109,7 @@ def schedule(seed: int, steps: int) -> list[Step]:
     out = []
     for _ in range(steps):
         kind = rng.choices(KINDS, WEIGHTS)[0]
-        count = {"two": 2, "controller": 0, "recreate": 0}.get(kind, 1)
+        count = {"two": 2, "controller": 0, "recreate": 0, "s3-stop": 0, "s3-pause": 0}.get(kind, 1)
         brokers = tuple(sorted(rng.sample(BROKERS, count)))
         # Two brokers down: only the survivor's refusals and timeouts answer.
         hold = rng.randint(2, 4) if kind == "two" else rng.randint(10, 60)
@@ -103,6 +124,7 @@ class ChaosResult:
     acked_checked: int = 0
     records_read: int = 0
     bytes_compared: int = 0  # replica bytes found identical (all replicas together)
+    remote_records: int = 0  # tiered records read back that no replica held locally
     violations: int = 0
     seconds: float = 0.0
 
@@ -116,7 +138,7 @@ def run_seed(
     print(f"chaos seed {seed}: {schedule(seed, steps)}", flush=True)
     started = time.monotonic()
     result = ChaosResult(seed)
-    cluster = replication_cluster(cluster_factory, **BROKER_EXTRA)
+    cluster = replication_cluster(cluster_factory, s3=True, **BROKER_EXTRA)
     try:
         _run(cluster, schedule(seed, steps), result)
     except Exception as e:  # noqa: BLE001 - every failure is reported with its seed
@@ -131,7 +153,8 @@ def run_seed(
     print(
         f"chaos seed {seed}: passed in {result.seconds:.0f}s, faults {dict(result.faults)}, "
         f"{result.acked_checked} acknowledged records checked, "
-        f"{result.bytes_compared} replica bytes compared",
+        f"{result.bytes_compared} replica bytes compared, "
+        f"{result.remote_records} records read back from S3 only",
         flush=True,
     )
     if not keep:
@@ -154,9 +177,16 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
             result.faults[step.kind] += 1
         _heal(cluster)
         _acks_grow(writers)  # writes succeed again on every topic
+        # The writers go on until offset 0 of the tiered topic is only in S3: the check
+        # then reads it through the remote tier on whichever broker leads.
+        remote_only = wait_until(
+            lambda: _remote_only(cluster), timeout=120, message=lambda: _tier_state(cluster)
+        )
     finally:
         for w in writers.values():
             w.stop()
+    result.remote_records = sum(remote_only.values())
+    _check_readable_from_zero(cluster, writers[TIERED])
     for topic, w in writers.items():
         counts = check_acknowledged(cluster, w, compacted=topic == COMPACT)
         result.records_read += sum(counts.values())
@@ -169,6 +199,9 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
 def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> None:
     if step.kind == "recreate":
         _recreate(cluster, writers[RECREATED])
+        return
+    if step.kind.startswith("s3-"):
+        _s3_fault(cluster, step, writers)
         return
     if step.kind == "controller":
         active = wait_until(
@@ -202,6 +235,92 @@ def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> No
                 cluster.resume_node(node)
             else:
                 cluster.start_node(node)
+
+
+def _s3_fault(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> None:
+    """S3 unreachable (stopped: refused) or hanging (paused) while the writers go on:
+    produce never waits for the remote tier. The stopped server keeps its objects (it
+    writes them to disk on SIGTERM), as a real S3 does through an outage."""
+    if step.kind == "s3-pause":
+        cluster.pause_s3()
+    else:
+        cluster.stop_s3()
+    try:
+        _progress(writers, step.hold)
+    finally:
+        if step.kind == "s3-pause":
+            cluster.resume_s3()
+        else:
+            cluster.start_s3()
+
+
+def _local_start(cluster: LocalCluster, broker: int, topic: str, partition: int) -> int | None:
+    """The lowest base offset among the replica's segment files (None: no log yet)."""
+    d = Path(cluster.config_for(cluster.nodes[broker])["log.dirs"]) / f"{topic}-{partition}"
+    bases = [int(f.name[:20]) for f in d.glob("*.log")] if d.is_dir() else []
+    return min(bases) if bases else None
+
+
+def _remote_only(cluster: LocalCluster) -> dict[int, int] | None:
+    """Per tiered partition, the offsets below every replica's local log start (held
+    only in S3), once that is at least one on each partition; else None."""
+    out = {}
+    for p in range(PARTITIONS[TIERED]):
+        starts = [_local_start(cluster, b, TIERED, p) for b in BROKERS]
+        if any(s is None or s == 0 for s in starts):
+            return None
+        out[p] = min(starts)  # type: ignore[type-var]
+    return out
+
+
+def _tier_state(cluster: LocalCluster) -> str:
+    starts = {
+        p: [_local_start(cluster, b, TIERED, p) for b in BROKERS] for p in range(PARTITIONS[TIERED])
+    }
+    return f"offset 0 of {TIERED} only in S3 on every replica; local log starts {starts}"
+
+
+def _check_readable_from_zero(cluster: LocalCluster, writer: Writer) -> None:
+    """Every offset of the tiered topic from 0 up to the high watermark is readable, in
+    order, with no gap (no compaction, no transactions: offsets are dense), through the
+    remote tier below the leader's local log start. A remote read may fail with a
+    retriable error while the brokers reconnect to a restarted S3; it is tried again."""
+
+    async def body(client: Client) -> dict[int, list[int]]:
+        info = await client.partitions(TIERED)
+        return {
+            p: [r.offset for r in await _read_all_retrying(client, info[p].leader, p)]
+            for p in range(writer.partitions)
+        }
+
+    offsets = run(cluster, body)
+    for p, got in offsets.items():
+        assert got == list(range(len(got))), f"{TIERED}-{p}: offsets from 0 not dense"
+
+
+async def _read_all_retrying(client: Client, leader: int, partition: int) -> list:
+    """Every record below the HW from offset 0, through Fetch; retriable errors (S3 not
+    answering yet) are tried again, for a bounded time (wait_until's default)."""
+    out: list = []
+    offset = 0
+    deadline = time.monotonic() + 60
+    conn = await client.conn(leader)
+    while True:
+        wanted = m.FetchPartition(partition, offset, -1, -1, 0, 1 << 20)
+        request = m.FetchRequest(-1, 0, 0, 1 << 20, [m.FetchTopic(TIERED, [wanted])])
+        response, payload = await conn.call(request, timeout_ms=30_000)
+        result = response.topics[0].partitions[0]
+        if result.error_code != errors.NONE:
+            assert errors.is_retriable(result.error_code) and time.monotonic() < deadline, (
+                f"{TIERED}-{partition} at offset {offset}: {errors.error_name(result.error_code)}"
+            )
+            await asyncio.sleep(0.2)  # retry backoff, as a consumer's
+            continue
+        recs = [r for r in records.decode_all(bytes(payload)) if r.offset >= offset]
+        if not recs:
+            return out
+        out.extend(recs)
+        offset = recs[-1].offset + 1
 
 
 def _active_controller(cluster: LocalCluster) -> int:
@@ -321,6 +440,8 @@ def _heal(cluster: LocalCluster) -> None:
     """Every node running and every partition's ISR full, as every broker sees it."""
     from rillet.tools.local_cluster import pid_alive
 
+    if cluster.s3 is not None and not cluster.s3_running():
+        cluster.start_s3()
     for node in cluster.nodes.values():
         if not pid_alive(node.pid):
             cluster.start_node(node.node_id)
@@ -368,12 +489,17 @@ def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> i
     compared = 0
     for (topic, p), hw in hws.items():
         views = {}
+        # Replicas of a tiered partition drop local segments at their own pace: compare
+        # what all of them still hold (what only S3 holds was read back from offset 0).
+        start = 0
+        if topic == TIERED:
+            start = max(_local_start(cluster, b, topic, p) or 0 for b in BROKERS)
         for b in BROKERS:
             path = Path(cluster.config_for(cluster.nodes[b])["log.dirs"]) / f"{topic}-{p}"
             log = Log.open(path)
             try:
                 assert log.log_end_offset >= hw, f"{topic}-{p} on broker {b}: ends below HW {hw}"
-                views[b] = _latest_per_key(log, hw) if topic == COMPACT else _bytes(log, hw)
+                views[b] = _latest_per_key(log, hw) if topic == COMPACT else _bytes(log, hw, start)
             finally:
                 log.close()
         first = views[BROKERS[0]]
@@ -386,10 +512,11 @@ def _check_replicas(cluster: LocalCluster, hws: dict[tuple[str, int], int]) -> i
     return compared
 
 
-def _bytes(log: Log, hw: int) -> bytes:
-    """The batches below ``hw``, as stored (base offset, epoch and CRC included)."""
+def _bytes(log: Log, hw: int, start: int = 0) -> bytes:
+    """The batches from ``start`` (or the log start) below ``hw``, as stored (base
+    offset, epoch and CRC included)."""
     out = bytearray()
-    offset = log.log_start_offset
+    offset = max(log.log_start_offset, start)
     while offset < hw:
         data = log.read_bytes(offset, 1 << 20, max_offset=hw)
         kept = [(pos, h) for pos, h in records.iter_batches(data) if h.base_offset < hw]

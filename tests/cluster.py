@@ -52,6 +52,8 @@ def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
         if failed is not None and failed.failed:
             for node_id in sorted(cluster.nodes):
                 print(f"\n--- node {node_id} log tail ---\n{cluster.log_tail(node_id)}")
+            if cluster.s3 is not None and cluster.s3.embedded:
+                print(f"\n--- S3 server log tail ---\n{cluster.s3_log_tail()}")
         cluster.stop(kill=True, timeout_s=20)
 
 

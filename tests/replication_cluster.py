@@ -35,10 +35,11 @@ SESSION_MS = 2500
 
 
 def replication_cluster(
-    cluster_factory: Callable[..., LocalCluster], **broker_extra: Any
+    cluster_factory: Callable[..., LocalCluster], *, s3: bool = False, **broker_extra: Any
 ) -> LocalCluster:
     """Brokers shrink the ISR after LAG_MS; controllers fence after SESSION_MS (lag <
-    session, so a paused follower leaves the ISR by lag before its session expires)."""
+    session, so a paused follower leaves the ISR by lag before its session expires).
+    ``s3``: the cluster runs its embedded S3 server and the brokers' remote tier."""
     broker = {
         "replica.lag.time.max.ms": LAG_MS,
         "replica.fetch.wait.max.ms": 200,
@@ -51,7 +52,7 @@ def replication_cluster(
     controller = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": 250}
     overrides = {b: dict(broker) for b in BROKERS}
     overrides.update({c: dict(controller) for c in CONTROLLERS})
-    return cluster_factory(controllers=3, brokers=3, node_overrides=overrides)
+    return cluster_factory(controllers=3, brokers=3, node_overrides=overrides, s3=s3)
 
 
 @dataclass(slots=True)

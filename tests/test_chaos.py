@@ -19,16 +19,20 @@ LONG_STEPS = 6
 def test_a_schedule_is_fixed_by_its_seed() -> None:
     assert schedule(7, LONG_STEPS) == schedule(7, LONG_STEPS)
     kinds = {s.kind for seed in range(50) for s in schedule(seed, LONG_STEPS)}
-    assert kinds == {"kill", "pause", "bounce", "controller", "two", "recreate"}
+    assert kinds == {
+        "kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause"
+    }  # fmt: skip
+    assert {s.kind for s in schedule(2, SHORT_STEPS)} == {"s3-stop", "s3-pause", "pause"}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2])  # 2: both S3 faults (see above)
 def test_short_chaos_schedule(cluster_factory, seed: int) -> None:
     result = run_seed(cluster_factory, seed, SHORT_STEPS)
     assert result.violations == 0
     assert sum(result.faults.values()) == SHORT_STEPS
     assert result.acked_checked > 0
     assert result.bytes_compared > 0
+    assert result.remote_records > 0  # offset 0 of the tiered topic was read from S3
 
 
 @pytest.mark.slow

@@ -618,9 +618,12 @@ class LocalCluster:
             self.s3_dir / "stdout.log",
             s3.stdout_offset,
             self.s3_running,
-            lambda: _tail(self.s3_dir / "s3.log"),
+            self.s3_log_tail,
             timeout_s,
         )
+
+    def s3_log_tail(self, lines: int = 30) -> str:
+        return _tail(self.s3_dir / "s3.log", lines)
 
     def s3_running(self) -> bool:
         return self.s3 is not None and process_is(self.s3.pid, self.s3.start_time)
