@@ -66,6 +66,37 @@ def command(python: str, port: int, data_dir: Path) -> list[str]:
 # --- the process -------------------------------------------------------------------
 
 
+class _Gate:
+    """WSGI middleware that can close: from then on every request is refused (503, which
+    boto3 retries), and ``close`` returns once no request is inside the app, so nothing
+    changes an object after it. (Stopping the server does not wait for its request
+    threads, and a keep-alive connection's thread would never end on its own.)"""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._active = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        with self._cond:
+            if self._closed:
+                start_response("503 Service Unavailable", [("Connection", "close")])
+                return [b""]
+            self._active += 1
+        try:
+            return list(self.app(environ, start_response))  # the whole answer, counted
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._active == 0)
+
+
 class _Server:
     """moto's WSGI app on one port, served by a thread."""
 
@@ -74,16 +105,17 @@ class _Server:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
         from werkzeug.serving import make_server
 
-        app = DomainDispatcherApplication(create_backend_app)
+        self.gate = _Gate(DomainDispatcherApplication(create_backend_app))
         # Bound here, in the caller's thread: a port in use raises at once.
-        self._server = make_server(host, port, app, True, request_handler=MotoRequestHandler)
+        self._server = make_server(host, port, self.gate, True, request_handler=MotoRequestHandler)
         self.port: int = self._server.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()  # returns once no request is being served
+        self.gate.close()
+        self._server.shutdown()
         self._server.server_close()
         self._thread.join()
 
@@ -172,7 +204,8 @@ async def serve(host: str, port: int, data_dir: Path) -> None:
     print(json.dumps(ready), flush=True)
     log.info("s3: serving %s (%d objects restored from %s)", public.url, restored, data_dir)
     await stops.requested.wait()
-    # No request may change an object once the dump has begun: stop serving first.
+    # No request may change an object once the dump has begun: stop serving first
+    # (and wait for the requests being served).
     await asyncio.to_thread(public.stop)
     written = await asyncio.to_thread(dump, client, data_dir)
     private.stop()
