@@ -409,7 +409,7 @@ def test_cluster_up_runs_an_s3_server_that_brokers_tier_to_and_down_stops_it(
     """The embedded remote tier: one S3 server process beside the nodes, every broker
     configured for it (controllers know no such key), stopped by `cluster down`; the
     objects it holds are back after `cluster down` and `cluster up` (brokers name them
-    in the metadata log, which survives too)."""
+    in the metadata log, which survives too), even after `cluster down --kill`."""
     d = str(data_dir)
     up = ["cluster", "up", "--detach", "--json", "--ephemeral-ports", "--data-dir", d]
     info = json.loads(rillet(*up, "--controllers", "1", "--brokers", "2").stdout)
@@ -434,10 +434,15 @@ def test_cluster_up_runs_an_s3_server_that_brokers_tier_to_and_down_stops_it(
 
     again = json.loads(rillet(*up).stdout)
     assert again["s3"]["endpoint"] == s3["endpoint"]  # the brokers' endpoint is fixed
-    got = s3_client(s3["endpoint"]).get_object(Bucket="kept", Key="a/0.log")
+    client = s3_client(s3["endpoint"])
+    got = client.get_object(Bucket="kept", Key="a/0.log")
     assert got["Body"].read() == b"segment" and got["Metadata"] == {"crc": "1"}
-    rillet("cluster", "down", "--data-dir", d)
+    # --kill crashes the nodes; the S3 server still writes its objects down.
+    client.put_object(Bucket="kept", Key="a/1.log", Body=b"more")
+    rillet("cluster", "down", "--kill", "--data-dir", d)
     assert cluster_processes(data_dir) == []
+    index = json.loads((data_dir / "s3" / "snapshot" / "objects.json").read_text())
+    assert sorted(o["key"] for o in index["objects"]) == ["a/0.log", "a/1.log"]
 
 
 def test_cluster_up_with_no_s3_starts_no_s3_server(data_dir: Path) -> None:

@@ -78,7 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     down = sub.add_parser("down", help="stop every node of a local cluster")
     _data_dir(down)
-    down.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM")
+    down.add_argument(
+        "--kill",
+        action="store_true",
+        help="SIGKILL the nodes instead of SIGTERM (the S3 server still stops cleanly)",
+    )
     down.set_defaults(func=cmd_down)
 
     status = sub.add_parser("status", help="every node's id, roles, address, state, pid")

@@ -700,8 +700,9 @@ class LocalCluster:
 
     def stop(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
         """Stop brokers first (they hand leadership back to the controllers), then
-        controllers: every node whose recorded process runs, and any process running a
-        node config of this cluster that went unrecorded. The cluster then has no owner."""
+        controllers, then the embedded S3 server: every node whose recorded process runs,
+        and any process running a node config of this cluster that went unrecorded. The
+        cluster then has no owner."""
         with self.locked():
             strays = self._strays()
             for group in (self.brokers(), self.controllers()):
@@ -715,7 +716,10 @@ class LocalCluster:
                 for n in group:
                     n.pid = n.start_time = None
             if self.s3 is not None and self.s3.embedded:
-                self.stop_s3(kill=kill, timeout_s=timeout_s)  # last: brokers upload until then
+                # Last: brokers upload until then. Never killed: ``kill`` is a crash of
+                # the nodes, and S3 does not lose objects when brokers crash (killed, it
+                # would lose those since its last snapshot).
+                self.stop_s3(timeout_s=timeout_s)
             self.owner = None
 
     def _strays(self) -> dict[int, int]:
