@@ -20,6 +20,12 @@ object:
   way, through raw Fetch requests for every partition at once (``fetch.max.bytes``
   50 MiB, 1 MiB a partition, as a Kafka consumer's defaults), so the ratio
   ``remote_vs_local_ratio`` compares the broker's two read paths and nothing else;
+- ``s3_direct_read``: the ceiling the S3 server sets: the same log objects fetched
+  straight from it with boto3, in ranged GETs of the chunk size on as many threads as
+  the broker's remote readers (``remote.log.reader.threads``, 4), and
+  ``remote_vs_s3_direct_ratio``: the broker's remote read against it (moto is a Python
+  server on the same cores, so on a small machine it, not the broker, may bound the
+  remote read);
 - ``broker_rss_mb``: the broker's resident set after the produce, and after the remote
   read, when the chunk cache (``--cache-mb``) is full; its peak (VmHWM); the S3
   server's resident set.
@@ -130,9 +136,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError(f"no segment of {TIERED} left local disk: {watcher.describe()}")
     remote = measured(lambda: asyncio.run(read_below(cluster, TIERED, targets)))
     local = measured(lambda: asyncio.run(read_below(cluster, PLAIN, targets)))
-    ratio = None
-    if "mb_per_s" in remote and "mb_per_s" in local:
-        ratio = round(remote["mb_per_s"] / local["mb_per_s"], 3)
+    direct = s3_direct_read(cluster, watcher.log_objects, args.chunk_kb * 1024)
     upload_s = caught_up - watcher.first_object_at  # type: ignore[operator]
     return {
         "setup": {
@@ -156,13 +160,54 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         },
         "remote_read": remote,
         "local_read": local,
-        "remote_vs_local_ratio": ratio,
+        "s3_direct_read": direct,
+        "remote_vs_local_ratio": _ratio(remote, local),
+        "remote_vs_s3_direct_ratio": _ratio(remote, direct),
         "broker_rss_mb": {
             "after_produce": rss_after_produce,
             "after_remote_read": rss_mb(broker.pid),
             "peak": rss_mb(broker.pid, "VmHWM"),
             "s3_server": rss_mb(cluster.s3.pid if cluster.s3 else None),
         },
+    }
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    if "mb_per_s" not in a or "mb_per_s" not in b:
+        return None
+    return round(a["mb_per_s"] / b["mb_per_s"], 3)
+
+
+READER_THREADS = 4  # the broker's remote.log.reader.threads default
+
+
+def s3_direct_read(cluster: LocalCluster, keys: list[str], chunk: int) -> dict[str, Any]:
+    """GET ``keys`` whole from the S3 server in ranged GETs of ``chunk`` bytes on
+    READER_THREADS threads: what the server can give, with no broker in between."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert cluster.s3 is not None
+    client = _s3_client(cluster.s3.endpoint, cluster.s3.region)
+    bucket = cluster.s3.bucket
+    ranges = []
+    for key in keys:
+        size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        ranges += [(key, start, min(start + chunk, size)) for start in range(0, size, chunk)]
+
+    def get(item: tuple[str, int, int]) -> int:
+        key, start, end = item
+        got = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        return len(got["Body"].read())
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(READER_THREADS) as pool:
+        total = sum(pool.map(get, ranges))
+    seconds = time.perf_counter() - started
+    return {
+        "bytes": total,
+        "gets": len(ranges),
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(total / seconds / MIB, 2),
     }
 
 
@@ -185,6 +230,7 @@ class TierWatcher:
         self.caught_up_at: float | None = None
         self.uploaded_bytes = 0
         self.uploaded_segments = 0
+        self.log_objects: list[str] = []  # keys of the topic's log objects, last poll
         self._manifests: dict[int, set[int]] = {}
         self._stop = threading.Event()
         self._failure: BaseException | None = None
@@ -246,6 +292,7 @@ class TierWatcher:
         now = time.monotonic()
         manifests: dict[int, set[int]] = {}
         log_bytes = logs = 0
+        log_objects = []
         try:
             items = [
                 item
@@ -264,11 +311,13 @@ class TierWatcher:
             if kind == "log":
                 logs += 1
                 log_bytes += item["Size"]
+                log_objects.append(item["Key"])
             elif kind == "manifest":
                 manifests.setdefault(partition, set()).add(start)
         if logs and self.first_object_at is None:
             self.first_object_at = now
         self._manifests, self.uploaded_bytes, self.uploaded_segments = manifests, log_bytes, logs
+        self.log_objects = log_objects
         bases = self._local_bases()
         # Caught up: on every partition the segment before the active one is uploaded
         # (its manifest, written last, exists), and the early ones have left local disk.
