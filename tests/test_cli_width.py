@@ -108,8 +108,34 @@ def test_cluster_status_and_live_view_fit_80_columns() -> None:
         c.print(status_view(rows, {**health, "offline": offline}))
         out = lines_of(c)
         assert max(len(line) for line in out) <= WIDTH
-        assert len(out) == 1 + 3 + 1 + 6 + len(health_lines), out  # title, rules, header
-        assert out[-len(health_lines) :] == health_lines
+        # title, rules, header, rows, health, then the remote tier's line
+        assert len(out) == 1 + 3 + 1 + 6 + len(health_lines) + 1, out
+        assert out[-len(health_lines) - 1 : -1] == health_lines
+        assert out[-1] == "remote tier: off"
+    embedded = {
+        "endpoint": "http://127.0.0.1:9080",
+        "bucket": "rillet-tier",
+        "region": "us-east-1",
+        "embedded": True,
+        "state": "running",
+        "pid": 4_000_200,
+    }
+    external = {**embedded, "endpoint": "https://s3.eu-west-1.amazonaws.com"}
+    external.update(embedded=False, state="external", pid=None)
+    for s3, tier_lines in {
+        "embedded": [
+            "remote tier: embedded S3 http://127.0.0.1:9080   bucket: rillet-tier",
+            "  running (pid 4000200)",
+        ],
+        "external": ["remote tier: S3 https://s3.eu-west-1.amazonaws.com   bucket: rillet-tier"],
+    }.items():
+        c = console()
+        c.print(
+            status_view(rows, {**health, "offline": 0}, embedded if s3 == "embedded" else external)
+        )
+        out = lines_of(c)
+        assert max(len(line) for line in out) <= WIDTH
+        assert out[-len(tier_lines) :] == tier_lines
 
 
 def test_spark_load_summary_fits_80_columns() -> None:
