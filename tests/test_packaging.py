@@ -109,7 +109,6 @@ USED_WITHOUT_IMPORT = {
     "pytest-timeout": "timeout in pyproject",
     "ruff": "make lint / make format",
     "python-snappy": "kafka-python's snappy codec (tests/test_kafka_oracle.py)",
-    "moto": "its S3 server runs as a process, `python -m moto.server` (tests/s3_server.py)",
 }
 IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
 
