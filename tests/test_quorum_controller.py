@@ -425,10 +425,13 @@ def test_create_topic_with_defaults_and_canonical_configs() -> None:
         "d",
         partitions=-1,
         rf=-1,
-        configs={"cleanup.policy": "compact, delete", "remote.storage.enable": True},
+        configs={"cleanup.policy": "compact, delete", "unclean.leader.election.enable": True},
     )
     assert (result.num_partitions, result.replication_factor) == (4, 2)
-    assert result.configs == {"cleanup.policy": "delete,compact", "remote.storage.enable": "true"}
+    assert result.configs == {
+        "cleanup.policy": "delete,compact",
+        "unclean.leader.election.enable": "true",
+    }
 
 
 def test_validate_only_answers_without_records() -> None:
@@ -492,6 +495,71 @@ def test_alter_topic_configs_sets_and_deletes_keys() -> None:
     assert bad.error_code == E("INVALID_CONFIG")
     missing = c.run(c.ctl.alter_topic_configs(c.image, "nope", {"segment.ms": "1"}))
     assert missing.error_code == E("UNKNOWN_TOPIC_OR_PARTITION")
+
+
+def test_a_compacted_topic_cannot_be_tiered_on_create_or_alter() -> None:
+    c = Cluster(brokers=1)
+    for policy in ("compact", "compact,delete"):
+        refused = c.create(
+            "t", rf=1, configs={"cleanup.policy": policy, "remote.storage.enable": "true"}
+        )
+        assert refused.error_code == E("INVALID_CONFIG") and c.image.topic("t") is None
+        assert "cleanup.policy=delete" in refused.error_message
+    assert c.create("c", rf=1, configs={"cleanup.policy": "compact"}).error_code == 0
+    on = c.run(c.ctl.alter_topic_configs(c.image, "c", {"remote.storage.enable": "true"}))
+    assert on.error_code == E("INVALID_CONFIG")
+    assert c.create("r", rf=1, configs={"remote.storage.enable": "true"}).error_code == 0
+    compact = c.run(c.ctl.alter_topic_configs(c.image, "r", {"cleanup.policy": "compact"}))
+    assert compact.error_code == E("INVALID_CONFIG") and "compact" in compact.error_message
+    assert c.image.topic_config("r") == {"remote.storage.enable": "true"}
+
+
+def test_tiering_cannot_be_turned_off_by_value_or_by_deleting_the_key() -> None:
+    c = Cluster(brokers=1)
+    c.create("r", rf=1, configs={"remote.storage.enable": "true"})
+    for change in ({"remote.storage.enable": "false"}, {"remote.storage.enable": None}):
+        refused = c.run(c.ctl.alter_topic_configs(c.image, "r", change))
+        assert refused.error_code == E("INVALID_CONFIG"), change
+        assert "orphaned" in refused.error_message and "delete it" in refused.error_message
+        assert c.image.topic_config("r") == {"remote.storage.enable": "true"}
+    # Setting it again, or changing other keys, is fine; so is turning it on later.
+    again = {"remote.storage.enable": "true", "segment.ms": "60000"}
+    assert c.run(c.ctl.alter_topic_configs(c.image, "r", again)).error_code == 0
+    c.create("p", rf=1)
+    on = c.run(c.ctl.alter_topic_configs(c.image, "p", {"remote.storage.enable": "true"}))
+    assert on.error_code == 0
+
+
+@pytest.mark.parametrize("unit,total", [("ms", "60000"), ("bytes", "1000000")])
+def test_local_retention_is_bounded_by_total_retention_on_tiered_topics(
+    unit: str, total: str
+) -> None:
+    c = Cluster(brokers=1)
+    tiered = {"remote.storage.enable": "true", f"retention.{unit}": total}
+
+    def create(name: str, local: str, **more: str) -> Any:
+        configs = tiered | {f"local.retention.{unit}": local} | more
+        return c.create(name, rf=1, configs=configs)
+
+    for local in ("-1", str(int(total) + 1)):  # -1 keeps locally forever: longer than total
+        refused = create(f"bad{local}", local)
+        assert refused.error_code == E("INVALID_CONFIG"), local
+        assert f"local.retention.{unit}" in refused.error_message
+    assert create("low", "-3").error_code == E("INVALID_CONFIG")  # -2 is the minimum
+    for i, local in enumerate(("-2", "0", total)):
+        assert create(f"ok{i}", local).error_code == 0
+    # Unbounded total retention bounds nothing; without tiering local retention is unused.
+    assert create("forever", "-1", **{f"retention.{unit}": "-1"}).error_code == 0
+    plain = {f"retention.{unit}": total, f"local.retention.{unit}": "-1"}
+    assert c.create("plain", rf=1, configs=plain).error_code == 0
+    # An alter is checked whichever of the two keys it changes.
+    for change in ({f"retention.{unit}": "0"}, {f"local.retention.{unit}": str(int(total) * 2)}):
+        refused = c.run(c.ctl.alter_topic_configs(c.image, "ok2", change))
+        assert refused.error_code == E("INVALID_CONFIG"), change
+    deleted = c.run(c.ctl.alter_topic_configs(c.image, "forever", {f"retention.{unit}": None}))
+    assert deleted.error_code == (0 if unit == "bytes" else E("INVALID_CONFIG"))
+    on = c.run(c.ctl.alter_topic_configs(c.image, "plain", {"remote.storage.enable": "true"}))
+    assert on.error_code == E("INVALID_CONFIG")
 
 
 def test_unregistering_a_broker_moves_its_leaderships_first() -> None:

@@ -87,6 +87,7 @@ from rillet.controller.metadata.placement import (
 )
 from rillet.controller.metadata.topic_config import (
     TOPIC_CONFIGS,
+    tiering_error,
     unclean_election_enabled,
     validate_topic_config,
 )
@@ -651,6 +652,7 @@ class QuorumController:
         if clash:
             return fail(INVALID_TOPIC, f"{t.name!r} collides with {clash!r} ('.' vs '_')")
         configs, config_error = validate_topic_config(t.configs or {})
+        config_error = config_error or tiering_error(None, configs)
         if config_error:
             return fail(INVALID_CONFIG, config_error)
         placed = self._assign(image, t)
@@ -743,6 +745,11 @@ class QuorumController:
         unknown = [k for k, v in changes.items() if v is None and k not in TOPIC_CONFIGS]
         if error or unknown:
             return Result([], TopicResult(name, INVALID_CONFIG, error or f"unknown {unknown}"))
+        before = image.topic_config(name)
+        after = {k: v for k, v in before.items() if k not in changes} | canonical_sets
+        error = tiering_error(before, after)
+        if error:
+            return Result([], TopicResult(name, INVALID_CONFIG, error))
         records: list[MetadataRecord] = [
             Config(RESOURCE_TOPIC, name, k, canonical_sets.get(k)) for k in sorted(changes)
         ]

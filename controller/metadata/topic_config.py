@@ -115,6 +115,42 @@ def effective_topic_config(overrides: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) -> str | None:
+    """Why a topic's overrides ``after`` break KIP-405's rules for tiered topics, given
+    those it had ``before`` (None: the topic is being created); None when they hold.
+
+    - A compacted topic cannot be tiered: a remote segment is immutable, so compaction
+      could never reach it, and its keys' latest values would be spread over both tiers.
+    - Tiering cannot be turned off (nor its key deleted) once on: the remote segments
+      would be orphaned, and the local log would no longer be bounded by what is remote.
+    - Local retention must not outlast total retention: data cannot stay on local disk
+      longer than it is kept at all (-2: the same as the total setting)."""
+    cfg = effective_topic_config(after)
+    tiered = cfg["remote.storage.enable"]
+    was_tiered = before is not None and effective_topic_config(before)["remote.storage.enable"]
+    if was_tiered and not tiered:
+        return (
+            "remote.storage.enable cannot be turned off once on: the topic's remote "
+            "segments would be orphaned and its local log no longer bounded by what is "
+            "remote; keep the topic tiered, or delete it"
+        )
+    if not tiered:
+        return None
+    if "compact" in cfg["cleanup.policy"].split(","):
+        return (
+            f"remote.storage.enable=true needs cleanup.policy=delete, not "
+            f"{cfg['cleanup.policy']!r}: compacted topics cannot be tiered"
+        )
+    for unit in ("ms", "bytes"):
+        total, local = cfg[f"retention.{unit}"], cfg[f"local.retention.{unit}"]
+        if total != -1 and local != -2 and (local == -1 or local > total):
+            return (
+                f"local.retention.{unit}={local} must be -2 or at most "
+                f"retention.{unit}={total}: nothing stays local longer than it is kept"
+            )
+    return None
+
+
 def unclean_election_enabled(overrides: Mapping[str, str]) -> bool:
     raw = overrides.get("unclean.leader.election.enable")
     return raw is not None and raw.strip().lower() == "true"
