@@ -75,7 +75,7 @@ from rillet.controller.metadata.image import (
     Partition,
     TopicPartition,
 )
-from rillet.storage import Log, LogManager
+from rillet.storage import Log, LogConfig, LogManager
 
 if TYPE_CHECKING:
     from rillet.broker.metrics import BrokerMetrics
@@ -146,6 +146,7 @@ class ReplicaManager:
             lambda: self.remote,
         )
         self._refusal_logged_ms: dict[str, int] = {}
+        self._untiered_warned: set[str] = set()  # tiered topics this broker cannot tier
         self._metadata_waiters: list[asyncio.Future[None]] = []
         self.on_roles_changed: Callable[[], None] | None = None  # the fetchers' sync
         self._checkpointed_hw: dict[TopicPartition, int] = {}
@@ -323,6 +324,7 @@ class ReplicaManager:
             topic_log_config(self.logs.default_config, topic_config),
             topic_id=topic_id,
         )
+        self._warn_if_untiered(tp.topic, log.config)
         # The checkpointed HW, clamped: recovery after kill -9 may have cut the log.
         hw = self._checkpointed_hw.get(tp, 0)
         hw = max(min(hw, log.log_end_offset), log.log_start_offset)
@@ -361,6 +363,22 @@ class ReplicaManager:
                 topic_config = image.topic_config(replica.topic)
                 replica.log.config = topic_log_config(self.logs.default_config, topic_config)
                 replica.min_insync_replicas = self._min_isr(topic_config)
+                self._warn_if_untiered(replica.topic, replica.log.config)
+
+    def _warn_if_untiered(self, topic: str, config: LogConfig) -> None:
+        """A tiered topic on a broker without the remote tier (the controller cannot know
+        broker configs to refuse it, as Kafka does). Nothing is uploaded, so nothing is
+        remote, and local retention (which deletes only what is remote) keeps it all."""
+        if self.remote is not None or not config.remote_storage_enable:
+            return
+        if topic not in self._untiered_warned:
+            self._untiered_warned.add(topic)
+            logger.warning(
+                "topic %s has remote.storage.enable=true but this broker has no remote "
+                "tier (remote.log.storage.system.enable=false): its data stays on local "
+                "disk, none of it is deleted by retention, and disk use is unbounded",
+                topic,
+            )
 
     async def delete_strays(self, image: MetadataImage) -> None:
         """Delete local logs the caught-up image does not assign here (partitions deleted

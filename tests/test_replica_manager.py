@@ -35,7 +35,7 @@ from rillet.controller.metadata.image import (
     UnfenceBroker,
 )
 from rillet.controller.metadata.quorum import ControllerConfig, QuorumController
-from rillet.storage import Log, LogConfig, LogManager
+from rillet.storage import Log, LogConfig, LogManager, retention
 
 E = errors.code_of
 TP = TopicPartition("t", 0)
@@ -317,3 +317,40 @@ async def test_the_heap_is_frozen_as_logs_are_created_and_roles_taken(
     created = quorum.create_topics(manager.image, [("more", 20, 1, {})]).records
     await commit(manager, manager.image, created)
     assert len(freezes) == 5  # one per 5 of the 20 logs opened, one after the 20 roles
+
+
+async def test_a_tiered_topic_on_a_broker_without_the_tier_keeps_everything_local(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The controller cannot refuse it (it does not know broker configs): the broker
+    warns once per topic, and local retention deletes nothing, since nothing is remote,
+    even past total and local retention."""
+    logs = LogManager(tmp_path)
+    logs.startup()
+    manager = ReplicaManager(broker_config(tmp_path), logs)
+    assert manager.remote is None
+    try:
+        quorum, image = await register(manager)
+        configs = {
+            "remote.storage.enable": "true",
+            "segment.bytes": "1024",
+            "local.retention.bytes": "0",
+            "retention.ms": "1",  # the batches' timestamps (1000) are long past it
+        }
+        with caplog.at_level(logging.WARNING, logger="rillet.broker.replica_manager"):
+            created = quorum.create_topics(image, [("t", 2, 1, configs)])
+            image = await commit(manager, image, created.records)
+            altered = quorum.alter_topic_configs(image, "t", {"segment.ms": "60000"})
+            image = await commit(manager, image, altered.records)
+        warnings = [r.getMessage() for r in caplog.records if "no remote tier" in r.getMessage()]
+        assert len(warnings) == 1 and "topic t " in warnings[0]
+        log = manager.replicas[TP].log
+        for i in range(40):
+            (done,) = await manager.append_records([(TP, batch(b"x" * 100))], 1, 1000)
+            assert done.error_code == errors.NONE and done.base_offset == i
+        assert len(log.segments) > 3 and log.high_watermark == 40
+        assert await retention.apply_retention(log, now_ms=10**12) == 0
+        assert log.log_start_offset == 0 and len(log.segments) > 3
+    finally:
+        await manager.shutdown()
+        logs.close()
