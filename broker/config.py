@@ -117,6 +117,9 @@ BROKER_KEYS = ConfigTable(
             "REQUEST_TIMED_OUT (retriable) and finish into the chunk cache."),
         Key("remote.log.orphan.min.age.ms", int, 600_000,
             "Objects no metadata record names are deleted once this old."),
+        Key("remote.log.orphan.sweep.interval.ms", int, 300_000,
+            "How often one broker (the lowest-id unfenced) looks for deleted topics' "
+            "prefixes left in the bucket."),
     ]
 )  # fmt: skip
 

@@ -20,6 +20,11 @@ c. remote retention: segments past ``retention.ms`` / ``retention.bytes`` of the
 d. orphans: objects under the partition's prefix that no segment of the image names,
    older than ``remote.log.orphan.min.age.ms``, are deleted.
 
+Every ``remote.log.orphan.sweep.interval.ms`` one broker, the lowest-id unfenced one of
+its image, sweeps the whole bucket for prefixes of topics its image does not hold (a
+topic deleted while every broker that held it was away), when its image is known to be
+recent; every object under such a prefix must be older than the minimum age too.
+
 Which segments each step takes is decided by broker/remote_plan.py (pure). On every
 metadata change each replica of a changed partition gets ``log.remote_copied_end``,
 the highest offset safely remote, which bounds local retention (storage/retention.py).
@@ -47,6 +52,8 @@ from rillet.broker.remote_plan import (
     ToCopy,
     copy_lag,
     epochs_in,
+    is_bucket_sweeper,
+    orphaned_topic_prefixes,
     orphans,
     remote_segments_past_retention,
     segments_to_copy,
@@ -128,7 +135,11 @@ class RemoteLogManager:
         *,
         metrics: BrokerMetrics | None = None,
         wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        metadata_age_ms: Callable[[], float | None] | None = None,
     ) -> None:
+        """``metadata_age_ms()``: how old this broker's image may be, at most (since the
+        controller's high watermark was last known to be reached), None when unknown; no
+        bucket sweep without it."""
         self.store = store
         self.replicas = replicas
         self.broker_id = replicas.broker_id
@@ -137,6 +148,8 @@ class RemoteLogManager:
         self.clock = wall_clock_ms
         self.interval_s = config["remote.log.manager.task.interval.ms"] / 1000
         self.orphan_min_age_ms = config["remote.log.orphan.min.age.ms"]
+        self.sweep_interval_s = config["remote.log.orphan.sweep.interval.ms"] / 1000
+        self.metadata_age_ms = metadata_age_ms
         self.chunk_size = config["remote.fetch.chunk.size.bytes"]
         copiers = config["remote.log.manager.copier.thread.pool.size"]
         self.limiter = RateLimiter(config["remote.log.manager.copy.max.bytes.per.second"])
@@ -153,18 +166,25 @@ class RemoteLogManager:
         self._copied_end: dict[TopicPartition, tuple[int, int]] = {}
         self._last_sweep_ms: dict[TopicPartition, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="remote-log")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="remote-log")
+        self._sweep_task = loop.create_task(self._run_sweeps(), name="remote-bucket-sweep")
 
     async def close(self) -> None:
         """Stop every task. An upload already on a thread runs to its end (a thread
         cannot be stopped): its objects are orphans the next leader's sweep deletes."""
         self._closed = True
-        tasks = [t for t in (self._task, *self._rounds.values(), *self._topic_deletes) if t]
+        tasks = [
+            t
+            for t in (self._task, self._sweep_task, *self._rounds.values(), *self._topic_deletes)
+            if t
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -181,6 +201,41 @@ class RemoteLogManager:
                 self.schedule()
             except Exception:  # a bug in one pass must not end the tier for good
                 logger.exception("remote log manager: scheduling failed")
+
+    async def _run_sweeps(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self.sweep_bucket()
+            except RemoteStorageError as e:
+                logger.warning("remote bucket sweep: %s", e)
+            except Exception:  # the next sweep starts afresh
+                logger.exception("remote bucket sweep failed")
+
+    async def sweep_bucket(self) -> list[str]:
+        """Delete the prefixes of topics the image does not hold, when this broker is the
+        sweeper (``is_bucket_sweeper``); returns the prefixes deleted. Each broker that
+        held a replica deletes a deleted topic's prefix itself (``on_metadata``); this
+        catches the topics none of them was up to delete."""
+        if self.metadata_age_ms is None or not is_bucket_sweeper(
+            self.replicas.image.unfenced_broker_ids(), self.broker_id
+        ):
+            return []
+        objects = await self._io(lambda: list(self.store.list("")))
+        # The image and its age are read after the listing: a topic the image does not
+        # hold was then created after the image's moment, so its objects are younger
+        # than that age; with the age bounded below the minimum object age, they stay.
+        image, age = self.replicas.image, self.metadata_age_ms()
+        if age is None or age > self.orphan_min_age_ms / 2:
+            logger.info("remote bucket sweep skipped: the metadata image may be stale")
+            return []
+        live = {*image.topics_by_id, *image.building_topics}
+        lost = orphaned_topic_prefixes(objects, live, self.clock(), self.orphan_min_age_ms)
+        for prefix, keys in sorted(lost.items()):
+            logger.info("deleting %d object(s) under %s: its topic is gone", len(keys), prefix)
+            await self._io(_delete_keys, self.store, keys)
+            self._count("remote_delete_requests")
+        return sorted(lost)
 
     def schedule(self) -> list[asyncio.Task[None]]:
         """Start a round for each led remote partition that has none running; also

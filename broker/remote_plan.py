@@ -8,7 +8,7 @@ metadata records). Kept pure so every rule is tested on plain values.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from rillet.controller.metadata.image import (
@@ -16,7 +16,7 @@ from rillet.controller.metadata.image import (
     SEGMENT_DELETE_STARTED,
     RemoteSegment,
 )
-from rillet.storage.remote.layout import parse_segment_key
+from rillet.storage.remote.layout import parse_segment_key, parse_topic_of_key
 from rillet.storage.remote.store import ObjectInfo
 from rillet.storage.segment import LogSegment
 
@@ -122,6 +122,35 @@ def orphans(
         if now_ms - obj.last_modified_ms >= min_age_ms:
             out.append(obj.key)
     return out
+
+
+def is_bucket_sweeper(unfenced_broker_ids: Sequence[int], broker_id: int) -> bool:
+    """Whether this broker sweeps the bucket for deleted topics' prefixes: the lowest-id
+    unfenced broker of its image, so that normally exactly one does. Two that disagree
+    for a moment (one image behind) do no harm: deleting a prefix is idempotent."""
+    return bool(unfenced_broker_ids) and min(unfenced_broker_ids) == broker_id
+
+
+def orphaned_topic_prefixes(
+    objects: Iterable[ObjectInfo], live_topic_ids: Container[str], now_ms: int, min_age_ms: int
+) -> dict[str, list[str]]:
+    """Topic prefixes of the bucket whose topic id the image does not hold (the topic
+    was deleted while every broker that held it was away), each with its keys, when
+    every one of its objects is at least ``min_age_ms`` old. The age keeps a topic
+    created a moment ago, which this broker's image may not show yet, from ever being
+    touched: its objects are younger than the topic. Keys outside the layout are never
+    touched (a bucket or prefix shared with others)."""
+    found: dict[str, list[str]] = {}
+    young: set[str] = set()
+    for obj in objects:
+        parsed = parse_topic_of_key(obj.key)
+        if parsed is None or parsed[1] in live_topic_ids:
+            continue
+        prefix = parsed[0]
+        found.setdefault(prefix, []).append(obj.key)
+        if now_ms - obj.last_modified_ms < min_age_ms:
+            young.add(prefix)
+    return {prefix: keys for prefix, keys in found.items() if prefix not in young}
 
 
 class CopyLag(NamedTuple):

@@ -97,6 +97,7 @@ class ControllerLink(Protocol):
 
     # Optional (the remote tier needs it; a link without it runs with the tier off):
     # async def alter_remote_segments(self, segments) -> list[m.RemoteSegmentResult]
+    # def metadata_age_ms(self) -> float | None  (without it: no bucket sweep)
 
     async def stop(self) -> None:
         """Stop heartbeats and the metadata follower."""
@@ -197,7 +198,14 @@ class BrokerServer:
         propose = getattr(link, "alter_remote_segments", None)
         if store is None or propose is None:
             return None
-        manager = RemoteLogManager(self.config, store, replicas, propose, metrics=metrics)
+        manager = RemoteLogManager(
+            self.config,
+            store,
+            replicas,
+            propose,
+            metrics=metrics,
+            metadata_age_ms=getattr(link, "metadata_age_ms", None),
+        )
         manager.start()
         logger.info("broker %d: remote tier on %r", self.node_id, store)
         return manager

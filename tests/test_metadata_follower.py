@@ -169,3 +169,18 @@ async def test_the_first_caught_up_image_is_built_as_one_delta_off_the_loop(
     assert got.offset == 41 and set(got.brokers) == set(image.brokers) | {99}
     assert delta.image.offset == -1 and set(delta.changed_brokers) == set(got.brokers)
     assert threads and all(t != threading.get_ident() for t in threads)
+
+
+async def test_caught_up_at_is_when_a_fetch_was_sent_whose_high_watermark_was_reached() -> None:
+    """The remote bucket sweep bounds how stale the image may be by it: the image holds
+    everything committed before that moment."""
+    follower = MetadataFollower(TwoBatchChannel(), 3)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    await follower.fetch_once()
+    assert follower.caught_up_at is None  # at offset 1 of 2
+    before = loop.time()
+    await follower.fetch_once()
+    assert follower.caught_up_at is not None and before <= follower.caught_up_at <= loop.time()
+    first = follower.caught_up_at
+    await follower.fetch_once()  # nothing new, still caught up: a later moment
+    assert follower.caught_up_at >= first

@@ -295,6 +295,51 @@ async def test_a_deleted_topics_prefix_is_emptied(tmp_path) -> None:
     h.log.close()
 
 
+async def test_the_bucket_sweep_deletes_prefixes_of_topics_deleted_while_away(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    await h.rlm.run_once()
+    live = set(h.stored())
+    assert live
+    # Topic 'gone' had objects; it was deleted while every broker holding it was away,
+    # so nobody deleted its prefix (no on_metadata here).
+    (gone,) = h.c.run(h.c.ctl.create_topics(h.c.image, [("gone", 2, 1, {})]))
+    old = [segment_keys("gone", gone.topic_id, p, 0, f"s{p}") for p in (0, 1)]
+    for keys in old:
+        h.store.put(keys.log, b"x")
+        h.store.put(keys.manifest, b"m")
+    h.c.run(h.c.ctl.delete_topics(h.c.image, ["gone"]))
+    h.replicas.image = h.c.image
+    foreign = ["backups/2026/db.tar", f"notes-{'A' * 22}/readme.txt", f"x-{'A' * 22}/0/y.log"]
+    for key in foreign:
+        h.store.put(key, b"not ours")
+    h.now += 1000  # all of the above are as old as the minimum age now
+    # An unknown topic created a moment ago (this image does not show it yet).
+    young = segment_keys("fresh", "B" * 22, 0, 0, "new")
+    h.store.put(young.log, b"x")
+    h.now += 500
+    keep = live | set(foreign) | {young.log}
+    gone_keys = {k for keys in old for k in keys}
+    assert set(h.stored()) == keep | gone_keys
+    sweeper = min(h.c.image.unfenced_broker_ids())
+    h.replicas.broker_id = h.rlm.broker_id = sweeper + 1  # not the sweeper: nothing
+    h.rlm.metadata_age_ms = lambda: 0.0
+    assert await h.rlm.sweep_bucket() == [] and set(h.stored()) == keep | gone_keys
+    h.replicas.broker_id = h.rlm.broker_id = sweeper
+    h.rlm.metadata_age_ms = lambda: 501.0  # an image possibly older than half the age
+    assert await h.rlm.sweep_bucket() == [] and set(h.stored()) == keep | gone_keys
+    h.rlm.metadata_age_ms = None  # a link that cannot tell: never
+    assert await h.rlm.sweep_bucket() == []
+    h.rlm.metadata_age_ms = lambda: 100.0
+    assert await h.rlm.sweep_bucket() == [f"gone-{gone.topic_id}/"]
+    assert set(h.stored()) == keep
+    h.now += 1000  # the young one is old enough now, and its topic still unknown
+    assert await h.rlm.sweep_bucket() == [f"fresh-{'B' * 22}/"]
+    assert set(h.stored()) == live | set(foreign)
+    await h.rlm.close()
+    h.log.close()
+
+
 async def test_a_follower_runs_no_rounds(tmp_path) -> None:
     h = Harness(tmp_path)
     h.produce(10)

@@ -7,6 +7,8 @@ from pathlib import Path
 from rillet.broker.remote_plan import (
     copy_lag,
     epochs_in,
+    is_bucket_sweeper,
+    orphaned_topic_prefixes,
     orphans,
     remote_segments_past_retention,
     segments_to_copy,
@@ -114,3 +116,40 @@ def test_orphans_are_old_segment_objects_no_segment_names() -> None:
     ]
     assert orphans(objects, ["named"], 1000, 500) == [stray.log, stray.manifest]
     assert orphans(objects, ["named"], 1000, 0) == [stray.log, stray.manifest, young.log]
+
+
+def test_one_broker_sweeps_the_bucket_the_lowest_unfenced() -> None:
+    assert is_bucket_sweeper([2, 3, 5], 2)
+    assert not is_bucket_sweeper([2, 3, 5], 3)
+    assert not is_bucket_sweeper([], 1)
+
+
+def test_orphaned_topic_prefixes_are_unknown_topic_ids_all_of_whose_objects_are_old() -> None:
+    live, gone, young = "L" * 22, "G-_" + "g" * 19, "Y" * 22  # ids may hold - and _
+    objects = [
+        ObjectInfo(segment_keys("t", live, 0, 0, "a").log, 1, 0, {}),
+        ObjectInfo(segment_keys("my-topic", gone, 0, 0, "b").log, 1, 0, {}),
+        ObjectInfo(segment_keys("my-topic", gone, 3, 10, "c").manifest, 1, 100, {}),
+        # One young object keeps its whole prefix: the topic may be new to this image.
+        ObjectInfo(segment_keys("n", young, 0, 0, "d").log, 1, 0, {}),
+        ObjectInfo(segment_keys("n", young, 1, 0, "e").log, 1, 900, {}),
+        # Keys outside the layout, even under a prefix of the same shape: never touched.
+        ObjectInfo(f"my-topic-{gone}/0/README", 1, 0, {}),
+        ObjectInfo(f"my-topic-{gone}/notes.log", 1, 0, {}),
+        ObjectInfo("backups/0/" + segment_keys("x", "y", 0, 0, "z").log.split("/")[-1], 1, 0, {}),
+        ObjectInfo(f"short-{'s' * 21}/0/" + "0" * 20 + "-f.log", 1, 0, {}),
+        ObjectInfo(f"-{'u' * 22}/0/" + "0" * 20 + "-f.log", 1, 0, {}),  # no topic name
+        ObjectInfo(f"bad-{'!' * 22}/0/" + "0" * 20 + "-f.log", 1, 0, {}),
+    ]
+    got = orphaned_topic_prefixes(objects, {live}, 1000, 500)
+    assert got == {
+        f"my-topic-{gone}/": [
+            segment_keys("my-topic", gone, 0, 0, "b").log,
+            segment_keys("my-topic", gone, 3, 10, "c").manifest,
+        ]
+    }
+    assert set(orphaned_topic_prefixes(objects, {live}, 1400, 500)) == {
+        f"my-topic-{gone}/",
+        f"n-{young}/",
+    }
+    assert orphaned_topic_prefixes(objects, {live, gone, young}, 10**6, 0) == {}

@@ -521,6 +521,9 @@ class MetadataFollower:
         self.broker_epoch = broker_epoch
         self.image: MetadataImage = EMPTY_IMAGE
         self.high_watermark = -1
+        # Loop time a fetch was sent whose answer's high watermark the image then reached:
+        # the image holds everything committed before it (the remote bucket sweep's bound).
+        self.caught_up_at: float | None = None
         self.snapshots_loaded = 0
         self._gate = CatchUpGate()
         self._task: asyncio.Task[None] | None = None
@@ -544,6 +547,7 @@ class MetadataFollower:
 
     async def fetch_once(self) -> int:
         """One FetchMetadata round trip; returns how many entries (or 1 snapshot) applied."""
+        sent = asyncio.get_running_loop().time()
         response, payload = await self.channel.call(
             m.FetchMetadataRequest(
                 broker_id=self.broker_id,
@@ -560,6 +564,8 @@ class MetadataFollower:
             self.image, response.snapshot_id is not None, payload
         )
         if fetched is None:
+            if self.image.offset >= response.high_watermark:
+                self.caught_up_at = sent
             return 0
         delta, image, count = fetched
         if response.snapshot_id is not None:
@@ -574,6 +580,8 @@ class MetadataFollower:
             self._applied.set()
             return count
         await self._publish(admitted, image)
+        if image.offset >= response.high_watermark:
+            self.caught_up_at = sent
         return count
 
     async def _publish(self, delta: MetadataDelta, image: MetadataImage) -> None:

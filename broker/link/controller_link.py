@@ -124,6 +124,14 @@ class QuorumLink:
                 await asyncio.sleep(REGISTER_RETRY_S)
         self.follower.start()
 
+    def metadata_age_ms(self) -> float | None:
+        """How old the metadata image may be, at most: the time since a fetch was sent
+        whose high watermark the image has reached; None before the first."""
+        at = None if self.follower is None else self.follower.caught_up_at
+        if at is None:
+            return None
+        return (asyncio.get_running_loop().time() - at) * 1000
+
     def controller_id(self) -> int:
         leader = self.channel.leader_id
         return -1 if leader is None else leader

@@ -64,6 +64,29 @@ def parse_segment_key(key: str) -> tuple[int, str, str] | None:
     return int(offset), segment_id, kind
 
 
+# The controller's topic ids: 16 random bytes in URL-safe base64 without padding.
+TOPIC_ID_CHARS = 22
+_ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def parse_topic_of_key(key: str) -> tuple[str, str] | None:
+    """(topic prefix, topic id) of a segment object's key in this layout
+    (``{topic}-{topic_id}/{partition}/{segment object}``), or None for any other key: a
+    bucket sweep never touches what it did not write (a shared bucket)."""
+    parts = key.split("/")
+    if len(parts) != 3 or not parts[1].isdigit() or parse_segment_key(key) is None:
+        return None
+    head = parts[0]
+    topic, dash, topic_id = (
+        head[: -TOPIC_ID_CHARS - 1],
+        head[-TOPIC_ID_CHARS - 1 : -TOPIC_ID_CHARS],
+        head[-TOPIC_ID_CHARS:],
+    )
+    if not topic or dash != "-" or not set(topic_id) <= _ID_ALPHABET:
+        return None
+    return head + "/", topic_id
+
+
 # -- the manifest --------------------------------------------------------------------------
 
 MANIFEST_MAGIC = b"RLMF"
