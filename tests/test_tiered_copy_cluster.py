@@ -333,3 +333,41 @@ def test_an_s3_outage_delays_uploads_and_deletes_nothing_uncopied(
         writer.stop()
     assert writer.errors_seen == errors_before  # no produce failed for the outage
     check_local_is_remote(tier, "tiered", [1, 2, 3])
+
+
+def test_a_topic_deleted_while_its_only_broker_was_down_leaves_no_prefix(
+    cluster_factory: Any, s3: S3Endpoint
+) -> None:
+    """Nobody that held the topic sees its deletion, so the bucket sweep of the
+    lowest-id unfenced broker (1) deletes its prefix once its objects are old enough
+    (3 s here); a key outside the layout stays."""
+    cluster = tiered_cluster(cluster_factory, s3, **{"remote.log.orphan.sweep.interval.ms": 500})
+    tier = Tier(cluster, s3)
+
+    async def create_on_3(client: Client) -> None:
+        topic = m.CreatableTopic("lonely", -1, -1, [m.ReplicaAssignment(0, [3])], TOPIC_CONFIG)
+        response = await client.any_request(m.CreateTopicsRequest([topic], timeout_ms=20_000))
+        assert response.topics[0].error_code == 0, response
+
+        async def led() -> bool:
+            with contextlib.suppress(Exception):
+                return (await client.partitions("lonely"))[0].leader == 3
+            return False
+
+        await wait_until_async(led, DEADLINE_S, 0.05, "lonely led by 3")
+
+    run(cluster, create_on_3)
+    produce(cluster, "lonely", 20)
+    wait_until(lambda: tier.finished("lonely"), DEADLINE_S, 0.2, "a copy")
+    t = tier.image().topic("lonely")
+    assert t is not None
+    prefix = topic_prefix("lonely", t.topic_id)
+    tier.store.put("shared/notes.txt", b"not the cluster's")
+    cluster.stop_node(3)
+
+    async def delete(client: Client) -> None:
+        await client.delete_topic("lonely")
+
+    run(cluster, delete)
+    wait_until(lambda: not tier.objects(prefix), DEADLINE_S, 0.2, "the bucket sweep")
+    assert "shared/notes.txt" in tier.objects()
