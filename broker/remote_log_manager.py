@@ -51,6 +51,7 @@ from rillet.broker.config import BrokerConfig
 from rillet.broker.remote_plan import (
     ToCopy,
     copy_lag,
+    divergent_remote_segments,
     epochs_in,
     is_bucket_sweeper,
     orphaned_topic_prefixes,
@@ -72,6 +73,7 @@ from rillet.controller.metadata.image import (
     TopicPartition,
 )
 from rillet.controller.metadata.remote_log import remote_log_view
+from rillet.storage.epoch_cache import agreed_end
 from rillet.storage.log import Log
 from rillet.storage.remote.copier import RateLimiter, delete_segment, upload_segment
 from rillet.storage.remote.layout import (
@@ -310,6 +312,7 @@ class RemoteLogManager:
             replica = self.replicas.replicas.get(tp)
             if replica is not None:
                 view = remote_log_view(image, replica.topic_id, tp.partition)
+                replica.log.remote_epochs = (view.leader_epochs(), view.log_start_offset)
                 replica.log.remote_copied_end = view.end_offset
         for topic_id, name in delta.deleted_topics.items():
             before = delta.image.topics_by_id.get(topic_id)
@@ -348,7 +351,8 @@ class RemoteLogManager:
 
     async def _round(self, lead: _Lead) -> None:
         try:
-            for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
+            steps = (self._cleanup, self._diverged, self._copy_all, self._retention, self._sweep)
+            for step in steps:
                 if not await step(lead):
                     return  # refused or failed: the next round starts afresh
         except _Abandoned:
@@ -382,6 +386,44 @@ class RemoteLogManager:
             if not await self._delete_remote(lead, seg):
                 return False
         return True
+
+    async def _diverged(self, lead: _Lead) -> bool:
+        """A leader whose log does not agree with the remote log up to its end (an
+        unclean election) deletes the remote segments past the agreement, or stops
+        copying while it cannot (``divergent_remote_segments``); False ends the round:
+        the next starts from the image without them."""
+        log = lead.replica.log
+        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+        if not view.segments:
+            return True
+        agreed = agreed_end(
+            log.epochs.entries(),
+            log.log_start_offset,
+            log.log_end_offset,
+            view.leader_epochs(),
+            view.log_start_offset,
+            view.end_offset,
+        )
+        if agreed >= view.end_offset:
+            return True
+        plan = divergent_remote_segments(view.segments, agreed, log.log_start_offset)
+        logger.warning(
+            "%s-%d: this leader's log agrees with the remote log only up to offset %d of "
+            "%d (an unclean election): deleting %d remote segment(s) past it%s",
+            *lead.tp,
+            agreed,
+            view.end_offset,
+            len(plan.delete),
+            ""
+            if plan.blocked is None
+            else f"; segment {plan.blocked.segment_id} ({plan.blocked.start_offset}.."
+            f"{plan.blocked.end_offset}) holds agreed records this log no longer has, so "
+            "it stays and nothing more is copied",
+        )
+        for seg in plan.delete:
+            if not await self._delete_remote(lead, seg):
+                break
+        return False
 
     async def _copy_all(self, lead: _Lead) -> bool:
         log = lead.replica.log

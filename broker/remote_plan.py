@@ -124,6 +124,35 @@ def orphans(
     return out
 
 
+class Divergence(NamedTuple):
+    delete: list[RemoteSegment]  # oldest first
+    blocked: RemoteSegment | None  # kept: it straddles the divergence; copying waits
+
+
+def divergent_remote_segments(
+    remote: Sequence[RemoteSegment], agreed: int, local_log_start: int
+) -> Divergence:
+    """What a leader whose log agrees with the remote log only up to ``agreed`` (below
+    the remote end: an unclean election made it leader with a shorter or different log)
+    deletes: every finished remote segment holding an offset past ``agreed``. The
+    leader's log is the partition's history now, as in Kafka; the remote records past
+    it were never in it and would otherwise be served, or overlapped by its own copies,
+    as if they were. A segment that straddles ``agreed`` goes only when the local log
+    still holds its start (the leader copies that range again); otherwise deleting it
+    would lose records both logs agree on, so it stays and nothing more is copied
+    (``blocked``): the partition keeps its new records on local disk instead."""
+    delete: list[RemoteSegment] = []
+    blocked = None
+    for seg in remote:
+        if seg.end_offset <= agreed:
+            continue
+        if seg.start_offset > agreed or local_log_start <= seg.start_offset:
+            delete.append(seg)
+        else:
+            blocked = seg
+    return Divergence(delete, blocked)
+
+
 def is_bucket_sweeper(unfenced_broker_ids: Sequence[int], broker_id: int) -> bool:
     """Whether this broker sweeps the bucket for deleted topics' prefixes: the lowest-id
     unfenced broker of its image, so that normally exactly one does. Two that disagree

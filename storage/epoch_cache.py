@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from rillet.storage import checkpoints, fs
@@ -20,6 +21,39 @@ log = logging.getLogger(__name__)
 
 UNDEFINED_EPOCH = -1
 UNDEFINED_OFFSET = -1
+
+
+def _epoch_at(entries: Sequence[tuple[int, int]], offset: int) -> int | None:
+    starts = [start for _, start in entries]
+    i = bisect.bisect_right(starts, offset) - 1
+    return entries[i][0] if i >= 0 else None
+
+
+def agreed_end(
+    local: Sequence[tuple[int, int]],
+    local_start: int,
+    log_end_offset: int,
+    other: Sequence[tuple[int, int]],
+    other_start: int,
+    other_end: int,
+) -> int:
+    """The highest offset up to which this log agrees with another log (in practice the
+    remote log) that holds ``other_start``..``other_end`` (inclusive) with the epoch
+    entries ``other``: ``other_end`` unless the two disagree, or this log stops short.
+
+    Two logs hold the same record at an offset when both wrote it in the same leader
+    epoch (an epoch has one leader, which writes each offset once). So the first offset
+    both hold whose epochs differ is where they diverged (an unclean election); offsets
+    only one of them holds, or that an entry list does not cover, count as agreeing,
+    so a log whose epochs were rebuilt from its own batches never looks diverged.
+    Agreement ends before this log's end when that is below ``other_end``."""
+    lo, hi = max(local_start, other_start), min(log_end_offset - 1, other_end)
+    points = sorted({lo, *(s for _, s in (*local, *other) if lo < s <= hi)})
+    for offset in points if lo <= hi else ():
+        mine, theirs = _epoch_at(local, offset), _epoch_at(other, offset)
+        if mine is not None and theirs is not None and mine != theirs:
+            return offset - 1
+    return min(other_end, log_end_offset - 1)
 
 
 class LeaderEpochCache:

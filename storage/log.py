@@ -42,7 +42,7 @@ from rillet.client.wire.errors import (
 from rillet.client.wire.records import LOG_OVERHEAD, BatchHeader
 from rillet.storage import checkpoints, fs
 from rillet.storage.config import LogConfig
-from rillet.storage.epoch_cache import LeaderEpochCache
+from rillet.storage.epoch_cache import LeaderEpochCache, agreed_end
 from rillet.storage.fdcache import FdCache
 from rillet.storage.fileslice import FileSlice
 from rillet.storage.invariants import invariant
@@ -151,6 +151,10 @@ class Log:
         # set by the broker from the metadata image. On a remote-enabled log retention
         # deletes only segments that end at or below it (storage/retention.py).
         self.remote_copied_end = -1
+        # The remote log's (epoch, start offset) entries and start, set with it: local
+        # retention counts an offset as remote only where this log agrees with the
+        # remote one (``remote_end_in_lineage``). None: not known, the end alone counts.
+        self.remote_epochs: tuple[Sequence[tuple[int, int]], int] | None = None
         self.clean_upto = -1  # cleaner's in-memory checkpoint (base of last cleaned segment)
         # Closes this log's idle segment descriptors under a process-wide bound (the log
         # manager's); None: every descriptor stays open until the segment closes.
@@ -239,6 +243,18 @@ class Log:
     @property
     def log_end_offset(self) -> int:
         return self._segments[-1].next_offset
+
+    def remote_end_in_lineage(self) -> int:
+        """``remote_copied_end``, lowered to where this log stops agreeing with the remote
+        log: after an unclean election the leader's records at offsets the remote log
+        also holds are others than the remote ones, and are not safely remote."""
+        if self.remote_epochs is None or self.remote_copied_end < 0:
+            return self.remote_copied_end
+        entries, start = self.remote_epochs
+        own = self.epochs.entries()
+        return agreed_end(
+            own, self.log_start_offset, self.log_end_offset, entries, start, self.remote_copied_end
+        )
 
     @property
     def recovery_point(self) -> int:

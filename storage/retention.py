@@ -117,7 +117,7 @@ async def apply_retention(log, now_ms: int | None = None) -> int:
             now,
             log.removable_end,
             log.log_start_offset,
-            log.remote_copied_end,
+            log.remote_end_in_lineage(),
         )
         if count == 0:
             return 0

@@ -340,6 +340,55 @@ async def test_the_bucket_sweep_deletes_prefixes_of_topics_deleted_while_away(tm
     h.log.close()
 
 
+async def test_an_unclean_leader_replaces_the_remote_records_past_its_log(tmp_path) -> None:
+    """A leader elected with a log that ends inside the remote log (an unclean
+    election) deletes the remote segments past where its log agrees, then copies its
+    own history from there: the remote log never holds two histories, and local
+    retention never takes its new records for remote ones."""
+    h = Harness(tmp_path, local_retention_bytes=0)
+    h.produce()
+    await h.rlm.run_once()
+    before = h.view()
+    remote_end = before.end_offset
+    assert len(before.segments) > 3
+    # Another replica, which had only the records below `cut`, is elected; here the
+    # same log object plays its log.
+    h.log.truncate_to(before.segments[2].start_offset + 5)  # whole batches: ends lower
+    cut = h.log.log_end_offset
+    assert before.segments[2].start_offset < cut <= before.segments[2].end_offset
+    h.move_leader()
+    new = h.c.p("t")
+    h.replicas.broker_id = h.rlm.broker_id = new.leader
+    epoch = h.log.latest_epoch + 1  # the harness's records carry epoch 1, not the image's
+    for _ in range(40):  # its own records from `cut` on, in its epoch
+        h.log.append(records.encode_batch([b"n" * 40] * 4, timestamps=[NOW] * 4), epoch)
+    h.log.high_watermark = h.log.log_end_offset
+    assert h.log.log_end_offset > remote_end
+    # Local retention: only what agrees with the remote log counts as remote.
+    assert h.log.remote_copied_end == remote_end
+    assert h.log.remote_end_in_lineage() == cut - 1
+    await retention.apply_retention(h.log)
+    assert h.log.log_start_offset <= before.segments[2].start_offset
+    # Round one deletes the remote segments past cut - 1 (the leader still holds them
+    # from their start), round two copies its own log from the remote end on.
+    await h.rlm.run_once()
+    assert h.view().end_offset == before.segments[1].end_offset
+    assert h.named_by_objects() == set(h.segments())
+    await h.rlm.run_once()
+    after = h.view()
+    assert after.end_offset == h.log.segments[-1].base_offset - 1 > remote_end
+    starts = [s.start_offset for s in after.segments]
+    assert starts == sorted(starts) and all(
+        a.end_offset + 1 == b.start_offset
+        for a, b in zip(after.segments, after.segments[1:], strict=False)
+    )
+    assert [e for e, _ in after.leader_epochs()][-1] == epoch
+    assert h.log.remote_end_in_lineage() == after.end_offset
+    assert h.named_by_objects() == set(h.segments())
+    await h.rlm.close()
+    h.log.close()
+
+
 async def test_a_follower_runs_no_rounds(tmp_path) -> None:
     h = Harness(tmp_path)
     h.produce(10)

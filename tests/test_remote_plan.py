@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rillet.broker.remote_fetch import holds
 from rillet.broker.remote_plan import (
     copy_lag,
+    divergent_remote_segments,
     epochs_in,
     is_bucket_sweeper,
     orphaned_topic_prefixes,
@@ -21,7 +23,9 @@ from rillet.controller.metadata.image import (
     SEGMENT_DELETE_STARTED,
     RemoteSegment,
 )
+from rillet.controller.metadata.remote_log import RemoteLogView
 from rillet.storage import Log, LogConfig
+from rillet.storage.epoch_cache import agreed_end
 from rillet.storage.remote.layout import segment_keys
 from rillet.storage.remote.store import ObjectInfo
 
@@ -153,3 +157,62 @@ def test_orphaned_topic_prefixes_are_unknown_topic_ids_all_of_whose_objects_are_
         f"n-{young}/",
     }
     assert orphaned_topic_prefixes(objects, {live, gone, young}, 10**6, 0) == {}
+
+
+# -- an unclean election: a leader whose log disagrees with the remote log -------------
+# The remote log: offsets 0..299, epoch 3 from 0 and epoch 5 from 100; segments 0..99,
+# 100..199, 200..299.
+REMOTE_EPOCHS = [(3, 0), (5, 100)]
+
+
+def _three_remote_segments() -> list[RemoteSegment]:
+    return [
+        RemoteSegment("tid", 0, "a", 0, 99, ((3, 0),), SEGMENT_COPY_FINISHED, 1, 1, 1, 5),
+        RemoteSegment("tid", 0, "b", 100, 199, ((5, 100),), SEGMENT_COPY_FINISHED, 1, 1, 1, 5),
+        RemoteSegment("tid", 0, "c", 200, 299, ((5, 200),), SEGMENT_COPY_FINISHED, 1, 1, 1, 5),
+    ]
+
+
+def test_a_log_agrees_with_the_remote_log_where_both_wrote_in_the_same_epochs() -> None:
+    def agreed(local: list[tuple[int, int]], start: int, end: int) -> int:
+        return agreed_end(local, start, end, REMOTE_EPOCHS, 0, 299)
+
+    # A clean leader holds every remote offset in the same epochs, and more.
+    assert agreed([(3, 0), (5, 100), (7, 400)], 250, 500) == 299
+    # Its local log starting past the remote end, with epochs rebuilt from its own
+    # batches only: nothing to compare, nothing diverged.
+    assert agreed([(7, 300)], 300, 500) == 299
+    assert agreed([], 300, 300) == 299
+    # An unclean leader that stopped at 150 in epoch 5 (a lagging replica): agreed up
+    # to its end, whether or not it wrote in its own epoch since.
+    assert agreed([(3, 0), (5, 100)], 120, 150) == 149
+    assert agreed([(3, 0), (5, 100), (8, 150)], 120, 400) == 149
+    # One that never had epoch 5: it wrote epoch 4 from 90, which the remote log never
+    # held; offsets from 90 on are others than the remote ones.
+    assert agreed([(3, 0), (4, 90), (8, 130)], 50, 200) == 89
+    assert agreed([(4, 90), (8, 130)], 95, 200) == 94  # the first both hold
+    # An empty unclean leader agrees on nothing.
+    assert agreed([], 0, 0) == -1
+
+
+def test_a_diverged_leader_deletes_the_remote_segments_past_the_agreement() -> None:
+    remote = _three_remote_segments()
+    # Agreed up to 149; the leader still holds 100.. locally: b and c go, and it copies
+    # 100.. again from its own log.
+    assert divergent_remote_segments(remote, 149, 100) == (remote[1:], None)
+    # It no longer holds 100..119 (they were remote): b straddles the agreement and
+    # stays, so nothing of 100..119 is lost; only c goes, and copying waits.
+    assert divergent_remote_segments(remote, 149, 120) == ([remote[2]], remote[1])
+    # Agreed exactly at a segment's end: the segments after it go.
+    assert divergent_remote_segments(remote, 199, 200) == ([remote[2]], None)
+    assert divergent_remote_segments(remote, 299, 300) == ([], None)
+    assert divergent_remote_segments(remote, -1, 0) == (remote, None)
+
+
+def test_remote_reads_never_serve_offsets_at_or_above_the_local_log_start() -> None:
+    """So a leader whose log ends below the remote end (0..299 remote, local 120..150)
+    answers a consumer at 150..299 from its own log (out of range, or its own new
+    records), never with the remote records as if they were committed in its log."""
+    view = RemoteLogView(tuple(_three_remote_segments()))
+    assert holds(view, 119, 120)
+    assert not any(holds(view, offset, 120) for offset in (120, 150, 200, 299))
