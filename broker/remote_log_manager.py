@@ -8,6 +8,9 @@ topic has ``remote.storage.enable``, one round (never two at once for a partitio
 a. cleanup: copies and deletions another writer (an earlier leader, or this broker in
    an earlier leader epoch) left STARTED are deleted: DELETE_STARTED committed, the
    objects deleted, DELETE_FINISHED committed;
+a'. divergence: a leader whose log agrees with the remote log only up to some offset
+   below its end (an unclean election) deletes the remote segments past it, or stops
+   copying while that would lose records both logs agree on;
 b. copy, oldest first, of closed segments wholly below the high watermark and past the
    highest remote offset: COPY_STARTED committed, the upload on a copier thread (at most
    ``remote.log.manager.copier.thread.pool.size`` at once, broker-wide, under the

@@ -5,8 +5,10 @@ a segment holding records at or past the high watermark (``Log.removable_end``).
 
 On a log whose topic has ``remote.storage.enable`` (docs/tiered.md) the local rule is
 narrower: a segment goes only once its last offset is at or below
-``Log.remote_copied_end`` (the highest offset safely in remote storage, which the broker
-sets from the metadata image) and it is past *local* retention (local.retention.ms /
+``Log.remote_end_in_lineage()`` (the highest offset safely in remote storage, which the
+broker sets from the metadata image, where this log agrees with the remote log: after
+an unclean election a leader's new records below the remote end are not remote) and it
+is past *local* retention (local.retention.ms /
 local.retention.bytes, -2 meaning the total setting), or past total retention. Total
 retention of the remote log is the remote log manager's job; nothing that is not yet
 remote is ever deleted here, whatever its age.
