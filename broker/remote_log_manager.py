@@ -226,21 +226,28 @@ class RemoteLogManager:
             self.replicas.image.unfenced_broker_ids(), self.broker_id
         ):
             return []
-        objects = await self._io(lambda: list(self.store.list("")))
-        # The image and its age are read after the listing: a topic the image does not
-        # hold was then created after the image's moment, so its objects are younger
+        # The listing is decided on as it streams (a bucket may hold millions of keys;
+        # only unknown topics' keys are kept), against the topics known before it.
+        known = {*self.replicas.image.topics_by_id, *self.replicas.image.building_topics}
+        lost = await self._io(
+            lambda: orphaned_topic_prefixes(
+                self.store.list(""), known, self.clock(), self.orphan_min_age_ms
+            )
+        )
+        # The image and its age are read again after the listing: a topic the image does
+        # not hold was then created after the image's moment, so its objects are younger
         # than that age; with the age bounded below the minimum object age, they stay.
         image, age = self.replicas.image, self.metadata_age_ms()
         if age is None or age > self.orphan_min_age_ms / 2:
             logger.info("remote bucket sweep skipped: the metadata image may be stale")
             return []
         live = {*image.topics_by_id, *image.building_topics}
-        lost = orphaned_topic_prefixes(objects, live, self.clock(), self.orphan_min_age_ms)
-        for prefix, keys in sorted(lost.items()):
-            logger.info("deleting %d object(s) under %s: its topic is gone", len(keys), prefix)
-            await self._io(_delete_keys, self.store, keys)
+        gone = [t for t in lost if t.topic_id not in live]
+        for t in gone:
+            logger.info("deleting %d object(s) under %s: its topic is gone", len(t.keys), t.prefix)
+            await self._io(_delete_keys, self.store, t.keys)
             self._count("remote_delete_requests")
-        return sorted(lost)
+        return [t.prefix for t in gone]
 
     def schedule(self) -> list[asyncio.Task[None]]:
         """Start a round for each led remote partition that has none running; also

@@ -160,26 +160,32 @@ def is_bucket_sweeper(unfenced_broker_ids: Sequence[int], broker_id: int) -> boo
     return bool(unfenced_broker_ids) and min(unfenced_broker_ids) == broker_id
 
 
+class OrphanedTopic(NamedTuple):
+    prefix: str  # {topic}-{topic_id}/
+    topic_id: str
+    keys: list[str]
+
+
 def orphaned_topic_prefixes(
     objects: Iterable[ObjectInfo], live_topic_ids: Container[str], now_ms: int, min_age_ms: int
-) -> dict[str, list[str]]:
+) -> list[OrphanedTopic]:
     """Topic prefixes of the bucket whose topic id the image does not hold (the topic
     was deleted while every broker that held it was away), each with its keys, when
     every one of its objects is at least ``min_age_ms`` old. The age keeps a topic
     created a moment ago, which this broker's image may not show yet, from ever being
     touched: its objects are younger than the topic. Keys outside the layout are never
     touched (a bucket or prefix shared with others)."""
-    found: dict[str, list[str]] = {}
+    found: dict[str, OrphanedTopic] = {}
     young: set[str] = set()
     for obj in objects:
         parsed = parse_topic_of_key(obj.key)
         if parsed is None or parsed[1] in live_topic_ids:
             continue
-        prefix = parsed[0]
-        found.setdefault(prefix, []).append(obj.key)
+        prefix, topic_id = parsed
+        found.setdefault(prefix, OrphanedTopic(prefix, topic_id, [])).keys.append(obj.key)
         if now_ms - obj.last_modified_ms < min_age_ms:
             young.add(prefix)
-    return {prefix: keys for prefix, keys in found.items() if prefix not in young}
+    return sorted((t for t in found.values() if t.prefix not in young), key=lambda t: t.prefix)
 
 
 class CopyLag(NamedTuple):

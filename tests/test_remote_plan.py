@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rillet.broker.remote_fetch import holds
 from rillet.broker.remote_plan import (
+    OrphanedTopic,
     copy_lag,
     divergent_remote_segments,
     epochs_in,
@@ -146,17 +147,22 @@ def test_orphaned_topic_prefixes_are_unknown_topic_ids_all_of_whose_objects_are_
         ObjectInfo(f"bad-{'!' * 22}/0/" + "0" * 20 + "-f.log", 1, 0, {}),
     ]
     got = orphaned_topic_prefixes(objects, {live}, 1000, 500)
-    assert got == {
-        f"my-topic-{gone}/": [
-            segment_keys("my-topic", gone, 0, 0, "b").log,
-            segment_keys("my-topic", gone, 3, 10, "c").manifest,
-        ]
-    }
-    assert set(orphaned_topic_prefixes(objects, {live}, 1400, 500)) == {
-        f"my-topic-{gone}/",
-        f"n-{young}/",
-    }
-    assert orphaned_topic_prefixes(objects, {live, gone, young}, 10**6, 0) == {}
+    assert got == [
+        OrphanedTopic(
+            f"my-topic-{gone}/",
+            gone,
+            [
+                segment_keys("my-topic", gone, 0, 0, "b").log,
+                segment_keys("my-topic", gone, 3, 10, "c").manifest,
+            ],
+        )
+    ]
+    later = orphaned_topic_prefixes(objects, {live}, 1400, 500)
+    assert [(t.prefix, t.topic_id) for t in later] == [
+        (f"my-topic-{gone}/", gone),
+        (f"n-{young}/", young),
+    ]
+    assert orphaned_topic_prefixes(objects, {live, gone, young}, 10**6, 0) == []
 
 
 # -- an unclean election: a leader whose log disagrees with the remote log -------------
