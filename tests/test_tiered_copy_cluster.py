@@ -162,10 +162,11 @@ def produce(cluster: LocalCluster, topic: str, batches: int, value: bytes = b"x"
     run(cluster, body)
 
 
-def create(cluster: LocalCluster, topic: str, **configs: str) -> None:
-    """Create ``topic`` and wait until every broker's metadata has it with a leader:
-    CreateTopics is answered once the controllers committed it, and a leader that has
-    not applied that record yet answers a produce UNKNOWN_TOPIC_OR_PARTITION."""
+def create(cluster: LocalCluster, topic: str, on: list[int] | None = None, **configs: str) -> None:
+    """Create ``topic`` (one partition, on the brokers ``on`` or any 3) and wait until
+    every broker's metadata has it with a leader: CreateTopics is answered once the
+    controllers committed it, and a leader that has not applied that record yet answers
+    a produce UNKNOWN_TOPIC_OR_PARTITION."""
 
     async def known_everywhere(client: Client) -> bool:
         for b in client.live_brokers():
@@ -178,7 +179,13 @@ def create(cluster: LocalCluster, topic: str, **configs: str) -> None:
         return True
 
     async def body(client: Client) -> None:
-        await client.create_topic(topic, 1, 3, {**TOPIC_CONFIG, **configs})
+        if on is None:
+            await client.create_topic(topic, 1, 3, {**TOPIC_CONFIG, **configs})
+        else:
+            assigned = [m.ReplicaAssignment(0, on)]
+            request = m.CreatableTopic(topic, -1, -1, assigned, {**TOPIC_CONFIG, **configs})
+            response = await client.any_request(m.CreateTopicsRequest([request], 20_000))
+            assert response.topics[0].error_code == 0, response
         await wait_until_async(lambda: known_everywhere(client), DEADLINE_S, 0.05, topic)
 
     run(cluster, body)
@@ -344,19 +351,7 @@ def test_a_topic_deleted_while_its_only_broker_was_down_leaves_no_prefix(
     cluster = tiered_cluster(cluster_factory, s3, **{"remote.log.orphan.sweep.interval.ms": 500})
     tier = Tier(cluster, s3)
 
-    async def create_on_3(client: Client) -> None:
-        topic = m.CreatableTopic("lonely", -1, -1, [m.ReplicaAssignment(0, [3])], TOPIC_CONFIG)
-        response = await client.any_request(m.CreateTopicsRequest([topic], timeout_ms=20_000))
-        assert response.topics[0].error_code == 0, response
-
-        async def led() -> bool:
-            with contextlib.suppress(Exception):
-                return (await client.partitions("lonely"))[0].leader == 3
-            return False
-
-        await wait_until_async(led, DEADLINE_S, 0.05, "lonely led by 3")
-
-    run(cluster, create_on_3)
+    create(cluster, "lonely", on=[3])
     produce(cluster, "lonely", 20)
     wait_until(lambda: tier.finished("lonely"), DEADLINE_S, 0.2, "a copy")
     t = tier.image().topic("lonely")
