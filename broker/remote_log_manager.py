@@ -8,16 +8,16 @@ topic has ``remote.storage.enable``, one round (never two at once for a partitio
 a. cleanup: copies and deletions another writer (an earlier leader, or this broker in
    an earlier leader epoch) left STARTED are deleted: DELETE_STARTED committed, the
    objects deleted, DELETE_FINISHED committed;
-a'. divergence: a leader whose log agrees with the remote log only up to some offset
-   below its end (an unclean election) deletes the remote segments past it, or stops
-   copying while that would lose records both logs agree on;
 b. copy, oldest first, of closed segments wholly below the high watermark and past the
    highest remote offset: COPY_STARTED committed, the upload on a copier thread (at most
    ``remote.log.manager.copier.thread.pool.size`` at once, broker-wide, under the
    ``remote.log.manager.copy.max.bytes.per.second`` limit, retried with backoff while
    the store fails retriably and this broker still leads), COPY_FINISHED committed. A
    COPY_FINISHED the controller refuses (a new leader was elected meanwhile) deletes the
-   objects it uploaded; the new leader deletes the COPY_STARTED record (a);
+   objects it uploaded; the new leader deletes the COPY_STARTED record (a). A leader
+   whose log agrees with the remote log only up to some offset below its end (an
+   unclean election) copies nothing: it deletes the remote segments past that offset,
+   or waits while doing so would lose records both logs agree on;
 c. remote retention: segments past ``retention.ms`` / ``retention.bytes`` of the whole
    log are deleted as in (a);
 d. orphans: objects under the partition's prefix that no segment of the image names,
@@ -361,8 +361,7 @@ class RemoteLogManager:
 
     async def _round(self, lead: _Lead) -> None:
         try:
-            steps = (self._cleanup, self._diverged, self._copy_all, self._retention, self._sweep)
-            for step in steps:
+            for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
                 if not await step(lead):
                     return  # refused or failed: the next round starts afresh
         except _Abandoned:
@@ -397,11 +396,11 @@ class RemoteLogManager:
                 return False
         return True
 
-    async def _diverged(self, lead: _Lead) -> bool:
-        """A leader whose log does not agree with the remote log up to its end (an
-        unclean election) deletes the remote segments past the agreement, or stops
-        copying while it cannot (``divergent_remote_segments``); False ends the round:
-        the next starts from the image without them."""
+    async def _may_copy(self, lead: _Lead) -> bool:
+        """Whether the leader's log agrees with the remote log up to its end. One that
+        does not (an unclean election) copies nothing this round: it deletes the remote
+        segments past the agreement, or keeps waiting while it cannot
+        (``divergent_remote_segments``); the next round sees the image without them."""
         log = lead.replica.log
         view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
         if not view.segments:
@@ -436,6 +435,8 @@ class RemoteLogManager:
         return False
 
     async def _copy_all(self, lead: _Lead) -> bool:
+        if not await self._may_copy(lead):
+            return True  # remote retention and the sweep still run
         log = lead.replica.log
         view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
         hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset
