@@ -134,12 +134,16 @@ def holds(view: RemoteLogView | None, offset: int, local_start: int) -> bool:
 
 
 def segments_from(view: RemoteLogView, offset: int, local_start: int) -> tuple[RemoteSegment, ...]:
-    """The remote segments a read of ``offset`` may use: the first ending at or after it,
-    and the next, of those starting below the local log start."""
+    """The remote segments a read of ``offset`` may use: the first (by start offset)
+    ending at or after it, and the next, of those starting below the local log start.
+    Found by bisection: a partition may have a great many remote segments. Overlapping
+    segments hold the same batches at the same offsets, so any of them serves a read."""
     out: list[RemoteSegment] = []
-    for seg in view.segments:
+    segments = view.segments
+    for i in range(view.first_ending_at_or_after(offset), len(segments)):
+        seg = segments[i]
         if seg.end_offset < offset:
-            continue
+            continue  # inside an earlier segment, and ends before the offset
         if seg.start_offset >= local_start or len(out) == SEGMENTS_PER_READ:
             break
         out.append(seg)

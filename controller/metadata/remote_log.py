@@ -9,8 +9,8 @@ DELETE_STARTED record is.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
@@ -21,32 +21,62 @@ from rillet.controller.metadata.image import (
 
 @dataclass(frozen=True, slots=True)
 class RemoteLogView:
-    """The finished remote segments of one partition, by start offset."""
+    """The finished remote segments of one partition, by start offset.
+
+    Segments may overlap: replicas roll at different offsets, so a new leader's first
+    copy can start below its predecessor's last end (docs/tiered.md, "Overlapping
+    segments"). The answers below are precomputed once per view (a view is rebuilt only
+    when the partition's segments change), so every lookup is O(log n): the fetch path
+    and the remote log manager ask them many times per change."""
 
     segments: tuple[RemoteSegment, ...] = ()
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # The highest end offset of segments[0..i]: non-decreasing even when a segment lies
+    # inside another, so a bisect over it finds the first segment ending at or after an
+    # offset.
+    _max_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _size_bytes: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        starts, max_ends, size, end = [], [], 0, -1
+        for seg in self.segments:  # one pass: views of 100k segments are rebuilt often
+            starts.append(seg.start_offset)
+            if seg.end_offset > end:
+                end = seg.end_offset
+            max_ends.append(end)
+            size += seg.size_bytes
+        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "_max_ends", tuple(max_ends))
+        object.__setattr__(self, "_size_bytes", size)
 
     @property
     def log_start_offset(self) -> int:
         """The first offset held remotely, or -1 when nothing is."""
-        return self.segments[0].start_offset if self.segments else -1
+        return self._starts[0] if self._starts else -1
 
     @property
     def end_offset(self) -> int:
         """The highest offset safely remote (inclusive), or -1 when nothing is."""
-        return max((s.end_offset for s in self.segments), default=-1)
+        return self._max_ends[-1] if self._max_ends else -1
 
     @property
     def size_bytes(self) -> int:
-        return sum(s.size_bytes for s in self.segments)
+        """The bytes stored remotely: overlapping segments each count whole, as each is
+        its own object (the remote log size metric). Retention counts differently
+        (broker/remote_plan.py)."""
+        return self._size_bytes
+
+    def first_ending_at_or_after(self, offset: int) -> int:
+        """The index of the first segment (by start offset) whose end is at or after
+        ``offset``; len(segments) when none is."""
+        return bisect_left(self._max_ends, offset)
 
     def segment_for(self, offset: int) -> RemoteSegment | None:
-        """The finished segment holding ``offset``, or None."""
-        starts = [s.start_offset for s in self.segments]
-        i = bisect_right(starts, offset) - 1
-        if i < 0:
-            return None
-        seg = self.segments[i]
-        return seg if seg.start_offset <= offset <= seg.end_offset else None
+        """A finished segment holding ``offset`` (the one starting lowest), or None."""
+        i = self.first_ending_at_or_after(offset)
+        if i < len(self.segments) and self._starts[i] <= offset:
+            return self.segments[i]
+        return None
 
     def leader_epochs(self) -> list[tuple[int, int]]:
         """(epoch, start offset) entries over every segment, oldest first, one per epoch."""
