@@ -8,7 +8,7 @@ metadata records). Kept pure so every rule is tested on plain values.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from rillet.controller.metadata.image import (
@@ -68,39 +68,65 @@ def remote_segments_past_retention(
     retention_bytes: int,
     now_ms: int,
 ) -> list[RemoteSegment]:
-    """Finished remote segments (sorted by start offset) that total retention deletes,
-    oldest first: older than ``retention_ms`` (by their largest timestamp), or beyond
-    ``retention_bytes`` of the whole log (remote-only segments plus the local log).
+    """Finished remote segments that total retention deletes, oldest first: older than
+    ``retention_ms`` (by their largest timestamp), or beyond ``retention_bytes`` of the
+    whole log (remote-only segments plus the local log).
 
     Only segments wholly below the local log start: one whose offsets are still on local
     disk goes once local retention has deleted them there (it deletes whatever is past
     total retention too). Deleting it earlier would lower the highest remote offset
-    below data that is only local, and that data would be copied again."""
-    below = [s for s in remote if s.end_offset < local_log_start]
+    below data that is only local, and that data would be copied again.
+
+    Remote segments may overlap (a new leader's first copy starts below its
+    predecessor's last end, docs/tiered.md). "Oldest" is by end offset, the order they
+    were copied in: deleting in that order never leaves a hole, since each copy starts
+    at or below the end of the one before it. The bytes that ``retention_bytes`` bounds
+    are record bytes, so the overlap is counted once, from below: a segment counts only
+    when it starts past the end of the one before it, which never deletes early (it may
+    keep a segment more)."""
+    below = sorted(
+        (s for s in remote if s.end_offset < local_log_start),
+        key=lambda s: (s.end_offset, s.start_offset),
+    )
+    # kept[i]: a lower bound of the distinct bytes of below[i:] (what is left once the
+    # segments before i are deleted): below[i] itself, and every later segment that
+    # starts past the end of the one before it (those are pairwise disjoint).
+    n = len(below)
+    tail = 0  # sum of the later segments' counted sizes
+    kept = [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        kept[i] = below[i].size_bytes + tail
+        if i and below[i].start_offset > below[i - 1].end_offset:
+            tail += below[i].size_bytes
     out: list[RemoteSegment] = []
     horizon = now_ms - retention_ms
-    excess = sum(s.size_bytes for s in below) + local_size_bytes - retention_bytes
-    for seg in below:
+    for i, seg in enumerate(below):
         by_time = retention_ms >= 0 and seg.max_timestamp_ms < horizon
-        by_size = retention_bytes >= 0 and excess - seg.size_bytes >= 0
+        by_size = retention_bytes >= 0 and kept[i + 1] + local_size_bytes >= retention_bytes
         if not (by_time or by_size):
             break
         out.append(seg)
-        excess -= seg.size_bytes
     return out
 
 
 def stale_copies(
-    segments: Mapping[str, RemoteSegment], broker_id: int, leader_epoch: int
+    segments: Mapping[str, RemoteSegment],
+    broker_id: int,
+    leader_epoch: int,
+    claimed: Collection[str] = (),
 ) -> list[RemoteSegment]:
-    """Copies and deletions left unfinished by another writer (an earlier leader, or
-    this broker in an earlier leader epoch), oldest first: a new leader deletes them.
-    Its own are in flight, or will be, and are left alone."""
+    """Copies and deletions left unfinished, oldest first, for the leader to delete:
+    every other writer's (an earlier leader, or this broker in an earlier leader epoch),
+    and its own that it does not ``claim`` (work under way, or finished but not in the
+    image yet): a delete that failed, or a record whose answer was lost."""
     out = [
         s
         for s in segments.values()
         if s.state in (SEGMENT_COPY_STARTED, SEGMENT_DELETE_STARTED)
-        and (s.broker_id, s.leader_epoch) != (broker_id, leader_epoch)
+        and (
+            (s.broker_id, s.leader_epoch) != (broker_id, leader_epoch)
+            or s.segment_id not in claimed
+        )
     ]
     return sorted(out, key=lambda s: (s.start_offset, s.segment_id))
 

@@ -104,7 +104,10 @@ def test_stale_copies_are_every_other_writers_unfinished_work() -> None:
     other = _remote(20, 29, state=SEGMENT_DELETE_STARTED, broker_id=2, leader_epoch=3)
     done = _remote(30, 39, broker_id=2, leader_epoch=3)
     by_id = {s.segment_id: s for s in (other, done, mine, old_epoch)}
-    assert stale_copies(by_id, 1, 5) == [old_epoch, other]
+    assert stale_copies(by_id, 1, 5, claimed={mine.segment_id}) == [old_epoch, other]
+    # Its own that it does not claim (a delete failed, an answer was lost) are left
+    # over too: nothing else would clean them up while it leads.
+    assert stale_copies(by_id, 1, 5) == [mine, old_epoch, other]
 
 
 def test_orphans_are_old_segment_objects_no_segment_names() -> None:
@@ -222,3 +225,36 @@ def test_remote_reads_never_serve_offsets_at_or_above_the_local_log_start() -> N
     view = RemoteLogView(tuple(_three_remote_segments()))
     assert holds(view, 119, 120)
     assert not any(holds(view, offset, 120) for offset in (120, 150, 200, 299))
+
+
+def _covers(segments: list[RemoteSegment], up_to: int) -> bool:
+    """Whether the segments hold every offset from their lowest start up to ``up_to``."""
+    end = min((s.start_offset for s in segments), default=up_to + 1) - 1
+    for seg in sorted(segments, key=lambda s: s.start_offset):
+        if seg.start_offset > end + 1:
+            return False
+        end = max(end, seg.end_offset)
+    return end >= up_to or not segments
+
+
+def test_overlapping_remote_segments_count_once_and_go_without_a_hole() -> None:
+    # Leader A copied 0..99 and 100..199; leader B, whose segment ran 150..259, copied
+    # it whole: 150..199 is stored twice. The records of 0..359 are ~360 bytes, not 400.
+    segs = [_remote(0, 99), _remote(100, 199), _remote(150, 259), _remote(260, 359)]
+    # 300 bytes kept: deleting 0..99 would leave ~260 bytes of records (100..359).
+    assert remote_segments_past_retention(segs, 360, 0, -1, 300, 0) == []
+    # 200 bytes kept: 150..259 and 260..359 hold 200 bytes of records on their own.
+    assert remote_segments_past_retention(segs, 360, 0, -1, 200, 0) == segs[:2]
+    # B's copy around A's last segment (50..259 holds 100..199): by size or by time,
+    # whatever goes, what is left holds every offset up to the local log start.
+    nested = [_remote(0, 99, ts=1), _remote(50, 259, 200, ts=3), _remote(100, 199, ts=2)]
+    for retention_bytes in range(0, 500, 10):
+        gone = remote_segments_past_retention(nested, 260, 0, -1, retention_bytes, 0)
+        assert _covers([s for s in nested if s not in gone], 259), retention_bytes
+    for now in range(1000, 1005):
+        gone = remote_segments_past_retention(nested, 260, 0, 1000, -1, now)
+        assert _covers([s for s in nested if s not in gone], 259), now
+    assert remote_segments_past_retention(nested, 260, 0, 1000, -1, 1003) == [
+        nested[0],
+        nested[2],
+    ]
