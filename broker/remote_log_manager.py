@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rillet.broker.config import BrokerConfig
+from rillet.broker.remote_fetch import RemoteLogViews
 from rillet.broker.remote_plan import (
     ToCopy,
     copy_lag,
@@ -63,8 +64,8 @@ from rillet.broker.remote_plan import (
     segments_to_copy,
     stale_copies,
 )
+from rillet.client.wire import errors
 from rillet.client.wire import messages as m
-from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
     SEGMENT_COPY_STARTED,
@@ -75,7 +76,7 @@ from rillet.controller.metadata.image import (
     RemoteSegment,
     TopicPartition,
 )
-from rillet.controller.metadata.remote_log import remote_log_view
+from rillet.controller.metadata.remote_log import EMPTY_REMOTE_LOG, RemoteLogView
 from rillet.storage.epoch_cache import agreed_end
 from rillet.storage.log import Log
 from rillet.storage.remote.copier import RateLimiter, delete_segment, upload_segment
@@ -99,6 +100,30 @@ Proposer = Callable[[Sequence[RemoteSegment]], Awaitable[list[m.RemoteSegmentRes
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 10.0
 DELETE_BATCH = 1000  # S3's DeleteObjects takes at most 1000 keys
+# Deleting the objects of an upload no record will ever name (its topic was deleted
+# meanwhile, or the controller refused it): tried this many times with backoff, then
+# left to the bucket sweep. Bounded: nothing else would ever end the loop.
+DISCARD_ATTEMPTS = 8
+# A segment whose copy keeps failing (a non-retriable store error, a local problem) is
+# tried again after interval * 2**failures, at most this long: each try writes three
+# metadata records.
+COPY_RETRY_MAX_MS = 10 * 60 * 1000
+# Answers that fence the writer. A fenced answer does not say the record is absent: the
+# controller channel resends a request whose answer it lost, so an earlier send may have
+# committed it before the fence (docs/tiered.md, "Unknown outcomes").
+FENCED = frozenset(
+    errors.code_of(name)
+    for name in (
+        "STALE_BROKER_EPOCH",
+        "NOT_LEADER_OR_FOLLOWER",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+    )
+)
+UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
+# A claim's value while this broker's work on the segment is under way (else the state
+# the image will show once it has caught up with the work's last record).
+IN_FLIGHT = -1
 
 
 class ReplicaView(Protocol):
@@ -117,7 +142,8 @@ class ReplicasView(Protocol):
 
 
 class _Abandoned(Exception):
-    """This broker no longer leads the partition in the epoch the work began in."""
+    """This broker no longer leads the partition in the epoch the work began in (or the
+    controller said so): whatever it left is the next leader's to clean up."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,6 +196,15 @@ class RemoteLogManager:
         # it): the image may not show a COPY_FINISHED yet when the next round starts.
         self._copied_end: dict[TopicPartition, tuple[int, int]] = {}
         self._last_sweep_ms: dict[TopicPartition, int] = {}
+        # Per partition: (leader epoch, {segment id: claim}) for the segments this broker
+        # works on in that epoch: IN_FLIGHT, or the state its last committed record put
+        # the segment in, until the image shows it. Its own STARTED segments that are not
+        # claimed are left over (a failed delete, a lost answer) and cleaned up.
+        self._claims: dict[TopicPartition, tuple[int, dict[str, int]]] = {}
+        # Per partition: (leader epoch, base offset, failures, next try ms) of the
+        # segment whose copy keeps failing.
+        self._copy_failures: dict[TopicPartition, tuple[int, int, int, int]] = {}
+        self.views = RemoteLogViews()
         self._task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -256,12 +291,19 @@ class RemoteLogManager:
         lag_segments = lag_bytes = size = 0
         leads = list(self._led())
         led = {lead.tp for lead in leads}
-        for book in (self._rounds, self._copied_end, self._last_sweep_ms):
+        books: tuple[dict[TopicPartition, Any], ...] = (
+            self._rounds,
+            self._copied_end,
+            self._last_sweep_ms,
+            self._claims,
+            self._copy_failures,
+        )
+        for book in books:
             for tp in [tp for tp in book if tp not in led]:  # leadership moved away
                 if book is not self._rounds or self._rounds[tp].done():
                     del book[tp]
         for lead in leads:
-            view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+            view = self._view(lead)
             log = lead.replica.log
             hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset
             lag = copy_lag(log.segments, hw, self._remote_end(lead, view.end_offset))
@@ -301,6 +343,11 @@ class RemoteLogManager:
             and self.replicas.replicas.get(lead.tp) is lead.replica
         )
 
+    def _view(self, lead: _Lead) -> RemoteLogView:
+        """The partition's finished remote segments, cached per change of its map."""
+        view = self.views.get(self.replicas.image, lead.topic_id, lead.tp.partition)
+        return EMPTY_REMOTE_LOG if view is None else view
+
     def _remote_end(self, lead: _Lead, image_end: int) -> int:
         epoch, end = self._copied_end.get(lead.tp, (-1, -1))
         return max(image_end, end) if epoch == lead.leader_epoch else image_end
@@ -321,15 +368,35 @@ class RemoteLogManager:
         for tp in tps:
             replica = self.replicas.replicas.get(tp)
             if replica is not None:
-                view = remote_log_view(image, replica.topic_id, tp.partition)
+                view = self.views.get(image, replica.topic_id, tp.partition) or EMPTY_REMOTE_LOG
                 replica.log.remote_epochs = (view.leader_epochs(), view.log_start_offset)
                 replica.log.remote_copied_end = view.end_offset
+        self._forget_deleted(delta, image)
         for topic_id, name in delta.deleted_topics.items():
             before = delta.image.topics_by_id.get(topic_id)
             if before is not None and any(
                 self.broker_id in p.replicas for p in before.partitions.values()
             ):
                 self._start_topic_delete(name, topic_id)
+
+    def _forget_deleted(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """Segments gone from the image (deleted, or their topic was) leave the reader's
+        caches on every broker; the leader deleting them already forgot them when their
+        DELETE_STARTED committed, before their objects went."""
+        changed = set(delta.changed_remote_partitions)
+        if delta.deleted_topics:  # their segments leave the image with them
+            changed.update(k for k in delta.image.remote_segments if k[0] in delta.deleted_topics)
+        for key in changed:
+            before = delta.image.remote_segments.get(key)
+            if not before:
+                continue
+            topic = delta.image.topics_by_id.get(key[0])
+            after = image.remote_segments.get(key, {})
+            for segment_id in before.keys() - after.keys():  # C-speed: maps can be large
+                seg = before[segment_id]
+                if topic is not None:
+                    keys = segment_keys(topic.name, key[0], key[1], seg.start_offset, segment_id)
+                    self.reader.forget(keys)
 
     def _start_topic_delete(self, topic: str, topic_id: str) -> None:
         if self._closed:
@@ -360,15 +427,17 @@ class RemoteLogManager:
     # -- one round of one partition --------------------------------------------------
 
     async def _round(self, lead: _Lead) -> None:
-        try:
-            for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
-                if not await step(lead):
-                    return  # refused or failed: the next round starts afresh
-        except _Abandoned:
-            logger.info("%s-%d: leadership moved; remote work stops", *lead.tp)
-        except Exception:
-            # The next round starts afresh from the image: nothing is lost but time.
-            logger.exception("%s-%d: remote log round failed", *lead.tp)
+        """Every step, whatever the ones before it did: a copy that keeps failing must
+        not stop retention or the sweep. A step stops at its own first failure; the next
+        round starts it afresh from the image: nothing is lost but time."""
+        for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
+            try:
+                await step(lead)
+            except _Abandoned:
+                logger.info("%s-%d: leadership moved; remote work stops", *lead.tp)
+                return
+            except Exception:
+                logger.exception("%s-%d: remote log %s failed", *lead.tp, step.__name__)
 
     @staticmethod
     def _keys(lead: _Lead, start_offset: int, segment_id: str) -> SegmentKeys:
@@ -380,8 +449,34 @@ class RemoteLogManager:
         key = (lead.topic_id, lead.tp.partition)
         return self.replicas.image.remote_segments.get(key, {})
 
+    def _claims_of(self, lead: _Lead) -> dict[str, int]:
+        epoch, claims = self._claims.get(lead.tp, (-1, {}))
+        if epoch != lead.leader_epoch:
+            claims = {}
+            self._claims[lead.tp] = (lead.leader_epoch, claims)
+        return claims
+
+    def _release_settled(self, lead: _Lead) -> None:
+        """Drop the claims whose last record the image now shows. Not earlier: an image
+        still showing COPY_STARTED for a copy finished meanwhile must not make it look
+        left over (deleting it would delete a finished segment)."""
+        claims, segments = self._claims_of(lead), self._segments(lead)
+        for segment_id, want in list(claims.items()):
+            cur = segments.get(segment_id)
+            if want == IN_FLIGHT:
+                continue
+            if want == SEGMENT_DELETE_FINISHED:
+                settled = cur is None
+            else:  # COPY_FINISHED: shown, or already on its way out
+                settled = cur is not None and cur.state != SEGMENT_COPY_STARTED
+            if settled:
+                del claims[segment_id]
+
     async def _cleanup(self, lead: _Lead) -> bool:
-        for seg in stale_copies(self._segments(lead), self.broker_id, lead.leader_epoch):
+        self._release_settled(lead)
+        claimed = self._claims_of(lead).keys()
+        stale = stale_copies(self._segments(lead), self.broker_id, lead.leader_epoch, claimed)
+        for seg in stale:
             logger.info(
                 "%s-%d: deleting segment %s (%d..%d) left %s by broker %d in epoch %d",
                 *lead.tp,
@@ -402,7 +497,7 @@ class RemoteLogManager:
         segments past the agreement, or keeps waiting while it cannot
         (``divergent_remote_segments``); the next round sees the image without them."""
         log = lead.replica.log
-        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+        view = self._view(lead)
         if not view.segments:
             return True
         agreed = agreed_end(
@@ -438,11 +533,29 @@ class RemoteLogManager:
         if not await self._may_copy(lead):
             return True  # remote retention and the sweep still run
         log = lead.replica.log
-        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
         hw = log.high_watermark if log.high_watermark is not None else log.log_end_offset
-        for todo in segments_to_copy(log.segments, hw, self._remote_end(lead, view.end_offset)):
-            if not self._still_leads(lead) or not await self._copy(lead, todo):
+        remote_end = self._remote_end(lead, self._view(lead).end_offset)
+        for todo in segments_to_copy(log.segments, hw, remote_end):
+            base = todo.segment.base_offset
+            epoch, failed_base, failures, retry_ms = self._copy_failures.get(
+                lead.tp, (-1, -1, 0, 0)
+            )
+            if (epoch, failed_base) == (lead.leader_epoch, base) and self.clock() < retry_ms:
+                return False  # backing off: in order, so nothing after it either
+            if not self._still_leads(lead):
                 return False
+            if not await self._copy(lead, todo):
+                if (epoch, failed_base) != (lead.leader_epoch, base):
+                    failures = 0
+                delay = min(self.interval_s * 1000 * 2**failures, COPY_RETRY_MAX_MS)
+                self._copy_failures[lead.tp] = (
+                    lead.leader_epoch,
+                    base,
+                    failures + 1,
+                    self.clock() + int(delay),
+                )
+                return False
+            self._copy_failures.pop(lead.tp, None)
         return True
 
     async def _copy(self, lead: _Lead, todo: ToCopy) -> bool:
@@ -462,7 +575,17 @@ class RemoteLogManager:
             broker_id=self.broker_id,
             leader_epoch=lead.leader_epoch,
         )
-        if not await self._record(lead, record):
+        claims = self._claims_of(lead)
+        claims[segment_id] = IN_FLIGHT
+        try:
+            return await self._copy_claimed(lead, todo, record)
+        finally:
+            if claims.get(segment_id) == IN_FLIGHT:
+                del claims[segment_id]  # not finished: a STARTED record left is stale
+
+    async def _copy_claimed(self, lead: _Lead, todo: ToCopy, record: RemoteSegment) -> bool:
+        seg, segment_id, epochs = todo.segment, record.segment_id, record.leader_epochs
+        if await self._record(lead, record) != errors.NONE:
             return False
         keys = self._keys(lead, seg.base_offset, segment_id)
         try:
@@ -491,11 +614,15 @@ class RemoteLogManager:
             size_bytes=manifest.size_bytes,
             max_timestamp_ms=manifest.max_timestamp_ms,
         )
-        if not await self._record(lead, finished):
-            # Fenced: a new leader owns the partition; what we uploaded is ours to delete.
-            with contextlib.suppress(Exception):
-                await self._io(delete_segment, self.store, keys)
+        code = await self._record(lead, finished)
+        if code:
+            # Refused for certain (a fenced writer or an unknown outcome raised
+            # _Abandoned instead, leaving the objects to the next leader): no record will
+            # ever name these objects. With its topic deleted, nobody else would delete
+            # them.
+            await self._discard_objects(lead, keys)
             return False
+        self._claims_of(lead)[segment_id] = SEGMENT_COPY_FINISHED
         self._copied_end[lead.tp] = (lead.leader_epoch, todo.end_offset)
         self._count("remote_copy_requests")
         self._count("remote_copy_bytes", manifest.size_bytes)
@@ -505,19 +632,39 @@ class RemoteLogManager:
         return True
 
     async def _discard(self, lead: _Lead, record: RemoteSegment, keys: SegmentKeys) -> None:
-        """An upload given up: delete its record and objects while still leading (else
-        the next leader's cleanup does), or at least the objects."""
+        """An upload given up before its COPY_FINISHED: delete its record and objects
+        while still leading (else the next leader's cleanup does), or at least the
+        objects."""
         with contextlib.suppress(Exception):
             if self._still_leads(lead):
                 await self._delete_remote(lead, record)
             else:
                 await self._io(delete_segment, self.store, keys)
 
+    async def _discard_objects(self, lead: _Lead, keys: SegmentKeys) -> None:
+        """Delete the objects of an upload no record names, with backoff, a bounded
+        number of times (the bucket sweep is the backstop)."""
+        self.reader.forget(keys)
+        backoff = BACKOFF_MIN_S
+        for _ in range(DISCARD_ATTEMPTS):
+            try:
+                await self._io(delete_segment, self.store, keys)
+                self._count("remote_delete_requests")
+                return
+            except Exception as e:  # the pool shut down (closing) ends it too
+                self._count("remote_delete_errors")
+                logger.warning("%s-%d: deleting unrecorded %s: %r", *lead.tp, keys.log, e)
+            if self._closed:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        logger.warning("%s-%d: gave up deleting %s; the sweep will", *lead.tp, keys.log)
+
     async def _retention(self, lead: _Lead) -> bool:
         log = lead.replica.log
         if not log.config.delete:
             return True
-        view = remote_log_view(self.replicas.image, lead.topic_id, lead.tp.partition)
+        view = self._view(lead)
         expired = remote_segments_past_retention(
             view.segments,
             log.log_start_offset,
@@ -548,7 +695,9 @@ class RemoteLogManager:
         objects = await self._io(lambda: list(self.store.list(prefix)))
         if not self._still_leads(lead):
             raise _Abandoned
-        named = self._segments(lead).keys()  # read after the listing: it can only grow
+        # Read after the listing (the image's names can only grow meanwhile), with this
+        # broker's own claims: a COPY_STARTED committed but not in the image yet.
+        named = [*self._segments(lead).keys(), *self._claims_of(lead).keys()]
         lost = orphans(objects, named, self.clock(), self.orphan_min_age_ms)
         if lost:
             logger.info("%s-%d: deleting %d orphaned object(s)", *lead.tp, len(lost))
@@ -560,15 +709,30 @@ class RemoteLogManager:
     async def _delete_remote(self, lead: _Lead, seg: RemoteSegment) -> bool:
         """DELETE_STARTED, the objects, DELETE_FINISHED: each step committed or done
         before the next, so a crash anywhere leaves a DELETE_STARTED to finish."""
+        claims = self._claims_of(lead)
+        claims[seg.segment_id] = IN_FLIGHT
+        try:
+            done = await self._delete_claimed(lead, seg)
+        finally:
+            if claims.get(seg.segment_id) == IN_FLIGHT:
+                del claims[seg.segment_id]  # not finished: stale for the next round
+        if done:
+            claims[seg.segment_id] = SEGMENT_DELETE_FINISHED
+        return done
+
+    async def _delete_claimed(self, lead: _Lead, seg: RemoteSegment) -> bool:
         start = dataclasses.replace(
             seg,
             state=SEGMENT_DELETE_STARTED,
             broker_id=self.broker_id,
             leader_epoch=lead.leader_epoch,
         )
-        if not await self._record(lead, start):
+        if await self._record(lead, start) != errors.NONE:
             return False
         keys = self._keys(lead, seg.start_offset, seg.segment_id)
+        # Gone for readers now: its cached chunks go, and reads under way fail retriably
+        # (the retry finds it deleted) rather than meet a missing object.
+        self.reader.forget(keys)
         try:
             await self._with_retries(lead, self._io_pool, None, delete_segment, self.store, keys)
         except _Abandoned:
@@ -578,28 +742,60 @@ class RemoteLogManager:
             logger.warning("%s-%d: deleting %s failed: %r", *lead.tp, keys.log, e)
             return False
         self._count("remote_delete_requests")
-        return await self._record(lead, dataclasses.replace(start, state=SEGMENT_DELETE_FINISHED))
+        finished = dataclasses.replace(start, state=SEGMENT_DELETE_FINISHED)
+        return await self._record(lead, finished) == errors.NONE
 
-    async def _record(self, lead: _Lead, segment: RemoteSegment) -> bool:
-        """Commit one state change through the controller; False when refused."""
-        try:
-            (result,) = await self.propose([segment])
-        except RilletError as e:
-            logger.warning(
-                "%s-%d: recording segment %s failed: %s", *lead.tp, segment.segment_id, e
-            )
-            return False
-        if result.error_code:
-            logger.info(
-                "%s-%d: the controller refused segment %s state %d: error %d %s",
-                *lead.tp,
-                segment.segment_id,
-                segment.state,
-                result.error_code,
-                result.error_message or "",
-            )
-            return False
-        return True
+    async def _record(self, lead: _Lead, segment: RemoteSegment) -> int:
+        """Commit one state change through the controller: NONE once committed, or the
+        error code of a certain refusal (the record is not in the metadata log).
+
+        A request that fails (the controller's answer lost, its failover or stall past
+        the channel's deadline) may still have committed: the outcome is unknown, and
+        only the committed state can tell. The identical record is sent again, with
+        backoff, while this broker leads (the controller takes a change already made as
+        a retry that succeeds). A fenced answer does not tell either, since an earlier
+        send may have committed first. Both raise _Abandoned once leadership is gone, so
+        the caller deletes nothing: the next leader's cleanup or the orphan sweep owns
+        whatever is left."""
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                (result,) = await self.propose([segment])
+            except Exception as e:
+                if self._committed(lead, segment):
+                    return errors.NONE
+                if not self._still_leads(lead):
+                    raise _Abandoned from e
+                logger.warning(
+                    "%s-%d: recording segment %s state %d: %r (outcome unknown: retrying)",
+                    *lead.tp,
+                    segment.segment_id,
+                    segment.state,
+                    e,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            code = result.error_code
+            if code:
+                logger.info(
+                    "%s-%d: the controller refused segment %s state %d: error %d %s",
+                    *lead.tp,
+                    segment.segment_id,
+                    segment.state,
+                    code,
+                    result.error_message or "",
+                )
+            if code in FENCED:
+                raise _Abandoned
+            return code
+
+    def _committed(self, lead: _Lead, segment: RemoteSegment) -> bool:
+        """Whether the image shows ``segment`` committed as proposed. (Not for
+        DELETE_FINISHED: an image without the segment may not show it yet; resending
+        that record is always safe.)"""
+        cur = self._segments(lead).get(segment.segment_id)
+        return segment.state != SEGMENT_DELETE_FINISHED and cur == segment
 
     async def _with_retries(
         self,

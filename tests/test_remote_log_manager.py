@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,9 +19,12 @@ from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.remote_log_manager import RemoteLogManager
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
+from rillet.client.wire.errors import RequestTimedOutError, code_of
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
     SEGMENT_COPY_STARTED,
+    SEGMENT_DELETE_FINISHED,
+    SEGMENT_DELETE_STARTED,
     MetadataDelta,
     RemoteSegment,
     RemoveTopic,
@@ -55,8 +59,12 @@ class Harness:
         )
         self.now = NOW
         self.store = MemoryObjectStore(clock=lambda: self.now)
-        self.refuse: set[int] = set()  # states the controller is made to refuse
+        self.refuse: dict[int, int] = {}  # state -> the error the controller answers
+        # (state, commits): the next proposal of that state raises as a lost answer
+        # does, after the controller committed it (True) or before (False).
+        self.lost: list[tuple[int, bool]] = []
         self.before_record: Any = None  # called with each proposed record
+        self.proposed: list[RemoteSegment] = []
         config = broker_config_table().load(
             None, ["node.id=1", "remote.log.orphan.min.age.ms=1000"]
         )
@@ -73,15 +81,24 @@ class Harness:
     async def propose(self, segments: list[RemoteSegment]) -> list[m.RemoteSegmentResult]:
         out = []
         for seg in segments:
+            self.proposed.append(seg)
             if self.before_record is not None:
                 self.before_record(seg)
+            lost = next((x for x in self.lost if x[0] == seg.state), None)
+            if lost is not None:
+                self.lost.remove(lost)
+                if not lost[1]:
+                    raise RequestTimedOutError("the controller did not answer in time")
             epoch = self.c.epochs[self.replicas.broker_id]
             records_, result = self.c.ctl.record_remote_segment(
                 self.c.image, self.replicas.broker_id, epoch, seg
             )
             if seg.state in self.refuse:
-                records_, result = [], dataclasses.replace(result, error_code=74)
+                records_ = []
+                result = dataclasses.replace(result, error_code=self.refuse[seg.state])
             self.commit(records_)
+            if lost is not None:
+                raise RequestTimedOutError("committed, but the answer was lost")
             out.append(m.RemoteSegmentResult(seg.segment_id, result.error_code, None))
         return out
 
@@ -113,6 +130,23 @@ class Harness:
     def move_leader(self) -> None:
         self.c.heartbeat(self.leader, fence=True)
         self.replicas.image = self.c.image
+
+    def keys(self, seg: RemoteSegment) -> Any:
+        return segment_keys("t", self.topic_id, 0, seg.start_offset, seg.segment_id)
+
+    def check_finished_segments_are_stored(self) -> None:
+        """The tier's invariant: every segment the image calls finished has both its
+        objects in the store (else its reads fail for good once local copies go)."""
+        stored = set(self.stored())
+        for seg in self.segments().values():
+            if seg.state == SEGMENT_COPY_FINISHED:
+                keys = self.keys(seg)
+                assert {keys.log, keys.manifest} <= stored, f"objects of {seg} are gone"
+
+    async def close(self) -> None:
+        self.check_finished_segments_are_stored()
+        await self.rlm.close()
+        self.log.close()
 
 
 async def test_closed_committed_segments_are_copied_oldest_first_and_recorded(tmp_path) -> None:
@@ -149,8 +183,7 @@ async def test_closed_committed_segments_are_copied_oldest_first_and_recorded(tm
     assert snap["remote_log_size_bytes"] == sum(s.size_bytes for s in finished)
     await h.rlm.run_once()
     assert len(h.segments()) == len(segs) - 1  # nothing twice
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_local_retention_then_deletes_only_what_is_remote(tmp_path) -> None:
@@ -161,8 +194,7 @@ async def test_local_retention_then_deletes_only_what_is_remote(tmp_path) -> Non
     await h.rlm.run_once()
     assert await retention.apply_retention(h.log) == 3
     assert h.log.log_start_offset == h.view().end_offset + 1
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_a_new_leader_cleans_up_unfinished_work_of_other_writers(tmp_path) -> None:
@@ -189,20 +221,30 @@ async def test_a_new_leader_cleans_up_unfinished_work_of_other_writers(tmp_path)
     assert all(s.state == SEGMENT_COPY_FINISHED for s in h.segments().values())
     assert all(s.leader_epoch == new.leader_epoch for s in h.segments().values())
     assert h.named_by_objects() == set(h.segments())
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
-async def test_a_copy_the_controller_refuses_to_finish_deletes_its_own_objects(tmp_path) -> None:
+async def test_a_copy_fenced_at_its_finish_leaves_its_objects_to_the_next_leader(
+    tmp_path,
+) -> None:
     h = Harness(tmp_path)
     h.produce(10)
-    h.refuse = {SEGMENT_COPY_FINISHED}  # a new leader was elected meanwhile
+    # A new leader was elected meanwhile. The fenced answer cannot tell whether an
+    # earlier send of the same request committed (the channel resends what it lost the
+    # answer to): deleting the objects could delete a finished segment's.
+    h.refuse = {SEGMENT_COPY_FINISHED: code_of("FENCED_LEADER_EPOCH")}
     await h.rlm.run_once()
-    started = list(h.segments().values())
-    assert len(started) == 1 and started[0].state == SEGMENT_COPY_STARTED  # the new leader's
-    assert h.stored() == []  # but no object of the refused copy is left
-    await h.rlm.close()
-    h.log.close()
+    (started,) = h.segments().values()
+    assert started.state == SEGMENT_COPY_STARTED
+    assert h.named_by_objects() == {started.segment_id}  # named by its record
+    # The next leader's cleanup deletes the record and the objects it names.
+    h.refuse = {}
+    h.move_leader()
+    h.replicas.broker_id = h.rlm.broker_id = h.c.p("t").leader
+    await h.rlm.run_once()
+    assert started.segment_id not in h.segments()
+    assert h.named_by_objects() == set(h.segments())
+    await h.close()
 
 
 async def test_retriable_store_errors_are_retried_until_the_upload_goes_through(
@@ -216,8 +258,7 @@ async def test_retriable_store_errors_are_retried_until_the_upload_goes_through(
     assert [s.state for s in h.segments().values()] == [SEGMENT_COPY_FINISHED] * len(h.segments())
     assert h.segments()
     assert h.metrics.snapshot()["remote_copy_errors_total"] == 3
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_a_failed_upload_is_deleted_with_its_record(tmp_path) -> None:
@@ -226,10 +267,10 @@ async def test_a_failed_upload_is_deleted_with_its_record(tmp_path) -> None:
     h.store.fail_next(1, retriable=False)
     await h.rlm.run_once()
     assert h.segments() == {} and h.stored() == []  # given up, nothing left behind
+    h.now += h.rlm.interval_s * 1000  # the segment's retry is due at the next interval
     await h.rlm.run_once()
     assert h.segments() and h.named_by_objects() == set(h.segments())  # the next round copies
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_remote_retention_deletes_segments_and_objects(tmp_path) -> None:
@@ -244,8 +285,7 @@ async def test_remote_retention_deletes_segments_and_objects(tmp_path) -> None:
     assert h.segments() == {}
     assert h.stored() == []
     assert h.metrics.snapshot()["remote_delete_requests_total"] == copied
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_remote_retention_bytes_bounds_the_whole_log(tmp_path) -> None:
@@ -262,8 +302,7 @@ async def test_remote_retention_bytes_bounds_the_whole_log(tmp_path) -> None:
     total = sum(s.size_bytes for s in kept) + h.log.size_bytes
     assert total - kept[0].size_bytes < 4000 <= total  # whole segments, no more than needed
     assert h.named_by_objects() == {s.segment_id for s in kept}
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_the_sweep_deletes_old_objects_no_segment_names(tmp_path) -> None:
@@ -278,8 +317,7 @@ async def test_the_sweep_deletes_old_objects_no_segment_names(tmp_path) -> None:
     await h.rlm.run_once()
     assert stray.log not in h.stored()
     assert young.log in h.stored() and f"t-{h.topic_id}/0/notes.txt" in h.stored()
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_a_deleted_topics_prefix_is_emptied(tmp_path) -> None:
@@ -291,8 +329,7 @@ async def test_a_deleted_topics_prefix_is_emptied(tmp_path) -> None:
     h.commit([RemoveTopic(h.topic_id)])
     await asyncio.gather(*h.rlm._topic_deletes)
     assert h.stored() == ["other-topic/0/x.log"]
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_the_bucket_sweep_deletes_prefixes_of_topics_deleted_while_away(tmp_path) -> None:
@@ -395,5 +432,197 @@ async def test_a_follower_runs_no_rounds(tmp_path) -> None:
     h.replicas.broker_id = h.rlm.broker_id = next(b for b in h.c.p("t").replicas if b != h.leader)
     await h.rlm.run_once()
     assert h.segments() == {} and h.stored() == []
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
+
+
+# -- outcomes the controller never answered ------------------------------------------
+
+
+async def test_a_finish_committed_but_unanswered_keeps_its_objects(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0)
+    h.produce(10)
+    # The controller commits COPY_FINISHED, then its answer is lost (a failover, a stall
+    # past the channel's deadline): the segment is finished for the whole cluster.
+    h.lost = [(SEGMENT_COPY_FINISHED, True)]
+    await h.rlm.run_once()
+    segs = sorted(h.segments().values(), key=lambda s: s.start_offset)
+    assert segs and all(s.state == SEGMENT_COPY_FINISHED for s in segs)
+    h.check_finished_segments_are_stored()
+    # Local retention deletes the local copies; the first segment is read from the store.
+    assert await retention.apply_retention(h.log) == len(segs)
+    first = segs[0]
+    keys = h.keys(first)
+    manifest = await h.rlm.reader.manifest(keys)
+    data = await h.rlm.reader.read(keys, manifest, first.start_offset, 1 << 20)
+    assert records.read_header(data).base_offset == first.start_offset
+    await h.close()
+
+
+async def test_a_record_without_an_answer_is_sent_again_until_it_has_one(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(rlm_module, "BACKOFF_MIN_S", 0.001)
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce(10)
+    h.lost = [(SEGMENT_COPY_STARTED, False), (SEGMENT_COPY_FINISHED, False)]
+    await h.rlm.run_once()
+    segs = h.segments()
+    assert segs and all(s.state == SEGMENT_COPY_FINISHED for s in segs.values())
+    finishes = [s for s in h.proposed if s.state == SEGMENT_COPY_FINISHED]
+    assert len(finishes) == len(segs) + 1  # one sent twice, identical
+    assert len(set(finishes)) == len(segs)
+    # Deletions too: a lost DELETE_STARTED (committed) and DELETE_FINISHED (not).
+    await retention.apply_retention(h.log)
+    h.now += 61_000
+    h.lost = [(SEGMENT_DELETE_STARTED, True), (SEGMENT_DELETE_FINISHED, False)]
+    await h.rlm.run_once()
+    assert h.segments() == {} and h.stored() == []
+    await h.close()
+
+
+async def test_an_unanswered_finish_once_leadership_moved_deletes_nothing(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.produce(10)
+    # No answer, and by the time the broker would retry it no longer leads: whether the
+    # record committed is unknown, so the objects stay for the next leader to judge.
+    h.lost = [(SEGMENT_COPY_FINISHED, False)]
+    h.before_record = lambda seg: seg.state == SEGMENT_COPY_FINISHED and h.move_leader()
+    await h.rlm.run_once()
+    (started,) = h.segments().values()
+    assert started.state == SEGMENT_COPY_STARTED
+    assert h.named_by_objects() == {started.segment_id}
+    h.before_record = None
+    h.replicas.broker_id = h.rlm.broker_id = h.c.p("t").leader
+    await h.rlm.run_once()  # the next leader: not finished, so deleted, objects and all
+    assert started.segment_id not in h.segments()
+    assert h.named_by_objects() == set(h.segments())
+    await h.close()
+
+
+# -- cleanup, failures, deletion ----------------------------------------------------
+
+
+async def test_its_own_unfinished_deletion_is_finished_by_the_next_round(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    copied = len(h.segments())
+    h.now += 61_000
+    h.store.fail_next(1, retriable=False)  # the first segment's objects fail to go
+    await h.rlm.run_once()
+    (left,) = [s for s in h.segments().values() if s.state == SEGMENT_DELETE_STARTED]
+    assert (left.broker_id, left.leader_epoch) == (h.leader, h.c.p("t").leader_epoch)
+    assert h.named_by_objects() == set(h.segments())  # its objects are still there
+    # Same leader, same epoch: its own DELETE_STARTED is not in flight, so it is stale.
+    await h.rlm.run_once()
+    assert h.segments() == {} and h.stored() == []
+    assert h.metrics.snapshot()["remote_delete_requests_total"] == copied
+    await h.close()
+
+
+async def test_an_upload_across_its_topics_deletion_deletes_its_objects(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(rlm_module, "BACKOFF_MIN_S", 0.001)
+    gate = threading.Event()
+    upload = rlm_module.upload_segment
+
+    def held_upload(*args: Any) -> Any:
+        gate.wait(30)
+        return upload(*args)
+
+    monkeypatch.setattr(rlm_module, "upload_segment", held_upload)
+    h = Harness(tmp_path)
+    h.produce(10)
+    copying = asyncio.Event()
+
+    def on_record(seg: RemoteSegment) -> None:
+        if seg.state == SEGMENT_COPY_STARTED:
+            copying.set()
+        elif seg.state == SEGMENT_COPY_FINISHED:
+            h.store.fail_next(1, retriable=False)  # the first delete of its objects fails
+
+    h.before_record = on_record
+    round_ = asyncio.ensure_future(h.rlm.run_once())
+    await copying.wait()
+    h.commit([RemoveTopic(h.topic_id)])  # while the upload is under way
+    await asyncio.gather(*h.rlm._topic_deletes)  # the prefix is empty: nothing yet
+    gate.set()  # the upload writes its objects after the topic's prefix was emptied
+    await round_
+    assert h.stored() == []  # COPY_FINISHED refused (no topic): deleted, once retried
+    assert h.metrics.snapshot()["remote_delete_errors_total"] == 1
+    await h.close()
+
+
+async def test_a_failing_copy_lets_retention_and_the_sweep_run_and_backs_off(
+    tmp_path,
+) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    old = set(h.segments())
+    h.produce(10)  # new closed segments to copy
+    stray = segment_keys("t", h.topic_id, 0, 99_999, "stray")
+    h.store.put(stray.log, b"x")
+    h.now += 61_000  # the remote segments are past retention.ms; the stray is old
+    h.store.fail_next(1, retriable=False)  # the next upload fails for good
+    await h.rlm.run_once()
+    assert not old & set(h.segments())  # retention ran
+    assert stray.log not in h.stored()  # the sweep ran
+    assert h.segments() == {}  # the failed copy left nothing either
+    # The same round again: the failed segment waits (no records for it), and so does
+    # every later one (copies go in order).
+    proposed = len(h.proposed)
+    await h.rlm.run_once()
+    assert len(h.proposed) == proposed
+    # One interval later it is tried again; a second failure waits two.
+    interval_ms = h.rlm.interval_s * 1000
+    h.now += interval_ms
+    h.store.fail_next(1, retriable=False)
+    await h.rlm.run_once()
+    proposed = len(h.proposed)
+    assert h.segments() == {}
+    h.now += interval_ms
+    await h.rlm.run_once()
+    assert len(h.proposed) == proposed
+    h.now += interval_ms
+    await h.rlm.run_once()
+    assert h.segments() and all(s.state == SEGMENT_COPY_FINISHED for s in h.segments().values())
+    await h.close()
+
+
+async def test_deleted_segments_leave_the_readers_cache(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    reader = h.rlm.reader
+
+    async def read_all() -> None:
+        for seg in h.segments().values():
+            keys = h.keys(seg)
+            await reader.read(keys, await reader.manifest(keys), seg.start_offset, 1 << 20)
+
+    await read_all()
+    assert len(reader.cache) > 0
+    h.now += 61_000
+    await h.rlm.run_once()  # retention, on the broker that deletes them
+    assert h.segments() == {} and len(reader.cache) == 0
+    # On any other broker, the metadata change itself: here the leader's deletion of a
+    # segment this broker only read.
+    h.now = NOW
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    await read_all()
+    assert len(reader.cache) > 0
+    deleting = [
+        dataclasses.replace(s, state=state)
+        for s in h.segments().values()
+        for state in (SEGMENT_DELETE_STARTED, SEGMENT_DELETE_FINISHED)
+    ]
+    h.commit(deleting)
+    assert len(reader.cache) == 0
+    await h.close()
