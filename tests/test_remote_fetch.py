@@ -34,7 +34,7 @@ from rillet.controller.metadata.image import (
     RemoteSegment,
     TopicPartition,
 )
-from rillet.storage import LogManager
+from rillet.storage import Log, LogConfig, LogManager
 from rillet.storage.remote.copier import upload_segment
 from rillet.storage.remote.layout import SegmentKeys, segment_keys
 from rillet.storage.remote.reader import RemoteReader
@@ -406,3 +406,48 @@ async def test_a_cancelled_fetch_leaves_no_remote_read_behind(cluster: Cluster) 
         await asyncio.sleep(0)
     left = {t.get_coro().__qualname__ for t in asyncio.all_tasks() - before}  # type: ignore[union-attr]
     assert "read_one" not in left  # (the reader's own shared GET may go on: its cache's)
+
+
+async def test_a_consumer_reads_across_overlapping_remote_segments(cluster: Cluster) -> None:
+    """After a leader change the new leader's first copy overlaps the old one's last
+    segment (its replica rolled at other offsets): here 0..19 from the old leader and
+    10..39 from the new. A consumer from offset 0 gets every offset once, in order, and
+    the same bytes a local read gave, one batch per fetch or all at once."""
+    c = cluster
+    replica = c.manager.replicas[T0]
+    log = replica.log
+    hw = replica.state.high_watermark
+    second = log.segments[1].base_offset
+    local_end = log.segments[2].base_offset
+    # The new leader's replica rolled at 10 and 40: the same batches, other files.
+    other = Log.open(c.tmp / "other-t-0", LogConfig(segment_bytes=1 << 20), clock=lambda: 0)
+    other.truncate_fully_and_start_at(10)
+    other.append_as_follower(log.read_bytes(10, 1 << 20, hw) + log.read_bytes(second, 1 << 20, hw))
+    other.roll()
+    await other.wait_background()
+    c.expected[T0] = {o: log.read_bytes(o, 1 << 20, hw) for o in range(second, local_end)}
+    await offload(c, T0, count=1)  # the old leader's 0..19; local from 20
+    seg = other.segments[0]
+    assert (seg.base_offset, other.segments[1].base_offset) == (10, local_end)
+    keys = segment_keys("t", replica.topic_id, 0, 10, "new")
+    manifest = upload_segment(c.tier.store, keys, seg, [(1, 10)], "new", CHUNK)
+    overlap = RemoteSegment(
+        replica.topic_id, 0, "new", 10, local_end - 1, ((1, 10),), SEGMENT_COPY_FINISHED,
+        manifest.size_bytes, manifest.max_timestamp_ms, 1, 1,
+    )  # fmt: skip
+    c.image = await commit(c.manager, c.image, [overlap])
+    log.increment_log_start_offset(local_end)
+    other.close()
+    for max_bytes in (1, 1 << 20):
+        offsets: list[int] = []
+        offset = 0
+        while offset < local_end:
+            result = await c.manager.fetch_messages(consumer(), [part(T0, offset, max_bytes)])
+            assert result.partitions[0].error_code == errors.NONE
+            data = data_of(result, 0)
+            if max_bytes > 1:
+                assert data == c.expected[T0][offset]
+            got = [r.offset for r in records.decode_all(data) if r.offset >= offset]
+            offsets += got
+            offset = got[-1] + 1
+        assert offsets == list(range(local_end)), max_bytes
