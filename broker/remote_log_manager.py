@@ -5,19 +5,22 @@ read through (attribute ``reader``), and the tasks that write the remote log. Ev
 ``remote.log.manager.task.interval.ms``, for each partition this broker leads whose
 topic has ``remote.storage.enable``, one round (never two at once for a partition):
 
-a. cleanup: copies and deletions another writer (an earlier leader, or this broker in
-   an earlier leader epoch) left STARTED are deleted: DELETE_STARTED committed, the
-   objects deleted, DELETE_FINISHED committed;
+a. cleanup: copies and deletions left STARTED by another writer (an earlier leader, or
+   this broker in an earlier leader epoch), or by this one and not in hand any more (a
+   failed delete), are deleted: DELETE_STARTED committed, the objects deleted,
+   DELETE_FINISHED committed;
 b. copy, oldest first, of closed segments wholly below the high watermark and past the
    highest remote offset: COPY_STARTED committed, the upload on a copier thread (at most
    ``remote.log.manager.copier.thread.pool.size`` at once, broker-wide, under the
    ``remote.log.manager.copy.max.bytes.per.second`` limit, retried with backoff while
    the store fails retriably and this broker still leads), COPY_FINISHED committed. A
-   COPY_FINISHED the controller refuses (a new leader was elected meanwhile) deletes the
-   objects it uploaded; the new leader deletes the COPY_STARTED record (a). A leader
-   whose log agrees with the remote log only up to some offset below its end (an
-   unclean election) copies nothing: it deletes the remote segments past that offset,
-   or waits while doing so would lose records both logs agree on;
+   segment whose copy fails for good is tried again after a growing pause. A
+   COPY_FINISHED refused for certain (its topic deleted meanwhile) deletes the objects it
+   uploaded; one whose outcome is unknown (no answer, or a fenced one) deletes nothing:
+   the next leader's cleanup (a) deletes what was not finished. A leader whose log
+   agrees with the remote log only up to some offset below its end (an unclean
+   election) copies nothing: it deletes the remote segments past that offset, or waits
+   while doing so would lose records both logs agree on;
 c. remote retention: segments past ``retention.ms`` / ``retention.bytes`` of the whole
    log are deleted as in (a);
 d. orphans: objects under the partition's prefix that no segment of the image names,
@@ -28,11 +31,14 @@ its image, sweeps the whole bucket for prefixes of topics its image does not hol
 topic deleted while every broker that held it was away), when its image is known to be
 recent; every object under such a prefix must be older than the minimum age too.
 
-Which segments each step takes is decided by broker/remote_plan.py (pure). On every
-metadata change each replica of a changed partition gets ``log.remote_copied_end``,
-the highest offset safely remote, which bounds local retention (storage/retention.py).
-When a topic is deleted, every broker that held a replica of it deletes the topic's
-prefix (idempotent: any of them may finish first).
+Each step runs whatever the one before it did. Every metadata record is committed or
+known refused before the next step: one without an answer is sent again while this
+broker leads (docs/tiered.md, "Unknown outcomes"). Which segments each step takes is
+decided by broker/remote_plan.py (pure). On every metadata change each replica of a
+changed partition gets ``log.remote_copied_end``, the highest offset safely remote,
+which bounds local retention (storage/retention.py), and segments gone from the image
+leave the reader's caches. When a topic is deleted, every broker that held a replica
+of it deletes the topic's prefix (idempotent: any of them may finish first).
 
 Nothing here blocks the event loop: uploads, deletes and listings run on threads, and
 produce and fetch never wait for any of it.
@@ -120,7 +126,6 @@ FENCED = frozenset(
         "UNKNOWN_LEADER_EPOCH",
     )
 )
-UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 # A claim's value while this broker's work on the segment is under way (else the state
 # the image will show once it has caught up with the work's last record).
 IN_FLIGHT = -1
@@ -431,6 +436,8 @@ class RemoteLogManager:
         not stop retention or the sweep. A step stops at its own first failure; the next
         round starts it afresh from the image: nothing is lost but time."""
         for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
+            if not self._still_leads(lead):
+                return
             try:
                 await step(lead)
             except _Abandoned:
