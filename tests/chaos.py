@@ -24,7 +24,8 @@ local disk, so offset 0 is only in S3) and is checked, Jepsen-style: every
 acknowledged record is at its acknowledged offset with its value (on the compacted
 topic: or superseded by a later record of its key), no record that was never sent, each
 key's records in the order sent; on the tiered topic every offset from 0 to the high
-watermark is readable, through the remote tier below the local log start; and, once the
+watermark is readable, through the remote tier below the local log start, and every
+segment the metadata calls finished has both its objects in the bucket; and, once the
 cluster is stopped, every replica of a partition holds the same bytes below the high
 watermark (compacted partitions: the same latest record per key, since each replica
 runs its own cleaner; tiered ones: from the highest local log start of the replicas).
@@ -51,10 +52,14 @@ from replication_cluster import (
     run,
 )
 
+from rillet.broker.link.controller_client import ControllerChannel, MetadataFollower
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import SEGMENT_COPY_FINISHED, MetadataImage
 from rillet.storage import Log
+from rillet.storage.remote.layout import segment_keys
+from rillet.storage.remote.store import S3ObjectStore
 from rillet.tools.local_cluster import LocalCluster
 
 PLAIN, COMPACT, RECREATED, TIERED = "plain", "compact", "recreated", "tiered"
@@ -187,6 +192,7 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
             w.stop()
     result.remote_records = sum(remote_only.values())
     _check_readable_from_zero(cluster, writers[TIERED])
+    _check_finished_segments_stored(cluster)
     for topic, w in writers.items():
         counts = check_acknowledged(cluster, w, compacted=topic == COMPACT)
         result.records_read += sum(counts.values())
@@ -296,6 +302,46 @@ def _check_readable_from_zero(cluster: LocalCluster, writer: Writer) -> None:
     offsets = run(cluster, body)
     for p, got in offsets.items():
         assert got == list(range(len(got))), f"{TIERED}-{p}: offsets from 0 not dense"
+
+
+def _check_finished_segments_stored(cluster: LocalCluster) -> None:
+    """Every segment of the tiered topic that the committed metadata calls finished has
+    its log object and manifest in the bucket: a finished segment whose objects are gone
+    can never be read again once its local copies are deleted. The bucket is listed
+    before and after reading the image, so a copy finishing meanwhile is found in one of
+    them (this topic has no remote retention: its finished segments are never deleted)."""
+    tier = cluster.s3
+    assert tier is not None
+    store = S3ObjectStore(tier.bucket, endpoint_url=tier.endpoint, region=tier.region)
+
+    def listed() -> set[str]:
+        return {o.key for o in store.list(f"{TIERED}-")}
+
+    async def committed_image() -> MetadataImage:
+        channel = ControllerChannel(cluster.voters)
+        follower = MetadataFollower(channel, max_wait_ms=50)
+        try:
+            while True:
+                await follower.fetch_once()
+                hw = follower.high_watermark
+                if hw >= 0 and follower.image.offset >= hw:
+                    return follower.image
+        finally:
+            await channel.close()
+
+    stored = listed()
+    image = asyncio.run(committed_image())
+    stored |= listed()
+    topic = image.topic(TIERED)
+    assert topic is not None
+    finished = 0
+    for p in range(PARTITIONS[TIERED]):
+        for seg in image.remote_segments.get((topic.topic_id, p), {}).values():
+            if seg.state == SEGMENT_COPY_FINISHED:
+                keys = segment_keys(TIERED, topic.topic_id, p, seg.start_offset, seg.segment_id)
+                assert {keys.log, keys.manifest} <= stored, f"objects of {seg} are missing"
+                finished += 1
+    assert finished, "no finished remote segment"
 
 
 async def _read_all_retrying(client: Client, leader: int, partition: int) -> list:
