@@ -145,6 +145,12 @@ class ReplicasView(Protocol):
     image: MetadataImage
     replicas: Mapping[TopicPartition, Any]
 
+    @property
+    def views(self) -> RemoteLogViews:
+        """Each partition's remote log view, cached per change (shared with the fetch
+        path, so a change rebuilds a partition's view once)."""
+        ...
+
 
 class _Abandoned(Exception):
     """This broker no longer leads the partition in the epoch the work began in (or the
@@ -209,7 +215,7 @@ class RemoteLogManager:
         # Per partition: (leader epoch, base offset, failures, next try ms) of the
         # segment whose copy keeps failing.
         self._copy_failures: dict[TopicPartition, tuple[int, int, int, int]] = {}
-        self.views = RemoteLogViews()
+        self.views = replicas.views
         self._task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._closed = False

@@ -48,15 +48,15 @@ from replication_cluster import (
     Client,
     Writer,
     check_acknowledged,
+    committed_image,
     replication_cluster,
     run,
 )
 
-from rillet.broker.link.controller_client import ControllerChannel, MetadataFollower
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
-from rillet.controller.metadata.image import SEGMENT_COPY_FINISHED, MetadataImage
+from rillet.controller.metadata.image import SEGMENT_COPY_FINISHED
 from rillet.storage import Log
 from rillet.storage.remote.layout import segment_keys
 from rillet.storage.remote.store import S3ObjectStore
@@ -317,20 +317,8 @@ def _check_finished_segments_stored(cluster: LocalCluster) -> None:
     def listed() -> set[str]:
         return {o.key for o in store.list(f"{TIERED}-")}
 
-    async def committed_image() -> MetadataImage:
-        channel = ControllerChannel(cluster.voters)
-        follower = MetadataFollower(channel, max_wait_ms=50)
-        try:
-            while True:
-                await follower.fetch_once()
-                hw = follower.high_watermark
-                if hw >= 0 and follower.image.offset >= hw:
-                    return follower.image
-        finally:
-            await channel.close()
-
     stored = listed()
-    image = asyncio.run(committed_image())
+    image = committed_image(cluster)
     stored |= listed()
     topic = image.topic(TIERED)
     assert topic is not None

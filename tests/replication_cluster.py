@@ -23,9 +23,11 @@ from typing import Any
 
 from helpers import fetch_records
 
+from rillet.broker.link.controller_client import ControllerChannel, MetadataFollower
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
+from rillet.controller.metadata.image import MetadataImage
 from rillet.tools.local_cluster import ClusterError, LocalCluster
 
 BROKERS = (1, 2, 3)
@@ -179,6 +181,25 @@ def run(cluster: LocalCluster, body: Callable[[Client], Any]) -> Any:
             await client.close()
 
     return asyncio.run(main())
+
+
+def committed_image(cluster: LocalCluster) -> MetadataImage:
+    """The metadata image the controllers have committed, up to their high watermark
+    as of the first answer (read as a broker reads it, through FetchMetadata)."""
+
+    async def fetch() -> MetadataImage:
+        channel = ControllerChannel(cluster.voters)
+        follower = MetadataFollower(channel, max_wait_ms=50)
+        try:
+            while True:
+                await follower.fetch_once()
+                hw = follower.high_watermark
+                if hw >= 0 and follower.image.offset >= hw:
+                    return follower.image
+        finally:
+            await channel.close()
+
+    return asyncio.run(fetch())
 
 
 @dataclass(slots=True)

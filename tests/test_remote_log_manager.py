@@ -16,6 +16,7 @@ from test_quorum_controller import Cluster
 from rillet.broker import remote_log_manager as rlm_module
 from rillet.broker.config import broker_config_table
 from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.remote_fetch import RemoteLogViews
 from rillet.broker.remote_log_manager import RemoteLogManager
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
@@ -55,7 +56,10 @@ class Harness:
         self.log.epochs.assign(p.leader_epoch, 0)
         self.replica = SimpleNamespace(topic_id=self.topic_id, log=self.log)
         self.replicas = SimpleNamespace(
-            broker_id=self.leader, image=self.c.image, replicas={TP: self.replica}
+            broker_id=self.leader,
+            image=self.c.image,
+            replicas={TP: self.replica},
+            views=RemoteLogViews(),
         )
         self.now = NOW
         self.store = MemoryObjectStore(clock=lambda: self.now)

@@ -8,7 +8,6 @@ committed metadata log from the controllers (docs/tiered.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import Any
 
 import pytest
 from helpers import wait_until, wait_until_async
-from replication_cluster import Client, Writer, replication_cluster, run
+from replication_cluster import Client, Writer, committed_image, replication_cluster, run
 from s3_server import S3Endpoint
 
-from rillet.broker.link.controller_client import ControllerChannel, MetadataFollower
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
 from rillet.controller.metadata.image import (
@@ -69,19 +67,7 @@ class Tier:
         self.store = S3ObjectStore(BUCKET, endpoint_url=s3.url)
 
     def image(self) -> MetadataImage:
-        async def fetch() -> MetadataImage:
-            channel = ControllerChannel(self.cluster.voters)
-            follower = MetadataFollower(channel, max_wait_ms=50)
-            try:
-                while True:
-                    await follower.fetch_once()
-                    hw = follower.high_watermark
-                    if hw >= 0 and follower.image.offset >= hw:
-                        return follower.image
-            finally:
-                await channel.close()
-
-        return asyncio.run(fetch())
+        return committed_image(self.cluster)
 
     def segments(self, topic: str, partition: int = 0) -> dict[str, RemoteSegment]:
         image = self.image()
