@@ -560,7 +560,7 @@ class RemoteLogManager:
             if not await self._copy(lead, todo):
                 if (epoch, failed_base) != (lead.leader_epoch, base):
                     failures = 0
-                delay = min(self.interval_s * 1000 * 2**failures, COPY_RETRY_MAX_MS)
+                delay = min(self.interval_s * 1000 * 2 ** min(failures, 20), COPY_RETRY_MAX_MS)
                 self._copy_failures[lead.tp] = (
                     lead.leader_epoch,
                     base,
