@@ -377,8 +377,7 @@ async def test_the_bucket_sweep_deletes_prefixes_of_topics_deleted_while_away(tm
     h.now += 1000  # the young one is old enough now, and its topic still unknown
     assert await h.rlm.sweep_bucket() == [f"fresh-{'B' * 22}/"]
     assert set(h.stored()) == live | set(foreign)
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_an_unclean_leader_replaces_the_remote_records_past_its_log(tmp_path) -> None:
@@ -426,8 +425,7 @@ async def test_an_unclean_leader_replaces_the_remote_records_past_its_log(tmp_pa
     assert [e for e, _ in after.leader_epochs()][-1] == epoch
     assert h.log.remote_end_in_lineage() == after.end_offset
     assert h.named_by_objects() == set(h.segments())
-    await h.rlm.close()
-    h.log.close()
+    await h.close()
 
 
 async def test_a_follower_runs_no_rounds(tmp_path) -> None:

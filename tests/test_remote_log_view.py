@@ -13,9 +13,9 @@ from rillet.controller.metadata.image import SEGMENT_COPY_FINISHED, RemoteSegmen
 from rillet.controller.metadata.remote_log import RemoteLogView
 
 
-def _seg(start: int, end: int, size: int) -> RemoteSegment:
+def _seg(start: int, end: int, size: int, epoch: int = 0) -> RemoteSegment:
     return RemoteSegment(
-        "tid", 0, f"s{start}-{end}", start, end, ((0, start),), SEGMENT_COPY_FINISHED, size, 0
+        "tid", 0, f"s{start}-{end}", start, end, ((epoch, start),), SEGMENT_COPY_FINISHED, size, 0
     )
 
 
@@ -28,7 +28,7 @@ def _remote_log(rng: random.Random, copies: int) -> list[RemoteSegment]:
         overlap = rng.random() < 0.3 and end > 0
         start = rng.randint(max(0, end - 60), end) if overlap else end + 1
         new_end = end + rng.randint(1, 50)
-        out.append(_seg(start, new_end, rng.randint(1, 1000)))
+        out.append(_seg(start, new_end, rng.randint(1, 1000), epoch=len(out) // 3))
         end = new_end
     return out
 
@@ -50,6 +50,15 @@ def _naive_segments_from(
     return tuple(out)
 
 
+def _naive_leader_epochs(view: RemoteLogView) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for seg in view.segments:
+        for epoch, start in seg.leader_epochs:
+            if not out or epoch > out[-1][0]:
+                out.append((epoch, start))
+    return out
+
+
 def test_the_views_answers_match_their_definitions_with_overlapping_segments() -> None:
     for seed in range(30):
         rng = random.Random(seed)
@@ -58,6 +67,9 @@ def test_the_views_answers_match_their_definitions_with_overlapping_segments() -
         assert view.log_start_offset == min(s.start_offset for s in segments)
         assert view.end_offset == max(s.end_offset for s in segments)
         assert view.size_bytes == sum(s.size_bytes for s in segments)  # bytes stored
+        epochs = view.leader_epochs()
+        epochs.append((99, 99))  # a copy: the view's own stays as it was
+        assert view.leader_epochs() == _naive_leader_epochs(view)
         for offset in range(view.end_offset + 3):
             holding = [s for s in segments if s.start_offset <= offset <= s.end_offset]
             found = view.segment_for(offset)

@@ -36,6 +36,9 @@ class RemoteLogView:
     # offset.
     _max_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _size_bytes: int = field(init=False, repr=False, compare=False)
+    _epochs: tuple[tuple[int, int], ...] | None = field(
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         starts, max_ends, size, end = [], [], 0, -1
@@ -79,13 +82,18 @@ class RemoteLogView:
         return None
 
     def leader_epochs(self) -> list[tuple[int, int]]:
-        """(epoch, start offset) entries over every segment, oldest first, one per epoch."""
-        out: list[tuple[int, int]] = []
-        for seg in self.segments:
-            for epoch, start in seg.leader_epochs:
-                if not out or epoch > out[-1][0]:
-                    out.append((epoch, start))
-        return out
+        """(epoch, start offset) entries over every segment, oldest first, one per epoch.
+        Computed once per view (a walk over every segment), then copied: there are few
+        epochs, but the leader asks at every round and every replica at every change."""
+        if self._epochs is None:
+            out: list[tuple[int, int]] = []
+            for seg in self.segments:
+                for epoch, start in seg.leader_epochs:
+                    if not out or epoch > out[-1][0]:
+                        out.append((epoch, start))
+            object.__setattr__(self, "_epochs", tuple(out))
+        assert self._epochs is not None
+        return list(self._epochs)
 
 
 EMPTY_REMOTE_LOG = RemoteLogView()
