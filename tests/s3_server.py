@@ -11,6 +11,8 @@ refuses new connections and resets open ones, and whose ``open()`` listens on th
 port again. Clients see exactly what an unreachable S3 looks like, and the objects
 written before the outage are still there after it.
 
+``HangingS3`` accepts connections and never answers: a stalled S3.
+
 ``moto_server()`` is the context manager that gives a running server; the fixtures
 below (``s3_server``: an endpoint URL; ``s3``: an ``S3Endpoint`` with ``stop()`` and
 ``restart()``) share one server per test session, and each test starts with it empty.
@@ -252,6 +254,52 @@ class S3Gate:
                     if s in self._conns:
                         self._conns.discard(s)
                         s.close()
+
+
+class HangingS3:
+    """An S3 endpoint that hangs: it accepts connections and reads every request, and
+    never answers (what a stalled S3 or a SIGSTOPped server looks like to a client).
+    ``received`` counts the request bytes that arrived."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = self._listener.getsockname()[1]
+        self.received = 0
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._conns.append(conn)
+            threading.Thread(target=self._swallow, args=(conn,), daemon=True).start()
+
+    def _swallow(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                with self._lock:
+                    self.received += len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+        self._listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.close()
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """SIGTERM ends a node even when the nodes it would wait for are gone: a broker's
 controlled shutdown gives up after ``controlled.shutdown.timeout.ms`` and the broker
 stops anyway, and a second SIGTERM (or SIGINT) cuts any such wait short at once. Real
-processes; deadlines are generous waits, not timing assertions."""
+processes; deadlines are generous waits, not timing assertions. A stop does not wait
+for a remote-tier call hung in S3 either."""
 
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ import signal
 import pytest
 from cluster import ClusterFactory
 from helpers import wait_until
+from replication_cluster import Client, run
+from s3_server import HangingS3
 
 from rillet.tools.local_cluster import LocalCluster, pid_alive
 
 pytestmark = pytest.mark.cluster
 
 EXIT_TIMEOUT_S = 60.0
+# Generous for a stop on a loaded machine, and still far below a hung S3 call's end.
+HUNG_S3_EXIT_TIMEOUT_S = 30.0
 
 
-def wait_exited(cluster: LocalCluster, node_id: int) -> str:
+def wait_exited(cluster: LocalCluster, node_id: int, timeout: float = EXIT_TIMEOUT_S) -> str:
     """Wait until the node's process has exited; its log."""
     node = cluster.nodes[node_id]
     wait_until(
         lambda: not pid_alive(node.pid),
-        timeout=EXIT_TIMEOUT_S,
+        timeout=timeout,
         message=lambda: f"node {node_id} to exit; log:\n{cluster.log_tail(node_id)}",
     )
     return cluster.log_tail(node_id, 200)
@@ -57,3 +62,45 @@ def test_a_second_signal_cuts_a_broker_shutdown_short(cluster_factory: ClusterFa
     log = wait_exited(cluster, 1)
     assert "controlled shutdown cut short" in log
     assert "broker 1 stopped" in log  # closing the logs is quick: it still happened
+
+
+def test_a_broker_exits_promptly_while_an_upload_hangs_in_s3(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """A stop does not wait for the remote tier's threads: one boto3 call into a hung
+    S3 lasts minutes (4 attempts of a 30 s read timeout), and Python's exit would join
+    the thread making it."""
+    hung = HangingS3()
+    try:
+        cluster = cluster_factory(
+            controllers=1,
+            brokers=1,
+            overrides={
+                "controlled.shutdown.timeout.ms": 2000,
+                "remote.log.storage.system.enable": True,
+                "remote.log.storage.s3.endpoint.url": hung.url,
+                "remote.log.manager.task.interval.ms": 100,
+            },
+        )
+
+        async def produce(client: Client) -> None:
+            configs = {"segment.bytes": "1024", "remote.storage.enable": "true"}
+            await client.create_topic("tiered", 1, 1, configs)
+            for _ in range(20):  # segments roll and close below the high watermark
+                code = 1
+                while code:  # the leader may not know the topic yet
+                    code, _ = await client.produce(1, "tiered", 0, [b"x" * 300] * 4)
+
+        run(cluster, produce)
+        # An upload (or the bucket's creation before it) is now stuck in the hung S3.
+        wait_until(
+            lambda: hung.received > 0,
+            timeout=EXIT_TIMEOUT_S,
+            message=lambda: f"an upload to start; log:\n{cluster.log_tail(1)}",
+        )
+        cluster.signal_node(1, signal.SIGTERM)
+        # Far below the hung call's own end (minutes): the stop is not waiting for it.
+        log = wait_exited(cluster, 1, timeout=HUNG_S3_EXIT_TIMEOUT_S)
+        assert "broker 1 stopped" in log
+    finally:
+        hung.close()

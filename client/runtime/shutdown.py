@@ -7,6 +7,8 @@
   stop still waits for from other nodes is cut short, the logs are closed if that
   finishes within ``URGENT_EXIT_S``, and the process exits at that bound regardless. A
   third signal exits at once.
+- Once the stop has finished, the process ends with ``exit_process``: threads still
+  blocked in I/O that cannot be interrupted (a call to a hung S3) must not hold it.
 - The node's owner exiting (``RILLET_OWNER``, set by `rillet cluster up` for the nodes
   it runs in the foreground) asks for a stop without the controlled shutdown: the whole
   cluster is going away, so moving leaderships around first would only add waiting.
@@ -79,6 +81,26 @@ async def unless_set(event: asyncio.Event | None, work: Awaitable[T]) -> T | Non
     return None
 
 
+def exit_process(code: int) -> None:
+    """Flush the logging handlers and stdio, then end the process at once (``os._exit``).
+
+    A node calls it once its stop has finished (every log closed and fsynced, the
+    checkpoints written), so nothing is left that an orderly interpreter exit would
+    still save. What that exit would do instead is join every worker thread of every
+    ``ThreadPoolExecutor`` (concurrent.futures' exit hook), and a thread blocked in a
+    call that cannot be interrupted (a boto3 request to a hung S3: 4 attempts of a 30 s
+    read timeout) would keep the stopped node alive for minutes. Daemon threads would
+    not be joined, but a daemon thread still running while the interpreter finalizes
+    can crash it, and every pool of every library would have to use them."""
+    try:
+        logging.shutdown()  # flushes every handler
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed stream must not stop the exit
+                stream.flush()
+        os._exit(code)
+
+
 class StopRequests:
     """Signals and the owner's exit, turned into a stop request and its urgency."""
 
@@ -121,12 +143,8 @@ class StopRequests:
         """Exit without finishing the stop (the logs are recovered at the next start)."""
         try:
             log.warning("%s: exiting now (%s); the logs were not all closed", self.name, why)
-            logging.shutdown()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(URGENT_EXIT_CODE)
+            exit_process(URGENT_EXIT_CODE)
 
     def _watch_owner(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
         pid_text, _, start_text = owner.partition(":")

@@ -23,10 +23,7 @@ broker/, controller/ and storage/ can all use it without importing each other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -44,17 +41,15 @@ T = TypeVar("T")
 def terminate_process(what: str, error: BaseException) -> None:
     """Log the fault with its traceback, flush, and exit at once (``os._exit``: no
     ``finally`` blocks, no clean-shutdown markers: the in-memory state is suspect)."""
+    from rillet.client.runtime.shutdown import exit_process
+
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
         log.critical(
             "FATAL: %s; terminating the process (exit %d)\n%s", what, FATAL_EXIT_CODE, text
         )
-        logging.shutdown()  # flushes every handler
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream must not stop the exit
-                stream.flush()
-        os._exit(FATAL_EXIT_CODE)
+        exit_process(FATAL_EXIT_CODE)
 
 
 _handler: FatalHandler = terminate_process
