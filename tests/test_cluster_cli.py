@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import ServerProcess, start_server_process, wait_until
 
 from rillet.tools import cluster_cli, local_cluster, local_s3
 from rillet.tools.local_cluster import ClusterError, LocalCluster, write_config
@@ -437,12 +437,12 @@ def test_cluster_up_runs_an_s3_server_that_brokers_tier_to_and_down_stops_it(
     client = s3_client(s3["endpoint"])
     got = client.get_object(Bucket="kept", Key="a/0.log")
     assert got["Body"].read() == b"segment" and got["Metadata"] == {"crc": "1"}
-    # --kill crashes the nodes; the S3 server still writes its objects down.
+    # --kill crashes the nodes; the S3 server's objects are on disk.
     client.put_object(Bucket="kept", Key="a/1.log", Body=b"more")
     rillet("cluster", "down", "--kill", "--data-dir", d)
     assert cluster_processes(data_dir) == []
-    index = json.loads((data_dir / "s3" / "snapshot" / "objects.json").read_text())
-    assert sorted(o["key"] for o in index["objects"]) == ["a/0.log", "a/1.log"]
+    stored = local_s3.stored_objects(data_dir / "s3")
+    assert sorted(entry["key"] for entry, _ in stored) == ["a/0.log", "a/1.log"]
 
 
 def test_cluster_up_with_no_s3_starts_no_s3_server(data_dir: Path) -> None:
@@ -490,3 +490,85 @@ def test_without_moto_cluster_up_says_how_to_get_it_and_runs_with_no_tier(
     assert cluster_cli._s3_for_up(up_args()) is None
     assert "pip install 'rillet[s3]'" in capsys.readouterr().err
     assert cluster_cli._s3_for_up(up_args("--s3-endpoint", "http://s3:9000")) is not None
+
+
+def start_local_s3(data_dir: Path) -> ServerProcess:
+    """The embedded S3 server on its own (no cluster), on an ephemeral port."""
+    return start_server_process(
+        local_s3.command(sys.executable, 0, data_dir),
+        port_pattern=r'"S3": "http://127\.0\.0\.1:(\d+)"',
+        timeout=60,
+    )
+
+
+def test_the_embedded_s3_server_keeps_what_it_acknowledged_through_a_kill_9(
+    tmp_path: Path,
+) -> None:
+    """Every change S3 answered 200 is on disk before the answer: a SIGKILL right after
+    loses none of it (brokers delete their local copies once a PUT is answered)."""
+    d = tmp_path / "s3"
+    server = start_local_s3(d)
+    try:
+        client = s3_client(f"http://127.0.0.1:{server.port}")
+        client.create_bucket(Bucket="tier")
+        client.put_object(Bucket="tier", Key="t/0/a.log", Body=b"segment", Metadata={"c": "1"})
+        client.put_object(Bucket="tier", Key="t/0/b.log", Body=b"gone soon")
+        client.put_object(Bucket="tier", Key="t/0/c.log", Body=b"gone too")
+        client.put_object(Bucket="tier", Key="t/0/a.log", Body=b"rewritten", Metadata={"c": "2"})
+        client.delete_object(Bucket="tier", Key="t/0/b.log")
+        client.delete_objects(Bucket="tier", Delete={"Objects": [{"Key": "t/0/c.log"}]})
+        server.proc.kill()
+        server.proc.wait()
+        server = start_local_s3(d)
+        client = s3_client(f"http://127.0.0.1:{server.port}")
+        listed = client.list_objects_v2(Bucket="tier").get("Contents", [])
+        assert [o["Key"] for o in listed] == ["t/0/a.log"]
+        got = client.get_object(Bucket="tier", Key="t/0/a.log")
+        assert got["Body"].read() == b"rewritten" and got["Metadata"] == {"c": "2"}
+    finally:
+        server.stop()
+
+
+def test_closing_the_embedded_s3_gate_does_not_wait_forever_for_a_stuck_request() -> None:
+    """A request stuck inside moto (a client that stalls its body) must not hold the
+    server's stop forever: the wait is bounded, and the request is refused afterwards."""
+    inside, release = threading.Event(), threading.Event()
+
+    def app(environ: dict, start_response: object) -> list[bytes]:
+        inside.set()
+        release.wait()
+        return [b""]
+
+    gate = local_s3._Gate(app)
+    stuck = threading.Thread(target=gate, args=({}, lambda *a: None), daemon=True)
+    stuck.start()
+    try:
+        assert inside.wait(30)
+        assert gate.close(timeout_s=0.05) is False  # gave up waiting: still inside
+        answers: list[str] = []
+        gate({}, lambda status, headers: answers.append(status))
+        assert answers == ["503 Service Unavailable"]
+    finally:
+        release.set()
+        stuck.join(30)
+
+
+def test_the_embedded_s3_server_takes_an_earlier_versions_snapshot_into_its_store(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions wrote the objects at a clean stop only, as one snapshot: a data
+    directory from them keeps its objects."""
+    d = tmp_path / "s3"
+    (d / "snapshot").mkdir(parents=True)
+    (d / "snapshot" / "0").write_bytes(b"old segment")
+    entry = {"bucket": "tier", "key": "t/0.log", "file": "0", "metadata": {"c": "1"}}
+    index = {"buckets": ["tier"], "objects": [{**entry, "content_type": None}]}
+    (d / "snapshot" / "objects.json").write_text(json.dumps(index))
+    server = start_local_s3(d)
+    try:
+        assert not (d / "snapshot").exists()
+        assert [e["key"] for e, _ in local_s3.stored_objects(d)] == ["t/0.log"]
+        got = s3_client(f"http://127.0.0.1:{server.port}").get_object(Bucket="tier", Key="t/0.log")
+        assert got["Body"].read() == b"old segment" and got["Metadata"] == {"c": "1"}
+    finally:
+        server.stop()

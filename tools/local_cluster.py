@@ -12,8 +12,9 @@ Layout under ``data_dir``::
     node-<id>/stdout.log    readiness lines (appended on every start)
     node-<id>/node.log      the node's log (stderr)
     node-<id>/metadata/     a controller's Raft log        node-<id>/logs/  a broker's logs
-    s3/                     the embedded S3 server: stdout.log, s3.log, its objects'
-                            snapshot (tools/local_s3.py), when the cluster runs one
+    s3/                     the embedded S3 server: stdout.log, s3.log, its objects
+                            (objects/, written through: tools/local_s3.py), when the
+                            cluster runs one
 
 Node ids: in separated mode brokers are 1..B and controllers 101..100+C; in combined
 mode nodes 1..N run both roles. Default ports (non-ephemeral): broker i listens on
@@ -629,7 +630,7 @@ class LocalCluster:
         return self.s3 is not None and process_is(self.s3.pid, self.s3.start_time)
 
     def start_s3(self, timeout_s: float = 60.0) -> None:
-        """Start the embedded S3 server again (its objects come back from its snapshot)."""
+        """Start the embedded S3 server again (its objects come back from disk)."""
         with self.locked():
             if self.s3_running() or self._s3_strays():
                 raise ClusterError("the S3 server is already running")
@@ -637,8 +638,8 @@ class LocalCluster:
             self._await_s3(timeout_s)
 
     def stop_s3(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
-        """SIGTERM: it stops serving, then writes its objects to disk. ``kill``: SIGKILL,
-        and its objects since the last clean stop are lost (it keeps them in memory)."""
+        """SIGTERM: it stops serving. ``kill``: SIGKILL. Either way every change it
+        answered is on disk already (it writes each through before answering)."""
         with self.locked():
             s3 = self._embedded_s3()
             pids = set(self._s3_strays())
@@ -717,8 +718,8 @@ class LocalCluster:
                     n.pid = n.start_time = None
             if self.s3 is not None and self.s3.embedded:
                 # Last: brokers upload until then. Never killed: ``kill`` is a crash of
-                # the nodes, and S3 does not lose objects when brokers crash (killed, it
-                # would lose those since its last snapshot).
+                # the nodes, not of S3 (killed, it would lose nothing it answered, but
+                # its log would show a crash that did not happen).
                 self.stop_s3(timeout_s=timeout_s)
             self.owner = None
 
