@@ -59,6 +59,9 @@ BROKER_KEYS = ConfigTable(
             "Largest record batch (topic config `max.message.bytes` overrides)."),
         Key("replica.lag.time.max.ms", int, 30_000,
             "A follower not caught up for this long leaves the ISR."),
+        Key("fetch.max.bytes", int, 55 * MIB,
+            "Most bytes a fetch is answered with, whatever the client asks for (one batch "
+            "more when the first is larger)."),
         Key("replica.fetch.max.bytes", int, MIB, "Follower fetch: bytes per partition."),
         Key("replica.fetch.response.max.bytes", int, 10 * MIB,
             "Follower fetch: bytes per response."),
@@ -189,6 +192,7 @@ class BrokerConfig:
             ("message.max.bytes", 0),
             ("max.connections", 1),
             ("socket.request.max.bytes", 1024),
+            ("fetch.max.bytes", 1024),
             ("replica.tick.interval.ms", 1),
             ("replica.fetch.max.bytes", 1),
             ("replica.fetch.response.max.bytes", 1),

@@ -44,7 +44,7 @@ from rillet.storage.remote.store import RemoteStorageError
 
 if TYPE_CHECKING:
     from rillet.broker.metrics import BrokerMetrics
-    from rillet.storage.remote.reader import RemoteReader
+    from rillet.storage.remote.reader import Held, RemoteReader
 
 logger = logging.getLogger(__name__)
 
@@ -150,15 +150,17 @@ def segments_from(view: RemoteLogView, offset: int, local_start: int) -> tuple[R
     return tuple(out)
 
 
-async def read_one(reader: RemoteReader, read: RemoteRead) -> bytes:
-    """Whole batches from the batch holding ``read.offset`` (or the first after it)."""
+async def read_one(reader: RemoteReader, read: RemoteRead, held: list[Held] | None = None) -> bytes:
+    """Whole batches from the batch holding ``read.offset`` (or the first after it).
+    ``held``: ``RemoteReader.read``'s ``keep``."""
     for seg in read.segments:
         keys = segment_keys(
             read.topic, read.topic_id, read.partition, seg.start_offset, seg.segment_id
         )
         manifest = await reader.manifest(keys)
         offset = max(read.offset, seg.start_offset)
-        data = await reader.read(keys, manifest, offset, max(read.max_bytes, 1), read.max_offset)
+        max_bytes = max(read.max_bytes, 1)
+        data = await reader.read(keys, manifest, offset, max_bytes, read.max_offset, keep=held)
         if data:
             return data
     return b""
@@ -170,20 +172,36 @@ async def read_remote(
     timeout_s: float,
     still_remote: Callable[[RemoteRead], bool],
     metrics: BrokerMetrics | None = None,
+    held: list[Held] | None = None,
 ) -> list[RemoteOutcome]:
     """Every read at once (several partitions of one fetch may be remote), each bounded
     by ``timeout_s``; an outcome per read, in order. ``still_remote(read)``: whether the
     read's segments are still in the remote log (a missing object is then damage, not
-    retention)."""
-    tasks = [asyncio.ensure_future(read_one(reader, r)) for r in reads]
+    retention).
+
+    ``held`` gets what the outcomes' bytes hold of the reader's in-flight bound, for the
+    caller to release once they are sent; without it they are released at once."""
+    holds: list[list[Held]] = [[] for _ in reads]
+    tasks = [
+        asyncio.ensure_future(read_one(reader, r, h)) for r, h in zip(reads, holds, strict=True)
+    ]
     try:
         _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    except BaseException:  # the fetch itself cancelled (its connection gone)
+        for h in holds:
+            _release(h)
+        raise
     finally:
         for task in tasks:
             # Past the wait (or the fetch itself cancelled, its connection gone): the
             # GETs finish in the reader's threads and still fill its cache.
             task.cancel()
     out = [_outcome(r, t, t in pending, still_remote) for r, t in zip(reads, tasks, strict=True)]
+    for outcome, h in zip(out, holds, strict=True):
+        if held is None or not outcome.data:  # nothing sent of it: nothing to hold
+            _release(h)
+        else:
+            held.extend(h)
     if metrics is not None:
         metrics.record_remote_fetch(
             len(reads),
@@ -191,6 +209,12 @@ async def read_remote(
             sum(1 for o in out if o.error_code != NONE),
         )
     return out
+
+
+def _release(held: list[Held]) -> None:
+    for h in held:
+        h.release()
+    held.clear()
 
 
 def _outcome(

@@ -35,6 +35,7 @@ from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import MetadataImage, TopicPartition
 from rillet.controller.metadata.remote_log import RemoteLogView
 from rillet.storage import FileSlice, Log
+from rillet.storage.remote.reader import Held
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,15 @@ class FetchResult:
     touched: list[Replica] = field(default_factory=list)  # where a long poll parks
     remote: list[int] = field(default_factory=list)  # partitions (by index) read remotely
     reserved: int = 0  # bytes the remote reads reserved of the budget
+    # What the remote answers' bytes hold of the remote reader's in-flight bound: the
+    # caller releases it once the response is written (or dropped).
+    held: list[Held] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Give back what ``held`` counts (idempotent)."""
+        held, self.held = self.held, []
+        for h in held:
+            h.release()
 
     @property
     def empty(self) -> bool:

@@ -80,6 +80,7 @@ from rillet.storage import Log, LogConfig, LogManager
 if TYPE_CHECKING:
     from rillet.broker.metrics import BrokerMetrics
     from rillet.broker.remote_log_manager import RemoteLogManager
+    from rillet.storage.remote.reader import Held
 
 logger = logging.getLogger(__name__)
 
@@ -623,22 +624,31 @@ class ReplicaManager:
         remote = self.remote
         reads = [result.partitions[i].remote for i in result.remote]
         completed: dict[int, FetchPartitionResult] = {}
-        if remote is not None:
-            image_at = self.image
-            outcomes = await read_remote(
-                remote.reader,
-                [r for r in reads if r is not None],
-                self.config["remote.fetch.max.wait.ms"] / 1000,
-                lambda read: self._still_remote(read, image_at),
-                self.metrics,
-            )
-            for i, outcome in zip(result.remote, outcomes, strict=True):
-                done = result.partitions[i]
-                done.remote = None
-                done.error_code = outcome.error_code
-                done.records = outcome.records()
-                completed[i] = done
-        return self._reader.read_all(params, partitions, False, completed=completed)
+        held: list[Held] = []
+        try:
+            if remote is not None:
+                image_at = self.image
+                outcomes = await read_remote(
+                    remote.reader,
+                    [r for r in reads if r is not None],
+                    self.config["remote.fetch.max.wait.ms"] / 1000,
+                    lambda read: self._still_remote(read, image_at),
+                    self.metrics,
+                    held,
+                )
+                for i, outcome in zip(result.remote, outcomes, strict=True):
+                    done = result.partitions[i]
+                    done.remote = None
+                    done.error_code = outcome.error_code
+                    done.records = outcome.records()
+                    completed[i] = done
+            out = self._reader.read_all(params, partitions, False, completed=completed)
+        except BaseException:
+            for h in held:
+                h.release()
+            raise
+        out.held = held  # the caller's, until the response is written
+        return out
 
     def _still_remote(self, read: RemoteRead, image_at: MetadataImage) -> bool:
         """Whether a failed remote read's segments are all still in the remote log: a

@@ -38,9 +38,14 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from rillet.broker import remote_fetch
-from rillet.broker.fetch_session import FetchSessionCache
+from rillet.broker.fetch_session import FetchContext, FetchSessionCache
 from rillet.broker.metrics import BrokerMetrics
-from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchPartitionResult
+from rillet.broker.replica_fetch import (
+    FetchParams,
+    FetchPartition,
+    FetchPartitionResult,
+    FetchResult,
+)
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import FileRange, Request, Response
 from rillet.client.wire import errors
@@ -72,6 +77,7 @@ class FetchHandler:
         self.replicas = replicas
         self.metrics = metrics
         self.sessions = sessions if sessions is not None else FetchSessionCache()
+        self.max_bytes: int = replicas.config["fetch.max.bytes"]
         # Bytes this broker served to consumers as a follower (fetch from follower), in
         # the broker's own registry beside bytes_out, which counts them too.
         self.follower_bytes_out = Counter(
@@ -99,7 +105,9 @@ class FetchHandler:
             replica_id,
             req.max_wait_ms,
             req.min_bytes,
-            req.max_bytes,
+            # Kafka's broker-side cap (KIP-541): a client's max_bytes alone would let one
+            # fetch hold up to a whole segment per partition in memory.
+            min(req.max_bytes, self.max_bytes),
             req.rack_id if replica_id == CONSUMER else "",
         )
         listed = [
@@ -127,6 +135,13 @@ class FetchHandler:
             return Response(m.FetchResponse([], error_code=context))
         result = await self.replicas.fetch_messages(params, context.partitions, context.watched)
         # ---- no await from fetch_messages' last read to the return: ranges pinned ----
+        try:
+            return self._respond(context, result)
+        except BaseException:
+            result.release()
+            raise
+
+    def _respond(self, context: FetchContext, result: FetchResult) -> Response:
         # Rows go out topic by topic (a session's order may interleave topics), and the
         # payload in the rows' order.
         by_topic: dict[str, list[FetchPartitionResult]] = {}
@@ -169,7 +184,10 @@ class FetchHandler:
         self.metrics.bytes_out.inc(result.nbytes)
         if result.follower_nbytes:
             self.follower_bytes_out.inc(result.follower_nbytes)
-        return Response(m.FetchResponse(out, session_id=context.session_id), payload)
+        # Remote answers stay counted against the remote reader's in-flight bound until
+        # the RpcServer has written them (docs/tiered.md, "Bounded memory per read").
+        written = result.release if result.held else None
+        return Response(m.FetchResponse(out, session_id=context.session_id), payload, written)
 
 
 Lookup = m.ListOffsetsPartitionResult | Coroutine[Any, Any, m.ListOffsetsPartitionResult]

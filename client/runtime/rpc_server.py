@@ -131,6 +131,10 @@ class Response:
     # errors (and tests that send what no schema allows).
     message: Any
     payload: Sequence[PayloadPart] = ()
+    # Called once, when the response's bytes have all left this server for the socket,
+    # or when they never will (the connection closed, the answer was dropped): what a
+    # handler holds for the payload (memory counted against a budget) may go then.
+    on_written: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +460,8 @@ class _ServerProtocol(asyncio.Protocol):
         self.writer_busy = False  # an async file send owns the socket right now
         self.writer_task: asyncio.Task[None] | None = None
         self.empty_waiter: asyncio.Future[None] | None = None
+        # Response.on_written callbacks waiting for the write buffer to empty.
+        self.on_drained: list[Callable[[], None]] = []
         self.writable_fd = -1  # dup of the socket, polled for writability by sendfile
         self.paused: set[str] = set()  # why reading is paused: writing, in-flight, budget
         self.reserved = 0  # bytes of the budget this connection's split frame holds
@@ -635,8 +641,13 @@ class _ServerProtocol(asyncio.Protocol):
         for slot in self.slots:
             if slot.task is not None:
                 slot.task.cancel()
+                if slot.task.done() and not slot.task.cancelled() and not slot.task.exception():
+                    _written(slot.task.result())  # answered, never to be sent
             _unpin(slot.parts)
         self.slots.clear()
+        drained, self.on_drained = self.on_drained, []
+        for callback in drained:
+            callback()
         if self.empty_waiter is not None and not self.empty_waiter.done():
             self.empty_waiter.cancel()
         if self.writer_task is not None:
@@ -650,6 +661,12 @@ class _ServerProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.resume("writing")
+        transport = self.transport
+        if self.on_drained and transport is not None and transport.get_write_buffer_size() == 0:
+            drained, self.on_drained = self.on_drained, []
+            for callback in drained:
+                callback()
+            self.restore_write_limits()
         if self.empty_waiter is not None and not self.empty_waiter.done():
             self.empty_waiter.set_result(None)
 
@@ -699,19 +716,23 @@ class _ServerProtocol(asyncio.Protocol):
     async def run(self, request: Request, slot: _Slot) -> Response | None:
         response = await self.server.handlers[request.api.key](request)
         if response is not None:
-            if self.server.validate_responses:
-                # As the peer will read it: nested messages are plain arrays on the wire.
-                header = decode_header(encode_header(_header_of(response.message)))
-                schemas.validate_response(request.api, request.version, header)
-            # Take the file ranges in the same step the handler returned in, before anything
-            # else runs: the answer may wait behind a slower one (responses go out in
-            # order), and a log truncated and rewritten in place meanwhile must not change
-            # what it sends. pread: read the bytes now (the one copy it makes anyway);
-            # sendfile: pin an fd (safe from close and rename, not from a rewrite).
-            if self.server.file_send_mode == "pread":
-                slot.parts = _read_parts(response.payload)
-            else:
-                slot.parts = _pin_parts(response.payload)
+            try:
+                if self.server.validate_responses:
+                    # As the peer will read it: nested messages are plain arrays on the wire.
+                    header = decode_header(encode_header(_header_of(response.message)))
+                    schemas.validate_response(request.api, request.version, header)
+                # Take the file ranges in the same step the handler returned in, before
+                # anything else runs: the answer may wait behind a slower one (responses go
+                # out in order), and a log truncated and rewritten in place meanwhile must
+                # not change what it sends. pread: read the bytes now (the one copy it makes
+                # anyway); sendfile: pin an fd (safe from close and rename, not a rewrite).
+                if self.server.file_send_mode == "pread":
+                    slot.parts = _read_parts(response.payload)
+                else:
+                    slot.parts = _pin_parts(response.payload)
+            except BaseException:
+                _written(response)  # answered with an error instead
+                raise
         return response
 
     def on_handler_done(self, task: asyncio.Task) -> None:
@@ -798,10 +819,14 @@ class _ServerProtocol(asyncio.Protocol):
         except Exception as e:  # OSError, or a bad range (ValueError) from the handler
             # The frame's size is already promised; a short file cannot be sent in it.
             self.drop(f"cannot read file range for response: {e!r}")
+            _written(response)
             return
         finally:
             _unpin(slot.parts)
         self.transport.writelines(out)
+        del out
+        if response.on_written is not None:
+            self.when_drained(response.on_written)
 
     async def write_async(self, slot: _Slot, response: Response) -> None:
         """Write a response holding file ranges with os.sendfile, then resume flushing."""
@@ -818,6 +843,8 @@ class _ServerProtocol(asyncio.Protocol):
                 self.drop(f"sendfile failed: {e!r}")
         finally:
             _unpin(slot.parts)
+            if response.on_written is not None:
+                self.when_drained(response.on_written)
             self.writer_busy = False
             self.writer_task = None
             if self.closing:
@@ -852,8 +879,27 @@ class _ServerProtocol(asyncio.Protocol):
             await self.empty_waiter
         finally:
             self.empty_waiter = None
-            if not self.closing:
-                self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
+            self.restore_write_limits()
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every byte written so far has left the transport's
+        buffer for the socket (at once when none waits), or when the connection is lost.
+        Meanwhile the connection is paused for reading, as over the high-water mark:
+        the peer is not taking its answers as fast as they come."""
+        assert self.transport is not None
+        if self.closing or self.transport.get_write_buffer_size() == 0:
+            callback()
+            return
+        self.on_drained.append(callback)
+        # Low-water mark 0: resume_writing fires exactly when the buffer has drained.
+        self.transport.set_write_buffer_limits(high=0, low=0)
+
+    def restore_write_limits(self) -> None:
+        """The usual high-water mark, once nothing waits for the buffer to empty."""
+        if self.closing or self.on_drained or self.empty_waiter is not None:
+            return
+        assert self.transport is not None
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
 
     async def wait_writable(self, sock_fd: int) -> None:
         # uvloop refuses add_writer on a transport's own fd; a dup of it may be polled.
@@ -914,6 +960,12 @@ def rpc_limits(config: Mapping[str, Any]) -> dict[str, Any]:
         "max_in_flight": config["queued.max.requests.per.connection"],
         "max_partial_request_bytes": config["queued.max.request.bytes"],
     }
+
+
+def _written(response: Response | None) -> None:
+    """The response went out, or never will: its ``on_written``, if any."""
+    if response is not None and response.on_written is not None:
+        response.on_written()
 
 
 def _nbytes(part: Buffer) -> int:

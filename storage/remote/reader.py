@@ -47,6 +47,23 @@ GET_TIMEOUT_S = 30.0
 READ_BYTES_IN_FLIGHT = 64 * 1024 * 1024
 
 
+class Held:
+    """Bytes of the reader's in-flight bound that a read's answer still holds after the
+    read returned: its caller releases them (once) when it is done with the bytes, e.g.
+    once they have been written to a socket."""
+
+    __slots__ = ("_reader", "nbytes")
+
+    def __init__(self, reader: RemoteReader, nbytes: int) -> None:
+        self._reader = reader
+        self.nbytes = nbytes
+
+    def release(self) -> None:
+        n, self.nbytes = self.nbytes, 0
+        if n:
+            self._reader._release(n)
+
+
 class ChunkCache:
     """A bounded LRU of verified chunks, in bytes. Loop-thread only (no lock).
 
@@ -249,9 +266,16 @@ class RemoteReader:
         offset: int,
         max_bytes: int,
         max_offset: int | None = None,
+        *,
+        keep: list[Held] | None = None,
     ) -> bytes:
         """Whole batches from the one holding ``offset``, as ``Log.read`` cuts them on
         the same segment.
+
+        With ``keep``, the answer's bytes stay counted against the in-flight bound after
+        the read returns, until the ``Held`` appended to it is released: an answer that
+        waits to be sent is memory too, and many of them could otherwise pile up past
+        any bound.
 
         b"" means nothing of this segment qualifies: ``offset`` is at or past
         ``max_offset`` or past ``manifest.end_offset``. A compacted segment may end
@@ -268,6 +292,7 @@ class RemoteReader:
         # Bytes this read may hold: its answer plus the chunks at either end of it.
         want = min(max_bytes, manifest.size_bytes) + 2 * manifest.chunk_size
         reserved = await self._reserve(want)
+        kept = 0
         try:
             held: dict[int, bytes] = {}  # this read's chunks, whatever the cache evicts
             found = await self._find(keys, cached, offset, held)
@@ -295,9 +320,12 @@ class RemoteReader:
             del data
             self._check_batches(keys, position, result)
             self._prefetch(keys, manifest, (position + cut - 1) // manifest.chunk_size)
+            if keep is not None and result:
+                kept = len(result)  # within the reservation: it covered the answer
+                keep.append(Held(self, kept))
             return result
         finally:
-            self._release(reserved)
+            self._release(reserved - kept)
 
     async def _reserve(self, n: int) -> int:
         """Wait until ``n`` more bytes fit the in-flight read bound (a read larger than
