@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -373,3 +374,87 @@ async def test_server_stop_fails_clients_and_frees_the_port(data_file: Path) -> 
     await c.wait_closed()
     with pytest.raises(NetworkError):
         await c.request("ApiVersions", {})
+
+
+@pytest.mark.parametrize("mode", ["pread", "sendfile"])
+async def test_on_written_runs_once_when_the_answer_has_been_written(
+    data_file: Path, mode: str
+) -> None:
+    """What a handler holds for its answer's bytes (a memory budget) goes back once they
+    have left the server, and only once."""
+    written: list[int] = []
+
+    async def handler(request: Request) -> Response:
+        parts = [b"remote bytes", FileRange(str(data_file), 0, 1024)]
+        done = lambda: written.append(request.correlation_id)  # noqa: E731
+        return Response(messages.FetchResponse([]), parts, done)
+
+    srv = RpcServer({schemas.FETCH.key: handler}, file_send_mode=mode)
+    await srv.start("127.0.0.1", 0)
+    try:
+        async with await Connection.open("127.0.0.1", srv.port) as c:
+            for _ in range(3):
+                _, payload = await c.request("Fetch", fetch((0, 1)))
+                assert bytes(payload) == b"remote bytes" + DATA[:1024]
+        await wait_until_async(lambda: len(written) == 3)
+        assert len(set(written)) == 3
+    finally:
+        await srv.stop()
+
+
+async def test_on_written_runs_for_an_answer_its_connection_never_takes() -> None:
+    """An answer queued behind a slower one (answers go out in order) whose connection
+    goes away is never written: its hold goes back all the same."""
+    slow = asyncio.Event()
+    written: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        if request.message.max_wait_ms:  # the slow one
+            await slow.wait()
+        return Response(messages.FetchResponse([]), [b"x"], lambda: written.append("yes"))
+
+    srv = RpcServer({schemas.FETCH.key: handler})
+    await srv.start("127.0.0.1", 0)
+    try:
+        c = await Connection.open("127.0.0.1", srv.port)
+        first = asyncio.ensure_future(c.request("Fetch", {**fetch((0, 1)), "max_wait_ms": 1}))
+        second = asyncio.ensure_future(c.request("Fetch", fetch((0, 1))))
+        await wait_until_async(lambda: any(conn.slots for conn in srv.connections))
+        await wait_until_async(
+            lambda: any(s.ready() for conn in srv.connections for s in conn.slots)
+        )
+        assert c._transport is not None
+        # Reset (a close would be a half-close, whose answers are still written).
+        sock = c._transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c._transport.abort()
+        await asyncio.gather(first, second, return_exceptions=True)
+        await wait_until_async(lambda: written == ["yes"])
+    finally:
+        slow.set()
+        await srv.stop()
+
+
+async def test_a_peer_that_stops_reading_an_answer_with_on_written_is_dropped() -> None:
+    """What an unread answer holds (a budget shared by every connection) must not be
+    held forever by a peer that stopped reading: with no progress for the request read
+    timeout, the connection is closed and the hold goes back."""
+    written: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        return Response(messages.FetchResponse([]), [bytes(32 << 20)], lambda: written.append("x"))
+
+    srv = RpcServer({schemas.FETCH.key: handler}, request_read_timeout_ms=200)
+    await srv.start("127.0.0.1", 0)
+    try:
+        c = await Connection.open("127.0.0.1", srv.port)
+        assert c._transport is not None
+        c._transport.pause_reading()
+        answer = asyncio.ensure_future(c.request("Fetch", fetch((0, 1))))
+        await wait_until_async(lambda: written == ["x"], message="the hold to go back")
+        assert not srv.connections
+        with pytest.raises(NetworkError):
+            c._transport.resume_reading()
+            await answer
+    finally:
+        await srv.stop()

@@ -462,6 +462,9 @@ class _ServerProtocol(asyncio.Protocol):
         self.empty_waiter: asyncio.Future[None] | None = None
         # Response.on_written callbacks waiting for the write buffer to empty.
         self.on_drained: list[Callable[[], None]] = []
+        # While they wait: the buffer's size when it last shrank, and when that was.
+        self.drain_size = 0
+        self.drain_since = 0.0
         self.writable_fd = -1  # dup of the socket, polled for writability by sendfile
         self.paused: set[str] = set()  # why reading is paused: writing, in-flight, budget
         self.reserved = 0  # bytes of the budget this connection's split frame holds
@@ -576,7 +579,21 @@ class _ServerProtocol(asyncio.Protocol):
         if self.closing:
             return
         server, now = self.server, self.loop.time()
-        if self.paused:  # we hold the reader (or the peer holds our answers): no deadline
+        if self.on_drained and self.transport is not None:
+            # Answers whose ``on_written`` holds a budget shared by every connection: a
+            # peer that stopped reading them must not hold it forever. Reading slowly is
+            # fine; no progress for the request read timeout is not.
+            size = self.transport.get_write_buffer_size()
+            if size < self.drain_size:
+                self.drain_size, self.drain_since = size, now
+            elif now - self.drain_since >= server.read_timeout_s:
+                self.drop(
+                    f"answers not read for {server.read_timeout_s * 1000:.0f} ms"
+                    f" ({size} bytes unsent)"
+                )
+                return
+            self.arm(min(server.read_timeout_s, self.drain_since + server.read_timeout_s - now))
+        elif self.paused:  # we hold the reader (or the peer holds our answers): no deadline
             self.arm(server.read_timeout_s)
         elif self.decoder.buffered_bytes:
             deadline = self.frame_started + server.read_timeout_s
@@ -890,6 +907,12 @@ class _ServerProtocol(asyncio.Protocol):
         if self.closing or self.transport.get_write_buffer_size() == 0:
             callback()
             return
+        if not self.on_drained:
+            self.drain_size = self.transport.get_write_buffer_size()
+            self.drain_since = self.loop.time()
+            deadline = self.drain_since + self.server.read_timeout_s
+            if self.timer is None or self.timer_when > deadline:
+                self.arm(self.server.read_timeout_s)
         self.on_drained.append(callback)
         # Low-water mark 0: resume_writing fires exactly when the buffer has drained.
         self.transport.set_write_buffer_limits(high=0, low=0)
