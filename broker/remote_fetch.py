@@ -18,6 +18,10 @@ How one Fetch mixes local and remote partitions (docs/tiered.md, "Read path"):
   once (``read_remote``), bounded by ``remote.fetch.max.wait.ms``, and reads the local
   partitions again in the step that returns, so their file ranges are pinned for the
   handler's zero-copy send as before. A response with remote reads never long-polls.
+- Memory: the answers' bytes stay counted against the reader's in-flight bound
+  (``RemoteReader.read``'s ``keep``) until the fetch handler's response has been written
+  (``FetchResult.held``, ``Response.on_written``): many answers waiting to be sent
+  cannot pile up past it.
 - Per partition errors: the store unreachable, throttled or failing (a retriable
   ``RemoteStorageError``) answers KAFKA_STORAGE_ERROR, a read past the wait
   REQUEST_TIMED_OUT (both retriable: the consumer retries at the same offset); damaged

@@ -588,7 +588,9 @@ class ReplicaManager:
 
         The last read and the return happen in one step (no ``await`` between them):
         a caller that encodes the result without awaiting first pins the byte ranges
-        before retention or truncation can touch them."""
+        before retention or truncation can touch them. A result with remote reads holds
+        part of the remote reader's in-flight bound (``result.held``) until the caller
+        calls ``result.release()``, once the answer is written."""
         if session is not None:
             return await self._fetch_watched(params, partitions, session)
         loop = asyncio.get_running_loop()
