@@ -11,8 +11,9 @@ moto keeps objects in memory. A local cluster keeps its data across `cluster dow
 log, so the objects must outlive the process too, crashes included: a broker deletes
 its local copy of a segment once S3 has answered the upload. So every change is written
 through to D before it is answered (``Store``: one file per object, fsynced and renamed
-into place), and the next start loads D back before it serves. A kill -9 loses only
-changes that were never answered, which their clients retry.
+into place: storage/checkpoints.py's ``replace_file``), and the next start loads D back
+before it serves. A kill -9 loses only changes that were never answered, which their
+clients retry.
 
 Reading what a request changed goes through moto's own S3 API, on a second server bound
 to an ephemeral loopback port that only this process knows (moto's backend is per
@@ -30,7 +31,6 @@ import importlib.util
 import io
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -41,6 +41,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from rillet.client.runtime.shutdown import StopRequests, exit_process
+from rillet.storage.checkpoints import replace_file
+from rillet.storage.fs import fsync_dir
 
 log = logging.getLogger("rillet.s3")
 
@@ -188,7 +190,7 @@ class Store:
             path = self._path(bucket, key)
             if path.exists():
                 path.unlink()
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
             return
         entry = {
             "bucket": bucket,
@@ -197,11 +199,11 @@ class Store:
             "content_type": got.get("ContentType"),
         }
         head = json.dumps(entry).encode() + b"\n"
-        _write_durably(self._path(bucket, key), [head, got["Body"].read()])
+        replace_file(self._path(bucket, key), head + got["Body"].read(), fsync=True)
 
     def sync_buckets(self) -> None:
         names = [b["Name"] for b in self.client.list_buckets().get("Buckets", [])]
-        _write_durably(self.data_dir / BUCKETS, [json.dumps(names).encode()])
+        replace_file(self.data_dir / BUCKETS, json.dumps(names).encode(), fsync=True)
 
     def load(self) -> int:
         """Put everything on disk into moto (before serving); returns the object count.
@@ -254,25 +256,6 @@ def _put(client: Any, entry: dict[str, Any], body: bytes) -> None:
     client.put_object(
         Bucket=entry["bucket"], Key=entry["key"], Body=body, Metadata=entry["metadata"], **extra
     )
-
-
-def _write_durably(path: Path, parts: list[bytes]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _WriteThrough:
