@@ -462,7 +462,8 @@ class _ServerProtocol(asyncio.Protocol):
         self.empty_waiter: asyncio.Future[None] | None = None
         # Response.on_written callbacks waiting for the write buffer to empty.
         self.on_drained: list[Callable[[], None]] = []
-        # While they wait: the buffer's size when it last shrank, and when that was.
+        # While they wait: the buffer's smallest size since it last shrank (what was
+        # written meanwhile added), and when that was.
         self.drain_size = 0
         self.drain_since = 0.0
         self.writable_fd = -1  # dup of the socket, polled for writability by sendfile
@@ -841,6 +842,8 @@ class _ServerProtocol(asyncio.Protocol):
         finally:
             _unpin(slot.parts)
         self.transport.writelines(out)
+        if self.on_drained:  # queued behind what is waiting to drain: not progress
+            self.drain_size += sum(_nbytes(part) for part in out)
         del out
         if response.on_written is not None:
             self.when_drained(response.on_written)
@@ -849,12 +852,12 @@ class _ServerProtocol(asyncio.Protocol):
         """Write a response holding file ranges with os.sendfile, then resume flushing."""
         assert self.transport is not None
         try:
-            self.transport.write(self.head_or_error(slot, response))
+            self.write_part(self.head_or_error(slot, response))
             for part in slot.parts:
                 if type(part) is _Pinned:
                     await self.sendfile(part)
                 else:
-                    self.transport.write(part)
+                    self.write_part(part)
         except (Exception, asyncio.CancelledError) as e:
             if not self.closing:
                 self.drop(f"sendfile failed: {e!r}")
@@ -868,6 +871,12 @@ class _ServerProtocol(asyncio.Protocol):
                 self.close_writable_fd()
             else:
                 self.flush()
+
+    def write_part(self, part: Buffer) -> None:
+        assert self.transport is not None
+        self.transport.write(part)
+        if self.on_drained:  # queued behind what is waiting to drain: not progress
+            self.drain_size += _nbytes(part)
 
     async def sendfile(self, part: _Pinned) -> None:
         assert self.transport is not None
