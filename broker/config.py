@@ -25,6 +25,7 @@ from rillet.client.wire.errors import InvalidConfigError
 from rillet.storage.config import DAY_MS, KAFKA_NAMES, LogConfig
 
 MIB = 1024 * 1024
+FETCH_MAX_BYTES = 55 * MIB  # Kafka's fetch.max.bytes default (KIP-541)
 BROKER_LISTENER = "BROKER"
 DEFAULT_BROKER_LISTENER = "BROKER://127.0.0.1:9092"
 CONTROLLER_LISTENER = "CONTROLLER"
@@ -59,7 +60,7 @@ BROKER_KEYS = ConfigTable(
             "Largest record batch (topic config `max.message.bytes` overrides)."),
         Key("replica.lag.time.max.ms", int, 30_000,
             "A follower not caught up for this long leaves the ISR."),
-        Key("fetch.max.bytes", int, 55 * MIB,
+        Key("fetch.max.bytes", int, FETCH_MAX_BYTES,
             "Most bytes a fetch is answered with, whatever the client asks for (one batch "
             "more when the first is larger)."),
         Key("replica.fetch.max.bytes", int, MIB, "Follower fetch: bytes per partition."),

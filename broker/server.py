@@ -232,7 +232,15 @@ class BrokerServer:
         meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
         by_api: list[tuple[schemas.Api, Handler]] = [
             (schemas.PRODUCE, ProduceHandler(self.replicas)),
-            (schemas.FETCH, FetchHandler(self.replicas, self.metrics, self.fetch_sessions)),
+            (
+                schemas.FETCH,
+                FetchHandler(
+                    self.replicas,
+                    self.metrics,
+                    self.fetch_sessions,
+                    self.config["fetch.max.bytes"],
+                ),
+            ),
             (schemas.LIST_OFFSETS, ListOffsetsHandler(self.replicas)),
             (schemas.METADATA, meta.metadata),
             (schemas.DESCRIBE_CLUSTER, meta.describe_cluster),

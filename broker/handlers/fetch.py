@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from rillet.broker import remote_fetch
+from rillet.broker.config import FETCH_MAX_BYTES
 from rillet.broker.fetch_session import FetchContext, FetchSessionCache
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.replica_fetch import (
@@ -73,11 +74,13 @@ class FetchHandler:
         replicas: ReplicaManager,
         metrics: BrokerMetrics,
         sessions: FetchSessionCache | None = None,
+        max_bytes: int = FETCH_MAX_BYTES,
     ) -> None:
+        """``max_bytes``: the broker's ``fetch.max.bytes``."""
         self.replicas = replicas
         self.metrics = metrics
         self.sessions = sessions if sessions is not None else FetchSessionCache()
-        self.max_bytes: int = replicas.config["fetch.max.bytes"]
+        self.max_bytes = max_bytes
         # Bytes this broker served to consumers as a follower (fetch from follower), in
         # the broker's own registry beside bytes_out, which counts them too.
         self.follower_bytes_out = Counter(
