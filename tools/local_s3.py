@@ -154,6 +154,7 @@ def _client(url: str) -> Any:
 
 OBJECTS = "objects"  # D/objects/<sha-256 of bucket and key>: a JSON line, then the content
 BUCKETS = "buckets.json"
+KEY_LOCKS = 64
 # D/snapshot/objects.json and D/snapshot/<n>: what earlier versions wrote at a clean
 # stop; loaded once into the store, then removed.
 LEGACY_SNAPSHOTS = ("snapshot", "snapshot.old")
@@ -171,8 +172,10 @@ class Store:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.client = client
         # Reading a key's state from moto and writing it is one step: two changes of one
-        # key racing must leave the later state on disk, not the one read first.
-        self.lock = threading.Lock()
+        # key racing must leave the later state on disk, not the one read first. Keys
+        # spread over several locks, so uploads of different segments write at once.
+        self._key_locks = [threading.Lock() for _ in range(KEY_LOCKS)]
+        self._buckets_lock = threading.Lock()
 
     def _path(self, bucket: str, key: str) -> Path:
         name = hashlib.sha256(f"{bucket}\0{key}".encode()).hexdigest()
@@ -180,6 +183,10 @@ class Store:
 
     def sync(self, bucket: str, key: str) -> None:
         """Write the object as moto now holds it, or remove it when moto has none."""
+        with self._key_locks[hash((bucket, key)) % KEY_LOCKS]:
+            self._sync(bucket, key)
+
+    def _sync(self, bucket: str, key: str) -> None:
         from botocore.exceptions import ClientError
 
         try:
@@ -202,8 +209,9 @@ class Store:
         replace_file(self._path(bucket, key), head + got["Body"].read(), fsync=True)
 
     def sync_buckets(self) -> None:
-        names = [b["Name"] for b in self.client.list_buckets().get("Buckets", [])]
-        replace_file(self.data_dir / BUCKETS, json.dumps(names).encode(), fsync=True)
+        with self._buckets_lock:
+            names = [b["Name"] for b in self.client.list_buckets().get("Buckets", [])]
+            replace_file(self.data_dir / BUCKETS, json.dumps(names).encode(), fsync=True)
 
     def load(self) -> int:
         """Put everything on disk into moto (before serving); returns the object count.
@@ -296,11 +304,10 @@ class _WriteThrough:
 
         answer = list(self.app(environ, record))
         if statuses and statuses[-1].startswith("2"):
-            with self.store.lock:
-                if buckets:
-                    self.store.sync_buckets()
-                for k in keys:
-                    self.store.sync(bucket, k)
+            if buckets:
+                self.store.sync_buckets()
+            for k in keys:
+                self.store.sync(bucket, k)
         return answer
 
 
