@@ -562,6 +562,35 @@ def test_local_retention_is_bounded_by_total_retention_on_tiered_topics(
     assert on.error_code == E("INVALID_CONFIG")
 
 
+def test_a_tiered_topic_refuses_unclean_leader_election_on_create_or_alter() -> None:
+    """Either key may be the one that changes: a tiered topic turning unclean election
+    on, or a topic with unclean election turning the tier on."""
+    c = Cluster(brokers=1)
+    both = {"remote.storage.enable": "true", "unclean.leader.election.enable": "true"}
+    refused = c.create("t", rf=1, configs=both)
+    assert refused.error_code == E("INVALID_CONFIG") and c.image.topic("t") is None
+    assert "unclean.leader.election.enable=false" in refused.error_message
+    assert "leader epoch" in refused.error_message  # says why
+    assert c.create("r", rf=1, configs={"remote.storage.enable": "true"}).error_code == 0
+    on = {"unclean.leader.election.enable": "true"}
+    refused = c.run(c.ctl.alter_topic_configs(c.image, "r", on))
+    assert refused.error_code == E("INVALID_CONFIG") and "ISR" in refused.error_message
+    assert c.image.topic_config("r") == {"remote.storage.enable": "true"}
+    assert c.create("u", rf=1, configs=on).error_code == 0
+    tier = {"remote.storage.enable": "true"}
+    assert c.run(c.ctl.alter_topic_configs(c.image, "u", tier)).error_code == E("INVALID_CONFIG")
+    assert c.image.topic_config("u") == on
+    # Both at once in one alter, too; turning it off again (or deleting it) is fine.
+    assert c.run(c.ctl.alter_topic_configs(c.image, "u", on | tier)).error_code == E(
+        "INVALID_CONFIG"
+    )
+    off = {"unclean.leader.election.enable": None, "remote.storage.enable": "true"}
+    assert c.run(c.ctl.alter_topic_configs(c.image, "u", off)).error_code == 0
+    assert c.image.topic_config("u") == tier
+    explicit_off = {"unclean.leader.election.enable": "false"}
+    assert c.run(c.ctl.alter_topic_configs(c.image, "r", explicit_off)).error_code == 0
+
+
 def test_unregistering_a_broker_moves_its_leaderships_first() -> None:
     c = Cluster(brokers=2)
     c.create("t", rf=2, assignments={0: [1, 2]})

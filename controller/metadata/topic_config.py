@@ -124,7 +124,10 @@ def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) ->
     - Tiering cannot be turned off (nor its key deleted) once on: the remote segments
       would be orphaned, and the local log would no longer be bounded by what is remote.
     - Local retention must not outlast total retention: data cannot stay on local disk
-      longer than it is kept at all (-2: the same as the total setting)."""
+      longer than it is kept at all (-2: the same as the total setting).
+    - No unclean leader election: a leader from outside the ISR may lack records the
+      remote log holds, or hold others at the same offsets; telling them apart needs
+      remote segments indexed by leader epoch, which rillet's are not."""
     cfg = effective_topic_config(after)
     tiered = cfg["remote.storage.enable"]
     was_tiered = before is not None and effective_topic_config(before)["remote.storage.enable"]
@@ -140,6 +143,13 @@ def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) ->
         return (
             f"remote.storage.enable=true needs cleanup.policy=delete, not "
             f"{cfg['cleanup.policy']!r}: compacted topics cannot be tiered"
+        )
+    if cfg["unclean.leader.election.enable"]:
+        return (
+            "remote.storage.enable=true needs unclean.leader.election.enable=false: a "
+            "leader elected from outside the ISR can lose records the remote log holds, "
+            "and reconciling them needs remote segments indexed by leader epoch, which "
+            "rillet does not do"
         )
     for unit in ("ms", "bytes"):
         total, local = cfg[f"retention.{unit}"], cfg[f"local.retention.{unit}"]
