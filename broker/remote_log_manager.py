@@ -381,7 +381,8 @@ class RemoteLogManager:
             if replica is not None:
                 view = self.views.get(image, replica.topic_id, tp.partition) or EMPTY_REMOTE_LOG
                 replica.log.remote_epochs = (view.leader_epochs(), view.log_start_offset)
-                replica.log.remote_copied_end = view.end_offset
+                # Past a hole nothing is remote, however high the remote log ends.
+                replica.log.remote_copied_end = view.contiguous_end
         self._forget_deleted(delta, image)
         for topic_id, name in delta.deleted_topics.items():
             before = delta.image.topics_by_id.get(topic_id)
@@ -519,7 +520,7 @@ class RemoteLogManager:
             log.log_end_offset,
             view.leader_epochs(),
             view.log_start_offset,
-            view.end_offset,
+            view.contiguous_end,
         )
         if agreed >= view.end_offset:
             return True
@@ -537,6 +538,9 @@ class RemoteLogManager:
             f"{plan.blocked.end_offset}) holds agreed records this log no longer has, so "
             "it stays and nothing more is copied",
         )
+        if plan.delete:
+            # Its own copies past the agreement go too: the copy resumes from the image.
+            self._copied_end.pop(lead.tp, None)
         for seg in plan.delete:
             if not await self._delete_remote(lead, seg):
                 break

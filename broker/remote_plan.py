@@ -151,7 +151,7 @@ def orphans(
 
 
 class Divergence(NamedTuple):
-    delete: list[RemoteSegment]  # oldest first
+    delete: list[RemoteSegment]  # newest first
     blocked: RemoteSegment | None  # kept: it straddles the divergence; copying waits
 
 
@@ -166,7 +166,13 @@ def divergent_remote_segments(
     as if they were. A segment that straddles ``agreed`` goes only when the local log
     still holds its start (the leader copies that range again); otherwise deleting it
     would lose records both logs agree on, so it stays and nothing more is copied
-    (``blocked``): the partition keeps its new records on local disk instead."""
+    (``blocked``): the partition keeps its new records on local disk instead.
+
+    ``delete`` is newest first (by start offset, then end): each DELETE_STARTED that
+    commits takes the remote log's top segment, so every state the deletion stops in
+    (a store that fails or hangs, a crash) leaves the remote log contiguous. Oldest
+    first would open a hole below segments that stay, and what local retention may
+    delete is bounded by the remote log's contiguous run."""
     delete: list[RemoteSegment] = []
     blocked = None
     for seg in remote:
@@ -176,6 +182,7 @@ def divergent_remote_segments(
             delete.append(seg)
         else:
             blocked = seg
+    delete.sort(key=lambda s: (s.start_offset, s.end_offset), reverse=True)
     return Divergence(delete, blocked)
 
 

@@ -41,6 +41,13 @@ def agreed_end(
     remote log) that holds ``other_start``..``other_end`` (inclusive) with the epoch
     entries ``other``: ``other_end`` unless the two disagree, or this log stops short.
 
+    ``other_end`` must end the other log's contiguous run from ``other_start``: offsets
+    it does not hold are not in it, whatever epoch entry comes before them. For the
+    remote log that is ``RemoteLogView.contiguous_end``: past a hole (a segment whose
+    DELETE_STARTED committed while later ones stay) ``other``'s entry before the hole
+    would make its offsets look held in that epoch, and agreement would rise over
+    records that exist nowhere remote.
+
     Two logs hold the same record at an offset when both wrote it in the same leader
     epoch (an epoch has one leader, which writes each offset once). So the first offset
     both hold whose epochs differ is where they diverged (an unclean election); offsets

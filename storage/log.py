@@ -148,8 +148,10 @@ class Log:
         self.high_watermark: int | None = None
         self.topic_id: str | None = None  # partition.metadata; set by load and LogManager
         # The highest offset safely in remote storage (docs/tiered.md), -1 when none:
-        # set by the broker from the metadata image. On a remote-enabled log retention
-        # deletes only segments that end at or below it (storage/retention.py).
+        # set by the broker from the metadata image, as the end of the run of finished
+        # remote segments from the remote log start (never across a hole). On a
+        # remote-enabled log retention deletes only segments that end at or below it
+        # (storage/retention.py).
         self.remote_copied_end = -1
         # The remote log's (epoch, start offset) entries and start, set with it: local
         # retention counts an offset as remote only where this log agrees with the

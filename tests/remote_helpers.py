@@ -1,12 +1,16 @@
 """Logs with real closed segments for the remote tier's tests: mixed batch sizes, codecs
-and timestamps, several index entries per segment, written by storage/log.py itself."""
+and timestamps, several index entries per segment, written by storage/log.py itself;
+and the tier's data invariant (``offsets_held_nowhere``)."""
 
 from __future__ import annotations
 
+import bisect
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from rillet.client.wire import records
+from rillet.controller.metadata.image import SEGMENT_COPY_FINISHED, RemoteSegment
 from rillet.storage import Log, LogConfig
 from rillet.storage.segment import LogSegment
 
@@ -68,3 +72,46 @@ def epochs_of(log: Log, segment: LogSegment, end: int) -> list[tuple[int, int]]:
     return ([before[-1]] if before else []) + [
         (e, o) for e, o in covering if o > segment.base_offset
     ]
+
+
+def offsets_held_nowhere(
+    log: Log,
+    remote: Sequence[RemoteSegment],
+    lineage: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[int, int]]:
+    """The invariant of the remote tier's data: every offset from the lowest of the
+    remote and local log starts up to the log end is held by the local log or by a
+    finished remote segment (``remote``: the view's). Returns the ranges (inclusive)
+    held by neither; [] when it holds.
+
+    With ``lineage`` (the log's (epoch, start offset) entries, taken before retention
+    could cut them), a remote segment holds an offset only when it wrote it in the
+    lineage's epoch: after an unclean election the remote records past the agreement
+    are another history, which is no copy of the log's own."""
+    finished = [s for s in remote if s.state == SEGMENT_COPY_FINISHED]
+    starts = [s.start_offset for s in finished]
+    first = min([log.log_start_offset, *starts])
+
+    def epoch_at(entries: Sequence[tuple[int, int]], offset: int) -> int | None:
+        i = bisect.bisect_right([s for _, s in entries], offset) - 1
+        return entries[i][0] if i >= 0 else None
+
+    def held(offset: int) -> bool:
+        if log.log_start_offset <= offset < log.log_end_offset:
+            return True
+        for seg in finished:
+            if seg.start_offset <= offset <= seg.end_offset and (
+                lineage is None or epoch_at(seg.leader_epochs, offset) == epoch_at(lineage, offset)
+            ):
+                return True
+        return False
+
+    missing: list[tuple[int, int]] = []
+    for offset in range(first, log.log_end_offset):
+        if held(offset):
+            continue
+        if missing and missing[-1][1] == offset - 1:
+            missing[-1] = (missing[-1][0], offset)
+        else:
+            missing.append((offset, offset))
+    return missing

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from remote_helpers import offsets_held_nowhere
 from test_quorum_controller import Cluster
 
 from rillet.broker import remote_log_manager as rlm_module
@@ -34,7 +35,7 @@ from rillet.controller.metadata.image import (
 from rillet.controller.metadata.remote_log import remote_log_view
 from rillet.storage import Log, LogConfig, retention
 from rillet.storage.remote.layout import parse_segment_key, segment_keys
-from rillet.storage.remote.store import MemoryObjectStore
+from rillet.storage.remote.store import MemoryObjectStore, RemoteStorageError
 
 TP = TopicPartition("t", 0)
 NOW = 10**12  # wall clock of the manager and the store (ms)
@@ -44,7 +45,9 @@ class Harness:
     """One broker leading t-0 (rf 3) with a real log, a MemoryObjectStore and a
     controller whose committed records become the broker's image at once."""
 
-    def __init__(self, tmp_path: Path, **log_settings: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, store: MemoryObjectStore | None = None, **log_settings: Any
+    ) -> None:
         self.c = Cluster(brokers=3)
         self.c.create("t", rf=3, configs={"remote.storage.enable": "true"})
         p = self.c.p("t")
@@ -62,12 +65,13 @@ class Harness:
             views=RemoteLogViews(),
         )
         self.now = NOW
-        self.store = MemoryObjectStore(clock=lambda: self.now)
+        self.store = store or MemoryObjectStore(clock=lambda: self.now)
         self.refuse: dict[int, int] = {}  # state -> the error the controller answers
         # (state, commits): the next proposal of that state raises as a lost answer
         # does, after the controller committed it (True) or before (False).
         self.lost: list[tuple[int, bool]] = []
         self.before_record: Any = None  # called with each proposed record
+        self.after_record: Any = None  # awaited with each record once committed
         self.proposed: list[RemoteSegment] = []
         config = broker_config_table().load(
             None, ["node.id=1", "remote.log.orphan.min.age.ms=1000"]
@@ -101,6 +105,8 @@ class Harness:
                 records_ = []
                 result = dataclasses.replace(result, error_code=self.refuse[seg.state])
             self.commit(records_)
+            if self.after_record is not None:
+                await self.after_record(seg)
             if lost is not None:
                 raise RequestTimedOutError("committed, but the answer was lost")
             out.append(m.RemoteSegmentResult(seg.segment_id, result.error_code, None))
@@ -426,6 +432,134 @@ async def test_an_unclean_leader_replaces_the_remote_records_past_its_log(tmp_pa
     assert h.log.remote_end_in_lineage() == after.end_offset
     assert h.named_by_objects() == set(h.segments())
     await h.close()
+
+
+async def _hole(h: Harness) -> RemoteSegment:
+    """A DELETE_STARTED committed for a middle remote segment, by this leader in its
+    epoch (its delete under way, or failed): the finished segments have a hole."""
+    h.produce()
+    await h.rlm.run_once()
+    segs = h.view().segments
+    assert len(segs) > 4
+    gone = dataclasses.replace(
+        segs[2], state=SEGMENT_DELETE_STARTED, leader_epoch=h.c.p("t").leader_epoch
+    )
+    (result,) = await h.propose([gone])
+    assert result.error_code == 0
+    return gone
+
+
+async def test_local_retention_never_counts_remote_segments_past_a_hole(tmp_path) -> None:
+    h = Harness(tmp_path, local_retention_bytes=0)
+    gone = await _hole(h)
+    view = h.view()
+    assert view.contiguous_end == gone.start_offset - 1 < view.end_offset
+    assert h.log.remote_copied_end == view.contiguous_end
+    await retention.apply_retention(h.log)
+    assert h.log.log_start_offset <= gone.start_offset  # the hole's records stay local
+    assert offsets_held_nowhere(h.log, view.segments) == []
+    await h.close()
+
+
+async def test_a_leader_fills_a_hole_in_the_remote_log_from_its_own_log(tmp_path) -> None:
+    """Offsets no finished remote segment holds are not remote, so the remote log
+    agrees with the leader's only up to the hole: the segments past it go (newest
+    first) and are copied again, and local retention can move on."""
+    h = Harness(tmp_path, local_retention_bytes=0)
+    gone = await _hole(h)
+    await h.rlm.run_once()  # deletes past the hole
+    assert h.view().end_offset == gone.start_offset - 1
+    await h.rlm.run_once()  # copies from there
+    view = h.view()
+    assert view.contiguous_end == view.end_offset == h.log.segments[-1].base_offset - 1
+    await retention.apply_retention(h.log)
+    assert h.log.log_start_offset == view.end_offset + 1
+    await h.close()
+
+
+class FailingAt(MemoryObjectStore):
+    """Fails its ``fail_at``-th operation (counted from 1) for good, once."""
+
+    def __init__(self, clock: Any, fail_at: int | None) -> None:
+        super().__init__(clock=clock)
+        self.fail_at, self.seen = fail_at, 0
+
+    def _enter(self, op: str, key: str) -> None:
+        self.seen += 1
+        if self.seen == self.fail_at:
+            raise RemoteStorageError(f"{op} {key}: failed at op {self.seen}", retriable=False)
+        super()._enter(op, key)
+
+
+async def _diverge_and_clean_up(tmp_path: Path, fail_at: int | None) -> int:
+    """An unclean leader's cleanup with local retention run after every committed
+    record, checking that no offset is held nowhere; the store's ``fail_at``-th
+    operation of the cleanup fails for good (None: none). Returns how many store
+    operations the cleanup rounds made."""
+    h = Harness(tmp_path, local_retention_bytes=0)
+    h.store = h.rlm.store = FailingAt(lambda: h.now, None)
+    batch = records.encode_batch([b"v" * 40] * 4, timestamps=[NOW] * 4)
+    for _ in range(10):
+        h.log.append(batch, 1)
+    x = h.log.log_end_offset
+    for _ in range(30):  # the old leader's records from x, in epoch 2
+        h.log.append(batch, 2)
+    h.log.high_watermark = h.log.log_end_offset
+    await h.rlm.run_once()
+    assert len(h.view().segments) > 5
+    # The new leader had x.. in epoch 1 only (it never saw epoch 2) and was elected
+    # uncleanly; it writes on in epoch 3.
+    h.log.truncate_to(x)
+    for _ in range(10):
+        h.log.append(batch, 1)
+    h.move_leader()
+    h.replicas.broker_id = h.rlm.broker_id = h.c.p("t").leader
+    for _ in range(10):
+        h.log.append(batch, 3)
+    h.log.high_watermark = h.log.log_end_offset
+    lineage = h.log.epochs.entries()
+
+    lost: list[tuple[RemoteSegment | None, list[tuple[int, int]]]] = []
+
+    holes: list[RemoteSegment | None] = []
+
+    async def check(record: RemoteSegment | None) -> None:
+        # Kept, not raised: the round would log an exception and go on.
+        if h.view().contiguous_end != h.view().end_offset:
+            holes.append(record)
+        await retention.apply_retention(h.log)
+        missing = offsets_held_nowhere(h.log, h.view().segments, lineage)
+        if missing:
+            lost.append((record, missing))
+
+    h.after_record = check
+    await check(None)
+    h.store.seen, h.store.fail_at = 0, fail_at
+    for _ in range(4):  # delete past the agreement (a failure ends a round), copy again
+        await h.rlm.run_once()
+        h.now += 60_000  # past a failed copy's back-off
+    ops = h.store.seen
+    assert lost == [], f"failing store operation {fail_at}"
+    assert holes == [], f"failing store operation {fail_at}"  # contiguous in every state
+    assert h.view().contiguous_end == h.view().end_offset  # no hole left
+    assert h.view().end_offset == h.log.segments[-1].base_offset - 1  # all copied again
+    await h.close()
+    return ops
+
+
+async def test_an_unclean_leaders_cleanup_never_leaves_an_offset_held_nowhere(
+    tmp_path, monkeypatch
+) -> None:
+    """Deleting the remote segments past the agreement, whatever store operation fails
+    for good (a DELETE_STARTED committed, its objects never deleted), never lets local
+    retention delete a record that no finished remote segment of this history holds:
+    the deletes go newest first, and local retention counts as remote only the run of
+    finished segments from the remote log start."""
+    monkeypatch.setattr(rlm_module, "BACKOFF_MIN_S", 0.001)
+    ops = await _diverge_and_clean_up(tmp_path / "clean", None)
+    assert ops > 10
+    for fail_at in range(1, ops + 1):
+        await _diverge_and_clean_up(tmp_path / f"fail-{fail_at}", fail_at)
 
 
 async def test_a_follower_runs_no_rounds(tmp_path) -> None:

@@ -206,16 +206,49 @@ def test_a_log_agrees_with_the_remote_log_where_both_wrote_in_the_same_epochs() 
 
 def test_a_diverged_leader_deletes_the_remote_segments_past_the_agreement() -> None:
     remote = _three_remote_segments()
-    # Agreed up to 149; the leader still holds 100.. locally: b and c go, and it copies
-    # 100.. again from its own log.
-    assert divergent_remote_segments(remote, 149, 100) == (remote[1:], None)
+    # Agreed up to 149; the leader still holds 100.. locally: b and c go (newest first:
+    # whichever delete fails, what stays is contiguous), and it copies 100.. again
+    # from its own log.
+    assert divergent_remote_segments(remote, 149, 100) == ([remote[2], remote[1]], None)
     # It no longer holds 100..119 (they were remote): b straddles the agreement and
     # stays, so nothing of 100..119 is lost; only c goes, and copying waits.
     assert divergent_remote_segments(remote, 149, 120) == ([remote[2]], remote[1])
     # Agreed exactly at a segment's end: the segments after it go.
     assert divergent_remote_segments(remote, 199, 200) == ([remote[2]], None)
     assert divergent_remote_segments(remote, 299, 300) == ([], None)
-    assert divergent_remote_segments(remote, -1, 0) == (remote, None)
+    assert divergent_remote_segments(remote, -1, 0) == (remote[::-1], None)
+
+
+def test_a_diverged_leaders_deletes_go_newest_first_also_among_overlapping_segments() -> None:
+    """Each delete takes the top of the remote log, so what stays after any prefix of
+    the deletes is contiguous (a failed or hung delete leaves no hole)."""
+    a, b, c = _three_remote_segments()
+    # A later leader's copy of 150..249 overlaps b and c.
+    d = RemoteSegment("tid", 0, "d", 150, 249, ((5, 150),), SEGMENT_COPY_FINISHED, 1, 1, 1, 6)
+    remote = sorted([a, b, c, d], key=lambda s: s.start_offset)
+    plan = divergent_remote_segments(remote, 120, 100)
+    assert plan.delete == [c, d, b]
+    for done in range(len(plan.delete) + 1):
+        gone = {s.segment_id for s in plan.delete[:done]}
+        view = RemoteLogView(tuple(s for s in remote if s.segment_id not in gone))
+        assert view.contiguous_end == view.end_offset
+
+
+def test_past_a_hole_the_remote_log_agrees_with_nothing() -> None:
+    """Offsets no finished remote segment holds are not remote: ``contiguous_end`` ends
+    before the first hole, and agreement measured against it stops there, where the
+    remote epoch entries alone would carry the epoch before the hole across it."""
+    a, b, c = _three_remote_segments()
+    view = RemoteLogView((a, c))  # b's DELETE_STARTED committed, c stays
+    assert (view.end_offset, view.contiguous_end) == (299, 99)
+    assert RemoteLogView((a, b, c)).contiguous_end == 299
+    assert RemoteLogView().contiguous_end == -1
+    # The leader wrote 100..199 in epoch 3 (it never had b's epoch 5); the entries of a
+    # and c say epoch 3 until 200, so against the remote end 100..199 would look agreed
+    # although no remote segment holds them.
+    local = [(3, 0), (6, 200)]
+    assert agreed_end(local, 0, 250, view.leader_epochs(), 0, view.end_offset) == 199
+    assert agreed_end(local, 0, 250, view.leader_epochs(), 0, view.contiguous_end) == 99
 
 
 def test_remote_reads_never_serve_offsets_at_or_above_the_local_log_start() -> None:

@@ -36,14 +36,18 @@ class RemoteLogView:
     # offset.
     _max_ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _size_bytes: int = field(init=False, repr=False, compare=False)
+    _contiguous_end: int = field(init=False, repr=False, compare=False)
     _epochs: tuple[tuple[int, int], ...] | None = field(
         init=False, default=None, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         starts, max_ends, size, end = [], [], 0, -1
+        contiguous = -1  # end before the first hole, once one is met
         for seg in self.segments:  # one pass: views of 100k segments are rebuilt often
             starts.append(seg.start_offset)
+            if contiguous < 0 and starts[1:] and seg.start_offset > end + 1:
+                contiguous = end
             if seg.end_offset > end:
                 end = seg.end_offset
             max_ends.append(end)
@@ -51,6 +55,7 @@ class RemoteLogView:
         object.__setattr__(self, "_starts", tuple(starts))
         object.__setattr__(self, "_max_ends", tuple(max_ends))
         object.__setattr__(self, "_size_bytes", size)
+        object.__setattr__(self, "_contiguous_end", end if contiguous < 0 else contiguous)
 
     @property
     def log_start_offset(self) -> int:
@@ -61,6 +66,15 @@ class RemoteLogView:
     def end_offset(self) -> int:
         """The highest offset safely remote (inclusive), or -1 when nothing is."""
         return self._max_ends[-1] if self._max_ends else -1
+
+    @property
+    def contiguous_end(self) -> int:
+        """The end of the run of finished segments from the remote log start with no
+        offset missing between them (inclusive), or -1 when nothing is remote. Only this
+        much of the remote log may stand in for local data: past a hole (a segment whose
+        DELETE_STARTED committed while later ones stay), offsets exist nowhere remote,
+        however high ``end_offset`` is."""
+        return self._contiguous_end
 
     @property
     def size_bytes(self) -> int:
