@@ -104,6 +104,9 @@ T = TypeVar("T")
 # (segments) -> one result per segment, once committed: QuorumLink.alter_remote_segments.
 Proposer = Callable[[Sequence[RemoteSegment]], Awaitable[list[m.RemoteSegmentResult]]]
 BACKOFF_MIN_S = 0.1
+# A partition whose copying is stalled (docs/tiered.md, "Unclean leader election") says
+# so at most this often.
+STALL_WARNING_INTERVAL_MS = 300_000
 BACKOFF_MAX_S = 10.0
 DELETE_BATCH = 1000  # S3's DeleteObjects takes at most 1000 keys
 # Deleting the objects of an upload no record will ever name (its topic was deleted
@@ -207,6 +210,8 @@ class RemoteLogManager:
         # it): the image may not show a COPY_FINISHED yet when the next round starts.
         self._copied_end: dict[TopicPartition, tuple[int, int]] = {}
         self._last_sweep_ms: dict[TopicPartition, int] = {}
+        # When each stalled partition (``divergent_remote_segments``' blocked) last warned.
+        self._stall_warned_ms: dict[TopicPartition, int] = {}
         # Per partition: (leader epoch, {segment id: claim}) for the segments this broker
         # works on in that epoch: IN_FLIGHT, or the state its last committed record put
         # the segment in, until the image shows it. Its own STARTED segments that are not
@@ -306,6 +311,7 @@ class RemoteLogManager:
             self._rounds,
             self._copied_end,
             self._last_sweep_ms,
+            self._stall_warned_ms,
             self._claims,
             self._copy_failures,
         )
@@ -525,7 +531,15 @@ class RemoteLogManager:
         if agreed >= view.end_offset:
             return True
         plan = divergent_remote_segments(view.segments, agreed, log.log_start_offset)
-        logger.warning(
+        level, now = logging.WARNING, self.clock()
+        if plan.blocked is not None:  # stalled: the same news every round, not every round
+            last = self._stall_warned_ms.get(lead.tp)
+            if not plan.delete and last is not None and now - last < STALL_WARNING_INTERVAL_MS:
+                level = logging.DEBUG
+            else:
+                self._stall_warned_ms[lead.tp] = now
+        logger.log(
+            level,
             "%s-%d: this leader's log agrees with the remote log only up to offset %d of "
             "%d (an unclean election): deleting %d remote segment(s) past it%s",
             *lead.tp,

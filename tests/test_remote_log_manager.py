@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -474,6 +475,48 @@ async def test_a_leader_fills_a_hole_in_the_remote_log_from_its_own_log(tmp_path
     assert view.contiguous_end == view.end_offset == h.log.segments[-1].base_offset - 1
     await retention.apply_retention(h.log)
     assert h.log.log_start_offset == view.end_offset + 1
+    await h.close()
+
+
+async def test_a_stalled_partition_warns_once_per_interval_not_every_round(
+    tmp_path, caplog
+) -> None:
+    """A leader whose log no longer holds the start of a remote segment straddling the
+    divergence keeps that segment and copies nothing more (unreachable with unclean
+    election refused on tiered topics): loud, but not at every round."""
+    h = Harness(tmp_path, local_retention_bytes=0)
+    h.produce()
+    await h.rlm.run_once()
+    s2 = h.view().segments[2]
+    # A lagging replica, elected uncleanly: it has records up to s2's start + 5, and
+    # its own retention deleted those below s2's start + 2 (it rolled elsewhere).
+    h.log.truncate_to(s2.start_offset + 5)
+    h.log.increment_log_start_offset(s2.start_offset + 2)
+    h.move_leader()
+    h.replicas.broker_id = h.rlm.broker_id = h.c.p("t").leader
+    epoch = h.log.latest_epoch + 1
+    batch = records.encode_batch([b"n" * 40] * 4, timestamps=[NOW] * 4)
+
+    def stall_warnings() -> int:
+        return sum(
+            "nothing more is copied" in r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+        )
+
+    with caplog.at_level(logging.INFO, logger=rlm_module.__name__):
+        for _ in range(5):
+            for _ in range(10):
+                h.log.append(batch, epoch)
+            h.log.high_watermark = h.log.log_end_offset
+            await h.rlm.run_once()
+            h.now += 1000
+        assert h.view().end_offset == s2.end_offset  # stalled: nothing more copied
+        assert stall_warnings() == 1
+        h.now += rlm_module.STALL_WARNING_INTERVAL_MS
+        await h.rlm.run_once()
+        await h.rlm.run_once()
+        assert stall_warnings() == 2
     await h.close()
 
 
