@@ -72,6 +72,7 @@ from rillet.broker.remote_plan import (
 )
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
+from rillet.controller.metadata.describe import cluster_id_of
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
     SEGMENT_COPY_STARTED,
@@ -87,7 +88,11 @@ from rillet.storage.epoch_cache import agreed_end
 from rillet.storage.log import Log
 from rillet.storage.remote.copier import RateLimiter, delete_segment, upload_segment
 from rillet.storage.remote.layout import (
+    CLUSTER_MARKERS,
+    RemoteManifest,
     SegmentKeys,
+    cluster_marker_key,
+    parse_cluster_marker,
     partition_prefix,
     segment_keys,
     topic_prefix,
@@ -224,6 +229,7 @@ class RemoteLogManager:
         self._task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._marked = False  # this cluster's marker is in the store (``_mark_prefix``)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -277,6 +283,13 @@ class RemoteLogManager:
             self.replicas.image.unfenced_broker_ids(), self.broker_id
         ):
             return []
+        cluster_id = cluster_id_of(self.replicas.image)
+        if cluster_id is None:
+            logger.info("remote bucket sweep skipped: the cluster id is not known yet")
+            return []
+        await self._io(self._mark_prefix)
+        if await self._shared_with_others(cluster_id):
+            return []
         # The listing is decided on as it streams (a bucket may hold millions of keys;
         # only unknown topics' keys are kept), against the topics known before it.
         known = {*self.replicas.image.topics_by_id, *self.replicas.image.building_topics}
@@ -285,6 +298,10 @@ class RemoteLogManager:
                 self.store.list(""), known, self.clock(), self.orphan_min_age_ms
             )
         )
+        # Markers again, after the listing: a cluster marks the prefix before its first
+        # upload, so any cluster whose objects the listing saw is marked by now.
+        if await self._shared_with_others(cluster_id):
+            return []
         # The image and its age are read again after the listing: a topic the image does
         # not hold was then created after the image's moment, so its objects are younger
         # than that age; with the age bounded below the minimum object age, they stay.
@@ -299,6 +316,39 @@ class RemoteLogManager:
             await self._io(_delete_keys, self.store, t.keys)
             self._count("remote_delete_requests")
         return [t.prefix for t in gone]
+
+    def _mark_prefix(self) -> None:
+        """Put this cluster's marker under the store's prefix (blocking; once per process)
+        before this broker writes anything else there: the copier calls it before each
+        upload, the sweeper before its listing. Without a cluster id in the image (not
+        caught up) nothing is marked, and no sweep runs."""
+        cluster_id = cluster_id_of(self.replicas.image)
+        if not self._marked and cluster_id is not None:
+            self.store.put(cluster_marker_key(cluster_id), cluster_id.encode())
+            self._marked = True
+
+    def _upload(self, *args: Any) -> RemoteManifest:
+        """``upload_segment`` (blocking), under a prefix marked as this cluster's."""
+        self._mark_prefix()
+        return upload_segment(*args)
+
+    async def _shared_with_others(self, cluster_id: str) -> bool:
+        """Whether another cluster has marked the store's prefix (said as a warning)."""
+        keys = await self._io(_list_keys, self.store, CLUSTER_MARKERS)
+        others = sorted(
+            c for c in (parse_cluster_marker(k) for k in keys) if c not in (None, cluster_id)
+        )
+        if others:
+            logger.warning(
+                "remote bucket sweep disabled: prefix %r of the bucket is shared with "
+                "cluster(s) %s (this is cluster %s), whose topics this cluster cannot tell "
+                "from deleted ones; give each cluster its own prefix "
+                "(remote.log.storage.s3.prefix)",
+                getattr(self.store, "prefix", ""),
+                ", ".join(others),
+                cluster_id,
+            )
+        return bool(others)
 
     def schedule(self) -> list[asyncio.Task[None]]:
         """Start a round for each led remote partition that has none running; also
@@ -624,7 +674,7 @@ class RemoteLogManager:
                 lead,
                 self._copy_pool,
                 self._copy_slots,
-                upload_segment,
+                self._upload,
                 self.store,
                 keys,
                 seg,

@@ -26,8 +26,12 @@ from rillet.storage.remote.copier import (
     upload_segment,
 )
 from rillet.storage.remote.layout import (
+    CLUSTER_MARKERS,
     RemoteManifest,
+    cluster_marker_key,
+    parse_cluster_marker,
     parse_segment_key,
+    parse_topic_of_key,
     partition_prefix,
     segment_keys,
     topic_prefix,
@@ -67,6 +71,18 @@ def test_layout_keys() -> None:
     for foreign in ("orders-AbC/3/readme.txt", "orders-AbC/3/123-x.log", "x.log", "a/-x.log",
                     "orders-AbC/3/00000000000000001234-.log"):  # fmt: skip
         assert parse_segment_key(foreign) is None
+
+
+def test_cluster_markers_name_their_cluster_and_are_never_layout_keys() -> None:
+    """Any cluster id, even one shaped like a segment object or holding a slash."""
+    for cid in ("Zx3-abc_DEF", "a/b", "00000000000000001234-seg.log", "p%20q"):
+        key = cluster_marker_key(cid)
+        assert key.startswith(CLUSTER_MARKERS) and key.count("/") == 2
+        assert parse_cluster_marker(key) == cid
+        assert parse_segment_key(key) is None and parse_topic_of_key(key) is None
+    for other in ("_rillet/clusters/", "_rillet/clusters/.cluster", "_rillet/clusters/a/b.cluster",
+                  segment_keys("orders", "A" * 22, 0, 0, "s").log):  # fmt: skip
+        assert parse_cluster_marker(other) is None
 
 
 def test_upload_writes_the_segment_then_the_manifest(log: Log) -> None:

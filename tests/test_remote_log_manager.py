@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,11 +24,14 @@ from rillet.broker.remote_log_manager import RemoteLogManager
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
 from rillet.client.wire.errors import RequestTimedOutError, code_of
+from rillet.controller.metadata.describe import CLUSTER_ID_KEY
 from rillet.controller.metadata.image import (
+    RESOURCE_BROKER,
     SEGMENT_COPY_FINISHED,
     SEGMENT_COPY_STARTED,
     SEGMENT_DELETE_FINISHED,
     SEGMENT_DELETE_STARTED,
+    Config,
     MetadataDelta,
     RemoteSegment,
     RemoveTopic,
@@ -35,7 +39,13 @@ from rillet.controller.metadata.image import (
 )
 from rillet.controller.metadata.remote_log import remote_log_view
 from rillet.storage import Log, LogConfig, retention
-from rillet.storage.remote.layout import parse_segment_key, segment_keys
+from rillet.storage.remote.layout import (
+    CLUSTER_MARKERS,
+    cluster_marker_key,
+    parse_segment_key,
+    parse_topic_of_key,
+    segment_keys,
+)
 from rillet.storage.remote.store import MemoryObjectStore, RemoteStorageError
 
 TP = TopicPartition("t", 0)
@@ -47,9 +57,18 @@ class Harness:
     controller whose committed records become the broker's image at once."""
 
     def __init__(
-        self, tmp_path: Path, store: MemoryObjectStore | None = None, **log_settings: Any
+        self,
+        tmp_path: Path,
+        store: MemoryObjectStore | None = None,
+        cluster_id: str = "cluster-a",
+        seed: int | None = None,  # another seed: other topic ids (another cluster)
+        **log_settings: Any,
     ) -> None:
         self.c = Cluster(brokers=3)
+        if seed is not None:
+            self.c.ctl.rng = random.Random(seed)
+        # As the first active controller does: the image names its cluster.
+        self.c.run(([Config(RESOURCE_BROKER, *CLUSTER_ID_KEY, cluster_id)], None))
         self.c.create("t", rf=3, configs={"remote.storage.enable": "true"})
         p = self.c.p("t")
         self.topic_id, self.leader = p.topic_id, p.leader
@@ -133,7 +152,9 @@ class Harness:
         return remote_log_view(self.c.image, self.topic_id, 0)
 
     def stored(self) -> list[str]:
-        return self.store.keys()  # noqa: SIM118 (a store, not a dict)
+        """Every key but the cluster's marker (written before the first upload)."""
+        keys = self.store.keys()  # noqa: SIM118 (a store, not a dict)
+        return [k for k in keys if not k.startswith(CLUSTER_MARKERS)]
 
     def named_by_objects(self) -> set[str]:
         return {parse_segment_key(k)[1] for k in self.stored()}  # type: ignore[index]
@@ -385,6 +406,68 @@ async def test_the_bucket_sweep_deletes_prefixes_of_topics_deleted_while_away(tm
     assert await h.rlm.sweep_bucket() == [f"fresh-{'B' * 22}/"]
     assert set(h.stored()) == live | set(foreign)
     await h.close()
+
+
+async def test_clusters_sharing_a_bucket_prefix_never_sweep_each_others_topics(
+    tmp_path, caplog
+) -> None:
+    """Each cluster marks the prefix with its id before its first upload; a sweeper
+    that finds another cluster's marker sweeps nothing (the other's topic ids are not
+    in its image, so its prefixes would all look deleted) and says why."""
+    store = MemoryObjectStore(clock=lambda: NOW)
+    hosts = []
+    for name, cid, seed in (("a", "cluster-a", 11), ("b", "cluster-b", 12)):
+        h = Harness(tmp_path / name, store=store, cluster_id=cid, seed=seed)
+        (own,) = h.c.run(h.c.ctl.create_topics(h.c.image, [(f"{name}-only", 1, 1, {})]))
+        h.replicas.image = h.c.image
+        keys = segment_keys(f"{name}-only", own.topic_id, 0, 0, f"seg-{name}")
+        store.put(keys.log, b"x")
+        store.put(keys.manifest, b"m")
+        h.produce(10)
+        await h.rlm.run_once()  # its first upload marks the prefix first
+        assert cluster_marker_key(cid) in store.keys()  # noqa: SIM118
+        h.rlm.metadata_age_ms = lambda: 10.0
+        h.replicas.broker_id = h.rlm.broker_id = min(h.c.image.unfenced_broker_ids())
+        hosts.append(h)
+    a, b = hosts
+    before = set(store.keys())  # noqa: SIM118 (a store, not a dict)
+    prefixes = {parse_topic_of_key(k) for k in before} - {None}
+    assert len(prefixes) == 4  # t and {a,b}-only of each cluster
+    a.now = b.now = NOW + 10**6  # everything is old enough to sweep
+    with caplog.at_level(logging.WARNING, logger=rlm_module.__name__):
+        assert await a.rlm.sweep_bucket() == []
+        assert await b.rlm.sweep_bucket() == []
+    assert set(store.keys()) == before  # noqa: SIM118
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("cluster" in w and "own prefix" in w for w in warnings)
+    assert "cluster-b" in warnings[0] and "cluster-a" in warnings[1]
+    # Alone again (the other cluster moved to its own prefix): the sweep runs.
+    store.delete([cluster_marker_key("cluster-b")])
+    b_prefixes = {f"{t}-{b.c.image.topic(t).topic_id}/" for t in ("t", "b-only")}
+    assert set(await a.rlm.sweep_bucket()) == b_prefixes
+    await a.close()
+    await b.rlm.close()  # its objects went with the sweep: no stored-segments check
+    b.log.close()
+
+
+async def test_the_bucket_sweep_marks_the_prefix_and_needs_the_cluster_id(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.rlm.metadata_age_ms = lambda: 10.0
+    h.replicas.broker_id = h.rlm.broker_id = min(h.c.image.unfenced_broker_ids())
+    assert await h.rlm.sweep_bucket() == []
+    marker = cluster_marker_key("cluster-a")
+    assert h.store.keys() == [marker]  # before any upload of its own
+    assert h.store.get(marker) == b"cluster-a"
+    assert parse_segment_key(marker) is None and parse_topic_of_key(marker) is None
+    # An image without the cluster id (not caught up yet): no sweep at all.
+    nameless = Harness(tmp_path / "nameless")
+    nameless.c.run(([Config(RESOURCE_BROKER, *CLUSTER_ID_KEY, None)], None))
+    nameless.replicas.image = nameless.c.image
+    nameless.rlm.metadata_age_ms = lambda: 10.0
+    nameless.replicas.broker_id = nameless.rlm.broker_id = h.rlm.broker_id
+    assert await nameless.rlm.sweep_bucket() == [] and nameless.store.keys() == []
+    await h.close()
+    await nameless.close()
 
 
 async def test_an_unclean_leader_replaces_the_remote_records_past_its_log(tmp_path) -> None:

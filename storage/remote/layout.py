@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple
+from urllib.parse import quote, unquote
 
 import crc32c
 
@@ -85,6 +86,29 @@ def parse_topic_of_key(key: str) -> tuple[str, str] | None:
     if not topic or dash != "-" or not set(topic_id) <= _ID_ALPHABET:
         return None
     return head + "/", topic_id
+
+
+# -- which clusters write under the prefix ------------------------------------------------
+
+# Each cluster writing under a prefix puts one marker object here, named by its cluster
+# id, before its first upload, so a bucket sweep can tell that it is not alone: another
+# cluster's topic ids are not in its image, and their prefixes would look deleted.
+CLUSTER_MARKERS = "_rillet/clusters/"
+_MARKER_SUFFIX = ".cluster"
+
+
+def cluster_marker_key(cluster_id: str) -> str:
+    """The marker of ``cluster_id`` (quoted: an id is any string). Never a key of the
+    layout: its first part has no topic id, and its name no segment suffix."""
+    return f"{CLUSTER_MARKERS}{quote(cluster_id, safe='')}{_MARKER_SUFFIX}"
+
+
+def parse_cluster_marker(key: str) -> str | None:
+    """The cluster id a marker key names, or None for any other key."""
+    if not key.startswith(CLUSTER_MARKERS) or not key.endswith(_MARKER_SUFFIX):
+        return None
+    name = key[len(CLUSTER_MARKERS) : -len(_MARKER_SUFFIX)]
+    return unquote(name) if name and "/" not in name else None
 
 
 # -- the manifest --------------------------------------------------------------------------
