@@ -230,6 +230,7 @@ class RemoteLogManager:
         self._sweep_task: asyncio.Task[None] | None = None
         self._closed = False
         self._marked = False  # this cluster's marker is in the store (``_mark_prefix``)
+        self._compacted_warned: set[str] = set()  # tiered topics compacted by our config
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -394,7 +395,18 @@ class RemoteLogManager:
     def _led(self) -> Iterable[_Lead]:
         image = self.replicas.image
         for tp, replica in list(self.replicas.replicas.items()):
-            if not replica.log.config.remote_storage_enable:
+            config = replica.log.config
+            if not config.tiered:
+                if config.remote_storage_enable and tp.topic not in self._compacted_warned:
+                    self._compacted_warned.add(tp.topic)
+                    logger.warning(
+                        "topic %s has remote.storage.enable=true, but its cleanup.policy "
+                        "on this broker is %r (log.cleanup.policy, unless the topic sets "
+                        "it): compacted logs are never tiered, so this broker keeps it on "
+                        "local disk under its total retention only",
+                        tp.topic,
+                        config.cleanup_policy,
+                    )
                 continue
             p = image.partition(tp.topic, tp.partition)
             if p is not None and p.leader == self.broker_id and p.topic_id == replica.topic_id:

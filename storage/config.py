@@ -51,6 +51,15 @@ class LogConfig:
         return "delete" in self.cleanup_policy
 
     @property
+    def tiered(self) -> bool:
+        """Whether this log's closed segments go to the remote tier: remote storage on
+        and no compaction (a remote segment is never rewritten). The controller refuses
+        compacted tiered topics by the built-in defaults; a broker's own
+        log.cleanup.policy can still make the effective config compacted, and such a
+        log is then kept, and retained, as an untiered one."""
+        return self.remote_storage_enable and not self.compact
+
+    @property
     def effective_local_retention_ms(self) -> int:
         return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
 

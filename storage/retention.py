@@ -3,8 +3,8 @@ timestamp) or beyond retention.bytes, oldest first, and (whatever the cleanup po
 those wholly below the log start, never the active segment and never
 a segment holding records at or past the high watermark (``Log.removable_end``).
 
-On a log whose topic has ``remote.storage.enable`` (docs/tiered.md) the local rule is
-narrower: a segment goes only once its last offset is at or below
+On a tiered log (``LogConfig.tiered``: ``remote.storage.enable`` and no compaction;
+docs/tiered.md) the local rule is narrower: a segment goes only once its last offset is at or below
 ``Log.remote_end_in_lineage()`` (the highest offset safely in remote storage, which the
 broker sets from the metadata image, where this log agrees with the remote log: after
 an unclean election a leader's new records below the remote end are not remote) and it
@@ -47,8 +47,9 @@ def segments_to_delete(
     (the high watermark): a segment's records end where the next segment begins.
     Segments wholly below ``log_start`` go whatever the policy: nothing can read them
     (a follower that took its leader's log start, Kafka's log-start breach rule).
-    With ``config.remote_storage_enable``, only segments whose last offset is at or
-    below ``remote_end`` may go, by local retention or total retention."""
+    With ``config.tiered`` (remote storage on, no compaction), only segments whose last
+    offset is at or below ``remote_end`` may go, by local retention or total
+    retention."""
     closed = 0
     while closed < len(segments) - 1 and segments[closed + 1].base_offset <= removable_end:
         closed += 1
@@ -59,7 +60,7 @@ def segments_to_delete(
     if not config.delete:
         return count, reason
     limits = [("retention", config.retention_ms, config.retention_bytes)]
-    if config.remote_storage_enable:
+    if config.tiered:
         # Segment i's last offset is the next segment's base - 1.
         while closed > count and segments[closed].base_offset > remote_end + 1:
             closed -= 1

@@ -688,6 +688,22 @@ async def test_an_unclean_leaders_cleanup_never_leaves_an_offset_held_nowhere(
         await _diverge_and_clean_up(tmp_path / f"fail-{fail_at}", fail_at)
 
 
+async def test_a_log_compacted_by_this_brokers_config_is_never_tiered(tmp_path, caplog) -> None:
+    """The controller checks a tiered topic's config against the built-in defaults; a
+    broker whose own log.cleanup.policy makes the log compacted skips it, and says so
+    once per topic."""
+    h = Harness(tmp_path, cleanup_policy="compact,delete")
+    h.produce()
+    with caplog.at_level(logging.WARNING, logger=rlm_module.__name__):
+        await h.rlm.run_once()
+        h.now += 60_000
+        await h.rlm.run_once()
+    assert h.segments() == {} and h.stored() == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "topic t has" in warnings[0] and "compact" in warnings[0]
+    await h.close()
+
+
 async def test_a_follower_runs_no_rounds(tmp_path) -> None:
     h = Harness(tmp_path)
     h.produce(10)

@@ -370,6 +370,23 @@ async def test_local_retention_bytes_bounds_the_local_log_of_remote_segments(tmp
     await log.close_async()
 
 
+async def test_a_compacted_log_is_never_tiered_so_its_retention_ignores_the_remote_tier(
+    tmp_path,
+):
+    """remote.storage.enable with compaction in the effective config (the broker's own
+    log.cleanup.policy, which the controller cannot see): the log is not tiered, so
+    retention treats it as any log: total retention, no remote bound."""
+    clock = FakeClock(10 * DAY)
+    log = _remote_log(
+        tmp_path, clock, retention_ms=DAY, cleanup_policy="compact,delete", local_retention_ms=0
+    )
+    assert log.config.remote_storage_enable and not log.config.tiered
+    closed = len(log.segments) - 1
+    assert closed > 4 and log.remote_copied_end == -1  # nothing remote
+    assert await retention.apply_retention(log) == closed
+    await log.close_async()
+
+
 async def test_compaction_never_cleans_past_the_high_watermark(tmp_path):
     # The cleaner rewrites segments; one holding uncommitted records may still be
     # truncated by a leader change, so it stays as it is until the HW passes it.

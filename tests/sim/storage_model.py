@@ -465,7 +465,7 @@ class StorageModel:
             self.max_start = max(self.max_start, segments[count].base_offset)
             self._forget_flush_promises()
         removed = run_inline(retention.apply_retention(self.log))
-        if self.config.remote_storage_enable:
+        if self.config.tiered:  # a compacted log is never tiered (LogConfig.tiered)
             self.check_only_remote_deleted(segments[: removed + 1], remote_end, log_start)
         if removed:
             self.expect(self.log.log_start_offset <= hw, "retention passed the high watermark")
