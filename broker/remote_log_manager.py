@@ -29,16 +29,19 @@ d. orphans: objects under the partition's prefix that no segment of the image na
 Every ``remote.log.orphan.sweep.interval.ms`` one broker, the lowest-id unfenced one of
 its image, sweeps the whole bucket for prefixes of topics its image does not hold (a
 topic deleted while every broker that held it was away), when its image is known to be
-recent; every object under such a prefix must be older than the minimum age too.
+recent; every object under such a prefix must be older than the minimum age too, and
+no other cluster may have marked the store's prefix (each broker puts its cluster's
+marker there before its first upload): another cluster's topics are not in this image.
 
 Each step runs whatever the one before it did. Every metadata record is committed or
 known refused before the next step: one without an answer is sent again while this
 broker leads (docs/tiered.md, "Unknown outcomes"). Which segments each step takes is
 decided by broker/remote_plan.py (pure). On every metadata change each replica of a
-changed partition gets ``log.remote_copied_end``, the highest offset safely remote,
-which bounds local retention (storage/retention.py), and segments gone from the image
-leave the reader's caches. When a topic is deleted, every broker that held a replica
-of it deletes the topic's prefix (idempotent: any of them may finish first).
+changed partition gets ``log.remote_copied_end``, the highest offset safely remote
+(the end of the contiguous run of finished segments), which bounds local retention
+(storage/retention.py), and segments gone from the image leave the reader's caches.
+When a topic is deleted, every broker that held a replica of it deletes the topic's
+prefix (idempotent: any of them may finish first).
 
 Nothing here blocks the event loop: uploads, deletes and listings run on threads, and
 produce and fetch never wait for any of it.

@@ -94,3 +94,20 @@ def test_a_copy_around_its_predecessor_still_serves_its_own_tail() -> None:
     empty = RemoteLogView()
     assert (empty.log_start_offset, empty.end_offset, empty.size_bytes) == (-1, -1, 0)
     assert empty.segment_for(0) is None and segments_from(empty, 0, 10) == ()
+
+
+def test_the_contiguous_end_stops_before_the_first_hole_with_overlapping_segments() -> None:
+    """Holes cut into remote logs as leaders build them (a segment's DELETE_STARTED
+    committed while others stay): the contiguous end is the highest offset up to which
+    every offset from the remote log start is held by some finished segment."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        segments = _remote_log(rng, rng.randint(1, 40))
+        kept = [s for s in segments if rng.random() > 0.15] or segments[:1]
+        view = _view(kept)
+        held = set().union(*(range(s.start_offset, s.end_offset + 1) for s in kept))
+        naive = view.log_start_offset - 1
+        while naive + 1 in held:
+            naive += 1
+        assert view.contiguous_end == naive, seed
+    assert RemoteLogView().contiguous_end == -1
