@@ -112,10 +112,10 @@ T = TypeVar("T")
 # (segments) -> one result per segment, once committed: QuorumLink.alter_remote_segments.
 Proposer = Callable[[Sequence[RemoteSegment]], Awaitable[list[m.RemoteSegmentResult]]]
 BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 10.0
 # A partition whose copying is stalled (docs/tiered.md, "Unclean leader election") says
 # so at most this often.
 STALL_WARNING_INTERVAL_MS = 300_000
-BACKOFF_MAX_S = 10.0
 DELETE_BATCH = 1000  # S3's DeleteObjects takes at most 1000 keys
 # Deleting the objects of an upload no record will ever name (its topic was deleted
 # meanwhile, or the controller refused it): tried this many times with backoff, then
