@@ -31,7 +31,8 @@ its image, sweeps the whole bucket for prefixes of topics its image does not hol
 topic deleted while every broker that held it was away), when its image is known to be
 recent; every object under such a prefix must be older than the minimum age too, and
 no other cluster may have marked the store's prefix (each broker puts its cluster's
-marker there before its first upload): another cluster's topics are not in this image.
+marker there before its first upload, and at its first round as a leader): another
+cluster's topics are not in this image.
 
 Each step runs whatever the one before it did. Every metadata record is committed or
 known refused before the next step: one without an answer is sent again while this
@@ -331,6 +332,18 @@ class RemoteLogManager:
             self.store.put(cluster_marker_key(cluster_id), cluster_id.encode())
             self._marked = True
 
+    async def _mark(self, lead: _Lead) -> None:
+        """Mark the prefix at a leader's round even with nothing to copy: a cluster whose
+        objects predate the markers, or that uploads nothing for a while, is then marked
+        within a task interval, before another cluster's sweep could take its topics
+        for deleted ones."""
+        if self._marked:
+            return
+        try:
+            await self._io(self._mark_prefix)
+        except RemoteStorageError as e:
+            logger.warning("%s-%d: marking the remote prefix: %s (next round)", *lead.tp, e)
+
     def _upload(self, *args: Any) -> RemoteManifest:
         """``upload_segment`` (blocking), under a prefix marked as this cluster's."""
         self._mark_prefix()
@@ -513,7 +526,7 @@ class RemoteLogManager:
         """Every step, whatever the ones before it did: a copy that keeps failing must
         not stop retention or the sweep. A step stops at its own first failure; the next
         round starts it afresh from the image: nothing is lost but time."""
-        for step in (self._cleanup, self._copy_all, self._retention, self._sweep):
+        for step in (self._cleanup, self._copy_all, self._retention, self._sweep, self._mark):
             if not self._still_leads(lead):
                 return
             try:

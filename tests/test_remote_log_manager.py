@@ -450,6 +450,22 @@ async def test_clusters_sharing_a_bucket_prefix_never_sweep_each_others_topics(
     b.log.close()
 
 
+async def test_a_leader_marks_the_prefix_at_its_first_round_with_nothing_to_copy(
+    tmp_path,
+) -> None:
+    """So a cluster whose objects predate the markers (or that uploads nothing for a
+    while) is marked within one task interval, before another cluster's sweep could
+    take its topics for deleted ones; a store refusing the marker is tried again."""
+    h = Harness(tmp_path)
+    h.store.unavailable = True
+    await h.rlm.run_once()
+    assert h.store.keys() == []  # nothing to copy, and the marker refused
+    h.store.unavailable = False
+    await h.rlm.run_once()
+    assert h.store.keys() == [cluster_marker_key("cluster-a")]
+    await h.close()
+
+
 async def test_the_bucket_sweep_marks_the_prefix_and_needs_the_cluster_id(tmp_path) -> None:
     h = Harness(tmp_path)
     h.rlm.metadata_age_ms = lambda: 10.0
