@@ -123,6 +123,19 @@ class RemoteLogViews:
             self._views[key] = (segs, view)
         return view if view.segments else None
 
+    def retain(self, image: MetadataImage, held: Callable[[str, int], bool]) -> None:
+        """Drop the views nobody will ask for again: a partition whose segment map left
+        the image or changed (a deleted topic's), or that ``held`` says this broker no
+        longer holds (a replica moved away). ``get`` only refreshes the partition it is
+        asked about, so without this such views stayed cached for the process's life.
+        Called once per metadata delta; costs one lookup per cached partition."""
+        for key, (segs, _) in list(self._views.items()):
+            if image.remote_segments.get(key) is not segs or not held(*key):
+                del self._views[key]
+
+    def __len__(self) -> int:
+        return len(self._views)
+
 
 def log_start_offset(view: RemoteLogView | None, local_start: int) -> int:
     """The partition's log start across both tiers (Kafka's logStartOffset): the remote

@@ -197,6 +197,8 @@ class ReplicaManager:
         self._apply_config_changes(delta, image)
         if self.remote is not None:  # after the roles: the replicas it updates exist
             self.remote.on_metadata(delta, image, [*changes.leaders, *changes.followers])
+        # Even with the tier off here: the image may hold a partition's segments.
+        self.views.retain(image, self._holds)
         self._roles_changed()
         if self.heap is not None:
             self.heap.grew(len(changes.leaders) + len(changes.followers))
@@ -429,6 +431,12 @@ class ReplicaManager:
     def views(self) -> RemoteLogViews:
         """Each partition's remote log, cached per image change (broker/remote_fetch.py)."""
         return self._reader.views
+
+    def _holds(self, topic_id: str, partition: int) -> bool:
+        """Whether this broker holds a replica of the partition (of that topic id)."""
+        t = self.image.topics_by_id.get(topic_id)
+        replica = None if t is None else self.replicas.get(TopicPartition(t.name, partition))
+        return replica is not None and replica.topic_id == topic_id
 
     def leaders(self) -> Iterable[Replica]:
         return (r for r in self.replicas.values() if r.is_leader)

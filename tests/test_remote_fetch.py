@@ -8,6 +8,7 @@ an error, never data, and the others are unaffected (broker/remote_fetch.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.handlers.fetch import ListOffsetsHandler
 from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.remote_fetch import RemoteLogViews
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import Request
@@ -34,6 +36,8 @@ from rillet.controller.metadata.image import (
     RemoteSegment,
     TopicPartition,
 )
+from rillet.controller.metadata.quorum import QuorumController
+from rillet.controller.metadata.remote_log import RemoteLogView
 from rillet.storage import Log, LogConfig, LogManager
 from rillet.storage.remote.copier import upload_segment
 from rillet.storage.remote.layout import SegmentKeys, segment_keys
@@ -89,6 +93,7 @@ class Cluster:
     image: MetadataImage
     tier: Tier
     tmp: Path
+    quorum: QuorumController
     expected: dict[TopicPartition, dict[int, bytes]] = field(default_factory=dict)
     keys: dict[TopicPartition, list[SegmentKeys]] = field(default_factory=dict)
 
@@ -114,7 +119,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     tier = Tier()
     manager.remote = tier
     manager.metrics = BrokerMetrics()
-    c = Cluster(manager, image, tier, tmp_path)
+    c = Cluster(manager, image, tier, tmp_path, quorum)
     for tp in (T0, U0):
         await fill(c, tp)
     yield c
@@ -451,3 +456,31 @@ async def test_a_consumer_reads_across_overlapping_remote_segments(cluster: Clus
             offsets += got
             offset = got[-1] + 1
         assert offsets == list(range(local_end)), max_bytes
+
+
+async def test_a_deleted_topic_leaves_the_view_cache(cluster: Cluster) -> None:
+    """Nobody asks for a deleted topic's remote log again: the delta that deletes it
+    drops its cached view (and segment map) rather than holding them forever."""
+    await offload(cluster, T0)
+    await cluster.manager.fetch_messages(consumer(), [part(T0, 0)])
+    topic_id = cluster.manager.replicas[T0].topic_id
+    views = cluster.manager.views
+    assert (topic_id, 0) in views._views
+    records = cluster.quorum.delete_topics(cluster.image, ["t"]).records
+    cluster.image = await commit(cluster.manager, cluster.image, records)
+    assert T0 not in cluster.manager.replicas
+    assert (topic_id, 0) not in views._views and len(views) == 0
+
+
+def test_views_of_partitions_gone_changed_or_moved_away_are_dropped() -> None:
+    """retain keeps a view only while its segment map is the image's and the broker
+    still holds the partition (a replica moved away keeps its map in the image)."""
+    seg = RemoteSegment("a", 0, "s", 0, 9, ((0, 0),), SEGMENT_COPY_FINISHED, 10, 1, 1, 0)
+    maps = {(tid, 0): {"s": dataclasses.replace(seg, topic_id=tid)} for tid in "abcd"}
+    views = RemoteLogViews()
+    for tid in "abcd":
+        views._views[(tid, 0)] = (maps[(tid, 0)], cast(RemoteLogView, None))
+    # a: unchanged and held; b: its topic deleted; c: its map replaced; d: moved away.
+    later = {("a", 0): maps[("a", 0)], ("c", 0): dict(maps[("c", 0)]), ("d", 0): maps[("d", 0)]}
+    views.retain(cast(MetadataImage, SimpleNamespace(remote_segments=later)), lambda t, p: t != "d")
+    assert list(views._views) == [("a", 0)]
