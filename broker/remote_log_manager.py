@@ -76,6 +76,7 @@ from rillet.broker.remote_plan import (
 )
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
+from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.describe import cluster_id_of
 from rillet.controller.metadata.image import (
     SEGMENT_COPY_FINISHED,
@@ -162,6 +163,19 @@ class ReplicasView(Protocol):
         """Each partition's remote log view, cached per change (shared with the fetch
         path, so a change rebuilds a partition's view once)."""
         ...
+
+
+class _Unrecorded(Exception):
+    """The controller answered a state change with an error that resending cannot
+    change (an unsupported version, a non-retriable error, a malformed answer). Whether
+    it committed is not known for certain, so its caller deletes nothing: the step
+    ends, and the next round starts again from the image."""
+
+
+def _outcome_unknown(e: Exception) -> bool:
+    """Whether a failed request may succeed if sent again: a retriable error (network,
+    timeout, no active controller), or the socket's own failure."""
+    return isinstance(e, OSError) or (isinstance(e, RilletError) and e.retriable)
 
 
 class _Abandoned(Exception):
@@ -653,7 +667,11 @@ class RemoteLogManager:
                 return False  # backing off: in order, so nothing after it either
             if not self._still_leads(lead):
                 return False
-            if not await self._copy(lead, todo):
+            try:
+                copied = await self._copy(lead, todo)
+            except _Unrecorded:
+                copied = False  # backs off; objects left go with the cleanup or sweep
+            if not copied:
                 if (epoch, failed_base) != (lead.leader_epoch, base):
                     failures = 0
                 delay = min(self.interval_s * 1000 * 2 ** min(failures, 20), COPY_RETRY_MAX_MS)
@@ -865,7 +883,8 @@ class RemoteLogManager:
         a retry that succeeds). A fenced answer does not tell either, since an earlier
         send may have committed first. Both raise _Abandoned once leadership is gone, so
         the caller deletes nothing: the next leader's cleanup or the orphan sweep owns
-        whatever is left."""
+        whatever is left. Any other failure raises _Unrecorded: resent, it would fail
+        the same way forever, and the round (retention, the sweep) would never end."""
         backoff = BACKOFF_MIN_S
         while True:
             try:
@@ -875,6 +894,15 @@ class RemoteLogManager:
                     return errors.NONE
                 if not self._still_leads(lead):
                     raise _Abandoned from e
+                if not _outcome_unknown(e):
+                    logger.warning(
+                        "%s-%d: recording segment %s state %d failed: %r (not resent)",
+                        *lead.tp,
+                        segment.segment_id,
+                        segment.state,
+                        e,
+                    )
+                    raise _Unrecorded(repr(e)) from e
                 logger.warning(
                     "%s-%d: recording segment %s state %d: %r (outcome unknown: retrying)",
                     *lead.tp,

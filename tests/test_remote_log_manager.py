@@ -23,7 +23,7 @@ from rillet.broker.remote_fetch import RemoteLogViews
 from rillet.broker.remote_log_manager import RemoteLogManager
 from rillet.client.wire import messages as m
 from rillet.client.wire import records
-from rillet.client.wire.errors import RequestTimedOutError, code_of
+from rillet.client.wire.errors import RequestTimedOutError, UnsupportedVersionError, code_of
 from rillet.controller.metadata.describe import CLUSTER_ID_KEY
 from rillet.controller.metadata.image import (
     RESOURCE_BROKER,
@@ -789,6 +789,46 @@ async def test_an_unanswered_finish_once_leadership_moved_deletes_nothing(tmp_pa
     h.replicas.broker_id = h.rlm.broker_id = h.c.p("t").leader
     await h.rlm.run_once()  # the next leader: not finished, so deleted, objects and all
     assert started.segment_id not in h.segments()
+    assert h.named_by_objects() == set(h.segments())
+    await h.close()
+
+
+async def test_an_error_resending_cannot_change_ends_the_round_and_deletes_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    """A controller that answers every COPY_FINISHED with an error no resend changes
+    (here an unsupported version): the copy gives up without deleting its objects
+    (whether it committed is not certain), and retention and the sweep still run."""
+    monkeypatch.setattr(rlm_module, "BACKOFF_MIN_S", 0.001)
+    h = Harness(tmp_path, local_retention_bytes=0, retention_ms=60_000)
+    h.produce()
+    await h.rlm.run_once()
+    await retention.apply_retention(h.log)
+    old = set(h.segments())
+    h.produce(10)
+    stray = segment_keys("t", h.topic_id, 0, 99_999, "stray")
+    h.store.put(stray.log, b"x")
+    h.now += 61_000  # the remote segments are past retention.ms; the stray is old
+
+    def unsupported(seg: RemoteSegment) -> None:
+        if seg.state == SEGMENT_COPY_FINISHED:
+            raise UnsupportedVersionError("AlterRemoteSegments")
+
+    h.before_record = unsupported
+    # Resent forever, the round never ended (pytest's timeout is the guard).
+    await h.rlm.run_once()
+    assert not old & set(h.segments())  # retention ran
+    assert stray.log not in h.stored()  # the sweep ran
+    (started,) = h.segments().values()
+    assert started.state == SEGMENT_COPY_STARTED
+    assert h.named_by_objects() == {started.segment_id}  # nothing deleted
+    # The controller answers again: the next round's cleanup deletes the unfinished copy
+    # (record and objects) and the segments are copied.
+    h.before_record = None
+    h.now += h.rlm.interval_s * 1000
+    await h.rlm.run_once()
+    assert started.segment_id not in h.segments()
+    assert h.segments() and all(s.state == SEGMENT_COPY_FINISHED for s in h.segments().values())
     assert h.named_by_objects() == set(h.segments())
     await h.close()
 
