@@ -396,10 +396,13 @@ class RemoteLogManager:
             self._claims,
             self._copy_failures,
         )
+        # A partition's books go once it is not led, but not while its round still runs:
+        # the round keeps using them (dropped claims would make its finished copies look
+        # left over to the next round while the image lags).
+        running = {tp for tp, task in self._rounds.items() if not task.done()}
         for book in books:
-            for tp in [tp for tp in book if tp not in led]:  # leadership moved away
-                if book is not self._rounds or self._rounds[tp].done():
-                    del book[tp]
+            for tp in [tp for tp in book if tp not in led and tp not in running]:
+                del book[tp]
         for lead in leads:
             view = self._view(lead)
             log = lead.replica.log

@@ -833,6 +833,38 @@ async def test_an_error_resending_cannot_change_ends_the_round_and_deletes_nothi
     await h.close()
 
 
+async def test_a_pass_without_the_partition_keeps_the_claims_of_its_running_round(
+    tmp_path,
+) -> None:
+    """A scheduling pass that finds the partition not led (here its replica briefly
+    missing) while its round still runs must keep the round's claims: else the next
+    round, on an image that still shows an earlier copy as COPY_STARTED, takes that
+    finished copy for left-over work and deletes it."""
+    h = Harness(tmp_path)
+    h.produce(10)
+    started: list[Any] = []  # the image right after each COPY_STARTED committed
+
+    async def after(seg: RemoteSegment) -> None:
+        if seg.state != SEGMENT_COPY_STARTED:
+            return
+        started.append(h.c.image)
+        if len(started) == 2:  # the first copy finished; the second under way
+            replicas, h.replicas.replicas = h.replicas.replicas, {}
+            assert h.rlm.schedule() == []
+            h.replicas.replicas = replicas
+
+    h.after_record = after
+    await h.rlm.run_once()
+    h.after_record = None
+    first = min(h.segments().values(), key=lambda s: s.start_offset)
+    assert len(started) >= 2 and first.state == SEGMENT_COPY_FINISHED
+    # The broker's image lags: it still shows the first copy as COPY_STARTED.
+    h.replicas.image = started[0]
+    await h.rlm.run_once()
+    assert h.segments()[first.segment_id].state == SEGMENT_COPY_FINISHED
+    await h.close()
+
+
 # -- cleanup, failures, deletion ----------------------------------------------------
 
 
