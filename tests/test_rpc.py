@@ -14,6 +14,7 @@ import pytest
 from helpers import python_command, start_server_process, wait_until_async
 from rpc_echo_server import make_handlers
 
+from rillet.client.runtime import rpc_server
 from rillet.client.runtime.rpc_server import FileRange, Request, Response, RpcServer
 from rillet.client.wire import errors, messages, schemas
 from rillet.client.wire.connection import Connection, connect_any, parse_address
@@ -433,6 +434,52 @@ async def test_on_written_runs_for_an_answer_its_connection_never_takes() -> Non
     finally:
         slow.set()
         await srv.stop()
+
+
+@pytest.mark.parametrize("mode", ["pread", "sendfile"])
+async def test_on_written_runs_once_when_the_connection_is_lost_as_its_answer_is_ready(
+    data_file: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection lost in the loop turn its answer became ready (a reset polled in
+    that turn: its connection_lost runs before the sendfile writer's first step): the
+    answer's hold goes back once and its pinned file is closed all the same."""
+    written: list[int] = []
+
+    async def handler(request: Request) -> Response:
+        parts = [b"remote bytes", FileRange(str(data_file), 0, 1024)]
+        return Response(messages.FetchResponse([]), parts, lambda: written.append(1))
+
+    original = rpc_server._ServerProtocol.on_handler_done
+
+    def lost_first(self: Any, task: asyncio.Task) -> None:
+        self.transport.abort()  # queues connection_lost ahead of what flush starts
+        original(self, task)
+
+    monkeypatch.setattr(rpc_server._ServerProtocol, "on_handler_done", lost_first)
+
+    def pinned() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if _fd_target(fd) == str(data_file))
+
+    srv = RpcServer({schemas.FETCH.key: handler}, file_send_mode=mode)
+    await srv.start("127.0.0.1", 0)
+    try:
+        c = await Connection.open("127.0.0.1", srv.port)
+        with pytest.raises(errors.RilletError):
+            await c.request("Fetch", fetch((0, 1)))
+        c.close()
+        await wait_until_async(lambda: written == [1] and not srv.connections)
+        assert pinned() == 0
+    finally:
+        await srv.stop()
+    assert written == [1]
+
+
+def _fd_target(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 async def test_a_peer_that_stops_reading_an_answer_with_on_written_is_dropped() -> None:

@@ -39,6 +39,7 @@ them. uvloop has no ``loop.sendfile``; the two ways left were measured, see
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -169,6 +170,7 @@ class _Slot:
     task: asyncio.Task[Response | None] | None = None
     response: Response | None = None  # immediate answers (errors) when task is None
     parts: list[Any] = field(default_factory=list)
+    writing: bool = False  # its sendfile writer has started (and cleans up after itself)
 
     def ready(self) -> bool:
         return self.task is None or self.task.done()
@@ -781,9 +783,9 @@ class _ServerProtocol(asyncio.Protocol):
                     type(p) is _Pinned for p in slot.parts
                 ):
                     self.writer_busy = True
-                    self.writer_task = asyncio.get_running_loop().create_task(
-                        self.write_async(slot, response)
-                    )
+                    task = asyncio.get_running_loop().create_task(self.write_async(slot, response))
+                    task.add_done_callback(functools.partial(self.writer_done, slot, response))
+                    self.writer_task = task
                     return
                 self.write_now(slot, response)
             if wrote:
@@ -850,6 +852,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     async def write_async(self, slot: _Slot, response: Response) -> None:
         """Write a response holding file ranges with os.sendfile, then resume flushing."""
+        slot.writing = True
         assert self.transport is not None
         try:
             self.write_part(self.head_or_error(slot, response))
@@ -865,12 +868,25 @@ class _ServerProtocol(asyncio.Protocol):
             _unpin(slot.parts)
             if response.on_written is not None:
                 self.when_drained(response.on_written)
-            self.writer_busy = False
-            self.writer_task = None
-            if self.closing:
-                self.close_writable_fd()
-            else:
-                self.flush()
+            self.writer_stopped()
+
+    def writer_done(self, slot: _Slot, response: Response, task: asyncio.Task[None]) -> None:
+        """A writer cancelled before its first step (the connection lost in the turn
+        its answer was ready) never runs its ``finally``: release what it would have."""
+        if slot.writing:
+            return
+        _unpin(slot.parts)
+        _written(response)
+        if self.writer_task is task:
+            self.writer_stopped()
+
+    def writer_stopped(self) -> None:
+        self.writer_busy = False
+        self.writer_task = None
+        if self.closing:
+            self.close_writable_fd()
+        else:
+            self.flush()
 
     def write_part(self, part: Buffer) -> None:
         assert self.transport is not None
