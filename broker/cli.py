@@ -25,7 +25,7 @@ from typing import Any
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.limits import raise_open_files_limit
-from rillet.client.runtime.shutdown import StopRequests, exit_process
+from rillet.client.runtime.shutdown import StopRequests, run_then_exit
 from rillet.client.wire.errors import InvalidConfigError
 
 log = logging.getLogger("rillet.broker")
@@ -87,15 +87,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
     raise_open_files_limit()
     import uvloop
 
-    try:
-        code = uvloop.run(run_node(config, broker_config))
-    except InvalidConfigError as e:
-        print(f"rillet broker: {e}", file=sys.stderr)
-        code = 2
     # The stop has closed (and fsynced) every log: a remote-tier thread still blocked
-    # in a call to a hung S3 must not keep the process alive (exit_process says why).
-    exit_process(code)
-    return code  # not reached
+    # in a call to a hung S3 must not keep the process alive (exit_process says why),
+    # however the run ended.
+    return run_then_exit("broker", lambda: uvloop.run(run_node(config, broker_config)))
 
 
 async def run_node(config: Config, broker_config: BrokerConfig) -> int:

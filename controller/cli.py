@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rillet.client.runtime.limits import raise_open_files_limit
-from rillet.client.runtime.shutdown import StopRequests, exit_process
+from rillet.client.runtime.shutdown import StopRequests, run_then_exit
 from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
 
@@ -72,15 +72,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     raise_open_files_limit()
     import uvloop
 
-    try:
-        code = uvloop.run(run_controller(config))
-    except InvalidConfigError as e:
-        print(f"rillet controller: {e}", file=sys.stderr)
-        code = 2
     # As a broker does (broker/cli.py): the stop closed the Raft store; no thread left
     # behind may hold the process.
-    exit_process(code)
-    return code  # not reached
+    return run_then_exit("controller", lambda: uvloop.run(run_controller(config)))
 
 
 async def run_controller(config: Mapping[str, Any]) -> int:

@@ -7,10 +7,12 @@ for a remote-tier call hung in S3 either."""
 from __future__ import annotations
 
 import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 from cluster import ClusterFactory
-from helpers import wait_until
+from helpers import python_command, wait_until
 from replication_cluster import Client, run
 from s3_server import HangingS3
 
@@ -104,3 +106,47 @@ def test_a_broker_exits_promptly_while_an_upload_hangs_in_s3(
         assert "broker 1 stopped" in log
     finally:
         hung.close()
+
+
+# A node whose run fails (as a start-up error would) while a worker thread is stuck, as
+# one is in a call to a hung S3. argv: the role, the log dir.
+FAILING_RUN = """
+import argparse, concurrent.futures, sys, threading
+import uvloop
+from rillet.broker import cli as broker_cli
+from rillet.controller import cli as controller_cli
+
+def failing_run(coro):
+    coro.close()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(threading.Event().wait)  # never ends: Python's own exit would join it
+    raise OSError("the listener's port is in use")
+
+uvloop.run = failing_run
+role, log_dir = sys.argv[1], sys.argv[2]
+if role == "broker":
+    sets = ["node.id=1", f"log.dirs={log_dir}"]
+    broker_cli.cmd_broker(argparse.Namespace(config=None, set=sets))
+else:
+    sets = ["node.id=101", "process.roles=controller", f"metadata.log.dir={log_dir}"]
+    controller_cli.cmd_controller(argparse.Namespace(config=None, set=sets))
+"""
+
+
+@pytest.mark.parametrize("role", ["broker", "controller"])
+def test_a_node_whose_run_fails_exits_with_code_1_despite_a_stuck_thread(
+    tmp_path: Path, role: str
+) -> None:
+    """Any exception out of the node's run still ends the process through exit_process
+    (code 1, the traceback logged), never Python's exit, which would wait for the stuck
+    thread forever (the subprocess timeout is only the guard against that)."""
+    script = tmp_path / "failing_run.py"
+    script.write_text(FAILING_RUN)
+    proc = subprocess.run(
+        python_command(str(script), role, str(tmp_path / "logs")),
+        capture_output=True,
+        text=True,
+        timeout=EXIT_TIMEOUT_S,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "OSError: the listener's port is in use" in proc.stderr

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from rillet.client.wire.errors import InvalidConfigError
+
 log = logging.getLogger(__name__)
 
 OWNER_ENV = "RILLET_OWNER"
@@ -99,6 +101,33 @@ def exit_process(code: int) -> None:
             with contextlib.suppress(Exception):  # a closed stream must not stop the exit
                 stream.flush()
         os._exit(code)
+
+
+def run_then_exit(name: str, run: Callable[[], int]) -> int:
+    """Run a node (``run``: its event loop, returning the exit code) and end the process
+    through ``exit_process`` however it ends. An exception that escaped, in start-up or
+    later, would otherwise take Python's own exit, which joins the worker threads: one
+    blocked in a hung S3 kept a node that failed to start alive for minutes. Codes: 2
+    for an invalid config, 1 for any other failure (logged with its traceback);
+    SystemExit and KeyboardInterrupt keep theirs."""
+    try:
+        code = run()
+    except InvalidConfigError as e:
+        print(f"rillet {name}: {e}", file=sys.stderr)
+        code = 2
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:
+        logging.getLogger("rillet").exception("rillet %s failed", name)
+        code = 1
+    exit_process(code)
+    return code  # not reached
 
 
 class StopRequests:
