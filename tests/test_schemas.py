@@ -38,6 +38,28 @@ EXPECTED_KEYS = {
     "DescribeQuorum": 55,
     "AlterRemoteSegments": 1010,
     "DescribeLogDirs": 35,
+    "OffsetCommit": 8,
+    "OffsetFetch": 9,
+    "FindCoordinator": 10,
+    "ListGroups": 16,
+    "DeleteGroups": 42,
+    "OffsetDelete": 47,
+    "ConsumerGroupHeartbeat": 68,
+    "ConsumerGroupDescribe": 69,
+}
+
+# Declared ahead of the group coordinator that will serve them; until then a broker
+# answers them UNSUPPORTED_VERSION (tests/test_broker_inproc.py). A key leaves this set
+# when a handler for it lands.
+AWAITING_COORDINATOR = {
+    "OffsetCommit",
+    "OffsetFetch",
+    "FindCoordinator",
+    "ListGroups",
+    "DeleteGroups",
+    "OffsetDelete",
+    "ConsumerGroupHeartbeat",
+    "ConsumerGroupDescribe",
 }
 
 
@@ -186,7 +208,10 @@ def test_every_declared_api_is_served() -> None:
     served = {schemas.API_VERSIONS.key}
     served |= _served_keys(BrokerServer._handlers)
     served |= _served_keys(build_handlers)
-    assert served == set(schemas.APIS), {schemas.APIS[k].name for k in set(schemas.APIS) - served}
+    awaiting = {schemas.APIS_BY_NAME[name].key for name in AWAITING_COORDINATOR}
+    assert not served & awaiting, "served now: drop it from AWAITING_COORDINATOR"
+    unserved = set(schemas.APIS) - served - awaiting
+    assert served | awaiting == set(schemas.APIS), {schemas.APIS[k].name for k in unserved}
 
 
 def _served_keys(fn: object) -> set[int]:

@@ -182,6 +182,106 @@ class RemainingPartition(NamedTuple):
     partition: int
 
 
+class OffsetCommitPartitionResult(NamedTuple):
+    """On the wire: ``[partition, error_code]``."""
+
+    partition: int
+    error_code: int
+
+
+class OffsetCommitTopicResult(NamedTuple):
+    """On the wire: ``[name, partitions]``."""
+
+    name: str
+    partitions: list[OffsetCommitPartitionResult]
+
+
+class OffsetCommitPartition(NamedTuple):
+    """On the wire: ``[partition, committed_offset, committed_leader_epoch,
+    committed_metadata]``.
+    """
+
+    partition: int
+    committed_offset: int
+    committed_leader_epoch: int = -1
+    committed_metadata: str | None = None
+
+
+class OffsetCommitTopic(NamedTuple):
+    """On the wire: ``[name, partitions]``."""
+
+    name: str
+    partitions: list[OffsetCommitPartition]
+
+
+class OffsetFetchPartitionResult(NamedTuple):
+    """On the wire: ``[partition, committed_offset, committed_leader_epoch, metadata,
+    error_code]``.
+    """
+
+    partition: int
+    # -1 when the group committed none
+    committed_offset: int
+    committed_leader_epoch: int
+    metadata: str | None
+    error_code: int
+
+
+class OffsetFetchTopicResult(NamedTuple):
+    """On the wire: ``[name, partitions]``."""
+
+    name: str
+    partitions: list[OffsetFetchPartitionResult]
+
+
+class OffsetFetchGroupResult(NamedTuple):
+    """On the wire: ``[group_id, topics, error_code]``."""
+
+    group_id: str
+    topics: list[OffsetFetchTopicResult]
+    error_code: int
+
+
+class OffsetFetchTopic(NamedTuple):
+    """On the wire: ``[name, partition_indexes]``."""
+
+    name: str
+    partition_indexes: list[int]
+
+
+class OffsetFetchGroup(NamedTuple):
+    """On the wire: ``[group_id, member_id, member_epoch, topics]``."""
+
+    group_id: str
+    # nil from outside the group
+    member_id: str | None
+    # -1 from outside the group
+    member_epoch: int
+    # nil for every partition the group committed
+    topics: list[OffsetFetchTopic] | None
+
+
+class Coordinator(NamedTuple):
+    """On the wire: ``[key, node_id, host, port, error_code, error_message]``."""
+
+    key: str
+    # -1 when there is none
+    node_id: int
+    host: str
+    port: int
+    error_code: int
+    error_message: str | None
+
+
+class ListedGroup(NamedTuple):
+    """On the wire: ``[group_id, protocol_type, group_state, group_type]``."""
+
+    group_id: str
+    protocol_type: str
+    group_state: str
+    group_type: str
+
+
 class ApiVersionRange(NamedTuple):
     """On the wire: ``[api_key, min_version, max_version]``."""
 
@@ -269,6 +369,13 @@ class DescribeLogDirsTopic(NamedTuple):
     partitions: list[int]
 
 
+class DeletableGroupResult(NamedTuple):
+    """On the wire: ``[group_id, error_code]``."""
+
+    group_id: str
+    error_code: int
+
+
 class PartitionResult(NamedTuple):
     """On the wire: ``[topic, partition, error_code, error_message]``."""
 
@@ -285,6 +392,27 @@ class ReassignablePartition(NamedTuple):
     partition: int
     # target replicas; nil cancels
     replicas: list[int] | None
+
+
+class OffsetDeletePartitionResult(NamedTuple):
+    """On the wire: ``[partition, error_code]``."""
+
+    partition: int
+    error_code: int
+
+
+class OffsetDeleteTopicResult(NamedTuple):
+    """On the wire: ``[name, partitions]``."""
+
+    name: str
+    partitions: list[OffsetDeletePartitionResult]
+
+
+class OffsetDeleteTopic(NamedTuple):
+    """On the wire: ``[name, partitions]``."""
+
+    name: str
+    partitions: list[int]
 
 
 class IsrResult(NamedTuple):
@@ -337,6 +465,55 @@ class Listener(NamedTuple):
     name: str
     host: str
     port: int
+
+
+class GroupTopicPartitions(NamedTuple):
+    """On the wire: ``[topic_id, partitions]``."""
+
+    topic_id: str
+    partitions: list[int]
+
+
+class DescribedTopicPartitions(NamedTuple):
+    """On the wire: ``[topic_id, topic_name, partitions]``."""
+
+    topic_id: str
+    topic_name: str
+    partitions: list[int]
+
+
+class DescribedMember(NamedTuple):
+    """On the wire: ``[member_id, instance_id, rack_id, member_epoch, client_id, client_host,
+    subscribed_topic_names, subscribed_topic_regex, assignment, target_assignment]``.
+    """
+
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: list[str]
+    subscribed_topic_regex: str | None
+    assignment: list[DescribedTopicPartitions]
+    target_assignment: list[DescribedTopicPartitions]
+
+
+class DescribedGroup(NamedTuple):
+    """On the wire: ``[error_code, error_message, group_id, group_state, group_epoch,
+    assignment_epoch, assignor_name, members, authorized_operations]``.
+    """
+
+    error_code: int
+    error_message: str | None
+    group_id: str
+    group_state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor_name: str
+    members: list[DescribedMember]
+    # -2^31: not asked for
+    authorized_operations: int
 
 
 class SnapshotId(NamedTuple):
@@ -585,6 +762,143 @@ class ControlledShutdownRequest(NamedTuple):
         return ControlledShutdownResponse
 
 
+class OffsetCommitResponse(NamedTuple):
+    """OffsetCommit response (key 8)."""
+
+    topics: list[OffsetCommitTopicResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class OffsetCommitRequest(NamedTuple):
+    """OffsetCommit request (key 8). Acknowledged once the commit is committed in the group's
+    offsets partition.
+    """
+
+    group_id: str
+    topics: list[OffsetCommitTopic]
+    # the member epoch; -1 for a commit from outside the group (admin, manual)
+    generation_id_or_member_epoch: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[OffsetCommitResponse]:
+        return OffsetCommitResponse
+
+
+class OffsetFetchResponse(NamedTuple):
+    """OffsetFetch response (key 9)."""
+
+    groups: list[OffsetFetchGroupResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class OffsetFetchRequest(NamedTuple):
+    """OffsetFetch request (key 9)."""
+
+    groups: list[OffsetFetchGroup]
+    require_stable: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[OffsetFetchResponse]:
+        return OffsetFetchResponse
+
+
+class FindCoordinatorResponse(NamedTuple):
+    """FindCoordinator response (key 10)."""
+
+    coordinators: list[Coordinator]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class FindCoordinatorRequest(NamedTuple):
+    """FindCoordinator request (key 10). Who coordinates each key: the leader of the
+    `__consumer_offsets` partition its hash maps to.
+    """
+
+    # group ids (or transactional ids) to look up
+    coordinator_keys: list[str]
+    # 0: group, 1: transaction
+    key_type: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[FindCoordinatorResponse]:
+        return FindCoordinatorResponse
+
+
+class ListGroupsResponse(NamedTuple):
+    """ListGroups response (key 16)."""
+
+    groups: list[ListedGroup]
+    throttle_time_ms: int = 0
+    error_code: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ListGroupsRequest(NamedTuple):
+    """ListGroups request (key 16). Sent to every broker: each lists the groups it coordinates."""
+
+    # empty for every state
+    states_filter: list[str] = []
+    # consumer or classic; empty for both
+    types_filter: list[str] = []
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ListGroupsResponse]:
+        return ListGroupsResponse
+
+
 class ApiVersionsResponse(NamedTuple):
     """ApiVersions response (key 18)."""
 
@@ -717,6 +1031,38 @@ class DescribeLogDirsRequest(NamedTuple):
         return DescribeLogDirsResponse
 
 
+class DeleteGroupsResponse(NamedTuple):
+    """DeleteGroups response (key 42)."""
+
+    results: list[DeletableGroupResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DeleteGroupsRequest(NamedTuple):
+    """DeleteGroups request (key 42). Only empty groups are deleted (NON_EMPTY_GROUP
+    otherwise), with their offsets.
+    """
+
+    groups_names: list[str]
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DeleteGroupsResponse]:
+        return DeleteGroupsResponse
+
+
 class ElectLeadersResponse(NamedTuple):
     """ElectLeaders response (key 43)."""
 
@@ -786,6 +1132,40 @@ class AlterPartitionReassignmentsRequest(NamedTuple):
 
     def response_type(self) -> type[AlterPartitionReassignmentsResponse]:
         return AlterPartitionReassignmentsResponse
+
+
+class OffsetDeleteResponse(NamedTuple):
+    """OffsetDelete response (key 47)."""
+
+    topics: list[OffsetDeleteTopicResult]
+    error_code: int = 0
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class OffsetDeleteRequest(NamedTuple):
+    """OffsetDelete request (key 47). Drops committed offsets of topics the group is not
+    subscribed to.
+    """
+
+    group_id: str
+    topics: list[OffsetDeleteTopic]
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[OffsetDeleteResponse]:
+        return OffsetDeleteResponse
 
 
 class DescribeQuorumResponse(NamedTuple):
@@ -976,6 +1356,90 @@ class BrokerHeartbeatRequest(NamedTuple):
 
     def response_type(self) -> type[BrokerHeartbeatResponse]:
         return BrokerHeartbeatResponse
+
+
+class ConsumerGroupHeartbeatResponse(NamedTuple):
+    """ConsumerGroupHeartbeat response (key 68)."""
+
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = 0
+    # the member's target partitions; nil: unchanged
+    assignment: list[GroupTopicPartitions] | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ConsumerGroupHeartbeatRequest(NamedTuple):
+    """ConsumerGroupHeartbeat request (key 68). KIP-848: join, stay alive, learn the assignment
+    and leave, in one request.
+    """
+
+    group_id: str
+    # chosen by the client (a UUID) when it joins
+    member_id: str
+    # 0 joins, -1 leaves, -2 leaves a static member
+    member_epoch: int
+    # static membership
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    # nil: unchanged since the last heartbeat
+    subscribed_topic_names: list[str] | None = None
+    subscribed_topic_regex: str | None = None
+    # uniform or range; nil: default
+    server_assignor: str | None = None
+    # what the member owns now; nil: unchanged
+    topic_partitions: list[GroupTopicPartitions] | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ConsumerGroupHeartbeatResponse]:
+        return ConsumerGroupHeartbeatResponse
+
+
+class ConsumerGroupDescribeResponse(NamedTuple):
+    """ConsumerGroupDescribe response (key 69)."""
+
+    groups: list[DescribedGroup]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class ConsumerGroupDescribeRequest(NamedTuple):
+    """ConsumerGroupDescribe request (key 69)."""
+
+    group_ids: list[str]
+    include_authorized_operations: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[ConsumerGroupDescribeResponse]:
+        return ConsumerGroupDescribeResponse
 
 
 class FetchMetadataResponse(NamedTuple):

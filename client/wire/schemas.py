@@ -1321,6 +1321,349 @@ DESCRIBE_QUORUM = declare(
 )
 
 
+# --- Consumer groups (KIP-848) ---------------------------------------------------------
+# Declared ahead of their handlers: a broker answers them UNSUPPORTED_VERSION until the
+# group coordinator serves them. Each takes the fields of Kafka's newest version of the
+# API (group batching in FindCoordinator and OffsetFetch, member epochs in commits and
+# fetches) as rillet's v0; topic ids are strings, as in Fetch.
+
+FIND_COORDINATOR = declare(
+    10,
+    "FindCoordinator",
+    (0, 0),
+    request=[
+        F("key_type", INT, default=0, doc="0: group, 1: transaction"),
+        F("coordinator_keys", Array(STR), doc="group ids (or transactional ids) to look up"),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "coordinators",
+            Array(
+                Struct(
+                    "Coordinator",
+                    F("key", STR),
+                    F("node_id", INT, doc="-1 when there is none"),
+                    F("host", STR),
+                    F("port", INT),
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                )
+            ),
+        ),
+    ],
+    doc="Who coordinates each key: the leader of the `__consumer_offsets` partition "
+    "its hash maps to.",
+)
+
+OFFSET_COMMIT_PARTITION = Struct(
+    "OffsetCommitPartition",
+    F("partition", INT),
+    F("committed_offset", INT),
+    F("committed_leader_epoch", INT, default=-1),
+    F("committed_metadata", Opt(STR), default=None),
+)
+OFFSET_COMMIT = declare(
+    8,
+    "OffsetCommit",
+    (0, 0),
+    request=[
+        F("group_id", STR),
+        F(
+            "generation_id_or_member_epoch",
+            INT,
+            default=-1,
+            doc="the member epoch; -1 for a commit from outside the group (admin, manual)",
+        ),
+        F("member_id", STR, default=""),
+        F("group_instance_id", Opt(STR), default=None),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "OffsetCommitTopic",
+                    F("name", STR),
+                    F("partitions", Array(OFFSET_COMMIT_PARTITION)),
+                )
+            ),
+        ),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "OffsetCommitTopicResult",
+                    F("name", STR),
+                    F(
+                        "partitions",
+                        Array(
+                            Struct(
+                                "OffsetCommitPartitionResult",
+                                F("partition", INT),
+                                F("error_code", INT),
+                            )
+                        ),
+                    ),
+                )
+            ),
+        ),
+    ],
+    doc="Acknowledged once the commit is committed in the group's offsets partition.",
+)
+
+OFFSET_FETCH_PARTITION = Struct(
+    "OffsetFetchPartitionResult",
+    F("partition", INT),
+    F("committed_offset", INT, doc="-1 when the group committed none"),
+    F("committed_leader_epoch", INT),
+    F("metadata", Opt(STR)),
+    F("error_code", INT),
+)
+OFFSET_FETCH = declare(
+    9,
+    "OffsetFetch",
+    (0, 0),
+    request=[
+        F(
+            "groups",
+            Array(
+                Struct(
+                    "OffsetFetchGroup",
+                    F("group_id", STR),
+                    F("member_id", Opt(STR), doc="nil from outside the group"),
+                    F("member_epoch", INT, doc="-1 from outside the group"),
+                    F(
+                        "topics",
+                        Opt(
+                            Array(
+                                Struct(
+                                    "OffsetFetchTopic",
+                                    F("name", STR),
+                                    F("partition_indexes", INT_LIST),
+                                )
+                            )
+                        ),
+                        doc="nil for every partition the group committed",
+                    ),
+                )
+            ),
+        ),
+        F("require_stable", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "groups",
+            Array(
+                Struct(
+                    "OffsetFetchGroupResult",
+                    F("group_id", STR),
+                    F(
+                        "topics",
+                        Array(
+                            Struct(
+                                "OffsetFetchTopicResult",
+                                F("name", STR),
+                                F("partitions", Array(OFFSET_FETCH_PARTITION)),
+                            )
+                        ),
+                    ),
+                    F("error_code", INT),
+                )
+            ),
+        ),
+    ],
+)
+
+LIST_GROUPS = declare(
+    16,
+    "ListGroups",
+    (0, 0),
+    request=[
+        F("states_filter", Array(STR), default=[], doc="empty for every state"),
+        F("types_filter", Array(STR), default=[], doc="consumer or classic; empty for both"),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        F(
+            "groups",
+            Array(
+                Struct(
+                    "ListedGroup",
+                    F("group_id", STR),
+                    F("protocol_type", STR),
+                    F("group_state", STR),
+                    F("group_type", STR),
+                )
+            ),
+        ),
+    ],
+    doc="Sent to every broker: each lists the groups it coordinates.",
+)
+
+DELETE_GROUPS = declare(
+    42,
+    "DeleteGroups",
+    (0, 0),
+    request=[F("groups_names", Array(STR))],
+    response=[
+        THROTTLE,
+        F(
+            "results",
+            Array(Struct("DeletableGroupResult", F("group_id", STR), F("error_code", INT))),
+        ),
+    ],
+    doc="Only empty groups are deleted (NON_EMPTY_GROUP otherwise), with their offsets.",
+)
+
+OFFSET_DELETE = declare(
+    47,
+    "OffsetDelete",
+    (0, 0),
+    request=[
+        F("group_id", STR),
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "OffsetDeleteTopic",
+                    F("name", STR),
+                    F("partitions", INT_LIST),
+                )
+            ),
+        ),
+    ],
+    response=[
+        ERROR_CODE,
+        THROTTLE,
+        F(
+            "topics",
+            Array(
+                Struct(
+                    "OffsetDeleteTopicResult",
+                    F("name", STR),
+                    F(
+                        "partitions",
+                        Array(
+                            Struct(
+                                "OffsetDeletePartitionResult",
+                                F("partition", INT),
+                                F("error_code", INT),
+                            )
+                        ),
+                    ),
+                )
+            ),
+        ),
+    ],
+    doc="Drops committed offsets of topics the group is not subscribed to.",
+)
+
+GROUP_TOPIC_PARTITIONS = Struct(
+    "GroupTopicPartitions", F("topic_id", STR), F("partitions", INT_LIST)
+)
+CONSUMER_GROUP_HEARTBEAT = declare(
+    68,
+    "ConsumerGroupHeartbeat",
+    (0, 0),
+    request=[
+        F("group_id", STR),
+        F("member_id", STR, doc="chosen by the client (a UUID) when it joins"),
+        F("member_epoch", INT, doc="0 joins, -1 leaves, -2 leaves a static member"),
+        F("instance_id", Opt(STR), default=None, doc="static membership"),
+        F("rack_id", Opt(STR), default=None),
+        F("rebalance_timeout_ms", INT, default=-1),
+        F(
+            "subscribed_topic_names",
+            Opt(Array(STR)),
+            default=None,
+            doc="nil: unchanged since the last heartbeat",
+        ),
+        F("subscribed_topic_regex", Opt(STR), default=None),
+        F("server_assignor", Opt(STR), default=None, doc="uniform or range; nil: default"),
+        F(
+            "topic_partitions",
+            Opt(Array(GROUP_TOPIC_PARTITIONS)),
+            default=None,
+            doc="what the member owns now; nil: unchanged",
+        ),
+    ],
+    response=[
+        THROTTLE,
+        ERROR_CODE,
+        ERROR_MESSAGE,
+        F("member_id", Opt(STR), default=None),
+        F("member_epoch", INT, default=-1),
+        F("heartbeat_interval_ms", INT, default=0),
+        F(
+            "assignment",
+            Opt(Array(GROUP_TOPIC_PARTITIONS)),
+            default=None,
+            doc="the member's target partitions; nil: unchanged",
+        ),
+    ],
+    doc="KIP-848: join, stay alive, learn the assignment and leave, in one request.",
+)
+
+DESCRIBED_ASSIGNMENT = Array(
+    Struct(
+        "DescribedTopicPartitions",
+        F("topic_id", STR),
+        F("topic_name", STR),
+        F("partitions", INT_LIST),
+    )
+)
+CONSUMER_GROUP_DESCRIBE = declare(
+    69,
+    "ConsumerGroupDescribe",
+    (0, 0),
+    request=[
+        F("group_ids", Array(STR)),
+        F("include_authorized_operations", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "groups",
+            Array(
+                Struct(
+                    "DescribedGroup",
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                    F("group_id", STR),
+                    F("group_state", STR),
+                    F("group_epoch", INT),
+                    F("assignment_epoch", INT),
+                    F("assignor_name", STR),
+                    F(
+                        "members",
+                        Array(
+                            Struct(
+                                "DescribedMember",
+                                F("member_id", STR),
+                                F("instance_id", Opt(STR)),
+                                F("rack_id", Opt(STR)),
+                                F("member_epoch", INT),
+                                F("client_id", STR),
+                                F("client_host", STR),
+                                F("subscribed_topic_names", Array(STR)),
+                                F("subscribed_topic_regex", Opt(STR)),
+                                F("assignment", DESCRIBED_ASSIGNMENT),
+                                F("target_assignment", DESCRIBED_ASSIGNMENT),
+                            )
+                        ),
+                    ),
+                    F("authorized_operations", INT, doc="-2^31: not asked for"),
+                )
+            ),
+        ),
+    ],
+)
+
+
 def render_markdown() -> str:
     """The API table for docs/protocol.md (a test keeps the doc in step with this)."""
     lines: list[str] = []
