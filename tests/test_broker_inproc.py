@@ -412,3 +412,22 @@ async def test_a_fetch_past_the_fd_cache_bound_sends_every_partition(broker, con
     rows = header["topics"][0][1]
     assert [row[0] for row in rows] == list(range(6)) and all(row[1] == 0 for row in rows)
     assert values_of(bytes(payload)) == [b"v%d" % p for p in range(6)]
+
+
+async def test_group_apis_are_refused_cleanly_until_the_coordinator_serves_them(
+    broker, conn
+) -> None:
+    # Declared ahead of their handlers: each is answered UNSUPPORTED_VERSION, not with a
+    # dropped connection, so a Kafka-style client falls back or reports it.
+    from test_group_messages import SAMPLES, api_and_direction
+
+    requests = [s for s in SAMPLES if api_and_direction(s)[1]]
+    assert len(requests) == 8
+    for request in requests:
+        with pytest.raises(errors.UnsupportedVersionError, match="not served"):
+            await conn.call(request)
+    served = await conn.api_versions()
+    assert not set(served) & {api_and_direction(r)[0].key for r in requests}
+    _, link = broker  # and the same connection still serves the rest
+    await link.create_topic("after-groups")
+    assert (await produce(conn, "after-groups", 0, batch(b"x")))[:3] == [0, 0, 0]
