@@ -1,0 +1,1 @@
+"""Consumer groups (KIP-848): the coordinator's sans-I/O core and its assignors."""
