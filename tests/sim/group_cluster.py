@@ -1,0 +1,267 @@
+"""A seeded simulation of one consumer group: the real GroupCoordinator core driven by
+simulated consumers whose heartbeats and responses are lost, who crash, restart (static
+or dynamic), leave, change subscriptions and commit, while topics grow and time jumps.
+
+Consumers follow the KIP-848 client contract: they give up what a response no longer
+lists before heartbeating again, drop everything on FENCED_MEMBER_EPOCH or
+UNKNOWN_MEMBER_ID and rejoin with epoch 0, and treat their partitions as lost once a
+whole session timeout passed without an answer (so a silent consumer never outlives the
+membership the coordinator keeps for it).
+
+Checked after every event:
+- the coordinator never lists a partition under two members (assigned or revoking);
+- a consumer the coordinator still knows owns only what the coordinator lists for it,
+  so no two such consumers own one partition at once;
+- a commit the coordinator accepts comes from a consumer it lists as that partition's
+  owner, at the member's current epoch;
+and at the end, after faults stop: the group settles (STABLE), every subscribed
+partition is assigned, and each consumer owns exactly its listed partitions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from rillet.broker.group.assignors import TopicSpec
+from rillet.broker.group.coordinator import (
+    NONE,
+    GroupConfig,
+    GroupCoordinator,
+    GroupState,
+    Heartbeat,
+    HeartbeatResponse,
+    OffsetCommit,
+    OffsetCommitResponse,
+)
+
+SESSION_MS = 3_000
+REBALANCE_MS = 2_000
+INTERVAL_MS = 200
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+@dataclass
+class Consumer:
+    name: str
+    static: bool
+    incarnation: int = 0
+    member_id: str = ""
+    epoch: int = 0
+    owned: set[tuple[str, int]] = field(default_factory=set)
+    alive: bool = True
+    last_answer_ms: int = 0
+    topics: frozenset[str] = frozenset({"a"})
+
+    @property
+    def instance_id(self) -> str | None:
+        return self.name if self.static else None
+
+    def new_incarnation(self) -> None:
+        self.incarnation += 1
+        self.member_id = f"{self.name}-{self.incarnation}"
+        self.epoch = 0
+        self.owned = set()
+
+
+def _nest(tps: set[tuple[str, int]]) -> dict[str, frozenset[int]]:
+    out: dict[str, set[int]] = {}
+    for t, p in tps:
+        out.setdefault(t, set()).add(p)
+    return {t: frozenset(ps) for t, ps in out.items()}
+
+
+class GroupSim:
+    def __init__(self, seed: int, echo_trace: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.echo = echo_trace
+        self.trace: list[str] = []
+        self.now = 0
+        self.coordinator = GroupCoordinator(
+            "g", GroupConfig(session_timeout_ms=SESSION_MS, heartbeat_interval_ms=INTERVAL_MS)
+        )
+        self.topics = {"a": TopicSpec("A", self.rng.randint(1, 8)), "b": TopicSpec("B", 3)}
+        self.coordinator.update_topics(self.topics)
+        n = self.rng.randint(1, 5)
+        self.consumers = [Consumer(f"c{i}", static=self.rng.random() < 0.4) for i in range(n)]
+        for c in self.consumers:
+            c.new_incarnation()
+        self.loss = self.rng.choice([0.0, 0.1, 0.3])
+
+    def log(self, line: str) -> None:
+        entry = f"t={self.now} {line}"
+        self.trace.append(entry)
+        if self.echo:
+            print(entry)
+
+    def fail(self, message: str) -> None:
+        tail = "\n".join(self.trace[-30:])
+        raise SimulationFailure(
+            f"seed {self.seed}: {message}\n{tail}\n"
+            f"replay: RILLET_SIM_SEED={self.seed} .venv/bin/pytest "
+            "tests/test_group_sim.py -k replay -s"
+        )
+
+    # --- the consumer side ------------------------------------------------------------
+
+    def heartbeat(self, c: Consumer, lose_response: bool = False) -> None:
+        if self.now - c.last_answer_ms >= SESSION_MS and c.epoch > 0:
+            self.log(f"{c.member_id} session lapsed on its side: drops {sorted(c.owned)}")
+            c.new_incarnation()
+        joining = c.epoch == 0
+        req = Heartbeat(
+            c.member_id,
+            c.epoch,
+            instance_id=c.instance_id,
+            rebalance_timeout_ms=REBALANCE_MS if joining else None,
+            subscribed_topics=c.topics if joining else c.topics,
+            owned=_nest(c.owned),
+        )
+        step = self.coordinator.heartbeat(req, self.now)
+        resp = step.response
+        assert isinstance(resp, HeartbeatResponse)
+        if lose_response:
+            self.log(f"{c.member_id} hb@{c.epoch}: response lost ({resp.error_code})")
+            return
+        self.log(
+            f"{c.member_id} hb@{c.epoch} owned={sorted(c.owned)} -> err={resp.error_code} "
+            f"epoch={resp.member_epoch} assignment={resp.assignment}"
+        )
+        c.last_answer_ms = self.now
+        if resp.error_code != NONE:
+            # Fenced, unknown, or an instance id still held: start over.
+            c.new_incarnation()
+            return
+        c.epoch = resp.member_epoch
+        assert resp.assignment is not None
+        c.owned = {(t, p) for t, ps in resp.assignment.items() for p in ps}
+
+    def commit(self, c: Consumer) -> None:
+        if not c.owned:
+            return
+        topic_id, p = self.rng.choice(sorted(c.owned))
+        name = {t.topic_id: n for n, t in self.topics.items()}[topic_id]
+        step = self.coordinator.commit_offset(
+            OffsetCommit(c.member_id, c.epoch, name, p, self.now), self.now
+        )
+        resp = step.response
+        assert isinstance(resp, OffsetCommitResponse)
+        self.log(f"{c.member_id} commit {topic_id}-{p}@{c.epoch} -> {resp.error_code}")
+        if resp.error_code == NONE:
+            owners = self.coordinator.owner_of(topic_id, p)
+            member = self.coordinator.members.get(c.member_id)
+            if owners != [c.member_id] or member is None or member.member_epoch != c.epoch:
+                self.fail(f"commit by {c.member_id} accepted for {topic_id}-{p} owned by {owners}")
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        g = self.coordinator
+        seen: dict[tuple[str, int], str] = {}
+        for m in g.members.values():
+            for t, ps in [*m.assigned.items(), *m.pending_revocation.items()]:
+                for p in ps:
+                    if (t, p) in seen:
+                        self.fail(f"{t}-{p} listed under {seen[(t, p)]} and {m.member_id}")
+                    seen[(t, p)] = m.member_id
+        for c in self.consumers:
+            member = g.members.get(c.member_id)
+            if not c.alive or member is None or member.left_static:
+                continue
+            listed = {
+                (t, p)
+                for part in (member.assigned, member.pending_revocation)
+                for t, ps in part.items()
+                for p in ps
+            }
+            if not c.owned <= listed:
+                self.fail(f"{c.member_id} owns {sorted(c.owned - listed)} not listed for it")
+
+    # --- the schedule ---------------------------------------------------------------------
+
+    def step(self) -> None:
+        r = self.rng.random()
+        c = self.rng.choice(self.consumers)
+        if r < 0.45:
+            if c.alive:
+                self.heartbeat(c, lose_response=self.rng.random() < self.loss)
+        elif r < 0.55:
+            if c.alive:
+                self.commit(c)
+        elif r < 0.62:
+            if c.alive:
+                self.log(f"{c.member_id} crashes")
+                c.alive = False
+                c.owned = set()
+        elif r < 0.70:
+            if not c.alive:
+                c.alive = True
+                c.new_incarnation()
+                c.last_answer_ms = self.now
+                self.log(f"{c.name} restarts as {c.member_id}")
+        elif r < 0.75:
+            if c.alive and c.epoch > 0:
+                epoch = -2 if c.static and self.rng.random() < 0.7 else -1
+                self.coordinator.heartbeat(
+                    Heartbeat(c.member_id, epoch, instance_id=c.instance_id), self.now
+                )
+                self.log(f"{c.member_id} leaves with epoch {epoch}")
+                c.owned = set()
+                c.alive = False
+        elif r < 0.78:
+            if c.alive:
+                c.topics = self.rng.choice([frozenset({"a"}), frozenset({"a", "b"})])
+                self.log(f"{c.member_id} subscribes to {sorted(c.topics)}")
+        elif r < 0.80:
+            self.topics["a"] = TopicSpec("A", self.topics["a"].partitions + 1)
+            self.coordinator.update_topics(dict(self.topics))
+            self.log(f"topic a grows to {self.topics['a'].partitions}")
+        else:
+            self.now += self.rng.choice([10, 50, INTERVAL_MS, 1_000, SESSION_MS // 2])
+            self.coordinator.tick(self.now)
+        self.check()
+
+    def settle(self) -> None:
+        """No more faults: live consumers heartbeat every interval until all is quiet."""
+        for c in self.consumers:
+            if not c.alive:
+                c.alive = True
+                c.new_incarnation()
+                c.last_answer_ms = self.now
+        for _ in range(60):
+            for c in self.consumers:
+                self.heartbeat(c)
+                self.check()
+            self.now += INTERVAL_MS
+            self.coordinator.tick(self.now)
+            self.check()
+        g = self.coordinator
+        if g.state is not GroupState.STABLE:
+            self.fail(f"group did not settle: {g.state}")
+        assigned = set()
+        for c in self.consumers:
+            member = g.members[c.member_id]
+            listed = {(t, p) for t, ps in member.assigned.items() for p in ps}
+            if c.owned != listed:
+                self.fail(f"{c.member_id} owns {sorted(c.owned)}, listed {sorted(listed)}")
+            assigned |= listed
+        wanted = {
+            (self.topics[t].topic_id, p)
+            for c in self.consumers
+            for t in c.topics
+            for p in range(self.topics[t].partitions)
+        }
+        if assigned != wanted:
+            self.fail(f"assigned {sorted(assigned)} but subscribed {sorted(wanted)}")
+
+
+def run_seed(seed: int, echo_trace: bool = False, steps: int = 400) -> GroupSim:
+    sim = GroupSim(seed, echo_trace)
+    for _ in range(steps):
+        sim.step()
+    sim.settle()
+    return sim
