@@ -262,3 +262,28 @@ def test_current_assignment_records_follow_reconciliation() -> None:
     assert len(rec.pending_revocation["T"]) == 2
     # An unchanged heartbeat writes nothing.
     assert g.heartbeat(Heartbeat("m1", 1), 0).records == ()
+
+
+def test_a_new_coordinator_loads_the_group_from_its_records() -> None:
+    g = coordinator()
+    records = []
+    for req in [
+        Heartbeat("m1", 0, subscribed_topics=frozenset({"t"}), instance_id="i"),
+        Heartbeat("m2", 0, subscribed_topics=frozenset({"t"})),
+        Heartbeat("m1", 1, instance_id="i"),
+    ]:
+        records += g.heartbeat(req, 0).records
+    records += commit(g, "m2", 2).records
+    loaded = GroupCoordinator.load("g", records, TOPICS, 5_000, g.config)
+    assert loaded.group_epoch == g.group_epoch == 2
+    assert loaded.target == g.target and loaded.offsets == g.offsets
+    assert loaded.static_members == {"i": "m1"}
+    m1 = loaded.members["m1"]
+    assert m1.state is MemberState.UNREVOKED_PARTITIONS and m1.pending_revocation
+    # Timers restart at load: m1 gets a full session and rebalance timeout from now.
+    assert m1.session_deadline_ms == 5_000 + SESSION
+    assert m1.rebalance_deadline_ms == 5_000 + m1.rebalance_timeout_ms
+    # Reconciliation goes on where it stopped: m1 revokes and m2 gets what it released.
+    kept = set(m1.assigned["T"])
+    assert beat(loaded, "m1", 1, now=5_000, owned={"T": kept}).member_epoch == 2
+    assert parts(beat(loaded, "m2", 2, now=5_000)) == {0, 1, 2, 3} - kept

@@ -12,9 +12,9 @@ import pytest
 from sim.group_cluster import SimulationFailure, run_seed
 from sim.seeds import first_failure, replay, run_block, run_many, seeds_from_env
 
-from rillet.broker.group.coordinator import GroupCoordinator
+from rillet.broker.group.coordinator import GroupCoordinator, TargetAssignmentMetadataRecord
 
-QUICK_SEEDS = 200
+QUICK_SEEDS = 160
 
 
 @pytest.mark.parametrize("block", range(4))
@@ -44,3 +44,16 @@ def test_a_coordinator_that_accepts_stale_commits_fails(monkeypatch: pytest.Monk
     # overwrite its new owner's position.
     monkeypatch.setattr(GroupCoordinator, "_validate_commit", lambda self, req: 0)
     assert "accepted" in first_failure(run_seed, 100, SimulationFailure)
+
+
+def test_records_that_miss_a_change_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The replayed group must equal the live one: a record kind that is not applied
+    # (here the target's epoch) shows as a difference.
+    original = GroupCoordinator.replay
+
+    def drops_target_epoch(self: GroupCoordinator, record: object) -> None:
+        if not isinstance(record, TargetAssignmentMetadataRecord):
+            original(self, record)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GroupCoordinator, "replay", drops_target_epoch)
+    assert "replayed records" in first_failure(run_seed, 10, SimulationFailure)

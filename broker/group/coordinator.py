@@ -176,6 +176,8 @@ class CurrentAssignmentRecord:
     state: MemberState
     assigned: Partitions
     pending_revocation: Partitions
+    left_static: bool = False
+    """Left with epoch -2 (Kafka writes member epoch -2; we keep the epoch it had)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,7 +607,72 @@ class GroupCoordinator:
             member.state,
             dict(member.assigned),
             dict(member.pending_revocation),
+            member.left_static,
         )
+
+    # --- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        group_id: str,
+        records: Sequence[GroupRecord],
+        topics: Mapping[str, TopicSpec],
+        now_ms: int,
+        config: GroupConfig | None = None,
+    ) -> GroupCoordinator:
+        """Rebuild a group from its records, as a new leader of the offsets partition
+        does. Timers are not recorded: every member's session starts anew at `now_ms`
+        (Kafka does the same on load), and a member still revoking gets a fresh
+        rebalance timeout."""
+        g = cls(group_id, config)
+        g.topics = dict(topics)
+        for record in records:
+            g.replay(record)
+        for m in g.members.values():
+            m.session_deadline_ms = now_ms + g.config.session_timeout_ms
+            if m.state is MemberState.UNREVOKED_PARTITIONS:
+                m.rebalance_deadline_ms = now_ms + m.rebalance_timeout_ms
+        return g
+
+    def _member_for(self, member_id: str) -> Member:
+        member = self.members.get(member_id)
+        if member is None:
+            member = self.members[member_id] = Member(member_id)
+        return member
+
+    def replay(self, record: GroupRecord) -> None:
+        """Apply one record written by this class (in the order it was written)."""
+        if isinstance(record, GroupMetadataRecord):
+            self.group_epoch = record.epoch
+        elif isinstance(record, TargetAssignmentMetadataRecord):
+            self.target_assignment_epoch = record.assignment_epoch
+        elif isinstance(record, TargetAssignmentMemberRecord):
+            self._member_for(record.member_id)
+            self.target[record.member_id] = dict(record.partitions)
+        elif isinstance(record, MemberMetadataRecord):
+            m = self._member_for(record.member_id)
+            m.instance_id = record.instance_id
+            m.rack = record.rack
+            m.rebalance_timeout_ms = record.rebalance_timeout_ms
+            m.subscribed_topics = record.subscribed_topics
+            m.server_assignor = record.server_assignor
+            if record.instance_id is not None:
+                self.static_members[record.instance_id] = record.member_id
+        elif isinstance(record, CurrentAssignmentRecord):
+            m = self._member_for(record.member_id)
+            m.member_epoch = record.member_epoch
+            m.previous_member_epoch = record.previous_member_epoch
+            m.state = record.state
+            m.assigned = dict(record.assigned)
+            m.pending_revocation = dict(record.pending_revocation)
+            m.left_static = record.left_static
+        elif isinstance(record, MemberRemovedRecord):
+            removed = self.members.get(record.member_id)
+            if removed is not None:
+                self._remove(removed)
+        elif isinstance(record, OffsetCommitRecord):
+            self.offsets[(record.topic, record.partition)] = record
 
 
 def describe(coordinator: GroupCoordinator) -> Sequence[CurrentAssignmentRecord]:

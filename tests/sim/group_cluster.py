@@ -21,7 +21,7 @@ partition is assigned, and each consumer owns exactly its listed partitions.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rillet.broker.group.assignors import TopicSpec
 from rillet.broker.group.coordinator import (
@@ -33,6 +33,7 @@ from rillet.broker.group.coordinator import (
     HeartbeatResponse,
     OffsetCommit,
     OffsetCommitResponse,
+    Step,
 )
 
 SESSION_MS = 3_000
@@ -74,6 +75,22 @@ def _nest(tps: set[tuple[str, int]]) -> dict[str, frozenset[int]]:
     return {t: frozenset(ps) for t, ps in out.items()}
 
 
+def group_state(g: GroupCoordinator) -> tuple[object, ...]:
+    """What the records must carry: everything but the timers, which restart on load."""
+    members = {
+        mid: replace(m, session_deadline_ms=0, rebalance_deadline_ms=None)
+        for mid, m in sorted(g.members.items())
+    }
+    return (
+        g.group_epoch,
+        g.target_assignment_epoch,
+        members,
+        dict(sorted(g.static_members.items())),
+        {m: {t: ps for t, ps in parts.items() if ps} for m, parts in sorted(g.target.items())},
+        dict(sorted(g.offsets.items())),
+    )
+
+
 class GroupSim:
     def __init__(self, seed: int, echo_trace: bool = False) -> None:
         self.seed = seed
@@ -86,6 +103,9 @@ class GroupSim:
         )
         self.topics = {"a": TopicSpec("A", self.rng.randint(1, 8)), "b": TopicSpec("B", 3)}
         self.coordinator.update_topics(self.topics)
+        # Built only from the records the live core writes, as a new coordinator loads
+        # them: after every event it must hold the same group.
+        self.shadow = GroupCoordinator.load("g", [], self.topics, 0, self.coordinator.config)
         n = self.rng.randint(1, 5)
         self.consumers = [Consumer(f"c{i}", static=self.rng.random() < 0.4) for i in range(n)]
         for c in self.consumers:
@@ -121,7 +141,7 @@ class GroupSim:
             subscribed_topics=c.topics if joining else c.topics,
             owned=_nest(c.owned),
         )
-        step = self.coordinator.heartbeat(req, self.now)
+        step = self.apply(self.coordinator.heartbeat(req, self.now))
         resp = step.response
         assert isinstance(resp, HeartbeatResponse)
         if lose_response:
@@ -145,8 +165,10 @@ class GroupSim:
             return
         topic_id, p = self.rng.choice(sorted(c.owned))
         name = {t.topic_id: n for n, t in self.topics.items()}[topic_id]
-        step = self.coordinator.commit_offset(
-            OffsetCommit(c.member_id, c.epoch, name, p, self.now), self.now
+        step = self.apply(
+            self.coordinator.commit_offset(
+                OffsetCommit(c.member_id, c.epoch, name, p, self.now), self.now
+            )
         )
         resp = step.response
         assert isinstance(resp, OffsetCommitResponse)
@@ -157,10 +179,20 @@ class GroupSim:
             if owners != [c.member_id] or member is None or member.member_epoch != c.epoch:
                 self.fail(f"commit by {c.member_id} accepted for {topic_id}-{p} owned by {owners}")
 
+    def apply(self, step: Step) -> Step:
+        for record in step.records:
+            self.shadow.replay(record)
+        return step
+
     # --- checks -----------------------------------------------------------------------------
 
     def check(self) -> None:
         g = self.coordinator
+        if group_state(self.shadow) != group_state(g):
+            self.fail(
+                f"replayed records give another group:\n{group_state(self.shadow)}\n"
+                f"live:\n{group_state(g)}"
+            )
         seen: dict[tuple[str, int], str] = {}
         for m in g.members.values():
             for t, ps in [*m.assigned.items(), *m.pending_revocation.items()]:
@@ -206,8 +238,10 @@ class GroupSim:
         elif r < 0.75:
             if c.alive and c.epoch > 0:
                 epoch = -2 if c.static and self.rng.random() < 0.7 else -1
-                self.coordinator.heartbeat(
-                    Heartbeat(c.member_id, epoch, instance_id=c.instance_id), self.now
+                self.apply(
+                    self.coordinator.heartbeat(
+                        Heartbeat(c.member_id, epoch, instance_id=c.instance_id), self.now
+                    )
                 )
                 self.log(f"{c.member_id} leaves with epoch {epoch}")
                 c.owned = set()
@@ -218,11 +252,12 @@ class GroupSim:
                 self.log(f"{c.member_id} subscribes to {sorted(c.topics)}")
         elif r < 0.80:
             self.topics["a"] = TopicSpec("A", self.topics["a"].partitions + 1)
-            self.coordinator.update_topics(dict(self.topics))
+            self.apply(self.coordinator.update_topics(dict(self.topics)))
+            self.shadow.topics = dict(self.topics)
             self.log(f"topic a grows to {self.topics['a'].partitions}")
         else:
             self.now += self.rng.choice([10, 50, INTERVAL_MS, 1_000, SESSION_MS // 2])
-            self.coordinator.tick(self.now)
+            self.apply(self.coordinator.tick(self.now))
         self.check()
 
     def settle(self) -> None:
@@ -237,7 +272,7 @@ class GroupSim:
                 self.heartbeat(c)
                 self.check()
             self.now += INTERVAL_MS
-            self.coordinator.tick(self.now)
+            self.apply(self.coordinator.tick(self.now))
             self.check()
         g = self.coordinator
         if g.state is not GroupState.STABLE:
