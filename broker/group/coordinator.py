@@ -535,21 +535,11 @@ class GroupCoordinator:
     def _reconcile_and_answer(
         self, member: Member, req: Heartbeat, records: list[GroupRecord], now_ms: int
     ) -> Step:
-        before = (
-            member.member_epoch,
-            member.state,
-            dict(member.assigned),
-            dict(member.pending_revocation),
-        )
+        before = self._current_record(member)
         self._reconcile(member, req.owned, now_ms)
-        after = (
-            member.member_epoch,
-            member.state,
-            dict(member.assigned),
-            dict(member.pending_revocation),
-        )
+        after = self._current_record(member)
         if after != before:
-            records.append(self._current_record(member))
+            records.append(after)
         return Step(
             tuple(records),
             HeartbeatResponse(
