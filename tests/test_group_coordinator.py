@@ -287,3 +287,18 @@ def test_a_new_coordinator_loads_the_group_from_its_records() -> None:
     kept = set(m1.assigned["T"])
     assert beat(loaded, "m1", 1, now=5_000, owned={"T": kept}).member_epoch == 2
     assert parts(beat(loaded, "m2", 2, now=5_000)) == {0, 1, 2, 3} - kept
+
+
+def test_a_refused_rejoin_changes_nothing() -> None:
+    # Validation comes before any change: a refused request writes no record, so it
+    # must leave no change that a loaded coordinator would not see.
+    g = coordinator()
+    beat(g, "m1", 0, instance_id="i")
+    beat(g, "m2", 0)
+    epoch = g.group_epoch
+    step = g.heartbeat(Heartbeat("m2", 0, subscribed_topics=frozenset({"t"}), instance_id="i"), 0)
+    assert isinstance(step.response, HeartbeatResponse)
+    assert step.response.error_code == UNRELEASED_INSTANCE_ID and step.records == ()
+    assert "m2" in g.members and g.group_epoch == epoch
+    assert beat(g, "m2", 0, subscribed_topics=None).error_code == INVALID_REQUEST
+    assert "m2" in g.members and g.group_epoch == epoch

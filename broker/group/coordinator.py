@@ -387,6 +387,16 @@ class GroupCoordinator:
         return NONE
 
     def _join(self, req: Heartbeat, now_ms: int) -> Step:
+        # Refusals come before any change: a refused request writes no record.
+        if req.subscribed_topics is None:
+            return self._error(req, INVALID_REQUEST)
+        holder: Member | None = None
+        if req.instance_id is not None:
+            holder_id = self.static_members.get(req.instance_id)
+            if holder_id is not None and holder_id != req.member_id:
+                holder = self.members.get(holder_id)
+            if holder is not None and not holder.left_static:
+                return self._error(req, UNRELEASED_INSTANCE_ID)
         records: list[GroupRecord] = []
         existing = self.members.get(req.member_id)
         if existing is not None:
@@ -394,15 +404,8 @@ class GroupCoordinator:
             # its state); what we still hold for it is released before it joins again.
             records += self._remove(existing)
             records.append(self._bump_epoch())
-        if req.instance_id is not None:
-            holder_id = self.static_members.get(req.instance_id)
-            holder = self.members.get(holder_id) if holder_id else None
-            if holder is not None and holder_id != req.member_id:
-                if not holder.left_static:
-                    return self._error(req, UNRELEASED_INSTANCE_ID)
-                return self._static_takeover(holder, req, records, now_ms)
-        if req.subscribed_topics is None:
-            return self._error(req, INVALID_REQUEST)
+        if holder is not None:
+            return self._static_takeover(holder, req, records, now_ms)
         member = Member(member_id=req.member_id, instance_id=req.instance_id)
         self.members[member.member_id] = member
         if req.instance_id is not None:

@@ -61,9 +61,11 @@ class Consumer:
     def instance_id(self) -> str | None:
         return self.name if self.static else None
 
-    def new_incarnation(self) -> None:
-        self.incarnation += 1
-        self.member_id = f"{self.name}-{self.incarnation}"
+    def new_incarnation(self, keep_id: bool = False) -> None:
+        # A fenced client may rejoin under the same member id (Kafka 4.0 clients keep it).
+        if not keep_id or not self.member_id:
+            self.incarnation += 1
+            self.member_id = f"{self.name}-{self.incarnation}"
         self.epoch = 0
         self.owned = set()
 
@@ -154,7 +156,7 @@ class GroupSim:
         c.last_answer_ms = self.now
         if resp.error_code != NONE:
             # Fenced, unknown, or an instance id still held: start over.
-            c.new_incarnation()
+            c.new_incarnation(keep_id=self.rng.random() < 0.5)
             return
         c.epoch = resp.member_epoch
         assert resp.assignment is not None
