@@ -302,3 +302,11 @@ def test_a_refused_rejoin_changes_nothing() -> None:
     assert "m2" in g.members and g.group_epoch == epoch
     assert beat(g, "m2", 0, subscribed_topics=None).error_code == INVALID_REQUEST
     assert "m2" in g.members and g.group_epoch == epoch
+
+
+def test_the_group_uses_the_assignor_its_members_ask_for() -> None:
+    g = coordinator()
+    g.update_topics({"t": TopicSpec("T", 5)})
+    beat(g, "m2", 0, server_assignor="range")
+    beat(g, "m1", 0, server_assignor="range")
+    assert g.target == {"m1": {"T": frozenset({0, 1, 2})}, "m2": {"T": frozenset({3, 4})}}

@@ -69,7 +69,7 @@ class GroupConfig:
     """Kafka's group.consumer.session.timeout.ms: a silent member is removed after this."""
     heartbeat_interval_ms: int = 5_000
     """Kafka's group.consumer.heartbeat.interval.ms, told to members in every response."""
-    assignors: tuple[str, ...] = ("uniform", "range")
+    assignors: tuple[str, ...] = (DEFAULT_ASSIGNOR, "range")
     """Kafka's group.consumer.assignors; the first is the default."""
 
     def __post_init__(self) -> None:
@@ -519,7 +519,7 @@ class GroupCoordinator:
                 key=lambda a: (names.count(a), -self.config.assignors.index(a)),
             )
         else:
-            name = self.config.assignors[0] if self.config.assignors else DEFAULT_ASSIGNOR
+            name = self.config.assignors[0]
         result = ASSIGNORS[name](specs, self.topics) if specs else {}
         self.target = {
             m: {t: frozenset(ps) for t, ps in sorted(parts.items()) if ps}
@@ -666,11 +666,3 @@ class GroupCoordinator:
                 self._remove(removed)
         elif isinstance(record, OffsetCommitRecord):
             self.offsets[(record.topic, record.partition)] = record
-
-
-def describe(coordinator: GroupCoordinator) -> Sequence[CurrentAssignmentRecord]:
-    """Every member's reconciliation state, sorted by member id (for describe tools)."""
-    return [
-        coordinator._current_record(m)
-        for m in sorted(coordinator.members.values(), key=lambda m: m.member_id)
-    ]
