@@ -292,6 +292,14 @@ class MetadataClient:
             raise NetworkError(f"broker {node_id} is not in the cluster metadata")
         return await self._open(node_id, broker.host, broker.port)
 
+    async def connect_to(self, node_id: int, host: str, port: int) -> Connection:
+        """The connection to broker ``node_id`` at an address learnt elsewhere (a
+        FindCoordinator answer), shared with ``connection(node_id)``."""
+        conn = self._conns.get(node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        return await self._open(node_id, host, port)
+
     async def _open(self, key: int | str, host: str, port: int) -> Connection:
         pending = self._connecting.get(key)
         if pending is not None:
