@@ -177,3 +177,26 @@ def test_uniform_rebalance_moves_only_what_balance_needs(group, drop: int) -> No
     for m in survivors:
         for t, ps in first[m.member_id].items():
             assert ps <= second[m.member_id].get(t, set())
+
+
+def test_a_survivor_keeps_its_partitions_when_rack_preference_overshoots() -> None:
+    # Found by the property above: after m0 leaves, rack-local free partitions push m4
+    # (rack r1) over the others, and balancing then moved away b-0, a partition m4 was
+    # already consuming, instead of one it had just been given for locality.
+    names = ("a", "b", "c")
+    racks = {
+        "a": (frozenset(),) * 7,
+        "b": (frozenset(),) * 5 + (frozenset({"r1"}),) * 2,
+        "c": (frozenset({"r1"}),) + (frozenset(),) * 4 + (frozenset({"r3"}),) * 2,
+    }
+    topics = {n: TopicSpec(n.upper(), 7, racks[n]) for n in names}
+    rack_of = {"m4": "r1", "m5": "r3"}
+    members = [MemberSpec(f"m{i}", frozenset(names), rack_of.get(f"m{i}")) for i in range(6)]
+    first = uniform(members, topics)
+    survivors = [MemberSpec(m.member_id, m.topics, m.rack, first[m.member_id]) for m in members[1:]]
+    second = uniform(survivors, topics)
+    for m in survivors:
+        for t, ps in first[m.member_id].items():
+            assert ps <= second[m.member_id].get(t, set())
+    c = counts(second)
+    assert max(c.values()) - min(c.values()) <= 1

@@ -111,9 +111,11 @@ def uniform(members: Sequence[MemberSpec], topics: Mapping[str, TopicSpec]) -> A
         rack = by_id[member_id].rack
         return rack is not None and rack in racks.get(tp, frozenset())
 
+    given: set[TopicPartition] = set()
     for tp in sorted(eligible):
         if tp in owner:
             continue
+        given.add(tp)
         candidates = eligible[tp]
         if not candidates:
             continue
@@ -124,8 +126,9 @@ def uniform(members: Sequence[MemberSpec], topics: Mapping[str, TopicSpec]) -> A
         owner[tp] = chosen
         owned[chosen].add(tp)
 
+    kept = {(m, tp) for m, tps in owned.items() for tp in tps if tp not in given}
     while True:
-        move = _find_move(owned, eligible, rack_match)
+        move = _find_move(owned, eligible, rack_match, kept)
         if move is None:
             break
         tp, donor, taker = move
@@ -139,17 +142,24 @@ def _find_move(
     owned: Mapping[str, set[TopicPartition]],
     eligible: Mapping[TopicPartition, list[str]],
     rack_match: Callable[[str, TopicPartition], bool],
+    kept: set[tuple[str, TopicPartition]],
 ) -> tuple[TopicPartition, str, str] | None:
-    """One partition to move from a fuller to an emptier member, or None if balanced."""
+    """One partition to move from a fuller to an emptier member, or None if balanced.
+
+    A partition the donor was just given moves before one it kept from its current
+    assignment: the rack preference of step 2 may overshoot a member, and what it took
+    for locality is what should go back, not a partition it was already consuming."""
     for donor in sorted(owned, key=lambda m: (-len(owned[m]), m)):
-        best: tuple[tuple[int, int, int], TopicPartition, str] | None = None
+        best: tuple[tuple[int, int, int, int], TopicPartition, str] | None = None
         for tp in sorted(owned[donor]):
             for taker in eligible[tp]:
                 if len(owned[taker]) >= len(owned[donor]) - 1:
                     continue
-                # Prefer the emptiest taker, then moving a partition that is remote
-                # for the donor and local for the taker.
+                # Prefer a partition the donor did not keep, then the emptiest taker,
+                # then moving a partition that is remote for the donor and local for
+                # the taker.
                 rank = (
+                    int((donor, tp) in kept),
                     len(owned[taker]),
                     int(rack_match(donor, tp)),
                     int(not rack_match(taker, tp)),
