@@ -90,6 +90,8 @@ class ClusterMetadata:
     topics: dict[str, tuple[PartitionInfo, ...]] = field(default_factory=dict)
     topic_errors: dict[str, int] = field(default_factory=dict)
     created_at: float = 0.0  # time.monotonic() of the response
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    """name -> topic id (KIP-516): consumer-group heartbeats name topics by id."""
 
     @classmethod
     def from_response(cls, response: m.MetadataResponse, now: float) -> ClusterMetadata:
@@ -98,10 +100,13 @@ class ClusterMetadata:
         }
         topics: dict[str, tuple[PartitionInfo, ...]] = {}
         errors: dict[str, int] = {}
+        ids: dict[str, str] = {}
         for t in response.topics:
             if t.error_code:
                 errors[t.name] = t.error_code
                 continue
+            if t.topic_id:
+                ids[t.name] = t.topic_id
             infos = sorted(
                 (
                     PartitionInfo(
@@ -119,10 +124,17 @@ class ClusterMetadata:
                 key=lambda i: i.partition,
             )
             topics[t.name] = tuple(infos)
-        return cls(response.cluster_id, response.controller_id, brokers, topics, errors, now)
+        return cls(response.cluster_id, response.controller_id, brokers, topics, errors, now, ids)
 
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...] | None:
         return self.topics.get(topic)
+
+    def topic_name(self, topic_id: str) -> str | None:
+        """The name of the topic with this id, None when this snapshot has none."""
+        for name, tid in self.topic_ids.items():
+            if tid == topic_id:
+                return name
+        return None
 
     def leader_for(self, topic: str, partition: int) -> int:
         """The leader's node id, or NO_LEADER when unknown (no topic, election running)."""

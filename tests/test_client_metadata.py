@@ -89,3 +89,22 @@ async def test_a_create_that_timed_out_but_went_on_counts_as_created(fake) -> No
         fake.create("shaped", 2, 1)  # someone else's, with 2 partitions
         with pytest.raises(AdminError, match="TOPIC_ALREADY_EXISTS"):
             await admin.create_topics([NewTopic("shaped", 3, 1)])
+
+
+def test_a_snapshot_maps_topic_names_to_ids_and_back() -> None:
+    from rillet.client.metadata import ClusterMetadata
+    from rillet.client.wire import messages as m
+
+    response = m.MetadataResponse(
+        cluster_id="c",
+        controller_id=1,
+        brokers=[m.MetadataBroker(1, "h", 1, None)],
+        topics=[
+            m.MetadataTopic(0, "t", False, [], "id-t"),
+            m.MetadataTopic(0, "__consumer_offsets", True, [], "id-o"),
+            m.MetadataTopic(3, "gone", False, []),
+        ],
+    )
+    snap = ClusterMetadata.from_response(response, 0.0)
+    assert snap.topic_ids == {"t": "id-t", "__consumer_offsets": "id-o"}
+    assert snap.topic_name("id-t") == "t" and snap.topic_name("nope") is None

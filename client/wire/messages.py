@@ -167,12 +167,14 @@ class MetadataPartition(NamedTuple):
 
 
 class MetadataTopic(NamedTuple):
-    """On the wire: ``[error_code, name, is_internal, partitions]``."""
+    """On the wire: ``[error_code, name, is_internal, partitions, topic_id]``."""
 
     error_code: int
     name: str
     is_internal: bool
     partitions: list[MetadataPartition]
+    # KIP-516; consumer groups name topics by id
+    topic_id: str = ""
 
 
 class RemainingPartition(NamedTuple):

@@ -887,6 +887,7 @@ METADATA_TOPIC = Struct(
     F("name", STR),
     F("is_internal", BOOL),
     F("partitions", Array(METADATA_PARTITION)),
+    F("topic_id", STR, default="", doc="KIP-516; consumer groups name topics by id"),
 )
 METADATA = declare(
     3,

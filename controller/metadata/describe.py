@@ -14,6 +14,10 @@ from rillet.controller.metadata.image import NO_LEADER, RESOURCE_BROKER, Metadat
 
 NONE = 0
 UNKNOWN_TOPIC_OR_PARTITION = code_of("UNKNOWN_TOPIC_OR_PARTITION")
+OFFSETS_TOPIC = "__consumer_offsets"
+"""Kafka's internal topic of consumer groups' offsets and state (docs/groups.md)."""
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+"""Topics Metadata marks internal: only brokers write them."""
 CLUSTER_ID_KEY = ("", "cluster.id")  # (resource name, key) under RESOURCE_BROKER
 
 
@@ -114,7 +118,8 @@ def metadata_topic(t: TopicMetadata, error_code: int | None = None) -> m.Metadat
         for p in t.partitions
     ]
     code = t.error_code if error_code is None else error_code
-    return m.MetadataTopic(code, t.name, False, partitions)
+    internal = t.name in INTERNAL_TOPICS
+    return m.MetadataTopic(code, t.name, internal, partitions, t.topic_id)
 
 
 def metadata_brokers(desc: ClusterDescription) -> list[m.MetadataBroker]:
