@@ -92,6 +92,23 @@ BROKER_KEYS = ConfigTable(
             "Retired segment files outlive in-flight reads this long."),
         Key("log.retention.check.interval.ms", int, 300_000, "Retention/compaction period."),
         Key("log.flush.scheduler.interval.ms", int, 1000, "How often flush.ms is checked."),
+        # Consumer groups: docs/groups.md.
+        Key("offsets.topic.num.partitions", int, 50,
+            "Partitions of `__consumer_offsets` (fixed once it exists: it places groups)."),
+        Key("offsets.topic.replication.factor", int, 3,
+            "Replication of `__consumer_offsets`, capped at the brokers alive when it is "
+            "created."),
+        Key("offsets.topic.segment.bytes", int, 100 * MIB,
+            "Segment size of `__consumer_offsets` (small, so compaction keeps loads short)."),
+        Key("offsets.commit.timeout.ms", int, 5000,
+            "Longest a group write (commit, heartbeat) waits to be replicated before it "
+            "fails retriably."),
+        Key("group.consumer.session.timeout.ms", int, 45_000,
+            "A consumer-group member silent this long is removed."),
+        Key("group.consumer.heartbeat.interval.ms", int, 5000,
+            "How often members are told to heartbeat."),
+        Key("group.consumer.assignors", str, "uniform,range",
+            "Server-side assignors a group may ask for; the first is the default."),
         # The remote (S3) tier: docs/tiered.md.
         Key("remote.log.storage.system.enable", bool, False,
             "Turn the remote tier on: topics with `remote.storage.enable` offload closed "
@@ -201,6 +218,12 @@ class BrokerConfig:
             ("replica.fetch.backoff.ms", 0),
             ("max.incremental.fetch.session.cache.slots", 0),
             ("replica.high.watermark.checkpoint.interval.ms", 1),
+            ("offsets.topic.num.partitions", 1),
+            ("offsets.topic.replication.factor", 1),
+            ("offsets.topic.segment.bytes", 1024),
+            ("offsets.commit.timeout.ms", 1),
+            ("group.consumer.session.timeout.ms", 1),
+            ("group.consumer.heartbeat.interval.ms", 1),
         ):
             if config[name] < value:
                 raise InvalidConfigError(f"{name} must be >= {value}, not {config[name]}")

@@ -310,3 +310,47 @@ def test_the_group_uses_the_assignor_its_members_ask_for() -> None:
     beat(g, "m2", 0, server_assignor="range")
     beat(g, "m1", 0, server_assignor="range")
     assert g.target == {"m1": {"T": frozenset({0, 1, 2})}, "m2": {"T": frozenset({3, 4})}}
+
+
+def test_only_an_empty_group_is_deleted_and_its_offsets_go_with_it() -> None:
+    from rillet.broker.group.coordinator import (
+        NON_EMPTY_GROUP,
+        DeleteGroupResponse,
+        GroupDeletedRecord,
+        OffsetDeletedRecord,
+    )
+
+    g = coordinator()
+    beat(g, "m1", 0)
+    commit(g, "m1", 1)
+    refused = g.delete_group()
+    assert refused == Step((), DeleteGroupResponse(NON_EMPTY_GROUP))
+    log = [*g.heartbeat(Heartbeat("m1", -1), 0).records]
+    step = g.delete_group()
+    assert step.response == DeleteGroupResponse(NONE)
+    assert step.records == (OffsetDeletedRecord("g", "t", 0), GroupDeletedRecord("g"))
+    assert g.offsets == {} and g.group_epoch == 0 and g.is_deleted
+    # A group of the same id starts afresh, and its records replay over the old ones.
+    again = beat(g, "m9", 0)
+    assert again.member_epoch == 1
+    log += step.records
+    assert GroupCoordinator.load("g", log, TOPICS, 0).is_deleted
+
+
+def test_offsets_of_a_subscribed_topic_are_not_deleted() -> None:
+    from rillet.broker.group.coordinator import (
+        GROUP_SUBSCRIBED_TO_TOPIC,
+        OffsetDeletedRecord,
+        OffsetDeleteResponse,
+    )
+
+    g = coordinator()
+    assert code(g.commit_offset(OffsetCommit("", -1, "u", 1, 7), 0)) == NONE
+    beat(g, "m1", 0)  # subscribes to t
+    commit(g, "m1", 1)
+    step = g.delete_offsets([("t", 0), ("u", 1), ("u", 2)])
+    assert step.response == OffsetDeleteResponse(
+        {("t", 0): GROUP_SUBSCRIBED_TO_TOPIC, ("u", 1): NONE, ("u", 2): NONE}
+    )
+    assert step.records == (OffsetDeletedRecord("g", "u", 1),)  # u-2 had none
+    assert set(g.offsets) == {("t", 0)}

@@ -38,6 +38,8 @@ UNRELEASED_INSTANCE_ID = errors.code_of("UNRELEASED_INSTANCE_ID")
 FENCED_INSTANCE_ID = errors.code_of("FENCED_INSTANCE_ID")
 UNSUPPORTED_ASSIGNOR = errors.code_of("UNSUPPORTED_ASSIGNOR")
 INVALID_REQUEST = errors.code_of("INVALID_REQUEST")
+NON_EMPTY_GROUP = errors.code_of("NON_EMPTY_GROUP")
+GROUP_SUBSCRIBED_TO_TOPIC = errors.code_of("GROUP_SUBSCRIBED_TO_TOPIC")
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
@@ -124,6 +126,17 @@ class OffsetCommitResponse:
     error_code: int
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteGroupResponse:
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponse:
+    error_codes: Mapping[tuple[str, int], int]
+    """(topic, partition) -> error code."""
+
+
 # --- records for the offsets topic (shaped after Kafka's ConsumerGroup*Record) ----
 
 
@@ -199,6 +212,23 @@ class OffsetCommitRecord:
     commit_timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetDeletedRecord:
+    """A committed offset removed (Kafka writes a tombstone on the offset's key)."""
+
+    group_id: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDeletedRecord:
+    """The group is deleted: tombstones on its metadata and target-metadata keys. Its
+    offsets' tombstones precede it; an empty group has no member records left."""
+
+    group_id: str
+
+
 GroupRecord = (
     GroupMetadataRecord
     | MemberMetadataRecord
@@ -207,6 +237,8 @@ GroupRecord = (
     | CurrentAssignmentRecord
     | MemberRemovedRecord
     | OffsetCommitRecord
+    | OffsetDeletedRecord
+    | GroupDeletedRecord
 )
 
 
@@ -215,7 +247,9 @@ class Step:
     """What one event produced: records to append (in order), then the response."""
 
     records: tuple[GroupRecord, ...] = ()
-    response: HeartbeatResponse | OffsetCommitResponse | None = None
+    response: (
+        HeartbeatResponse | OffsetCommitResponse | DeleteGroupResponse | OffsetDeleteResponse | None
+    ) = None
 
 
 # --- state --------------------------------------------------------------------------
@@ -354,6 +388,46 @@ class GroupCoordinator:
         )
         self.offsets[(req.topic, req.partition)] = record
         return Step((record,), OffsetCommitResponse(NONE))
+
+    def delete_group(self) -> Step:
+        """Kafka's DeleteGroups: only a group without members (NON_EMPTY_GROUP
+        otherwise, a static member waiting for its instance included); its offsets go
+        with it."""
+        if self.members:
+            return Step((), DeleteGroupResponse(NON_EMPTY_GROUP))
+        records: list[GroupRecord] = [
+            OffsetDeletedRecord(self.group_id, t, p) for t, p in sorted(self.offsets)
+        ]
+        records.append(GroupDeletedRecord(self.group_id))
+        for record in records:
+            self.replay(record)
+        return Step(tuple(records), DeleteGroupResponse(NONE))
+
+    def delete_offsets(self, partitions: Sequence[tuple[str, int]]) -> Step:
+        """Kafka's OffsetDelete: a partition of a topic some member subscribes to is
+        refused (GROUP_SUBSCRIBED_TO_TOPIC: its owner would commit it again); deleting
+        an offset the group never committed succeeds and writes nothing."""
+        subscribed = self.subscribed_topics()
+        codes: dict[tuple[str, int], int] = {}
+        records: list[GroupRecord] = []
+        for topic, partition in partitions:
+            if topic in subscribed:
+                codes[(topic, partition)] = GROUP_SUBSCRIBED_TO_TOPIC
+                continue
+            codes[(topic, partition)] = NONE
+            if (topic, partition) in self.offsets:
+                record = OffsetDeletedRecord(self.group_id, topic, partition)
+                self.replay(record)
+                records.append(record)
+        return Step(tuple(records), OffsetDeleteResponse(codes))
+
+    def subscribed_topics(self) -> set[str]:
+        return {t for m in self.members.values() for t in m.subscribed_topics}
+
+    @property
+    def is_deleted(self) -> bool:
+        """Nothing left to keep: what loading a deleted group's records ends with."""
+        return not self.members and not self.offsets and self.group_epoch == 0
 
     # --- heartbeat helpers ------------------------------------------------------------
 
@@ -666,3 +740,10 @@ class GroupCoordinator:
                 self._remove(removed)
         elif isinstance(record, OffsetCommitRecord):
             self.offsets[(record.topic, record.partition)] = record
+        elif isinstance(record, OffsetDeletedRecord):
+            self.offsets.pop((record.topic, record.partition), None)
+        elif isinstance(record, GroupDeletedRecord):
+            # Back to a group never seen (a new group of that id starts at epoch 0).
+            self.group_epoch = self.target_assignment_epoch = 0
+            self.target = {}
+            self.offsets = {}

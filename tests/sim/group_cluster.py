@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
+from rillet.broker.group import records_codec as codec
 from rillet.broker.group.assignors import TopicSpec
 from rillet.broker.group.coordinator import (
     NONE,
@@ -33,6 +34,7 @@ from rillet.broker.group.coordinator import (
     HeartbeatResponse,
     OffsetCommit,
     OffsetCommitResponse,
+    OffsetDeleteResponse,
     Step,
 )
 
@@ -113,6 +115,9 @@ class GroupSim:
         for c in self.consumers:
             c.new_incarnation()
         self.loss = self.rng.choice([0.0, 0.1, 0.3])
+        # The records as the offsets partition holds them (records_codec), to check that
+        # loading the log, and loading what compaction leaves of it, give the live group.
+        self.disk: list[codec.KeyValue] = []
 
     def log(self, line: str) -> None:
         entry = f"t={self.now} {line}"
@@ -184,7 +189,42 @@ class GroupSim:
     def apply(self, step: Step) -> Step:
         for record in step.records:
             self.shadow.replay(record)
+            self.disk += codec.encode(record)
         return step
+
+    def check_disk(self) -> None:
+        """Loading the encoded log, whole or compacted, gives the live group."""
+        for name, log in (("log", self.disk), ("compacted log", codec.compact(self.disk))):
+            decoded = [codec.decode(k, v) for k, v in log]
+            records = [r for r in decoded if r is not None]
+            loaded = GroupCoordinator.load("g", records, self.topics, 0, self.coordinator.config)
+            if group_state(loaded) != group_state(self.coordinator):
+                self.fail(
+                    f"loading the {name} gives another group:\n{group_state(loaded)}\n"
+                    f"live:\n{group_state(self.coordinator)}"
+                )
+
+    def admin(self) -> None:
+        """What an admin tool does: commit from outside the group (refused while it has
+        members), delete the offsets of topic b (refused while subscribed), or delete
+        the group (refused unless empty)."""
+        g = self.coordinator
+        r = self.rng.random()
+        if r < 0.4:
+            step = self.apply(g.commit_offset(OffsetCommit("", -1, "b", 0, self.now), self.now))
+            assert isinstance(step.response, OffsetCommitResponse)
+            if step.response.error_code == NONE and g.members:
+                self.fail("an admin commit was accepted while the group has members")
+            self.log(f"admin commit b-0 -> {step.response.error_code}")
+        elif r < 0.8:
+            step = self.apply(g.delete_offsets([("b", p) for p in range(3)]))
+            assert isinstance(step.response, OffsetDeleteResponse)
+            self.log(f"admin deletes offsets of b -> {sorted(step.response.error_codes.items())}")
+        else:
+            step = self.apply(g.delete_group())
+            self.log(f"admin deletes the group -> {step.response}")
+            if g.members and step.records:
+                self.fail("a group with members was deleted")
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -252,6 +292,8 @@ class GroupSim:
             if c.alive:
                 c.topics = self.rng.choice([frozenset({"a"}), frozenset({"a", "b"})])
                 self.log(f"{c.member_id} subscribes to {sorted(c.topics)}")
+        elif r < 0.79:
+            self.admin()
         elif r < 0.80:
             self.topics["a"] = TopicSpec("A", self.topics["a"].partitions + 1)
             self.apply(self.coordinator.update_topics(dict(self.topics)))
@@ -298,7 +340,17 @@ class GroupSim:
 
 def run_seed(seed: int, echo_trace: bool = False, steps: int = 400) -> GroupSim:
     sim = GroupSim(seed, echo_trace)
-    for _ in range(steps):
+    for n in range(steps):
         sim.step()
+        if n % 100 == 99:
+            sim.check_disk()
     sim.settle()
+    sim.check_disk()
+    # Everyone leaves and the group is deleted: loading its records finds no group.
+    for c in sim.consumers:
+        sim.apply(sim.coordinator.heartbeat(Heartbeat(c.member_id, -1), sim.now))
+    sim.apply(sim.coordinator.delete_group())
+    sim.check_disk()
+    if not sim.coordinator.is_deleted:
+        sim.fail("the group is not deleted after every member left")
     return sim
