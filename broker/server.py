@@ -5,7 +5,10 @@ Start-up order (``start``):
 1. open every partition log in ``log.dirs`` (``LogManager``: a log without its clean
    shutdown marker is recovered, batch by batch, from its recovery point);
 2. bind the ``BROKER`` listener (port 0 picks one) and serve requests: ApiVersions,
-   Metadata, DescribeCluster, Produce, Fetch, ListOffsets, CreateTopics, DeleteTopics;
+   Metadata, DescribeCluster, Produce, Fetch, ListOffsets, CreateTopics, DeleteTopics,
+   and the consumer-group APIs (broker/handlers/group.py; the ``GroupManager`` of
+   broker/group/manager.py coordinates the groups of the `__consumer_offsets`
+   partitions this broker leads);
 3. register with the controller quorum with the port actually bound, heartbeat, and
    follow the metadata log; each committed ``(delta, image)`` goes to the
    ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs
@@ -43,7 +46,9 @@ from typing import Protocol
 
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
 from rillet.broker.fetch_session import FetchSessionCache
+from rillet.broker.group.manager import GroupManager
 from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
+from rillet.broker.handlers.group import GroupHandlers
 from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.handlers.produce import ProduceHandler
 from rillet.broker.link.alter_partition_manager import Proposal
@@ -112,6 +117,7 @@ class BrokerServer:
         self._link = link
         self.logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
+        self.groups: GroupManager | None = None  # consumer groups (broker/group/)
         self.fetchers: FetcherManager | None = None
         # Incremental fetch sessions (broker/fetch_session.py), kept across connections.
         self.fetch_sessions = FetchSessionCache(
@@ -164,6 +170,8 @@ class BrokerServer:
         )
         self.replicas.metrics = self.metrics  # bytes and messages in, per append
         self.replicas.remote = self._remote_log_manager(link, self.replicas, self.metrics)
+        self.groups = GroupManager(cfg, self.replicas)
+        self.groups.start()
         self.rpc = RpcServer(
             self._handlers(link), name=f"broker-{self.node_id}", **rpc_limits(cfg.values)
         )
@@ -186,6 +194,8 @@ class BrokerServer:
     async def _on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
         assert self.replicas is not None
         await self.replicas.on_metadata(delta, image)
+        if self.groups is not None:  # after the roles: it reads which offsets partitions lead
+            self.groups.on_metadata(image)
         if not self._caught_up.is_set():
             logger.info("broker %d: metadata caught up at offset %d", self.node_id, image.offset)
             self._caught_up.set()
@@ -230,6 +240,8 @@ class BrokerServer:
     def _handlers(self, link: ControllerLink) -> dict[int, Handler]:
         assert self.replicas is not None and self.metrics is not None
         meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
+        assert self.groups is not None
+        groups = GroupHandlers(self.config, self.groups, link.forward)
         by_api: list[tuple[schemas.Api, Handler]] = [
             (schemas.PRODUCE, ProduceHandler(self.replicas)),
             (
@@ -249,6 +261,14 @@ class BrokerServer:
             (schemas.ELECT_LEADERS, meta.elect_leaders),
             (schemas.ALTER_PARTITION_REASSIGNMENTS, meta.alter_partition_reassignments),
             (schemas.DESCRIBE_LOG_DIRS, meta.describe_log_dirs),
+            (schemas.FIND_COORDINATOR, groups.find_coordinator),
+            (schemas.CONSUMER_GROUP_HEARTBEAT, groups.heartbeat),
+            (schemas.OFFSET_COMMIT, groups.offset_commit),
+            (schemas.OFFSET_FETCH, groups.offset_fetch),
+            (schemas.LIST_GROUPS, groups.list_groups),
+            (schemas.CONSUMER_GROUP_DESCRIBE, groups.describe),
+            (schemas.DELETE_GROUPS, groups.delete_groups),
+            (schemas.OFFSET_DELETE, groups.offset_delete),
         ]
         return {api.key: self._timed(api.name, h) for api, h in by_api}
 
@@ -305,6 +325,8 @@ class BrokerServer:
         if self.rpc is not None:
             await self.rpc.stop()
         self.loop_lag.stop()
+        if self.groups is not None:
+            await self.groups.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

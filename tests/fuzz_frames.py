@@ -9,11 +9,13 @@ seed replays a run, hypothesis can drive them through a seed, and the long fuzz 
 (tests/test_fuzz_long.py) can make a million of them quickly.
 
 Well-formed writes to cluster state (CreateTopics, DeleteTopics, reassignments, leader
-elections, and the brokers' registration, heartbeats, controlled shutdown and ISR
-changes) are left out: the protocol has no authentication, so they are operations any
-peer may do, with real effects on the cluster the fuzz run measures (a heartbeat that
-guesses a broker's epoch may fence it), and their own limits are checked where they are
-handled. They are still sent with wrongly typed fields, which no handler may see.
+elections, the brokers' registration, heartbeats, controlled shutdown and ISR changes,
+and the group writes: offset commits and deletes, group deletes, and FindCoordinator,
+which creates `__consumer_offsets`) are left out: the protocol has no authentication, so
+they are operations any peer may do, with real effects on the cluster the fuzz run
+measures (a heartbeat that guesses a broker's epoch may fence it), and their own limits
+are checked where they are handled. They are still sent with wrongly typed fields, which
+no handler may see.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ TYPE_ONLY_APIS = frozenset(
         schemas.BROKER_HEARTBEAT,
         schemas.CONTROLLED_SHUTDOWN,
         schemas.ALTER_PARTITION,
+        # Group writes: commits, deletes, and FindCoordinator, which creates the
+        # 50-partition offsets topic on first use.
+        schemas.FIND_COORDINATOR,
+        schemas.OFFSET_COMMIT,
+        schemas.DELETE_GROUPS,
+        schemas.OFFSET_DELETE,
     )
 )
 INTS = [0, 1, -1, -2, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 2**64 - 1, 10**9, 1 << 40]

@@ -577,6 +577,17 @@ class GroupCoordinator:
             records.append(self._bump_epoch())
         return records + self._maybe_compute_target()
 
+    def assignor(self) -> str:
+        """The assignor the group uses: Kafka picks the one most members ask for, ties
+        going to the configured order."""
+        names = [m.server_assignor for m in self.members.values() if m.server_assignor]
+        if not names:
+            return self.config.assignors[0]
+        return max(
+            self.config.assignors,
+            key=lambda a: (names.count(a), -self.config.assignors.index(a)),
+        )
+
     def _maybe_compute_target(self) -> list[GroupRecord]:
         if self.target_assignment_epoch >= self.group_epoch:
             return []
@@ -585,16 +596,7 @@ class GroupCoordinator:
             MemberSpec(m.member_id, m.subscribed_topics, m.rack, self.target.get(m.member_id, {}))
             for m in active
         ]
-        names = [m.server_assignor for m in active if m.server_assignor]
-        # Kafka picks the most requested assignor; ties go to the configured order.
-        if names:
-            name = max(
-                self.config.assignors,
-                key=lambda a: (names.count(a), -self.config.assignors.index(a)),
-            )
-        else:
-            name = self.config.assignors[0]
-        result = ASSIGNORS[name](specs, self.topics) if specs else {}
+        result = ASSIGNORS[self.assignor()](specs, self.topics) if specs else {}
         self.target = {
             m: {t: frozenset(ps) for t, ps in sorted(parts.items()) if ps}
             for m, parts in result.items()

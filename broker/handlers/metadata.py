@@ -35,6 +35,7 @@ from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.describe import (
+    INTERNAL_TOPICS,
     ClusterDescription,
     cluster_id_of,
     describe_cluster,
@@ -52,6 +53,7 @@ Forward = Callable[[Any], Awaitable[Any]]  # a typed request -> its typed respon
 UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 LEADER_NOT_AVAILABLE = errors.code_of("LEADER_NOT_AVAILABLE")
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
+INVALID_REQUEST = errors.code_of("INVALID_REQUEST")
 DEFAULT_TIMEOUT_MS = 30_000
 # The controller has committed the change when it answers; this only spares a client
 # a stale read from this broker, so do not hold the answer long for it.
@@ -193,22 +195,41 @@ class MetadataHandlers:
     async def create_topics(self, request: Request) -> Response:
         req: m.CreateTopicsRequest = request.message
         started = asyncio.get_running_loop().time()
-        response: m.CreateTopicsResponse = await self.forward(req)
+        internal = [t for t in req.topics if t.name in INTERNAL_TOPICS]
+        if internal:  # brokers create those themselves, with the configs they need
+            req = req._replace(topics=[t for t in req.topics if t.name not in INTERNAL_TOPICS])
+        response: m.CreateTopicsResponse = (
+            await self.forward(req) if req.topics else m.CreateTopicsResponse(topics=[])
+        )
         if not req.validate_only:
             created = [t.name for t in response.topics if t.error_code == errors.NONE]
             await self._wait_image(
                 lambda im: all(_has_leaders(im, n) for n in created), _left(req, started)
             )
+        if internal:
+            refused = [
+                m.CreatableTopicResult(t.name, INVALID_REQUEST, _internal(t.name), -1, -1)
+                for t in internal
+            ]
+            response = response._replace(topics=[*refused, *response.topics])
         return Response(response)
 
     async def delete_topics(self, request: Request) -> Response:
         req: m.DeleteTopicsRequest = request.message
         started = asyncio.get_running_loop().time()
-        response: m.DeleteTopicsResponse = await self.forward(req)
+        internal = [n for n in req.topic_names if n in INTERNAL_TOPICS]
+        if internal:  # deleting one would lose every group's offsets
+            req = req._replace(topic_names=[n for n in req.topic_names if n not in INTERNAL_TOPICS])
+        response: m.DeleteTopicsResponse = (
+            await self.forward(req) if req.topic_names else m.DeleteTopicsResponse(responses=[])
+        )
         deleted = [t.name for t in response.responses if t.error_code == errors.NONE]
         await self._wait_image(
             lambda im: all(im.topic(n) is None for n in deleted), _left(req, started)
         )
+        if internal:
+            refused = [m.DeletableTopicResult(n, INVALID_REQUEST, _internal(n)) for n in internal]
+            response = response._replace(responses=[*refused, *response.responses])
         return Response(response)
 
     async def elect_leaders(self, request: Request) -> Response:
@@ -242,6 +263,10 @@ class MetadataHandlers:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await self.replicas.wait_metadata(remaining):
                 return
+
+
+def _internal(name: str) -> str:
+    return f"{name} is an internal topic: brokers create it on first use and never delete it"
 
 
 def _left(req: m.CreateTopicsRequest | m.DeleteTopicsRequest, started: float) -> int:

@@ -21,11 +21,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replica_manager import AppendResult, ReplicaManager
 from rillet.client.runtime.rpc_server import Request, Response
+from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import InvalidRequestError
+from rillet.controller.metadata.describe import INTERNAL_TOPICS
 from rillet.controller.metadata.image import TopicPartition
+
+INVALID_TOPIC = errors.code_of("INVALID_TOPIC_EXCEPTION")
 
 # ProducePartitionResult from a tuple of its fields, in C: one per partition per produce,
 # where the class call (a Python-level __new__) costs ~150 ns more.
@@ -42,7 +46,10 @@ class ProduceHandler:
         req: m.ProduceRequest = request.message
         acks = req.acks
         entries = _slice_payload(req.topics, request.payload)
-        results = await self.replicas.append_records(entries, acks, req.timeout_ms)
+        if any(t.topic in INTERNAL_TOPICS for t in req.topics):
+            results = await self._append_refusing_internal(entries, acks, req.timeout_ms)
+        else:
+            results = await self.replicas.append_records(entries, acks, req.timeout_ms)
         if acks == 0:
             return None
         # Results come back in request order: regroup them under their topics.
@@ -65,6 +72,25 @@ class ProduceHandler:
             i += len(t.partitions)
             out.append(m.ProduceTopicResult(t.topic, rows))
         return Response(m.ProduceResponse(out))
+
+    async def _append_refusing_internal(
+        self, entries: list[tuple[TopicPartition, memoryview]], acks: int, timeout_ms: int
+    ) -> list[AppendResult]:
+        """Only brokers write internal topics (Kafka answers INVALID_TOPIC_EXCEPTION):
+        their partitions are refused, the others appended, answers in request order."""
+        allowed = [(tp, data) for tp, data in entries if tp.topic not in INTERNAL_TOPICS]
+        appended = iter(await self.replicas.append_records(allowed, acks, timeout_ms))
+        return [
+            AppendResult(
+                tp.topic,
+                tp.partition,
+                INVALID_TOPIC,
+                error_message=f"{tp.topic} is an internal topic: only brokers write it",
+            )
+            if tp.topic in INTERNAL_TOPICS
+            else next(appended)
+            for tp, _ in entries
+        ]
 
 
 def _slice_payload(

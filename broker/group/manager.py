@@ -1,0 +1,466 @@
+"""``GroupManager``: runs the group cores (broker/group/coordinator.py) on the
+`__consumer_offsets` partitions this broker leads. A thin driver: decisions stay in the
+cores; this loads them, writes their records and answers only once those are committed.
+
+- **Leadership** (``on_metadata``, after the ReplicaManager applied the delta): a
+  partition this broker now leads (or leads in a new epoch) is loaded in the
+  background: its log is read from the log start to the log end, records grouped by
+  group id, each group rebuilt with ``GroupCoordinator.load``. Meanwhile its groups
+  answer COORDINATOR_LOAD_IN_PROGRESS. A partition no longer led is dropped: its groups
+  answer NOT_COORDINATOR.
+- **Writes** (``run``): the core's step is computed and its records appended to the
+  partition as one batch in the same synchronous stretch (no ``await`` between), so the
+  log holds records in the order the cores made them; then the answer waits, acks=all,
+  until the high watermark passes the batch. A step without records still waits until
+  the HW passes everything appended before it: its answer may rest on state those
+  records carry. Either fails after ``offsets.commit.timeout.ms``.
+- **Revert on failure**: the core applied the step before it was written. When the
+  append or its replication fails, memory is ahead of the log: the partition's groups
+  are discarded and reloaded from the log (dropped if no longer leader) before anything
+  more is served, and every answer in flight on that partition becomes a retriable
+  error (its generation changed).
+- **Timers**: every ``TICK_INTERVAL_MS`` each loaded group's ``tick`` (session and
+  rebalance timeouts); on metadata changes ``update_topics`` with the topics' ids and
+  partition counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from rillet.broker.config import BrokerConfig
+from rillet.broker.group import records_codec as codec
+from rillet.broker.group.assignors import TopicSpec
+from rillet.broker.group.coordinator import (
+    GroupConfig,
+    GroupCoordinator,
+    GroupRecord,
+    Step,
+)
+from rillet.broker.group.placement import partition_for
+from rillet.broker.replica import Replica
+from rillet.broker.replica_manager import ReplicaManager
+from rillet.client.runtime.tasks import on_death_log
+from rillet.client.wire import errors, records
+from rillet.controller.metadata.describe import OFFSETS_TOPIC
+from rillet.controller.metadata.image import MetadataImage, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+NONE = errors.NONE
+NOT_COORDINATOR = errors.code_of("NOT_COORDINATOR")
+COORDINATOR_LOAD_IN_PROGRESS = errors.code_of("COORDINATOR_LOAD_IN_PROGRESS")
+COORDINATOR_NOT_AVAILABLE = errors.code_of("COORDINATOR_NOT_AVAILABLE")
+REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
+NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
+STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
+ACKS_ALL = -1
+TICK_INTERVAL_MS = 250
+READ_CHUNK_BYTES = 1 << 20
+RELOAD_RETRY_S = 1.0
+
+
+def wall_clock_ms() -> int:
+    # Commit timestamps are wall-clock, as Kafka's; session deadlines use the same clock.
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class OffsetsPartition:
+    """One led `__consumer_offsets` partition and the groups it holds."""
+
+    index: int
+    leader_epoch: int
+    generation: int
+    """Changes on every reload or drop: a write made under an older one is not answered
+    as a success (the state it answered from was discarded)."""
+    loading: bool = True
+    groups: dict[str, GroupCoordinator] = field(default_factory=dict)
+    end_offset: int = 0
+    """Log end after this partition's last append: an answer waits for HW >= it."""
+
+
+class GroupError(Exception):
+    """A group request this broker cannot serve now; ``code`` says why."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(errors.error_name(code))
+        self.code = code
+
+
+class GroupManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        replicas: ReplicaManager,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.replicas = replicas
+        self.clock = clock
+        self.num_partitions = config["offsets.topic.num.partitions"]
+        self.commit_timeout_ms = config["offsets.commit.timeout.ms"]
+        self.group_config = GroupConfig(
+            session_timeout_ms=config["group.consumer.session.timeout.ms"],
+            heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
+            assignors=tuple(
+                a.strip() for a in config["group.consumer.assignors"].split(",") if a.strip()
+            ),
+        )
+        self.partitions: dict[int, OffsetsPartition] = {}
+        self._generations = 0
+        self._topics: dict[str, TopicSpec] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    # --- placement --------------------------------------------------------------------
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.replicas.image
+
+    def partition_count(self) -> int:
+        """The offsets topic's partitions once it exists (it fixes placement), else the
+        configured count it will be created with."""
+        t = self.image.topic(OFFSETS_TOPIC)
+        if t is None:
+            return self.num_partitions
+        return t.partition_count or len(t.partitions)
+
+    def partition_of(self, group_id: str) -> int:
+        return partition_for(group_id, self.partition_count())
+
+    def partition_for_group(self, group_id: str) -> OffsetsPartition:
+        """The loaded partition holding ``group_id``; GroupError when this broker does not
+        coordinate it now."""
+        if self.image.topic(OFFSETS_TOPIC) is None:
+            raise GroupError(COORDINATOR_NOT_AVAILABLE)
+        part = self.partitions.get(self.partition_of(group_id))
+        if part is None:
+            raise GroupError(NOT_COORDINATOR)
+        if part.loading:
+            raise GroupError(COORDINATOR_LOAD_IN_PROGRESS)
+        return part
+
+    def group(self, group_id: str, create: bool = False) -> GroupCoordinator | None:
+        part = self.partition_for_group(group_id)
+        g = part.groups.get(group_id)
+        if g is None and create:
+            g = part.groups[group_id] = GroupCoordinator(group_id, self.group_config)
+            g.topics = dict(self._topics)
+        return g
+
+    async def committed(self, group_id: str) -> GroupCoordinator | None:
+        """The group for a read (OffsetFetch, describe), once everything written so far
+        is committed: an answer never shows a state its records may still lose. Writes
+        made while waiting are waited for too, since the state read includes them."""
+        part = self.partition_for_group(group_id)
+        generation = part.generation
+        if not await self._wait_committed(part, None):
+            raise GroupError(REQUEST_TIMED_OUT)
+        if self.partitions.get(part.index) is not part or part.generation != generation:
+            raise GroupError(NOT_COORDINATOR)
+        return part.groups.get(group_id)
+
+    def groups(self) -> list[GroupCoordinator]:
+        """Every group of the loaded partitions this broker leads."""
+        return [g for p in self.partitions.values() if not p.loading for g in p.groups.values()]
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def run(self, group_id: str, event: Callable[[GroupCoordinator], Step]) -> Step:
+        """Apply ``event`` to the group (created if new), write its records and return the
+        step once they are committed. GroupError with a retriable code when the
+        coordinator cannot serve it or the write failed."""
+        part = self.partition_for_group(group_id)
+        g = self.group(group_id, create=True)
+        assert g is not None
+        step = event(g)
+        if g.is_deleted and not step.records:
+            part.groups.pop(group_id, None)  # a refused first request leaves no group
+        await self._write(part, step.records, g)
+        return step
+
+    async def _write(
+        self,
+        part: OffsetsPartition,
+        group_records: tuple[GroupRecord, ...],
+        g: GroupCoordinator | None = None,
+    ) -> None:
+        """Append ``group_records`` (synchronously, before the first ``await``) and wait
+        until they, and everything appended before them, are committed."""
+        generation = part.generation
+        if group_records:
+            if g is not None and g.is_deleted:
+                part.groups.pop(g.group_id, None)
+            code = await self._append(part, group_records)
+            if code != NONE:
+                self._revert(part, generation, code)
+                raise GroupError(_write_error(code))
+        elif not await self._wait_committed(part, part.end_offset):
+            raise GroupError(REQUEST_TIMED_OUT)
+        if self.partitions.get(part.index) is not part or part.generation != generation:
+            raise GroupError(NOT_COORDINATOR)
+
+    async def _append(self, part: OffsetsPartition, group_records: tuple[GroupRecord, ...]) -> int:
+        tp = TopicPartition(OFFSETS_TOPIC, part.index)
+        replica = self.replicas.replicas.get(tp)
+        if replica is None or not replica.is_leader:
+            return NOT_COORDINATOR
+        kvs = [kv for r in group_records for kv in codec.encode(r)]
+        batch = records.encode_batch(
+            [v for _, v in kvs], [k for k, _ in kvs], timestamp_ms=self.clock()
+        )
+        # Only this manager appends to the partition (client produces are refused), so
+        # the batch ends exactly len(kvs) past the current log end.
+        part.end_offset = replica.log.log_end_offset + len(kvs)
+        (result,) = await self.replicas.append_records(
+            [(tp, memoryview(batch))], ACKS_ALL, self.commit_timeout_ms
+        )
+        return result.error_code
+
+    async def _wait_committed(self, part: OffsetsPartition, offset: int | None) -> bool:
+        """Until the partition's HW reaches ``offset`` (None: the end of the latest
+        append, re-read as it moves); False on timeout or lost role."""
+        replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
+        if replica is None:
+            return False
+
+        def target() -> int:
+            return part.end_offset if offset is None else offset
+
+        if replica.state.high_watermark >= target():
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.commit_timeout_ms / 1000
+        while replica.state.high_watermark < target():
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not replica.is_leader:
+                return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            replica.waiters.append(waiter)  # woken by HW moves and role changes
+            try:
+                await asyncio.wait([waiter], timeout=remaining)
+            finally:
+                waiter.cancel()
+                if waiter in replica.waiters:
+                    replica.waiters.remove(waiter)
+        return True
+
+    def _revert(self, part: OffsetsPartition, generation: int, code: int) -> None:
+        """A write failed: memory is ahead of the log. Reload the partition's groups from
+        the log (or drop them when no longer leader), once per failure."""
+        if self.partitions.get(part.index) is not part or part.generation != generation:
+            return  # already reloading or dropped
+        logger.warning(
+            "%s-%d: a group write failed (%s): reloading its groups from the log",
+            OFFSETS_TOPIC,
+            part.index,
+            errors.error_name(code),
+        )
+        replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
+        if replica is None or not replica.is_leader:
+            self._drop(part.index)
+            return
+        self._start_load(part.index, replica)
+
+    # --- leadership and loading ----------------------------------------------------------
+
+    def on_metadata(self, image: MetadataImage) -> None:
+        """After the ReplicaManager took its roles: load newly led offsets partitions,
+        drop lost ones, and tell the groups about changed topics."""
+        led: dict[int, Replica] = {}
+        t = image.topic(OFFSETS_TOPIC)
+        for index in t.partitions if t is not None else ():
+            replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, index))
+            if replica is not None and replica.is_leader:
+                led[index] = replica
+        for index in list(self.partitions):
+            if index not in led:
+                self._drop(index)
+        for index, replica in led.items():
+            part = self.partitions.get(index)
+            if part is None or part.leader_epoch != replica.state.leader_epoch:
+                self._start_load(index, replica)
+        self._update_topics(image)
+
+    def _drop(self, index: int) -> None:
+        part = self.partitions.pop(index, None)
+        if part is not None:
+            part.generation = -1
+            logger.info(
+                "%s-%d: no longer leader: %d group(s) dropped",
+                OFFSETS_TOPIC,
+                index,
+                len(part.groups),
+            )
+
+    def _start_load(self, index: int, replica: Replica) -> None:
+        self._generations += 1
+        part = OffsetsPartition(index, replica.state.leader_epoch, self._generations)
+        self.partitions[index] = part
+        self._spawn(self._load(part, replica), f"load-{OFFSETS_TOPIC}-{index}")
+
+    async def _load(self, part: OffsetsPartition, replica: Replica) -> None:
+        started = time.monotonic()
+        while True:
+            try:
+                by_group, end = await self._read_log(part, replica)
+                break
+            except Exception:  # a bad read: try again while still the current load
+                logger.exception("%s-%d: loading failed", OFFSETS_TOPIC, part.index)
+                await asyncio.sleep(RELOAD_RETRY_S)
+                if self.partitions.get(part.index) is not part:
+                    return
+        if self.partitions.get(part.index) is not part:
+            return  # dropped or reloaded meanwhile
+        now = self.clock()
+        for group_id, recs in by_group.items():
+            g = GroupCoordinator.load(group_id, recs, self._topics, now, self.group_config)
+            if not g.is_deleted:
+                part.groups[group_id] = g
+        part.end_offset = end
+        part.loading = False
+        logger.info(
+            "%s-%d: loaded %d group(s) from offsets [%d, %d) in %.0f ms (leader epoch %d)",
+            OFFSETS_TOPIC,
+            part.index,
+            len(part.groups),
+            replica.log.log_start_offset,
+            end,
+            (time.monotonic() - started) * 1000,
+            part.leader_epoch,
+        )
+        # The topics may have changed since the records were written.
+        for g in list(part.groups.values()):
+            self._spawn_write(part, g.update_topics(self._topics))
+
+    async def _read_log(
+        self, part: OffsetsPartition, replica: Replica
+    ) -> tuple[dict[str, list[GroupRecord]], int]:
+        """Every record of the log (compacted or not), decoded, by group, in log order;
+        and the log end read to. Nothing else appends meanwhile (requests are answered
+        LOAD_IN_PROGRESS)."""
+        log = replica.log
+        end = log.log_end_offset
+        offset = log.log_start_offset
+        by_group: dict[str, list[GroupRecord]] = {}
+        while offset < end:
+            data = log.read_bytes(offset, READ_CHUNK_BYTES, end)
+            if not data:
+                break
+            last = offset
+            for pos, h in records.iter_batches(data):
+                for r in records.decode_batch(data, pos, h):
+                    if r.offset < offset or r.key is None:
+                        continue
+                    try:
+                        record = codec.decode(r.key, r.value)
+                    except codec.GroupRecordError as e:
+                        logger.error(
+                            "%s-%d offset %d: skipped: %s", OFFSETS_TOPIC, part.index, r.offset, e
+                        )
+                        continue
+                    if record is not None:
+                        by_group.setdefault(record.group_id, []).append(record)
+                last = h.next_offset
+            offset = last
+            await asyncio.sleep(0)  # a long log must not hold the loop
+            if self.partitions.get(part.index) is not part:
+                break
+        return by_group, end
+
+    # --- timers and topics ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever(), name="groups")
+        on_death_log(self._ticker, "group timers")
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_MS / 1000)
+            self.tick()
+
+    def tick(self) -> None:
+        now = self.clock()
+        for part in list(self.partitions.values()):
+            if part.loading:
+                continue
+            for g in list(part.groups.values()):
+                step = g.tick(now)
+                if step.records:
+                    self._spawn_write(part, step)
+
+    def _spawn_write(self, part: OffsetsPartition, step: Step) -> None:
+        """A write no request waits for (timers, topic changes). Started at once, so the
+        append keeps the order the core made it in."""
+        if step.records:
+            self._spawn(self._write_quietly(part, step), f"group-write-{part.index}")
+
+    async def _write_quietly(self, part: OffsetsPartition, step: Step) -> None:
+        # A failure was already reverted (reloaded or dropped); nothing waits for this.
+        with contextlib.suppress(GroupError):
+            await self._write(part, step.records)
+
+    def _update_topics(self, image: MetadataImage) -> None:
+        topics = topic_specs(image)
+        if topics == self._topics:
+            return
+        self._topics = topics
+        for part in list(self.partitions.values()):
+            if part.loading:
+                continue  # loads with the new topics when done
+            for g in list(part.groups.values()):
+                self._spawn_write(part, g.update_topics(topics))
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        on_death_log(task, name)
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *([self._ticker] if self._ticker is not None else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            # An exception that ended a task was already logged by its policy.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.partitions.clear()
+
+
+def _write_error(append_code: int) -> int:
+    """What a failed group write answers, as Kafka's coordinator maps append errors: a
+    lost leadership is NOT_COORDINATOR, a timeout stays one, the rest (too few
+    replicas) is COORDINATOR_NOT_AVAILABLE; all retriable."""
+    if append_code in (NOT_COORDINATOR, NOT_LEADER_OR_FOLLOWER, STORAGE_ERROR):
+        return NOT_COORDINATOR
+    if append_code == REQUEST_TIMED_OUT:
+        return REQUEST_TIMED_OUT
+    return COORDINATOR_NOT_AVAILABLE
+
+
+def topic_specs(image: MetadataImage) -> dict[str, TopicSpec]:
+    """Every topic as the assignors read it: id, partition count, replicas' racks."""
+    racks: Mapping[int, str | None] = {b: r.rack for b, r in image.brokers.items()}
+    out: dict[str, TopicSpec] = {}
+    for name, t in image.topics_by_name.items():
+        if name == OFFSETS_TOPIC:
+            continue
+        count = len(t.partitions)
+        per_partition = tuple(
+            frozenset(r for r in (racks.get(b) for b in t.partitions[i].replicas) if r)
+            for i in range(count)
+            if i in t.partitions
+        )
+        if not any(per_partition):
+            per_partition = ()
+        out[name] = TopicSpec(t.topic_id, count, per_partition)
+    return out

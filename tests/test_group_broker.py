@@ -1,0 +1,260 @@
+"""The broker's group APIs on one in-process broker (FakeLink plays the controller):
+the offsets topic made on first use, heartbeats, commits and fetches, listing,
+describing and deleting, and the error codes of bad input. Replication, failover and
+restarts are in tests/test_group_cluster.py, on real processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import wait_until_async
+from test_broker_inproc import FakeLink, batch, broker_config, produce
+
+from rillet.broker.server import BrokerServer
+from rillet.client.wire import errors
+from rillet.client.wire import messages as m
+from rillet.client.wire.connection import Connection
+
+OFFSETS = "__consumer_offsets"
+code = errors.code_of
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[tuple[BrokerServer, FakeLink, Connection]]:
+    link = FakeLink(1)
+    config = broker_config(tmp_path / "logs", "offsets.topic.num.partitions=4")
+    server = BrokerServer(config, link=link)
+    await server.start()
+    conn = await Connection.open("127.0.0.1", server.port)
+    try:
+        yield server, link, conn
+    finally:
+        await conn.aclose()
+        await server.stop()
+
+
+async def call(conn: Connection, request: Any) -> Any:
+    response, _ = await conn.call(request, raise_errors=False)
+    return response
+
+
+async def find(conn: Connection, *groups: str) -> list[m.Coordinator]:
+    response = await call(conn, m.FindCoordinatorRequest(coordinator_keys=list(groups)))
+    return list(response.coordinators)
+
+
+async def ready(conn: Connection, group: str) -> None:
+    """FindCoordinator until the offsets topic exists and the group's partition loaded."""
+
+    async def found() -> bool:
+        (c,) = await find(conn, group)
+        if c.error_code != 0:
+            return False
+        probe = await fetch(conn, group, None)
+        return probe.error_code == 0
+
+    await wait_until_async(found, timeout=10, message=f"coordinator of {group}")
+
+
+async def heartbeat(conn: Connection, group: str, member: str, epoch: int, **kw: Any) -> Any:
+    if epoch == 0:
+        kw.setdefault("subscribed_topic_names", ["t"])
+    if "owned" in kw:
+        kw["topic_partitions"] = [[t, sorted(ps)] for t, ps in kw.pop("owned").items()]
+    return await call(conn, m.ConsumerGroupHeartbeatRequest(group, member, epoch, **kw))
+
+
+async def commit(
+    conn: Connection,
+    group: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    member: str = "",
+    epoch: int = -1,
+) -> int:
+    request = m.OffsetCommitRequest(
+        group_id=group,
+        generation_id_or_member_epoch=epoch,
+        member_id=member,
+        topics=[m.OffsetCommitTopic(topic, [m.OffsetCommitPartition(partition, offset)])],
+    )
+    response = await call(conn, request)
+    return response.topics[0].partitions[0].error_code
+
+
+async def fetch(
+    conn: Connection,
+    group: str,
+    topics: dict[str, list[int]] | None,
+    member: str | None = None,
+    epoch: int = -1,
+) -> m.OffsetFetchGroupResult:
+    wanted = None if topics is None else [m.OffsetFetchTopic(t, ps) for t, ps in topics.items()]
+    response = await call(
+        conn, m.OffsetFetchRequest(groups=[m.OffsetFetchGroup(group, member, epoch, wanted)])
+    )
+    return response.groups[0]
+
+
+def offsets_of(result: m.OffsetFetchGroupResult) -> dict[tuple[str, int], int]:
+    return {(t.name, p.partition): p.committed_offset for t in result.topics for p in t.partitions}
+
+
+def assigned(response: Any) -> set[int]:
+    return {p for tp in response.assignment or [] for p in tp.partitions}
+
+
+async def test_find_coordinator_creates_the_internal_offsets_topic(node: Any) -> None:
+    server, link, conn = node
+    (first,) = await find(conn, "g")
+    assert first.error_code == code("COORDINATOR_NOT_AVAILABLE") and first.node_id == -1
+    await ready(conn, "g")
+    (c,) = await find(conn, "g")
+    assert (c.node_id, c.host, c.port) == (1, "127.0.0.1", server.port)
+    topic = link.image.topic(OFFSETS)
+    assert topic is not None and len(topic.partitions) == 4
+    config = link.image.topic_config(OFFSETS)
+    assert config["cleanup.policy"] == "compact"
+    assert config["segment.bytes"] == str(100 * 1024 * 1024)
+    meta = await call(conn, m.MetadataRequest([OFFSETS]))
+    (t,) = meta.topics
+    assert t.is_internal and t.topic_id == topic.topic_id
+    # Batched keys; bad keys are refused one by one.
+    rows = await find(conn, "a", "", "b")
+    assert [r.error_code for r in rows] == [0, code("INVALID_REQUEST"), 0]
+    other = await call(conn, m.FindCoordinatorRequest(key_type=1, coordinator_keys=["tx"]))
+    assert other.coordinators[0].error_code == code("INVALID_REQUEST")
+
+
+async def test_clients_cannot_write_create_or_delete_the_offsets_topic(node: Any) -> None:
+    _, link, conn = node
+    await ready(conn, "g")
+    row = await produce(conn, OFFSETS, 0, batch(b"x"))
+    assert row[1] == code("INVALID_TOPIC_EXCEPTION") and "internal" in row[5]
+    created = await call(
+        conn,
+        m.CreateTopicsRequest([m.CreatableTopic(OFFSETS, 1, 1, [], {})], timeout_ms=1000),
+    )
+    assert created.topics[0].error_code == code("INVALID_REQUEST")
+    assert "internal" in created.topics[0].error_message
+    deleted = await call(conn, m.DeleteTopicsRequest([OFFSETS], timeout_ms=1000))
+    assert deleted.responses[0].error_code == code("INVALID_REQUEST")
+    assert "internal" in deleted.responses[0].error_message
+    assert link.image.topic(OFFSETS) is not None
+
+
+async def test_members_join_split_the_partitions_and_commit(node: Any) -> None:
+    _, link, conn = node
+    await link.create_topic("t", 4)
+    topic_id = link.image.topic("t").topic_id
+    await ready(conn, "g")
+    a = await heartbeat(conn, "g", "a", 0)
+    assert a.error_code == 0 and a.member_epoch == 1 and assigned(a) == {0, 1, 2, 3}
+    assert a.assignment[0].topic_id == topic_id
+    b = await heartbeat(conn, "g", "b", 0)
+    assert b.member_epoch == 2 and assigned(b) == set()  # a must release first
+    a = await heartbeat(conn, "g", "a", 1)
+    kept = assigned(a)
+    assert len(kept) == 2  # revoking the other two, still at epoch 1
+    a = await heartbeat(conn, "g", "a", 1, owned={topic_id: kept})
+    assert a.member_epoch == 2
+    b = await heartbeat(conn, "g", "b", 2)
+    assert assigned(b) == {0, 1, 2, 3} - kept
+    # Commits at the member's epoch; fetched back as committed.
+    p = min(kept)
+    assert await commit(conn, "g", "t", p, 42, "a", 2) == 0
+    assert offsets_of(await fetch(conn, "g", {"t": [p, 9]})) == {("t", p): 42, ("t", 9): -1}
+    assert offsets_of(await fetch(conn, "g", None)) == {("t", p): 42}
+    member_view = await fetch(conn, "g", {"t": [p]}, "a", 2)
+    assert member_view.error_code == 0
+    assert (await fetch(conn, "g", {"t": [p]}, "a", 1)).error_code == code("STALE_MEMBER_EPOCH")
+    assert (await fetch(conn, "g", {"t": [p]}, "zz", 1)).error_code == code("UNKNOWN_MEMBER_ID")
+
+
+async def test_bad_heartbeats_and_commits_get_their_codes(node: Any) -> None:
+    _, link, conn = node
+    await link.create_topic("t", 2)
+    await link.create_topic("doomed", 1)
+    await ready(conn, "g")
+    invalid = code("INVALID_REQUEST")
+    assert (await heartbeat(conn, "", "a", 0)).error_code == invalid
+    assert (await heartbeat(conn, "g", "", 0)).error_code == invalid
+    assert (await heartbeat(conn, "g", "a", 0, subscribed_topic_names=None)).error_code == invalid
+    assert (await heartbeat(conn, "g", "zz", 3)).error_code == code("UNKNOWN_MEMBER_ID")
+    a = await heartbeat(conn, "g", "a", 0)
+    assert a.member_epoch == 1
+    assert (await heartbeat(conn, "g", "a", 7)).error_code == code("FENCED_MEMBER_EPOCH")
+    assert (await commit(conn, "", "t", 0, 1)) == code("INVALID_GROUP_ID")
+    assert (await commit(conn, "g", "nope", 0, 1, "a", 1)) == code("UNKNOWN_TOPIC_OR_PARTITION")
+    assert (await commit(conn, "g", "t", 5, 1, "a", 1)) == code("UNKNOWN_TOPIC_OR_PARTITION")
+    assert (await commit(conn, "g", "t", 0, 1, "zz", 1)) == code("UNKNOWN_MEMBER_ID")
+    assert (await commit(conn, "g", "t", 0, 1, "a", 0)) == code("STALE_MEMBER_EPOCH")
+    assert (await commit(conn, "g", "t", 0, 1, "a", 2)) == code("FENCED_MEMBER_EPOCH")
+    assert (await commit(conn, "g", "t", 0, 1)) == code("UNKNOWN_MEMBER_ID")  # has members
+    assert (await commit(conn, "other", "t", 0, 1, "m", 1)) == code("GROUP_ID_NOT_FOUND")
+    # A commit to a topic deleted meanwhile.
+    assert (await commit(conn, "g", "doomed", 0, 1, "a", 1)) == 0
+    await call(conn, m.DeleteTopicsRequest(["doomed"], timeout_ms=1000))
+    assert (await commit(conn, "g", "doomed", 0, 2, "a", 1)) == code("UNKNOWN_TOPIC_OR_PARTITION")
+
+
+async def test_list_describe_and_delete(node: Any) -> None:
+    _, link, conn = node
+    await link.create_topic("t", 2)
+    await link.create_topic("u", 1)
+    await ready(conn, "g")
+    await ready(conn, "admin-only")
+    a = await heartbeat(conn, "g", "a", 0)
+    assert assigned(a) == {0, 1}
+    assert await commit(conn, "admin-only", "u", 0, 5) == 0  # no members: admin commit
+    listed = await call(conn, m.ListGroupsRequest())
+    assert {(g.group_id, g.group_state) for g in listed.groups} == {
+        ("g", "Stable"),
+        ("admin-only", "Empty"),
+    }
+    stable = await call(conn, m.ListGroupsRequest(states_filter=["stable"]))
+    assert [g.group_id for g in stable.groups] == ["g"]
+    classic = await call(conn, m.ListGroupsRequest(types_filter=["classic"]))
+    assert classic.groups == []
+
+    described = await call(conn, m.ConsumerGroupDescribeRequest(["g", "missing", ""]))
+    g, missing, empty = described.groups
+    assert (g.error_code, g.group_state, g.group_epoch, g.assignment_epoch) == (0, "Stable", 1, 1)
+    assert g.assignor_name == "uniform"
+    (member,) = g.members
+    assert member.member_id == "a" and member.subscribed_topic_names == ["t"]
+    assert [(x.topic_name, x.partitions) for x in member.assignment] == [("t", [0, 1])]
+    assert [(x.topic_name, x.partitions) for x in member.target_assignment] == [("t", [0, 1])]
+    assert missing.error_code == code("GROUP_ID_NOT_FOUND")
+    assert empty.error_code == code("INVALID_GROUP_ID")
+
+    # OffsetDelete: refused for a subscribed topic, fine for another.
+    assert await commit(conn, "g", "t", 0, 3, "a", 1) == 0
+    assert await commit(conn, "g", "u", 0, 4, "a", 1) == 0
+    request = m.OffsetDeleteRequest(
+        "g", [m.OffsetDeleteTopic("t", [0]), m.OffsetDeleteTopic("u", [0])]
+    )
+    response = await call(conn, request)
+    codes = {(t.name, p.partition): p.error_code for t in response.topics for p in t.partitions}
+    assert codes == {("t", 0): code("GROUP_SUBSCRIBED_TO_TOPIC"), ("u", 0): 0}
+    assert offsets_of(await fetch(conn, "g", None)) == {("t", 0): 3}
+    missing_group = await call(conn, m.OffsetDeleteRequest("nope", []))
+    assert missing_group.error_code == code("GROUP_ID_NOT_FOUND")
+
+    # DeleteGroups: only empty groups.
+    deleted = await call(conn, m.DeleteGroupsRequest(["g", "admin-only", "nope", ""]))
+    assert [r.error_code for r in deleted.results] == [
+        code("NON_EMPTY_GROUP"),
+        0,
+        code("GROUP_ID_NOT_FOUND"),
+        code("INVALID_GROUP_ID"),
+    ]
+    assert offsets_of(await fetch(conn, "admin-only", None)) == {}
+    assert (await heartbeat(conn, "g", "a", -1)).error_code == 0
+    assert [r.error_code for r in (await call(conn, m.DeleteGroupsRequest(["g"]))).results] == [0]
+    listed = await call(conn, m.ListGroupsRequest())
+    assert listed.groups == []
