@@ -512,6 +512,22 @@ class ReplicaManager:
             await _wait_acks(waits, timeout_ms)
         return results
 
+    def start_append(
+        self, tp: TopicPartition, data: memoryview, timeout_ms: int
+    ) -> tuple[AppendResult, asyncio.Future[int] | None]:
+        """An acks=all append of one partition's batches, done when this returns (no
+        ``await``): for a writer that must keep its appends in the order of its own
+        state changes (the group coordinator). ``finish_append`` waits for the outcome."""
+        return self._append_one(tp, data, ACKS_ALL, self.now_ms() + timeout_ms)
+
+    async def finish_append(
+        self, result: AppendResult, future: asyncio.Future[int] | None, timeout_ms: int
+    ) -> AppendResult:
+        """``start_append``'s result once replicated (or failed, or timed out)."""
+        if future is not None:
+            await _wait_acks([(result, future)], timeout_ms)
+        return result
+
     def _append_one(
         self, tp: TopicPartition, data: memoryview, acks: int, deadline_ms: int
     ) -> tuple[AppendResult, asyncio.Future[int] | None]:

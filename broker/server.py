@@ -195,7 +195,7 @@ class BrokerServer:
         assert self.replicas is not None
         await self.replicas.on_metadata(delta, image)
         if self.groups is not None:  # after the roles: it reads which offsets partitions lead
-            self.groups.on_metadata(image)
+            self.groups.on_metadata(delta, image)
         if not self._caught_up.is_set():
             logger.info("broker %d: metadata caught up at offset %d", self.node_id, image.offset)
             self._caught_up.set()

@@ -258,3 +258,50 @@ async def test_list_describe_and_delete(node: Any) -> None:
     assert [r.error_code for r in (await call(conn, m.DeleteGroupsRequest(["g"]))).results] == [0]
     listed = await call(conn, m.ListGroupsRequest())
     assert listed.groups == []
+
+
+async def test_topic_changes_reach_the_groups(node: Any) -> None:
+    _, link, conn = node
+    await link.create_topic("t", 2)
+    await link.create_topic("u", 1)
+    ids = {n: link.image.topic(n).topic_id for n in ("t", "u")}
+    await ready(conn, "g")
+    a = await heartbeat(conn, "g", "a", 0, subscribed_topic_names=["t", "u"])
+    assert {(x.topic_id, p) for x in a.assignment for p in x.partitions} == {
+        (ids["t"], 0),
+        (ids["t"], 1),
+        (ids["u"], 0),
+    }
+    await call(conn, m.DeleteTopicsRequest(["u"], timeout_ms=1000))
+    # The deleted topic leaves the target: the member must give it up.
+    a = await heartbeat(conn, "g", "a", a.member_epoch)
+    assert {(x.topic_id, p) for x in a.assignment for p in x.partitions} == {
+        (ids["t"], 0),
+        (ids["t"], 1),
+    }
+
+
+async def test_a_silent_member_is_removed_by_the_timers(tmp_path: Path) -> None:
+    link = FakeLink(1)
+    config = broker_config(
+        tmp_path / "logs",
+        "offsets.topic.num.partitions=1",
+        "group.consumer.session.timeout.ms=200",
+    )
+    server = BrokerServer(config, link=link)
+    await server.start()
+    conn = await Connection.open("127.0.0.1", server.port)
+    try:
+        await link.create_topic("t", 2)
+        await ready(conn, "g")
+        assert (await heartbeat(conn, "g", "a", 0)).member_epoch == 1
+
+        async def empty() -> bool:
+            listed = await call(conn, m.ListGroupsRequest())
+            return [(g.group_id, g.group_state) for g in listed.groups] == [("g", "Empty")]
+
+        await wait_until_async(empty, timeout=10, message="member removed")
+        assert (await heartbeat(conn, "g", "a", 1)).error_code == code("UNKNOWN_MEMBER_ID")
+    finally:
+        await conn.aclose()
+        await server.stop()

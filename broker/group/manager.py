@@ -44,11 +44,11 @@ from rillet.broker.group.coordinator import (
 )
 from rillet.broker.group.placement import partition_for
 from rillet.broker.replica import Replica
-from rillet.broker.replica_manager import ReplicaManager
+from rillet.broker.replica_manager import AppendResult, ReplicaManager
 from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors, records
-from rillet.controller.metadata.describe import OFFSETS_TOPIC
-from rillet.controller.metadata.image import MetadataImage, TopicPartition
+from rillet.controller.metadata.describe import INTERNAL_TOPICS, OFFSETS_TOPIC
+from rillet.controller.metadata.image import MetadataDelta, MetadataImage, TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,14 @@ COORDINATOR_NOT_AVAILABLE = errors.code_of("COORDINATOR_NOT_AVAILABLE")
 REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
 STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
-ACKS_ALL = -1
 TICK_INTERVAL_MS = 250
 READ_CHUNK_BYTES = 1 << 20
 RELOAD_RETRY_S = 1.0
+
+
+Pending = tuple[AppendResult, "asyncio.Future[int] | None"]
+"""An append started (``ReplicaManager.start_append``): its result, and the future of
+its replication."""
 
 
 def wall_clock_ms() -> int:
@@ -114,6 +118,7 @@ class GroupManager:
         self.partitions: dict[int, OffsetsPartition] = {}
         self._generations = 0
         self._topics: dict[str, TopicSpec] = {}
+        self._topics_current = False  # whether _topics follows the image
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
 
@@ -191,26 +196,22 @@ class GroupManager:
         group_records: tuple[GroupRecord, ...],
         g: GroupCoordinator | None = None,
     ) -> None:
-        """Append ``group_records`` (synchronously, before the first ``await``) and wait
-        until they, and everything appended before them, are committed."""
+        """Append ``group_records`` (before the first ``await``: the caller has just
+        applied them in memory) and wait until they, and everything appended before
+        them, are committed."""
         generation = part.generation
-        if group_records:
-            if g is not None and g.is_deleted:
-                part.groups.pop(g.group_id, None)
-            code = await self._append(part, group_records)
-            if code != NONE:
-                self._revert(part, generation, code)
-                raise GroupError(_write_error(code))
-        elif not await self._wait_committed(part, part.end_offset):
-            raise GroupError(REQUEST_TIMED_OUT)
-        if self.partitions.get(part.index) is not part or part.generation != generation:
-            raise GroupError(NOT_COORDINATOR)
+        if g is not None and g.is_deleted and group_records:
+            part.groups.pop(g.group_id, None)
+        pending = self._append(part, group_records) if group_records else None
+        await self._settle(part, generation, pending)
 
-    async def _append(self, part: OffsetsPartition, group_records: tuple[GroupRecord, ...]) -> int:
+    def _append(self, part: OffsetsPartition, group_records: tuple[GroupRecord, ...]) -> Pending:
+        """Encode and append the records as one batch, now (no ``await``), so the log
+        holds them in the order the cores made them."""
         tp = TopicPartition(OFFSETS_TOPIC, part.index)
         replica = self.replicas.replicas.get(tp)
         if replica is None or not replica.is_leader:
-            return NOT_COORDINATOR
+            return AppendResult(OFFSETS_TOPIC, part.index, NOT_COORDINATOR), None
         kvs = [kv for r in group_records for kv in codec.encode(r)]
         batch = records.encode_batch(
             [v for _, v in kvs], [k for k, _ in kvs], timestamp_ms=self.clock()
@@ -218,10 +219,23 @@ class GroupManager:
         # Only this manager appends to the partition (client produces are refused), so
         # the batch ends exactly len(kvs) past the current log end.
         part.end_offset = replica.log.log_end_offset + len(kvs)
-        (result,) = await self.replicas.append_records(
-            [(tp, memoryview(batch))], ACKS_ALL, self.commit_timeout_ms
-        )
-        return result.error_code
+        return self.replicas.start_append(tp, memoryview(batch), self.commit_timeout_ms)
+
+    async def _settle(
+        self, part: OffsetsPartition, generation: int, pending: Pending | None
+    ) -> None:
+        """Wait for an append (or, without one, for what was appended before) to be
+        committed; revert the partition when the append failed."""
+        if pending is not None:
+            result, future = pending
+            await self.replicas.finish_append(result, future, self.commit_timeout_ms)
+            if result.error_code != NONE:
+                self._revert(part, generation, result.error_code)
+                raise GroupError(_write_error(result.error_code))
+        elif not await self._wait_committed(part, part.end_offset):
+            raise GroupError(REQUEST_TIMED_OUT)
+        if self.partitions.get(part.index) is not part or part.generation != generation:
+            raise GroupError(NOT_COORDINATOR)
 
     async def _wait_committed(self, part: OffsetsPartition, offset: int | None) -> bool:
         """Until the partition's HW reaches ``offset`` (None: the end of the latest
@@ -270,7 +284,7 @@ class GroupManager:
 
     # --- leadership and loading ----------------------------------------------------------
 
-    def on_metadata(self, image: MetadataImage) -> None:
+    def on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
         """After the ReplicaManager took its roles: load newly led offsets partitions,
         drop lost ones, and tell the groups about changed topics."""
         led: dict[int, Replica] = {}
@@ -286,7 +300,7 @@ class GroupManager:
             part = self.partitions.get(index)
             if part is None or part.leader_epoch != replica.state.leader_epoch:
                 self._start_load(index, replica)
-        self._update_topics(image)
+        self._update_topics(delta, image)
 
     def _drop(self, index: int) -> None:
         part = self.partitions.pop(index, None)
@@ -318,6 +332,8 @@ class GroupManager:
                     return
         if self.partitions.get(part.index) is not part:
             return  # dropped or reloaded meanwhile
+        if not self._topics_current:
+            self._topics, self._topics_current = topic_specs(self.image), True
         now = self.clock()
         for group_id, recs in by_group.items():
             g = GroupCoordinator.load(group_id, recs, self._topics, now, self.group_config)
@@ -396,18 +412,40 @@ class GroupManager:
                     self._spawn_write(part, step)
 
     def _spawn_write(self, part: OffsetsPartition, step: Step) -> None:
-        """A write no request waits for (timers, topic changes). Started at once, so the
-        append keeps the order the core made it in."""
+        """A write no request waits for (timers, topic changes): appended now, in the
+        order the core made it, and settled in the background."""
         if step.records:
-            self._spawn(self._write_quietly(part, step), f"group-write-{part.index}")
+            pending = self._append(part, step.records)
+            settle = self._settle_quietly(part, part.generation, pending)
+            self._spawn(settle, f"group-write-{part.index}")
 
-    async def _write_quietly(self, part: OffsetsPartition, step: Step) -> None:
+    async def _settle_quietly(
+        self, part: OffsetsPartition, generation: int, pending: Pending
+    ) -> None:
         # A failure was already reverted (reloaded or dropped); nothing waits for this.
         with contextlib.suppress(GroupError):
-            await self._write(part, step.records)
+            await self._settle(part, generation, pending)
 
-    def _update_topics(self, image: MetadataImage) -> None:
-        topics = topic_specs(image)
+    def _update_topics(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """Recompute the specs of the topics the delta touched (every topic once, or when
+        brokers changed: their racks), and tell the groups if any differ."""
+        if not self.partitions:
+            self._topics_current = False  # no groups here: recomputed when one loads
+            return
+        if not self._topics_current or delta.changed_brokers:
+            topics = topic_specs(image)
+        else:
+            topics = dict(self._topics)
+            for name in delta.deleted_topics.values():
+                topics.pop(name, None)
+            touched = {*delta.created_topics.values(), *(n for n, _ in delta.changed_partitions())}
+            for name in touched:
+                spec = topic_spec(image, name)
+                if spec is None:
+                    topics.pop(name, None)
+                else:
+                    topics[name] = spec
+        self._topics_current = True
         if topics == self._topics:
             return
         self._topics = topics
@@ -448,19 +486,24 @@ def _write_error(append_code: int) -> int:
 
 
 def topic_specs(image: MetadataImage) -> dict[str, TopicSpec]:
-    """Every topic as the assignors read it: id, partition count, replicas' racks."""
-    racks: Mapping[int, str | None] = {b: r.rack for b, r in image.brokers.items()}
+    """Every topic as the assignors read it (the offsets topic aside)."""
     out: dict[str, TopicSpec] = {}
-    for name, t in image.topics_by_name.items():
-        if name == OFFSETS_TOPIC:
-            continue
-        count = len(t.partitions)
-        per_partition = tuple(
-            frozenset(r for r in (racks.get(b) for b in t.partitions[i].replicas) if r)
-            for i in range(count)
-            if i in t.partitions
-        )
-        if not any(per_partition):
-            per_partition = ()
-        out[name] = TopicSpec(t.topic_id, count, per_partition)
+    for name in image.topics_by_name:
+        spec = topic_spec(image, name)
+        if spec is not None:
+            out[name] = spec
     return out
+
+
+def topic_spec(image: MetadataImage, name: str) -> TopicSpec | None:
+    """A topic as the assignors read it: id, partition count, its replicas' racks per
+    partition (empty when no broker gives a rack)."""
+    t = image.topic(name)
+    if t is None or name in INTERNAL_TOPICS:
+        return None
+    rack_of: Mapping[int, str | None] = {b: reg.rack for b, reg in image.brokers.items()}
+    racks = tuple(
+        frozenset(r for r in (rack_of.get(b) for b in p.replicas) if r)
+        for _, p in sorted(t.partitions.items())
+    )
+    return TopicSpec(t.topic_id, len(t.partitions), racks if any(racks) else ())
