@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rillet.broker.group.assignors import ASSIGNORS
 from rillet.client.runtime.config import (
     Config,
     ConfigTable,
@@ -227,6 +228,12 @@ class BrokerConfig:
         ):
             if config[name] < value:
                 raise InvalidConfigError(f"{name} must be >= {value}, not {config[name]}")
+        assignors = [a.strip() for a in config["group.consumer.assignors"].split(",")]
+        if not all(assignors) or not set(assignors) <= set(ASSIGNORS):
+            raise InvalidConfigError(
+                f"group.consumer.assignors must list some of {', '.join(sorted(ASSIGNORS))},"
+                f" not {config['group.consumer.assignors']!r}"
+            )
         return cls(
             node_id=config["node.id"],
             roles=roles,

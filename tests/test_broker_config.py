@@ -47,6 +47,9 @@ def test_combined_mode_takes_controller_keys(tmp_path: Path) -> None:
         # start-up, not by a registration retried forever.
         ("node.id=-1", "node.id must be in 0..2147483647"),
         ("node.id=2147483648", "node.id must be in 0..2147483647"),
+        ("offsets.topic.num.partitions=0", "offsets.topic.num.partitions"),
+        ("group.consumer.assignors=uniform,magic", "group.consumer.assignors"),
+        ("group.consumer.assignors=", "group.consumer.assignors"),
     ],
 )
 def test_bad_values_fail_start_up(override: str, match: str) -> None:
