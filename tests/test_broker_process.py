@@ -234,7 +234,7 @@ def test_a_restarted_broker_answers_only_once_its_metadata_caught_up(cluster_fac
         header, _ = await asked
         return header["topics"][0]
 
-    error_code, name, _, partitions = run(cluster, 1, body)
+    error_code, name, _, partitions, _ = run(cluster, 1, body)
     assert (error_code, name, len(partitions)) == (0, "known", 1)
 
 

@@ -186,6 +186,19 @@ def test_a_group_is_coordinated_by_its_offsets_partition_leader(cluster_factory:
         assert await groups.commit("g", p, 100, "a", epoch) == 0
         assert await groups.fetch("g") == (0, {p: 100})
 
+        # Each broker lists the groups it coordinates: only the coordinator has "g".
+        for b in BROKERS:
+            listed, _ = await (await client.conn(b)).call(m.ListGroupsRequest())
+            names = [x.group_id for x in listed.groups]
+            assert names == (["g"] if b == leader else []), (b, listed)
+        described = await groups.call("g", m.ConsumerGroupDescribeRequest(["g"]))
+        (d,) = described.groups
+        assert (d.error_code, d.group_state) == (0, "Stable")
+        assert {x.member_id for x in d.members} == {"a", "b"}
+        assert all(x.assignment[0].topic_name == "t" for x in d.members)
+        deleted = await groups.call("g", m.DeleteGroupsRequest(["g"]))
+        assert deleted.results[0].error_code == code("NON_EMPTY_GROUP")
+
     run(cluster, body)
 
 
