@@ -305,3 +305,34 @@ async def test_a_silent_member_is_removed_by_the_timers(tmp_path: Path) -> None:
     finally:
         await conn.aclose()
         await server.stop()
+
+
+async def test_a_failed_write_is_reverted_and_answered_retriably(tmp_path: Path) -> None:
+    # One broker, min.insync.replicas=2: every group write is refused NOT_ENOUGH_REPLICAS.
+    # The core applied each step before the append, so the manager must drop that state
+    # (reload the partition from its log) and answer retriably.
+    link = FakeLink(1)
+    config = broker_config(
+        tmp_path / "logs", "offsets.topic.num.partitions=1", "min.insync.replicas=2"
+    )
+    server = BrokerServer(config, link=link)
+    await server.start()
+    conn = await Connection.open("127.0.0.1", server.port)
+    try:
+        await link.create_topic("t", 2)
+        await ready(conn, "g")
+        a = await heartbeat(conn, "g", "a", 0)
+        assert a.error_code == code("COORDINATOR_NOT_AVAILABLE")
+        assert await commit(conn, "solo", "t", 0, 5) == code("COORDINATOR_NOT_AVAILABLE")
+
+        async def reloaded() -> bool:
+            return (await fetch(conn, "solo", None)).error_code == 0
+
+        await wait_until_async(reloaded, timeout=10, message="partition reloaded")
+        assert offsets_of(await fetch(conn, "solo", {"t": [0]})) == {("t", 0): -1}
+        assert (await call(conn, m.ListGroupsRequest())).groups == []
+        # The member the refused join would have made does not exist.
+        assert (await heartbeat(conn, "g", "a", 1)).error_code == code("UNKNOWN_MEMBER_ID")
+    finally:
+        await conn.aclose()
+        await server.stop()
