@@ -336,3 +336,22 @@ async def test_a_failed_write_is_reverted_and_answered_retriably(tmp_path: Path)
     finally:
         await conn.aclose()
         await server.stop()
+
+
+async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
+    link = FakeLink(1)
+    server = BrokerServer(
+        broker_config(tmp_path / "logs", "auto.create.topics.enable=true"), link=link
+    )
+    await server.start()
+    conn = await Connection.open("127.0.0.1", server.port)
+    try:
+        meta = await call(conn, m.MetadataRequest([OFFSETS], allow_auto_topic_creation=True))
+        assert meta.topics[0].error_code == code("UNKNOWN_TOPIC_OR_PARTITION")
+        other = await call(conn, m.MetadataRequest(["plain"], allow_auto_topic_creation=True))
+        assert other.topics[0].error_code == code("LEADER_NOT_AVAILABLE")  # being created
+        await wait_until_async(lambda: link.image.topic("plain") is not None, timeout=10)
+        assert link.image.topic(OFFSETS) is None
+    finally:
+        await conn.aclose()
+        await server.stop()

@@ -143,7 +143,9 @@ class MetadataHandlers:
         out = []
         for t in describe_topics(self.image, req.topics):
             code = None
-            if t.error_code == UNKNOWN_TOPIC and auto:
+            # Internal topics are made by their owner with their own configs (the group
+            # coordinator creates `__consumer_offsets` compacted), never auto-created.
+            if t.error_code == UNKNOWN_TOPIC and auto and t.name not in INTERNAL_TOPICS:
                 self._auto_create(t.name)
                 code = LEADER_NOT_AVAILABLE
             out.append(metadata_topic(t, code))
