@@ -46,6 +46,7 @@ from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.controller.metadata.describe import OFFSETS_TOPIC
+from rillet.controller.metadata.image import MetadataImage, TopicImage
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class GroupHandlers:
         self._creating: asyncio.Task[None] | None = None
 
     @property
-    def image(self) -> Any:
+    def image(self) -> MetadataImage:
         return self.manager.image
 
     def _now(self) -> int:
@@ -108,7 +109,7 @@ class GroupHandlers:
                 out.append(self._coordinator(key, topic))
         return Response(m.FindCoordinatorResponse(coordinators=out))
 
-    def _coordinator(self, key: str, topic: Any) -> m.Coordinator:
+    def _coordinator(self, key: str, topic: TopicImage) -> m.Coordinator:
         index = partition_for(key, topic.partition_count or len(topic.partitions))
         p = topic.partitions.get(index)
         leader = -1 if p is None else p.leader
