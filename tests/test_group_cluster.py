@@ -54,10 +54,13 @@ BROKER_TIMINGS = {
 
 
 class Groups:
-    """Raw group requests, each to the group's coordinator as FindCoordinator names it."""
+    """Raw group requests, each to the group's coordinator as FindCoordinator names it;
+    the answer is kept until a request to it fails or is answered with a coordinator
+    error (FindCoordinator itself may go to a paused broker, which answers nothing)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.known: dict[str, int] = {}
 
     async def coordinator(self, group: str, timeout: float = 30, not_on: int = -1) -> int:
         """The coordinator FindCoordinator names (other than ``not_on``: a killed node
@@ -73,7 +76,9 @@ class Groups:
             (c,) = response.coordinators
             return c.node_id if c.error_code == 0 and c.node_id != not_on else None
 
-        return await wait_until_async(found, timeout=timeout, message=f"coordinator of {group}")
+        node = await wait_until_async(found, timeout=timeout, message=f"coordinator of {group}")
+        self.known[group] = node
+        return node
 
     async def call(self, group: str, request: Any, retry: bool = True, timeout: float = 30) -> Any:
         """Send to the coordinator; with ``retry``, again (after a new FindCoordinator)
@@ -81,17 +86,20 @@ class Groups:
         answer: list[Any] = []
 
         async def attempt() -> bool:
-            node = await self.coordinator(group)
+            node = self.known.get(group)
+            if node is None:
+                node = await self.coordinator(group)
             try:
                 conn = await self.client.conn(node)
                 response, _ = await conn.call(request, raise_errors=False, timeout_ms=5000)
             except errors.RilletError:
+                self.known.pop(group, None)
                 return False
             answer[:] = [response]
-            return not retry or _first_code(response) not in {
-                *RETRIABLE,
-                code("COORDINATOR_LOAD_IN_PROGRESS"),
-            }
+            failed = _first_code(response) in {*RETRIABLE, code("COORDINATOR_LOAD_IN_PROGRESS")}
+            if failed:
+                self.known.pop(group, None)
+            return not retry or not failed
 
         await wait_until_async(attempt, timeout=timeout, message=f"{type(request).__name__}")
         return answer[0]
@@ -205,7 +213,7 @@ def test_a_group_is_coordinated_by_its_offsets_partition_leader(cluster_factory:
 def test_a_commit_is_answered_and_visible_only_once_replicated(cluster_factory: Any) -> None:
     # Paused followers must not be fenced (and dropped from the ISR) while the commit
     # and the fetch wait for them: a session well above offsets.commit.timeout.ms.
-    cluster = group_cluster(cluster_factory, session_ms=10_000)
+    cluster = group_cluster(cluster_factory, session_ms=6_000)
 
     async def body(client: Client) -> None:
         groups = Groups(client)
