@@ -1,10 +1,16 @@
-"""Cluster administration: topics, the cluster's description, leaders and reassignments.
+"""Cluster administration: topics, the cluster's description, leaders and reassignments,
+consumer groups.
 
 Every call goes to any broker (brokers forward topic changes, leader elections and
 reassignments to the active controller) and is retried through retriable errors
 (NOT_CONTROLLER, a broken connection, an election) until ``timeout_ms``. Per-topic
 failures are raised as ``AdminError`` naming every topic that failed and why; its
 ``errors`` map holds the exception per topic (per ``topic-partition`` for reassignments).
+
+Group calls go to each group's coordinator (FindCoordinator, batched where several
+groups are asked at once) and follow it when it moves; ListGroups goes to every broker.
+Group errors are keyed by group id and say what to do, e.g. that a group with members
+must be stopped before its offsets are changed.
 """
 
 from __future__ import annotations
@@ -15,19 +21,36 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rillet.client.group_coordinator import (
+    LOADING,
+    MOVED,
+    CoordinatorClient,
+    find_coordinators,
+)
 from rillet.client.metadata import (
     DEFAULT_BOOTSTRAP,
+    NO_LEADER,
     BrokerInfo,
     ClusterMetadata,
     MetadataClient,
     PartitionInfo,
 )
 from rillet.client.wire import messages as m
-from rillet.client.wire.connection import R, RequestMessage
+from rillet.client.wire.connection import Connection, R, RequestMessage
 from rillet.client.wire.errors import (
+    CoordinatorNotAvailableError,
     ElectionNotNeededError,
+    FencedMemberEpochError,
+    GroupIdNotFoundError,
+    GroupSubscribedToTopicError,
+    IllegalGenerationError,
+    LeaderNotAvailableError,
+    NonEmptyGroupError,
+    RequestTimedOutError,
     RilletError,
+    StaleMemberEpochError,
     TopicAlreadyExistsError,
+    UnknownMemberIdError,
     UnknownTopicOrPartitionError,
     error_for,
 )
@@ -39,11 +62,11 @@ CALL_MARGIN_MS = 5_000
 
 
 class AdminError(Exception):
-    """Some topics failed; ``errors`` maps each topic name to its RilletError."""
+    """Some topics (or groups) failed; ``errors`` maps each name to its RilletError."""
 
-    def __init__(self, action: str, errors: dict[str, RilletError]) -> None:
+    def __init__(self, action: str, errors: dict[str, RilletError], what: str = "topic") -> None:
         detail = "; ".join(f"{name}: {e.name}: {e}" for name, e in errors.items())
-        super().__init__(f"{action} failed for {len(errors)} topic(s): {detail}")
+        super().__init__(f"{action} failed for {len(errors)} {what}(s): {detail}")
         self.errors = errors
 
 
@@ -192,6 +215,185 @@ class ReassignmentStatus:
         }
 
 
+# --- consumer groups ---------------------------------------------------------------
+
+EARLIEST = -2
+"""ListOffsets' "log start" (the remote tier's when it holds older records)."""
+LATEST = -1
+"""ListOffsets' "log end" (the high watermark)."""
+
+ACTIVE_MEMBERS = "has active members; stop them first"
+"""Why a group with members refuses offset changes and deletion (docs/groups.md)."""
+
+
+def _partitions_dict(parts: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    return {t: sorted(ps) for t, ps in sorted(parts.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    """One group as ListGroups names it, with the broker that coordinates it."""
+
+    group_id: str
+    state: str
+    type: str
+    protocol_type: str
+    coordinator: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "state": self.state,
+            "type": self.type,
+            "protocol_type": self.protocol_type,
+            "coordinator": self.coordinator,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    member_id: str
+    instance_id: str | None
+    rack: str | None
+    client_id: str
+    client_host: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: Mapping[str, tuple[int, ...]]
+    """topic name -> partitions the member owns now."""
+    target: Mapping[str, tuple[int, ...]]
+    """topic name -> partitions the coordinator means it to own once reconciled."""
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return partition in self.assignment.get(topic, ())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "member_id": self.member_id,
+            "instance_id": self.instance_id,
+            "rack": self.rack,
+            "client_id": self.client_id,
+            "client_host": self.client_host,
+            "member_epoch": self.member_epoch,
+            "subscribed_topics": list(self.subscribed_topics),
+            "assignment": _partitions_dict(self.assignment),
+            "target_assignment": _partitions_dict(self.target),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    coordinator: int
+    members: tuple[GroupMember, ...] = ()
+
+    def owner(self, topic: str, partition: int) -> GroupMember | None:
+        """The member owning the partition now (None while it moves or is unassigned)."""
+        return next((mb for mb in self.members if mb.owns(topic, partition)), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "state": self.state,
+            "group_epoch": self.group_epoch,
+            "assignment_epoch": self.assignment_epoch,
+            "assignor": self.assignor,
+            "coordinator": self.coordinator,
+            "members": [mb.as_dict() for mb in self.members],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int = -1
+    metadata: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "leader_epoch": self.leader_epoch,
+            "metadata": self.metadata,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition of a group: None where there is no commit (or no log end known)."""
+
+    topic: str
+    partition: int
+    committed_offset: int | None
+    log_end_offset: int | None
+    member: GroupMember | None = None
+
+    @property
+    def lag(self) -> int | None:
+        if self.committed_offset is None or self.log_end_offset is None:
+            return None
+        return max(0, self.log_end_offset - self.committed_offset)
+
+    def as_dict(self) -> dict[str, Any]:
+        mb = self.member
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "committed_offset": self.committed_offset,
+            "log_end_offset": self.log_end_offset,
+            "lag": self.lag,
+            "member_id": mb.member_id if mb else None,
+            "instance_id": mb.instance_id if mb else None,
+            "client_id": mb.client_id if mb else None,
+            "host": mb.client_host if mb else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """A group's description and, per partition, committed offset, log end and lag."""
+
+    group: GroupDescription
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag or 0 for p in self.partitions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.group.as_dict(),
+            "total_lag": self.total_lag,
+            "partitions": [p.as_dict() for p in self.partitions],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """One group's answer to a batched request (deletion): ok, or why not."""
+
+    group_id: str
+    error: RilletError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "error": "NONE" if self.error is None else self.error.name,
+            "message": None if self.error is None else str(self.error),
+        }
+
+
 class Admin:
     """``async with Admin(bootstrap) as admin: await admin.create_topics([...])``."""
 
@@ -212,6 +414,7 @@ class Admin:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
         )
+        self._coordinators: dict[str, CoordinatorClient] = {}
 
     async def start(self) -> Admin:
         """Connect to a bootstrap broker; NetworkError at once when none answers (later
@@ -489,6 +692,386 @@ class Admin:
             )
         return out
 
+    # --- consumer groups -------------------------------------------------------------
+
+    def _coordinator(self, group: str) -> CoordinatorClient:
+        client = self._coordinators.get(group)
+        if client is None:
+            client = CoordinatorClient(
+                self._meta, group, retry_backoff_ms=int(self.retry_backoff_s * 1000)
+            )
+            self._coordinators[group] = client
+        return client
+
+    async def _ask_coordinators(
+        self,
+        groups: Iterable[str],
+        ask: Callable[[Connection, list[str]], Awaitable[Mapping[str, tuple[int, T]]]],
+    ) -> dict[str, tuple[int, int, T] | RilletError]:
+        """One FindCoordinator for every group, then ``ask`` each coordinator about its
+        groups in one request; ``ask`` maps each group to (error code, its answer row).
+        Groups whose coordinator moved, is loading or did not answer are looked up and
+        asked again until ``timeout_ms``. Each group ends as (coordinator, code, row) or
+        as the error that stopped it."""
+        pending = list(dict.fromkeys(groups))
+        out: dict[str, tuple[int, int, T] | RilletError] = {}
+        last: dict[str, RilletError] = {}
+        deadline = time.monotonic() + self.timeout_ms / 1000
+
+        async def one(
+            node: int, host: str, port: int, gs: list[str]
+        ) -> Mapping[str, tuple[int, T]]:
+            conn = await self._meta.connect_to(node, host, port)
+            try:
+                return await ask(conn, gs)
+            except RequestTimedOutError:
+                conn.close()  # as CoordinatorClient: a timed-out connection is not reused
+                raise
+
+        while pending:
+            try:
+                found = await find_coordinators(self._meta, pending)
+            except RilletError as e:
+                if not e.retriable:
+                    raise
+                found = {}
+                last.update((g, e) for g in pending)
+            by_node: dict[tuple[int, str, int], list[str]] = {}
+            for g in pending:
+                c = found.get(g)
+                if c is None:
+                    last.setdefault(g, CoordinatorNotAvailableError(f"group {g!r}"))
+                elif c.error_code != 0:
+                    error = error_for(c.error_code, c.error_message or f"group {g!r}")
+                    if error.retriable:
+                        last[g] = error
+                    else:
+                        out[g] = error
+                else:
+                    by_node.setdefault((c.node_id, c.host, c.port), []).append(g)
+            answers = await asyncio.gather(
+                *(one(*node, gs) for node, gs in by_node.items()), return_exceptions=True
+            )
+            for (node, gs), answer in zip(by_node.items(), answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, RilletError) or not answer.retriable:
+                        raise answer
+                    last.update((g, answer) for g in gs)
+                    continue
+                for g in gs:
+                    if g not in answer:
+                        last[g] = CoordinatorNotAvailableError(f"no answer for group {g!r}")
+                        continue
+                    code, row = answer[g]
+                    if code in MOVED or code == LOADING:
+                        last[g] = error_for(code, f"group {g!r}")
+                    else:
+                        out[g] = (node[0], code, row)
+            pending = [g for g in pending if g not in out]
+            if pending:
+                if time.monotonic() + self.retry_backoff_s >= deadline:
+                    out.update((g, last[g]) for g in pending)
+                    break
+                await asyncio.sleep(self.retry_backoff_s)
+        return out
+
+    async def list_groups(self, states: Iterable[str] | None = None) -> list[GroupListing]:
+        """Every group (ListGroups to every broker: each lists the groups it
+        coordinates), sorted by id; ``states`` keeps only groups in those states (any
+        case). A broker that does not answer fails the call: a partial list would look
+        like a complete one."""
+        wanted = {s.lower() for s in states} if states is not None else None
+        snap = await self._metadata([])
+
+        async def ask(b: BrokerInfo) -> m.ListGroupsResponse:
+            conn = await self._meta.connect_to(b.node_id, b.host, b.port)
+            response, _ = await conn.call(m.ListGroupsRequest())
+            if response.error_code:
+                raise error_for(response.error_code, f"broker {b.node_id} (ListGroups)")
+            return response
+
+        brokers = sorted(snap.brokers.values(), key=lambda b: b.node_id)
+        answers = await asyncio.gather(
+            *(self._retrying(lambda b=b: ask(b)) for b in brokers), return_exceptions=True
+        )
+        out: dict[str, GroupListing] = {}
+        for b, answer in zip(brokers, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, RilletError):
+                    raise type(answer)(f"broker {b.node_id} did not list its groups: {answer}")
+                raise answer
+            for g in answer.groups:
+                if wanted is None or g.group_state.lower() in wanted:
+                    # While a group moves two brokers may list it: keep one.
+                    out.setdefault(
+                        g.group_id,
+                        GroupListing(
+                            g.group_id, g.group_state, g.group_type, g.protocol_type, b.node_id
+                        ),
+                    )
+        return [out[g] for g in sorted(out)]
+
+    async def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
+        """State, epochs, assignor and members (assignment and target by topic name) of
+        each group, in the order asked; AdminError names every group that failed, e.g.
+        GROUP_ID_NOT_FOUND."""
+        ids = list(dict.fromkeys(group_ids))
+        found = await self._describe(ids)
+        errors = {g: d for g, d in found.items() if isinstance(d, RilletError)}
+        if errors:
+            raise AdminError("describe groups", errors, "group")
+        return [d for d in found.values() if isinstance(d, GroupDescription)]
+
+    async def _describe(self, ids: list[str]) -> dict[str, GroupDescription | RilletError]:
+        async def ask(conn: Connection, gs: list[str]) -> dict[str, tuple[int, m.DescribedGroup]]:
+            response, _ = await conn.call(m.ConsumerGroupDescribeRequest(gs))
+            return {g.group_id: (g.error_code, g) for g in response.groups}
+
+        answers = await self._ask_coordinators(ids, ask)
+        out: dict[str, GroupDescription | RilletError] = {}
+        for g in ids:
+            answer = answers[g]
+            if isinstance(answer, RilletError):
+                out[g] = answer
+                continue
+            node, code, row = answer
+            out[g] = _group_error(g, code, row.error_message) if code else _description(row, node)
+        return out
+
+    async def _describe_or_none(self, group: str) -> GroupDescription | None:
+        """The group's description, None when the coordinator knows no such group."""
+        answer = (await self._describe([group]))[group]
+        if isinstance(answer, GroupIdNotFoundError):
+            return None
+        if isinstance(answer, RilletError):
+            raise AdminError("describe groups", {group: answer}, "group")
+        return answer
+
+    async def list_group_offsets(
+        self, group: str, partitions: Iterable[TopicPartitionKey] | None = None
+    ) -> dict[TopicPartitionKey, CommittedOffset]:
+        """The group's committed offsets (OffsetFetch), of ``partitions`` or of every
+        partition it committed; a partition without a commit is left out."""
+        topics = None
+        if partitions is not None:
+            topics = [m.OffsetFetchTopic(t, ps) for t, ps in _by_topic(partitions).items()]
+        request = m.OffsetFetchRequest(
+            [m.OffsetFetchGroup(group_id=group, member_id=None, member_epoch=-1, topics=topics)]
+        )
+        response = await self._coordinator(group).call(
+            request, lambda r: r.groups[0].error_code if r.groups else 0, timeout_ms=self.timeout_ms
+        )
+        out: dict[TopicPartitionKey, CommittedOffset] = {}
+        errors: dict[str, RilletError] = {}
+        for result in response.groups:
+            if result.error_code:
+                errors[group] = _group_error(group, result.error_code, None)
+                continue
+            for t in result.topics:
+                for p in t.partitions:
+                    if p.error_code:
+                        errors[f"{t.name}-{p.partition}"] = error_for(p.error_code)
+                    elif p.committed_offset >= 0:
+                        out[(t.name, p.partition)] = CommittedOffset(
+                            t.name,
+                            p.partition,
+                            p.committed_offset,
+                            p.committed_leader_epoch,
+                            p.metadata,
+                        )
+        if errors:
+            raise AdminError("list group offsets", errors, "group")
+        return dict(sorted(out.items()))
+
+    async def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartitionKey, int]
+    ) -> None:
+        """Commit ``offsets`` for the group from outside it (OffsetCommit with no member
+        and epoch -1). The coordinator takes such a commit only while the group has no
+        members, so that no consumer overwrites it or reads past it unaware; otherwise
+        AdminError says the group has active members."""
+        if not offsets:
+            return
+        by_topic: dict[str, list[m.OffsetCommitPartition]] = {}
+        for (t, p), offset in sorted(offsets.items()):
+            by_topic.setdefault(t, []).append(m.OffsetCommitPartition(p, offset))
+        request = m.OffsetCommitRequest(
+            group_id=group,
+            topics=[m.OffsetCommitTopic(t, ps) for t, ps in by_topic.items()],
+            generation_id_or_member_epoch=-1,
+            member_id="",
+        )
+
+        def moved(r: m.OffsetCommitResponse) -> int:
+            codes = (p.error_code for t in r.topics for p in t.partitions)
+            return next((c for c in codes if c in MOVED or c == LOADING), 0)
+
+        response = await self._coordinator(group).call(request, moved, timeout_ms=self.timeout_ms)
+        codes = {(t.name, p.partition): p.error_code for t in response.topics for p in t.partitions}
+        if any(c in MEMBER_ERRORS for c in codes.values()):
+            error = _group_error(group, NON_EMPTY_GROUP, None)
+            raise AdminError("alter group offsets", {group: error}, "group")
+        errors = {f"{t}-{p}": error_for(c, f"{t}-{p}") for (t, p), c in codes.items() if c}
+        if errors:
+            raise AdminError("alter group offsets", errors, "partition")
+
+    async def delete_groups(self, group_ids: Iterable[str]) -> list[GroupResult]:
+        """Delete groups with their committed offsets (DeleteGroups), in the order
+        asked. Only a group without members is deleted; per-group errors are returned,
+        not raised (NON_EMPTY_GROUP: it has active members; GROUP_ID_NOT_FOUND)."""
+        ids = list(dict.fromkeys(group_ids))
+
+        async def ask(conn: Connection, gs: list[str]) -> dict[str, tuple[int, None]]:
+            response, _ = await conn.call(m.DeleteGroupsRequest(gs))
+            return {r.group_id: (r.error_code, None) for r in response.results}
+
+        answers = await self._ask_coordinators(ids, ask)
+        out = []
+        for g in ids:
+            answer = answers[g]
+            if isinstance(answer, RilletError):
+                out.append(GroupResult(g, answer))
+            else:
+                code = answer[1]
+                out.append(GroupResult(g, _group_error(g, code, None) if code else None))
+        return out
+
+    async def delete_group_offsets(
+        self, group: str, partitions: Iterable[TopicPartitionKey]
+    ) -> None:
+        """Drop the group's committed offsets of ``partitions`` (OffsetDelete). Refused
+        for a topic the group's members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC): they
+        would lose their position while reading it."""
+        by_topic = _by_topic(partitions)
+        if not by_topic:
+            return
+        request = m.OffsetDeleteRequest(
+            group, [m.OffsetDeleteTopic(t, ps) for t, ps in by_topic.items()]
+        )
+        response = await self._coordinator(group).call(
+            request, lambda r: r.error_code, timeout_ms=self.timeout_ms
+        )
+        if response.error_code:
+            error = _group_error(group, response.error_code, None)
+            raise AdminError("delete group offsets", {group: error}, "group")
+        errors: dict[str, RilletError] = {}
+        for t in response.topics:
+            for p in t.partitions:
+                key = f"{t.name}-{p.partition}"
+                if p.error_code == GroupSubscribedToTopicError.code:
+                    errors[key] = GroupSubscribedToTopicError(
+                        f"group {group!r} is subscribed to topic {t.name!r}; "
+                        "stop its members or change their subscription first"
+                    )
+                elif p.error_code:
+                    errors[key] = error_for(p.error_code, key)
+        if errors:
+            raise AdminError("delete group offsets", errors, "partition")
+
+    async def group_lag(self, group: str) -> GroupLag:
+        """The group's description and, for every partition of the topics its members
+        subscribe to or it committed offsets in: committed offset (None when none),
+        log end offset (ListOffsets latest), lag and the member owning it. A group the
+        coordinator does not know but with committed offsets shows as Empty."""
+        desc = await self._describe_or_none(group)
+        committed = await self.list_group_offsets(group)
+        if desc is None:
+            if not committed:
+                error = GroupIdNotFoundError(f"group {group!r} does not exist")
+                raise AdminError("describe groups", {group: error}, "group")
+            coordinator = self._coordinator(group).node_id
+            desc = GroupDescription(
+                group, "Empty", 0, 0, "", -1 if coordinator is None else coordinator
+            )
+        topics = {t for t, _ in committed}
+        for mb in desc.members:
+            topics.update(mb.subscribed_topics, mb.assignment, mb.target)
+        snap = await self._metadata(sorted(topics))
+        keys = {(t, p.partition) for t in topics for p in snap.topics.get(t, ())}
+        ends = await self.list_offsets(dict.fromkeys(sorted(keys), LATEST)) if keys else {}
+        rows = [
+            PartitionLag(
+                t,
+                p,
+                committed[(t, p)].offset if (t, p) in committed else None,
+                ends.get((t, p)),
+                desc.owner(t, p),
+            )
+            for t, p in sorted(keys | set(committed))
+        ]
+        return GroupLag(desc, tuple(rows))
+
+    async def list_offsets(
+        self, specs: Mapping[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, int]:
+        """ListOffsets to each partition's leader: ``EARLIEST``, ``LATEST`` or a
+        timestamp in ms (the first record at or after it; -1 when there is none),
+        retrying through leader changes until ``timeout_ms``. AdminError names unknown
+        topics and partitions."""
+        todo = dict(specs)
+        topics = sorted({t for t, _ in todo})
+        snap = await self._metadata(topics)
+        missing: dict[str, RilletError] = {}
+        for t, p in todo:
+            parts = snap.topics.get(t)
+            if parts is None:
+                missing[t] = UnknownTopicOrPartitionError(f"topic {t!r} does not exist")
+            elif not 0 <= p < len(parts):
+                missing[f"{t}-{p}"] = UnknownTopicOrPartitionError(f"{t}-{p} does not exist")
+        if missing:
+            raise AdminError("list offsets", missing)
+        out: dict[TopicPartitionKey, int] = {}
+        deadline = time.monotonic() + self.timeout_ms / 1000
+
+        async def ask(node: int, keys: list[TopicPartitionKey]) -> list[m.ListOffsetsTopicResult]:
+            b = snap.brokers[node]
+            by_topic: dict[str, list[m.ListOffsetsPartition]] = {}
+            for t, p in keys:
+                epoch = snap.topics[t][p].leader_epoch
+                by_topic.setdefault(t, []).append(m.ListOffsetsPartition(p, epoch, todo[(t, p)]))
+            request = m.ListOffsetsRequest(
+                [m.ListOffsetsTopic(t, ps) for t, ps in by_topic.items()]
+            )
+            conn = await self._meta.connect_to(node, b.host, b.port)
+            response, _ = await conn.call(request)
+            return response.topics
+
+        while True:
+            by_leader: dict[int, list[TopicPartitionKey]] = {}
+            for key in todo:
+                by_leader.setdefault(snap.leader_for(*key), []).append(key)
+            retry: dict[TopicPartitionKey, RilletError] = {
+                key: LeaderNotAvailableError(f"{key[0]}-{key[1]} has no leader")
+                for key in by_leader.pop(NO_LEADER, [])
+            }
+            nodes = list(by_leader)
+            answers = await asyncio.gather(
+                *(ask(n, by_leader[n]) for n in nodes), return_exceptions=True
+            )
+            for node, answer in zip(nodes, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, RilletError) or not answer.retriable:
+                        raise answer
+                    retry.update((key, answer) for key in by_leader[node])
+                    continue
+                for t in answer:
+                    for r in t.partitions:
+                        key = (t.topic, r.partition)
+                        if r.error_code == 0:
+                            out[key] = r.offset
+                            continue
+                        error = error_for(r.error_code, f"ListOffsets {t.topic}-{r.partition}")
+                        if not error.retriable:
+                            raise AdminError("list offsets", {f"{t.topic}-{r.partition}": error})
+                        retry[key] = error
+            todo = {key: todo[key] for key in retry}
+            if not todo:
+                return out
+            if time.monotonic() + self.retry_backoff_s >= deadline:
+                raise AdminError("list offsets", {f"{t}-{p}": e for (t, p), e in retry.items()})
+            await asyncio.sleep(self.retry_backoff_s)
+            snap = await self._metadata(topics)
+
 
 def _creatable(t: NewTopic) -> m.CreatableTopic:
     assignments = [
@@ -511,11 +1094,81 @@ def election_succeeded(result: PartitionResult) -> bool:
     return result.error is None or isinstance(result.error, ElectionNotNeededError)
 
 
+NON_EMPTY_GROUP = NonEmptyGroupError.code
+# What a commit from outside the group hears while the group has members: the
+# coordinator takes member-less commits only for a group without members.
+MEMBER_ERRORS = frozenset(
+    {
+        NON_EMPTY_GROUP,
+        UnknownMemberIdError.code,
+        IllegalGenerationError.code,
+        StaleMemberEpochError.code,
+        FencedMemberEpochError.code,
+    }
+)
+
+
+def _group_error(group: str, code: int, message: str | None) -> RilletError:
+    """A group-level error code as an error that says what to do about it."""
+    if code == GroupIdNotFoundError.code:
+        return GroupIdNotFoundError(f"group {group!r} does not exist")
+    if code == NON_EMPTY_GROUP:
+        return NonEmptyGroupError(f"group {group!r} {ACTIVE_MEMBERS}")
+    return error_for(code, message or f"group {group!r}")
+
+
+def _by_topic(partitions: Iterable[TopicPartitionKey]) -> dict[str, list[int]]:
+    out: dict[str, set[int]] = {}
+    for t, p in partitions:
+        out.setdefault(t, set()).add(p)
+    return {t: sorted(ps) for t, ps in sorted(out.items())}
+
+
+def _assignment(parts: Iterable[m.DescribedTopicPartitions]) -> dict[str, tuple[int, ...]]:
+    # The topic name; its id only when the coordinator no longer knows the topic.
+    return {(tp.topic_name or tp.topic_id): tuple(sorted(tp.partitions)) for tp in parts}
+
+
+def _description(row: m.DescribedGroup, coordinator: int) -> GroupDescription:
+    members = tuple(
+        GroupMember(
+            member_id=mb.member_id,
+            instance_id=mb.instance_id,
+            rack=mb.rack_id,
+            client_id=mb.client_id,
+            client_host=mb.client_host,
+            member_epoch=mb.member_epoch,
+            subscribed_topics=tuple(sorted(mb.subscribed_topic_names)),
+            assignment=_assignment(mb.assignment),
+            target=_assignment(mb.target_assignment),
+        )
+        for mb in sorted(row.members, key=lambda mb: mb.member_id)
+    )
+    return GroupDescription(
+        row.group_id,
+        row.group_state,
+        row.group_epoch,
+        row.assignment_epoch,
+        row.assignor_name,
+        coordinator,
+        members,
+    )
+
+
 __all__ = [
+    "EARLIEST",
+    "LATEST",
     "Admin",
     "AdminError",
     "ClusterDescription",
+    "CommittedOffset",
+    "GroupDescription",
+    "GroupLag",
+    "GroupListing",
+    "GroupMember",
+    "GroupResult",
     "NewTopic",
+    "PartitionLag",
     "PartitionResult",
     "ReassignmentStatus",
     "TopicDescription",

@@ -20,6 +20,11 @@ from typing import Any, TypeVar
 from rillet.client.admin import (
     Admin,
     ClusterDescription,
+    CommittedOffset,
+    GroupDescription,
+    GroupLag,
+    GroupListing,
+    GroupResult,
     NewTopic,
     PartitionResult,
     ReassignmentStatus,
@@ -214,6 +219,33 @@ class SyncAdmin(_SyncBase):
         self, targets: Mapping[tuple[str, int], Sequence[int]]
     ) -> list[ReassignmentStatus]:
         return self._run(self._client.list_partition_reassignments(dict(targets)))
+
+    def list_groups(self, states: Iterable[str] | None = None) -> list[GroupListing]:
+        return self._run(self._client.list_groups(None if states is None else list(states)))
+
+    def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
+        return self._run(self._client.describe_groups(list(group_ids)))
+
+    def list_group_offsets(
+        self, group: str, partitions: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], CommittedOffset]:
+        parts = None if partitions is None else list(partitions)
+        return self._run(self._client.list_group_offsets(group, parts))
+
+    def group_lag(self, group: str) -> GroupLag:
+        return self._run(self._client.group_lag(group))
+
+    def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self._run(self._client.alter_group_offsets(group, dict(offsets)))
+
+    def delete_groups(self, group_ids: Iterable[str]) -> list[GroupResult]:
+        return self._run(self._client.delete_groups(list(group_ids)))
+
+    def delete_group_offsets(self, group: str, partitions: Iterable[tuple[str, int]]) -> None:
+        self._run(self._client.delete_group_offsets(group, list(partitions)))
+
+    def list_offsets(self, specs: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        return self._run(self._client.list_offsets(dict(specs)))
 
 
 __all__ = ["SyncAdmin", "SyncConsumer", "SyncProducer"]
