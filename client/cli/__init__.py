@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import entry_points
 
 # Modules under rillet.client.cli that expose register(); each adds its own sub-command.
-CLIENT_COMMANDS = ["topic", "produce", "consume", "perf", "spark", "leader", "partition"]
+CLIENT_COMMANDS = ["topic", "produce", "consume", "perf", "spark", "leader", "partition", "group"]
 
 
 def build_parser() -> argparse.ArgumentParser:
