@@ -1,0 +1,235 @@
+"""Admin's group operations and `rillet group` against real controller and broker
+processes. Groups are made by RawMember (tests/group_members.py): heartbeats and
+commits sent by hand, as a group consumer would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from group_members import RawMember
+
+from rillet.client.admin import Admin, AdminError, NewTopic
+from rillet.client.producer import Producer
+from rillet.client.wire.errors import GroupIdNotFoundError, NonEmptyGroupError
+from rillet.tools.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.cluster
+
+GUARD_S = 120
+PARTITIONS = 3
+PER_PARTITION = (10, 7, 4)  # records produced to each partition
+COMMITTED = {("t", 0): 6, ("t", 1): 7}  # what the member commits (nothing for t-2)
+T0 = 1_700_000_000_000  # record timestamps: T0 + offset seconds
+
+
+@pytest.fixture
+def group_cluster(cluster_factory) -> Iterator[LocalCluster]:  # noqa: ANN001
+    # A small offsets topic: 50 partitions of RF 3 is only slower to create here.
+    yield cluster_factory(controllers=1, brokers=3, overrides={"offsets.topic.num.partitions": 5})
+
+
+async def setup_topic(bootstrap: str) -> None:
+    async with Admin(bootstrap) as admin:
+        await admin.create_topics([NewTopic("t", PARTITIONS, 3)])
+    async with Producer(bootstrap=bootstrap, acks="all") as producer:
+        for p, count in enumerate(PER_PARTITION):
+            for i in range(count):
+                producer.send("t", f"{p}-{i}".encode(), partition=p, timestamp=T0 + i * 1000)
+        await producer.flush()
+
+
+async def active_member(bootstrap: str, group: str) -> RawMember:
+    member = RawMember(bootstrap, group, ["t"], client_id="raw-1")
+    await member.join_until_owning(PARTITIONS)
+    await member.commit(COMMITTED)
+    return member
+
+
+async def admin_scenario(bootstrap: str) -> None:
+    await setup_topic(bootstrap)
+    member = await active_member(bootstrap, "g")
+    async with Admin(bootstrap) as admin:
+        listed = await admin.list_groups()
+        assert [(g.group_id, g.state.lower()) for g in listed] == [("g", "stable")]
+
+        (desc,) = await admin.describe_groups(["g"])
+        assert desc.state.lower() == "stable"
+        assert desc.group_epoch >= 1 and desc.assignment_epoch == desc.group_epoch
+        (mb,) = desc.members
+        assert (mb.member_id, mb.client_id, mb.member_epoch) == (
+            member.member_id,
+            "raw-1",
+            member.epoch,
+        )
+        assert mb.assignment == {"t": (0, 1, 2)} and mb.target == mb.assignment
+        assert mb.subscribed_topics == ("t",)
+
+        lag = await admin.group_lag("g")
+        rows = [
+            (p.partition, p.committed_offset, p.log_end_offset, p.lag, p.member.member_id)
+            for p in lag.partitions
+        ]
+        assert rows == [
+            (0, 6, 10, 4, member.member_id),
+            (1, 7, 7, 0, member.member_id),
+            (2, None, 4, None, member.member_id),
+        ]
+
+        with pytest.raises(AdminError) as raised:
+            await admin.alter_group_offsets("g", {("t", 0): 0})
+        assert isinstance(raised.value.errors["g"], NonEmptyGroupError)
+        assert "has active members; stop them first" in str(raised.value)
+        (refused,) = await admin.delete_groups(["g"])
+        assert isinstance(refused.error, NonEmptyGroupError)
+
+        await member.leave()
+        (desc,) = await admin.describe_groups(["g"])
+        assert desc.state.lower() == "empty" and desc.members == ()
+
+        await admin.alter_group_offsets("g", {("t", 0): 2, ("t", 2): 4})
+        got = await admin.list_group_offsets("g")
+        assert {tp: c.offset for tp, c in got.items()} == {
+            ("t", 0): 2,
+            ("t", 1): 7,
+            ("t", 2): 4,
+        }
+        await admin.delete_group_offsets("g", [("t", 1)])
+        assert ("t", 1) not in await admin.list_group_offsets("g")
+
+        (deleted,) = await admin.delete_groups(["g"])
+        assert deleted.ok, deleted.error
+        with pytest.raises(AdminError) as raised:
+            await admin.describe_groups(["g"])
+        assert isinstance(raised.value.errors["g"], GroupIdNotFoundError)
+    await member.close()
+
+
+def test_admin_group_operations(group_cluster: LocalCluster) -> None:
+    async def run() -> None:
+        await asyncio.wait_for(admin_scenario(group_cluster.bootstrap), GUARD_S)
+
+    asyncio.run(run())
+
+
+def rillet(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rillet.client.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=GUARD_S,
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def committed(cluster: LocalCluster, group: str) -> dict[str, int]:
+    (doc,) = json.loads(rillet(cluster, "group", "describe", group, "--json").stdout)["groups"]
+    return {
+        f"{p['topic']}-{p['partition']}": p["committed_offset"]
+        for p in doc["partitions"]
+        if p["committed_offset"] is not None
+    }
+
+
+def test_group_cli(group_cluster: LocalCluster) -> None:
+    bootstrap = group_cluster.bootstrap
+    asyncio.run(setup_topic(bootstrap))
+    member = asyncio.run(active_member(bootstrap, "app"))
+
+    listed = json.loads(rillet(group_cluster, "group", "list", "--json").stdout)["groups"]
+    assert [g["group_id"] for g in listed] == ["app"]
+    (doc,) = json.loads(rillet(group_cluster, "group", "describe", "app", "--json").stdout)[
+        "groups"
+    ]
+    assert [
+        (p["partition"], p["committed_offset"], p["log_end_offset"], p["lag"])
+        for p in doc["partitions"]
+    ] == [
+        (0, 6, 10, 4),
+        (1, 7, 7, 0),
+        (2, None, 4, None),
+    ]
+    assert doc["total_lag"] == 4 and len(doc["members"]) == 1
+    human = rillet(group_cluster, "group", "describe", "app").stdout
+    assert "LOG-END-OFFSET" in human and member.member_id in human
+
+    # Refused, dry run or not, while the member is there.
+    for extra in ([], ["--execute"]):
+        refused = rillet(
+            group_cluster,
+            "group",
+            "reset-offsets",
+            "app",
+            "--all-topics",
+            "--to-earliest",
+            *extra,
+            ok=False,
+        )
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert "group 'app' has active members; stop them first" in refused.stderr
+    gone = rillet(group_cluster, "group", "delete", "app", ok=False)
+    assert gone.returncode == 1 and "has active members" in gone.stderr
+
+    async def leave() -> None:
+        await member.leave()
+        await member.close()
+
+    asyncio.run(leave())
+    before = committed(group_cluster, "app")
+    assert before == {"t-0": 6, "t-1": 7}
+    dry = rillet(group_cluster, "group", "reset-offsets", "app", "--topic", "t", "--to-earliest")
+    assert "Dry run" in dry.stdout and committed(group_cluster, "app") == before
+
+    def reset(*mode: str) -> dict[str, int]:
+        rillet(group_cluster, "group", "reset-offsets", "app", "--topic", "t", *mode, "--execute")
+        return committed(group_cluster, "app")
+
+    assert reset("--to-earliest") == {"t-0": 0, "t-1": 0, "t-2": 0}
+    assert reset("--to-latest") == {"t-0": 10, "t-1": 7, "t-2": 4}
+    assert reset("--shift-by", "-5") == {"t-0": 5, "t-1": 2, "t-2": 0}
+    assert reset("--to-offset", "8") == {"t-0": 8, "t-1": 7, "t-2": 4}
+    assert reset("--to-current") == {"t-0": 8, "t-1": 7, "t-2": 4}
+    # Record i of each partition is stamped T0 + i s: T0 + 5 s is offset 5, where there
+    # is one; partition 2's last record is older, so its log end.
+    when = "2023-11-14T22:13:25+00:00"  # T0 + 5 s
+    assert reset("--to-datetime", when) == {"t-0": 5, "t-1": 5, "t-2": 4}
+
+    out = json.loads(
+        rillet(
+            group_cluster,
+            "group",
+            "reset-offsets",
+            "app",
+            "--topic",
+            "t:1",
+            "--to-offset",
+            "1",
+            "--json",
+        ).stdout
+    )
+    assert out["executed"] is False and out["partitions"][0]["new_offset"] == 1
+
+    deleted = json.loads(rillet(group_cluster, "group", "delete", "app", "--json").stdout)
+    assert deleted == {"results": [{"group_id": "app", "error": "NONE", "message": None}]}
+    missing = rillet(group_cluster, "group", "describe", "app", ok=False)
+    assert missing.returncode == 1 and "group 'app' does not exist" in missing.stderr
+    unknown_topic = rillet(
+        group_cluster,
+        "group",
+        "reset-offsets",
+        "app",
+        "--topic",
+        "nope",
+        "--to-earliest",
+        ok=False,
+    )
+    assert unknown_topic.returncode == 1 and "'nope' does not exist" in unknown_topic.stderr
