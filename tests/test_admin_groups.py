@@ -9,9 +9,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_groups import FakeGroupCluster, member
+from fake_groups import FakeGroupCluster, member, threaded_cluster
 
 from rillet.client.admin import Admin, AdminError
+from rillet.client.sync import SyncAdmin
 from rillet.client.wire.errors import (
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
@@ -210,3 +211,20 @@ async def test_list_offsets_by_spec_and_unknown_topics(
         await admin.list_offsets({("nope", 0): -1, ("t", 5): -1})
     assert set(raised.value.errors) == {"nope", "t-5"}
     assert all(isinstance(e, UnknownTopicOrPartitionError) for e in raised.value.errors.values())
+
+
+def test_sync_admin_forwards_the_group_operations() -> None:
+    for fake in threaded_cluster():  # its own loop: SyncAdmin blocks the calling thread
+        fake.call(lambda c: c.create("t", 1))
+        with SyncAdmin(fake.cluster.bootstrap, timeout_ms=2_000) as admin:
+            admin.alter_group_offsets("g", {("t", 0): 0})
+            assert [g.group_id for g in admin.list_groups()] == ["g"]
+            assert admin.describe_groups(["g"])[0].state == "Empty"
+            assert {tp: c.offset for tp, c in admin.list_group_offsets("g").items()} == {
+                ("t", 0): 0
+            }
+            assert admin.group_lag("g").partitions[0].lag == 0
+            assert admin.list_offsets({("t", 0): -1}) == {("t", 0): 0}
+            admin.delete_group_offsets("g", [("t", 0)])
+            assert admin.list_group_offsets("g") == {}
+            assert [r.ok for r in admin.delete_groups(["g"])] == [True]
