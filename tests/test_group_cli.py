@@ -167,10 +167,11 @@ def test_topic_specs_expand_to_partitions() -> None:
 
 
 def test_table_shows_missing_values_as_dashes() -> None:
-    assert format_table(("A", "LONGER"), [(1, None), ("xyz", 2)]).splitlines() == [
+    assert format_table(("A", "LONGER"), [(1, None), ("xyz", 2), ("", 0)]).splitlines() == [
         "A    LONGER",
         "1    -",
         "xyz  2",
+        "-    0",
     ]
 
 

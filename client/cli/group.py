@@ -280,8 +280,9 @@ def expand_topics(
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Left-aligned columns two spaces apart; None shows as '-', as Kafka's tool does."""
-    cells = [[h for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    """Left-aligned columns two spaces apart; None or empty shows as '-', as Kafka's
+    tool does, so every row has every column."""
+    cells = [list(headers)] + [["-" if c is None or c == "" else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
