@@ -78,6 +78,14 @@ async def admin_scenario(bootstrap: str) -> None:
             (1, 7, 7, 0, member.member_id),
             (2, None, 4, None, member.member_id),
         ]
+        # More records: the lag follows the log end.
+        async with Producer(bootstrap=bootstrap, acks="all") as producer:
+            for i in range(5):
+                producer.send("t", b"more", partition=1, timestamp=T0 + (7 + i) * 1000)
+            await producer.flush()
+        lag = await admin.group_lag("g")
+        assert [(p.log_end_offset, p.lag) for p in lag.partitions][1] == (12, 5)
+        assert lag.total_lag == 9
 
         with pytest.raises(AdminError) as raised:
             await admin.alter_group_offsets("g", {("t", 0): 0})
