@@ -228,3 +228,15 @@ def test_sync_admin_forwards_the_group_operations() -> None:
             admin.delete_group_offsets("g", [("t", 0)])
             assert admin.list_group_offsets("g") == {}
             assert [r.ok for r in admin.delete_groups(["g"])] == [True]
+
+
+async def test_describe_looks_up_again_when_the_coordinator_is_gone(
+    fake: FakeGroupCluster, admin: Admin
+) -> None:
+    fake.group("a").coordinator = 2
+    (d,) = await admin.describe_groups(["a"])
+    assert d.coordinator == 2
+    await fake.stop_broker(2)  # the connection to it breaks; its partitions move to 3
+    fake.groups["a"].coordinator = 3
+    (d,) = await asyncio.wait_for(admin.describe_groups(["a"]), GUARD_S)
+    assert d.coordinator == 3

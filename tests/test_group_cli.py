@@ -379,3 +379,15 @@ def test_to_datetime_reads_offsets_by_time(
     )
     # The fake answers any time lookup with the log end.
     assert code == 0 and json.loads(out)["partitions"][0]["new_offset"] == 10
+
+
+def test_an_unreachable_cluster_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (
+        ["list"],
+        ["describe", "g"],
+        ["reset-offsets", "g", "--all-topics", "--to-earliest"],
+        ["delete", "g"],
+    ):
+        assert main(["group", *args, "--bootstrap", "127.0.0.1:1"]) == 1, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: NETWORK_EXCEPTION") and err.count("\n") == 1, err
