@@ -337,9 +337,11 @@ class PartitionLag:
 
     @property
     def lag(self) -> int | None:
+        """Log end minus committed; below 0 only for a commit past the log end (say, of
+        a topic deleted and created again), shown rather than hidden."""
         if self.committed_offset is None or self.log_end_offset is None:
             return None
-        return max(0, self.log_end_offset - self.committed_offset)
+        return self.log_end_offset - self.committed_offset
 
     def as_dict(self) -> dict[str, Any]:
         mb = self.member

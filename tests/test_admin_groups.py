@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from fake_groups import FakeGroupCluster, member, threaded_cluster
 
-from rillet.client.admin import Admin, AdminError
+from rillet.client.admin import Admin, AdminError, PartitionLag
 from rillet.client.sync import SyncAdmin
 from rillet.client.wire.errors import (
     GroupIdNotFoundError,
@@ -240,3 +240,10 @@ async def test_describe_looks_up_again_when_the_coordinator_is_gone(
     fake.groups["a"].coordinator = 3
     (d,) = await asyncio.wait_for(admin.describe_groups(["a"]), GUARD_S)
     assert d.coordinator == 3
+
+
+def test_lag_is_log_end_minus_commit_even_past_the_end() -> None:
+    assert PartitionLag("t", 0, 4, 10).lag == 6
+    assert PartitionLag("t", 0, 12, 10).lag == -2  # a commit past the log end: shown
+    assert PartitionLag("t", 0, None, 10).lag is None
+    assert PartitionLag("t", 0, 3, None).lag is None
