@@ -367,7 +367,8 @@ class GroupLag:
 
     @property
     def total_lag(self) -> int:
-        return sum(p.lag or 0 for p in self.partitions)
+        """Records behind, over all partitions (a negative lag counts as none)."""
+        return sum(max(p.lag or 0, 0) for p in self.partitions)
 
     def as_dict(self) -> dict[str, Any]:
         return {
