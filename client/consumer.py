@@ -20,19 +20,23 @@
   back to the leader at the same position, with a metadata refresh) or the choice is
   ``metadata_max_age_ms`` old (then the leader is asked again), as Kafka's consumer does.
 
-Consumer groups come later: ``group_id`` and the ``_assignor`` seam (a callable from the
-subscribed topics' metadata to this member's partitions) are where they plug in; today
-the assignor takes every partition of the subscribed topics.
+Consumer groups (``group_id``): the partitions come from the group's coordinator
+(KIP-848), driven by ``GroupDriver`` (client/group_consumer.py); positions of newly
+assigned partitions start at the group's committed offsets; ``commit``/``committed``
+and auto-commit store them. Without a group the ``_assignor`` takes every partition of
+the subscribed topics. A ``pattern`` subscription is matched against the cluster's
+topics here, on the client, and matched again on every metadata refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, NO_LEADER, ClusterMetadata, MetadataClient
@@ -44,6 +48,9 @@ from rillet.client.wire.errors import (
     RilletError,
     error_for,
 )
+
+if TYPE_CHECKING:
+    from rillet.client.group_consumer import GroupDriver, RebalanceListener
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +119,9 @@ class Consumer:
 
     def __init__(
         self,
-        topics: Iterable[str] | str | None = None,
+        topics: Iterable[str] | str | re.Pattern[str] | None = None,
         *,
+        pattern: str | re.Pattern[str] | None = None,
         assignment: Iterable[tuple[str, int]] | None = None,
         bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP,
         from_beginning: bool = False,
@@ -129,14 +137,28 @@ class Consumer:
         metadata_max_age_ms: int = 300_000,
         client_id: str = "rillet-consumer",
         group_id: str | None = None,
+        group_instance_id: str | None = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5_000,
+        session_timeout_ms: int = 45_000,
+        max_poll_interval_ms: int = 300_000,
+        group_remote_assignor: str | None = None,
+        rebalance_listener: RebalanceListener | None = None,
         metadata: MetadataClient | None = None,
     ) -> None:
+        if isinstance(topics, re.Pattern):
+            topics, pattern = None, topics
         if isinstance(topics, str):
             topics = [topics]
-        if (topics is None) == (assignment is None):
-            raise ValueError("give either topics or an assignment")
-        if group_id is not None:
-            raise NotImplementedError("consumer groups are not implemented yet")
+        self._pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
+        if self._pattern is not None and topics is not None:
+            raise ValueError("give either topics or a pattern")
+        if ((topics is None and self._pattern is None) + (assignment is None)) != 1:
+            raise ValueError("give either topics (or a pattern) or an assignment")
+        if group_id is not None and assignment is not None:
+            raise ValueError("a group consumer gets its partitions from the group, not assignment")
+        if group_id == "":
+            raise ValueError("group_id must not be empty")
         reset = auto_offset_reset or ("earliest" if from_beginning else "latest")
         if reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -146,6 +168,8 @@ class Consumer:
         self._start_at = EARLIEST if from_beginning or reset == "earliest" else LATEST
         self.group_id = group_id
         self._subscription = list(topics) if topics is not None else None
+        if self._pattern is not None:
+            self._subscription = []  # matched against the cluster's topics at start
         self._assigned = [TopicPartition(*tp) for tp in assignment or ()]
         self._assignor: Assignor = assign_all
         self.fetch_max_bytes = fetch_max_bytes
@@ -183,6 +207,21 @@ class Consumer:
         self._error: BaseException | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._group: GroupDriver | None = None
+        if group_id is not None:
+            from rillet.client.group_consumer import GroupDriver
+
+            self._group = GroupDriver(
+                self,
+                group_id,
+                instance_id=group_instance_id,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=max_poll_interval_ms,
+                server_assignor=group_remote_assignor,
+                enable_auto_commit=enable_auto_commit,
+                auto_commit_interval_ms=auto_commit_interval_ms,
+                listener=rebalance_listener,
+            )
         self.stats = {"fetches": 0, "records": 0, "bytes": 0}
         self.bytes_by_node: dict[int, int] = {}  # fetched record bytes per broker answering
 
@@ -190,8 +229,17 @@ class Consumer:
 
     async def start(self) -> Consumer:
         """Learn metadata, the assignment and the starting positions."""
+        if self._pattern is not None:
+            self._meta.all_topics = True
+            self._subscription = self._matching(await self._meta.refresh(force=True))
         topics = self._subscription or sorted({tp.topic for tp in self._assigned})
         await self._meta.wait_for_topics(topics, self.metadata_wait_ms)
+        if self._group is not None:
+            assert self._subscription is not None
+            self._meta.listeners.append(self._on_metadata)
+            self._group.start(self._subscription)
+            self._task = asyncio.ensure_future(self._fetch_loop())
+            return self
         if self._subscription is not None:
             self._assigned = self._assignor(self._meta.snapshot, self._subscription)
             self._meta.listeners.append(self._on_metadata)
@@ -210,8 +258,12 @@ class Consumer:
         await self.close()
 
     async def close(self) -> None:
+        """Stop; a group consumer first commits (when auto-committing) and leaves the
+        group (a static member's partitions wait for it for the session timeout)."""
         if self._closed:
             return
+        if self._group is not None and self._task is not None:
+            await self._group.close(self.request_timeout_ms / 1000)
         self._closed = True
         tasks = [t for t in (self._task, *self._fetchers.values()) if t is not None]
         for task in tasks:
@@ -227,8 +279,25 @@ class Consumer:
             if not 0 <= tp.partition < len(parts):
                 raise error_for(3, f"{tp.topic} has no partition {tp.partition}")
 
+    def _matching(self, snapshot: ClusterMetadata) -> list[str]:
+        """The cluster's topics the pattern matches (internal ones never)."""
+        assert self._pattern is not None
+        return sorted(
+            t for t in snapshot.topics if not t.startswith("__") and self._pattern.fullmatch(t)
+        )
+
     def _on_metadata(self, snapshot: ClusterMetadata) -> None:
         if self._subscription is None or self._closed:
+            return
+        if self._pattern is not None:
+            matching = self._matching(snapshot)
+            if matching != self._subscription:
+                self._subscription = matching
+                self._meta.add_topics(matching)
+                if self._group is not None:
+                    self._group.subscribe(matching)
+        if self._group is not None:
+            self._group.on_metadata()
             return
         current = set(self._assigned)
         new = [tp for tp in self._assignor(snapshot, self._subscription) if tp not in current]
@@ -242,7 +311,47 @@ class Consumer:
     # --- the application's side ----------------------------------------------------
 
     def assignment(self) -> set[TopicPartition]:
+        """The partitions being consumed (a group consumer's follow the group)."""
         return set(self._assigned)
+
+    async def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit the positions of records already returned (no argument), or the given
+        ``{TopicPartition: offset}`` (the offset of the next record to read). Returns
+        once the group's offsets partition holds them."""
+        await self._require_group().commit(
+            None if offsets is None else {TopicPartition(*tp): o for tp, o in offsets.items()}
+        )
+
+    async def committed(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets (None where it committed none)."""
+        return await self._require_group().committed(TopicPartition(*tp) for tp in partitions)
+
+    def _require_group(self) -> GroupDriver:
+        if self._group is None:
+            raise ValueError("commits need a group_id")
+        if self._task is None:
+            raise RuntimeError("consumer not started")
+        return self._group
+
+    def _add_partitions(self, tps: Iterable[TopicPartition]) -> None:
+        """Group assignment: start fetching (positions are set)."""
+        have = set(self._assigned)
+        self._assigned += sorted(tp for tp in tps if tp not in have)
+        self._wakeup.set()
+
+    def _drop_partitions(self, tps: set[TopicPartition]) -> None:
+        """Group revocation or loss: stop fetching and handing out these partitions."""
+        if not tps:
+            return
+        self._assigned = [tp for tp in self._assigned if tp not in tps]
+        for tp in tps:
+            self._positions.pop(tp, None)
+            self._fetch_positions.pop(tp, None)
+            self._preferred.pop(tp, None)
+            self._generations[tp] = self._generations.get(tp, 0) + 1  # drops buffered data
+        self._wakeup.set()
 
     def position(self, tp: tuple[str, int]) -> int:
         """The offset of the next record ``getmany`` will return for ``tp``."""
@@ -272,6 +381,8 @@ class Consumer:
         """Records fetched so far, waiting up to ``timeout_ms`` for the first ones."""
         if self._task is None:
             raise RuntimeError("consumer not started")
+        if self._group is not None:
+            self._group.check_lease()
         if not self._buffer and self._error is None and timeout_ms > 0:
             self._data.clear()
             try:
@@ -282,6 +393,8 @@ class Consumer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        if self._group is not None:
+            self._group.check_lease()  # the wait may have outlasted it
         return self._drain(max_records if max_records is not None else 1 << 62)
 
     def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
@@ -290,6 +403,9 @@ class Consumer:
             f = self._buffer[0]
             if f.generation != self._generations.get(f.tp, 0):
                 self._pop_fetched()  # a seek made it stale
+                continue
+            if self._group is not None and f.tp in self._group.revoking:
+                self._pop_fetched()  # being revoked: its committed position is final
                 continue
             if f.pos == 0 and limit >= len(f.records):
                 take = f.records  # the common case: hand over the list, no copy
@@ -419,8 +535,9 @@ class Consumer:
         snap = self._meta.snapshot
         by_node: dict[int, list[TopicPartition]] = {}
         missing = False
+        revoking = self._group.revoking if self._group is not None else ()
         for tp in self._assigned:
-            if tp in self._in_flight or tp not in self._positions:
+            if tp in self._in_flight or tp not in self._positions or tp in revoking:
                 continue
             if self._buffered_chunks.get(tp, 0) > 1:
                 continue  # one chunk being consumed and one fetched ahead: enough

@@ -18,6 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--offset", type=int, help="start offset (needs --partition)")
     parser.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
     parser.add_argument("--print-key", action="store_true", help="print key<TAB>value")
+    parser.add_argument(
+        "--group",
+        help="consume as a member of this consumer group: partitions come from the group, "
+        "positions start at its committed offsets (else --from-beginning or the end), and "
+        "what was printed is committed as it goes and on exit",
+    )
     add_bootstrap(parser)
     parser.set_defaults(func=cmd_consume)
 
@@ -31,6 +37,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     if args.offset is not None and args.partition is None:
         raise SystemExit("error: --offset needs --partition")
+    if args.group is not None and args.partition is not None:
+        raise SystemExit("error: --group gets its partitions from the group, not --partition")
 
     async def main() -> int:
         kwargs = {
@@ -40,6 +48,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
         }
         if args.partition is not None:
             consumer = Consumer(assignment=[(args.topic, args.partition)], **kwargs)
+        elif args.group is not None:
+            # Auto-commit covers the run; close commits what was printed last.
+            consumer = Consumer(
+                args.topic, group_id=args.group, auto_commit_interval_ms=1_000, **kwargs
+            )
         else:
             consumer = Consumer(args.topic, **kwargs)
         async with consumer:
