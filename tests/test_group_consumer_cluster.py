@@ -6,6 +6,12 @@ added, and the coordinator's broker killed while consuming and committing."""
 from __future__ import annotations
 
 import asyncio
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +20,10 @@ from helpers import wait_until_async
 from rillet.client.admin import Admin, NewTopic
 from rillet.client.consumer import Consumer, TopicPartition
 from rillet.client.group_consumer import CommitFailedError, NoOffsetForPartitionError
+from rillet.client.group_coordinator import CoordinatorClient, find_coordinators
 from rillet.client.producer import Producer
+from rillet.client.wire import errors
+from rillet.client.wire import messages as m
 
 pytestmark = pytest.mark.cluster
 
@@ -138,3 +147,200 @@ def test_no_committed_offset_with_reset_none_is_a_clear_error(cluster_factory: A
             await wait_until_async(raised, timeout=30)
 
     asyncio.run(main())
+
+
+# --- consumers in separate processes -------------------------------------------------
+
+MEMBER = Path(__file__).parent / "group_member.py"
+PROC_SESSION_MS = 6_000
+
+
+class Member:
+    """tests/group_member.py in its own process; its events as they are printed."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER), bootstrap, topic, group, str(PROC_SESSION_MS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.events: list[dict[str, Any]] = []
+        self.values: list[str] = []
+        self.partition_of: dict[str, int] = {}
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+
+    def poll(self) -> int:
+        """Take what the process printed; the number of values it consumed."""
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return len(self.values)
+            event = json.loads(line)
+            if "records" in event:
+                self.values += [v for _, _, v in event["records"]]
+                self.partition_of.update((v, p) for p, _, v in event["records"])
+            else:
+                self.events.append(event)
+
+    @property
+    def owned(self) -> set[int]:
+        self.poll()
+        owned: set[int] = set()
+        for e in self.events:
+            owned |= set(e.get("assigned", ()))
+            owned -= set(e.get("revoked", ())) | set(e.get("lost", ()))
+        return owned
+
+    def revoked_since(self, index: int) -> set[int]:
+        self.poll()
+        return {p for e in self.events[index:] for p in e.get("revoked", ())}
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.poll()
+
+
+def test_members_in_processes_survive_kills_joins_and_a_coordinator_failover(
+    cluster_factory: Any,
+) -> None:
+    broker = {
+        "broker.heartbeat.interval.ms": 250,
+        "replica.fetch.wait.max.ms": 200,
+        "replica.lag.time.max.ms": 2_000,
+        "offsets.topic.replication.factor": 3,
+        **GROUP_SETTINGS,
+        "group.consumer.session.timeout.ms": PROC_SESSION_MS,
+    }
+    overrides: dict[int, dict[str, Any]] = {b: dict(broker) for b in (1, 2, 3)}
+    overrides[101] = {"broker.session.timeout.ms": 2_500, "broker.heartbeat.interval.ms": 250}
+    cluster = cluster_factory(controllers=1, brokers=3, node_overrides=overrides)
+    bs = cluster.bootstrap
+    members: list[Member] = []
+    produced = 0
+
+    def everything_consumed() -> bool:
+        seen: set[str] = set()
+        for mem in members:
+            mem.poll()
+            seen.update(mem.values)
+        return seen >= {str(i) for i in range(produced)}
+
+    def duplicates() -> dict[str, int]:
+        """Values consumed more than once -> their partition."""
+        counts: dict[str, int] = {}
+        where: dict[str, int] = {}
+        for mem in members:
+            mem.poll()
+            for v in mem.values:
+                counts[v] = counts.get(v, 0) + 1
+            where.update(mem.partition_of)
+        return {v: where[v] for v, n in counts.items() if n > 1}
+
+    async def produce_more(n: int) -> None:
+        nonlocal produced
+        async with Producer(bs, retry_backoff_ms=50, acks="all") as producer:
+            for i in range(produced, produced + n):
+                await producer.send("t", str(i).encode(), key=str(i).encode())
+            await producer.flush()
+        produced += n
+
+    async def committed_total() -> int:
+        async with Admin(bs) as admin:
+            client = CoordinatorClient(admin._meta, "g")  # type: ignore[attr-defined]
+            request = m.OffsetFetchRequest([m.OffsetFetchGroup("g", None, -1, None)])
+            response = await client.call(request, lambda r: 0, timeout_ms=30_000)
+            return sum(p.committed_offset for t in response.groups[0].topics for p in t.partitions)
+
+    async def main() -> None:
+        async with Admin(bs) as admin:
+            await admin.create_topics([NewTopic("t", 6, 3, {"min.insync.replicas": "2"})])
+        await produce_more(300)
+        members.extend(Member(bs, "t", "g") for _ in range(3))
+
+        def shares(ms: list[Member], sizes: list[int]) -> bool:
+            owned = [mem.owned for mem in ms]
+            union = set().union(*owned)
+            return sorted(map(len, owned)) == sizes and union == set(range(6))
+
+        await wait_until_async(lambda: shares(members, [2, 2, 2]), timeout=60)
+        await wait_until_async(everything_consumed, timeout=60)
+
+        # kill -9 one member: after the session timeout the others take its partitions
+        # and consume everything, including what it had not committed.
+        assert duplicates() == {}
+        victim = members[2]
+        victim_partitions = victim.owned
+        victim.kill()
+        await produce_more(120)
+        await wait_until_async(lambda: shares(members[:2], [3, 3]), timeout=60)
+        await wait_until_async(everything_consumed, timeout=60)
+        # Read twice only what the victim had read and not committed.
+        assert set(duplicates().values()) <= victim_partitions
+        after_kill = duplicates()
+
+        # A fourth member joins: the others give up only what moves to it.
+        marks = [len(mem.events) for mem in members[:2]]
+        before = [mem.owned for mem in members[:2]]
+        members.append(Member(bs, "t", "g"))
+        live = [members[0], members[1], members[3]]
+        await wait_until_async(lambda: shares(live, [2, 2, 2]), timeout=60)
+        for mem, mark, had in zip(members[:2], marks, before, strict=True):
+            kept = had & mem.owned
+            assert kept and not (mem.revoked_since(mark) & kept)
+        await produce_more(120)
+        await wait_until_async(everything_consumed, timeout=60)
+        assert duplicates() == after_kill  # revocation committed first: no re-reads
+
+        # kill -9 the broker leading the group's offsets partition while producing:
+        # consuming and committing go on at the new coordinator, nothing is lost.
+        async with Admin(bs) as admin:
+            old = (await find_coordinators(admin._meta, ["g"]))["g"].node_id  # type: ignore[attr-defined]
+        before_kill = await committed_total()
+        cluster.stop_node(old, kill=True)
+        await produce_more(120)
+        await wait_until_async(everything_consumed, timeout=90)
+
+        async def commits_moved_on() -> bool:
+            try:
+                return await committed_total() > before_kill
+            except errors.RilletError:
+                return False
+
+        await wait_until_async(commits_moved_on, timeout=60)
+        cluster.start_node(old)
+
+        # Every member closes (commits, leaves); a new one continues after the commits.
+        for mem in live:
+            mem.close()
+        assert all({"closed": True} in mem.events for mem in live)
+        await produce_more(10)
+        last = Member(bs, "t", "g")
+        members.append(last)
+        await wait_until_async(lambda: last.poll() >= 10, timeout=60)
+        last.close()
+        assert sorted(map(int, last.values)) == list(range(produced - 10, produced))
+
+    try:
+        asyncio.run(main())
+    finally:
+        for mem in members:
+            if mem.proc.poll() is None:
+                mem.kill()
