@@ -183,6 +183,7 @@ class Consumer:
         # How long a preferred read replica is used before the leader is asked again
         # (Kafka ties it to metadata.max.age.ms too).
         self.preferred_max_age_s = metadata_max_age_ms / 1000
+        self.metadata_max_age_s = metadata_max_age_ms / 1000
         self._meta = metadata or MetadataClient(
             bootstrap,
             client_id=client_id,
@@ -206,6 +207,7 @@ class Consumer:
         self._data = asyncio.Event()  # getmany: records arrived or an error is waiting
         self._error: BaseException | None = None
         self._task: asyncio.Task | None = None
+        self._metadata_task: asyncio.Task | None = None
         self._closed = False
         self._group: GroupDriver | None = None
         if group_id is not None:
@@ -234,6 +236,8 @@ class Consumer:
             self._subscription = self._matching(await self._meta.refresh(force=True))
         topics = self._subscription or sorted({tp.topic for tp in self._assigned})
         await self._meta.wait_for_topics(topics, self.metadata_wait_ms)
+        if self._pattern is not None:
+            self._metadata_task = asyncio.ensure_future(self._metadata_loop())
         if self._group is not None:
             assert self._subscription is not None
             self._meta.listeners.append(self._on_metadata)
@@ -265,7 +269,9 @@ class Consumer:
         if self._group is not None and self._task is not None:
             await self._group.close(self.request_timeout_ms / 1000)
         self._closed = True
-        tasks = [t for t in (self._task, *self._fetchers.values()) if t is not None]
+        tasks = [
+            t for t in (self._task, self._metadata_task, *self._fetchers.values()) if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -278,6 +284,16 @@ class Consumer:
             parts = snap.topics.get(tp.topic, ())
             if not 0 <= tp.partition < len(parts):
                 raise error_for(3, f"{tp.topic} has no partition {tp.partition}")
+
+    async def _metadata_loop(self) -> None:
+        """A pattern subscription: look for new (or deleted) matching topics every
+        metadata_max_age_ms, as Kafka's consumer does."""
+        while True:
+            await asyncio.sleep(self.metadata_max_age_s)
+            try:
+                await self._meta.refresh(force=True)
+            except RilletError as e:
+                log.info("metadata refresh failed: %r", e)
 
     def _matching(self, snapshot: ClusterMetadata) -> list[str]:
         """The cluster's topics the pattern matches (internal ones never)."""

@@ -151,6 +151,7 @@ class GroupDriver:
         self._wakeup = asyncio.Event()
         self._answered = asyncio.Event()  # a heartbeat was answered (epochs may have moved)
         self._left = asyncio.Event()
+        self._leaving = False
         self._commit_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._heartbeat_task: asyncio.Task | None = None
@@ -169,9 +170,8 @@ class GroupDriver:
 
     async def close(self, timeout_s: float) -> None:
         """Revoke everything (committing when auto-committing), leave the group, stop."""
+        self._leaving = True
         self.apply(self.machine.leave(_now_ms()))
-        if self.machine.state is State.UNSUBSCRIBED:
-            self._left.set()
         try:
             async with asyncio.timeout(timeout_s):
                 await self._left.wait()
@@ -214,7 +214,7 @@ class GroupDriver:
                 self._left.set()
             else:
                 self._work.put_nowait(effect)
-        if self.machine.state is State.UNSUBSCRIBED and self.machine.owned == {}:
+        if self._leaving and self.machine.state in (State.UNSUBSCRIBED, State.FATAL):
             self._left.set()
         if self.machine.unresolved_topics:
             self.consumer._refresh_later()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -344,3 +345,96 @@ def test_members_in_processes_survive_kills_joins_and_a_coordinator_failover(
         for mem in members:
             if mem.proc.poll() is None:
                 mem.kill()
+
+
+def test_pattern_static_member_and_deleted_topic(cluster_factory: Any) -> None:
+    cluster = group_cluster(cluster_factory)
+
+    async def main() -> None:
+        bs = cluster.bootstrap
+        async with Admin(bs) as admin:
+            await admin.create_topics([NewTopic("p.a", 1, 1), NewTopic("other", 1, 1)])
+            async with Consumer(
+                pattern=r"p\..*",
+                bootstrap=bs,
+                group_id="pg",
+                session_timeout_ms=SESSION_MS,
+                metadata_max_age_ms=500,  # the pattern is matched again on each refresh
+                retry_backoff_ms=50,
+            ) as c:
+
+                async def owns(tps: set[TopicPartition]) -> bool:
+                    await c.getmany(timeout_ms=20)
+                    return c.assignment() == tps
+
+                await wait_until_async(lambda: owns({TopicPartition("p.a", 0)}), timeout=30)
+                # A new matching topic joins the subscription.
+                await admin.create_topics([NewTopic("p.b", 1, 1)])
+                both = {TopicPartition("p.a", 0), TopicPartition("p.b", 0)}
+                await wait_until_async(lambda: owns(both), timeout=30)
+                await c.commit({TopicPartition("p.b", 0): 0})
+                # A deleted topic: its partition leaves the group; committing it is
+                # refused with a clear error, before or after the group noticed.
+                await admin.delete_topics(["p.b"])
+                with pytest.raises(CommitFailedError, match="not assigned|does not exist"):
+                    await c.commit({TopicPartition("p.b", 0): 1})
+                await wait_until_async(lambda: owns({TopicPartition("p.a", 0)}), timeout=30)
+
+            # Static members: one restarting within the session timeout takes its
+            # partitions back with no rebalance for the other.
+            await admin.create_topics([NewTopic("s", 2, 1)])
+            other = consumer(bs, "s", "sg", group_instance_id="other")
+            await other.start()
+            revoked: list[set[TopicPartition]] = []
+
+            class Listener:
+                def on_partitions_revoked(self, tps: set[TopicPartition]) -> None:
+                    revoked.append(tps)
+
+            async def balanced(c: Consumer) -> bool:
+                await c.getmany(timeout_ms=20)
+                await other.getmany(timeout_ms=20)
+                return len(c.assignment()) == 1 and len(other.assignment()) == 1
+
+            other._group.listener = Listener()  # type: ignore[union-attr]
+            first = consumer(bs, "s", "sg", group_instance_id="restarting")
+            await first.start()
+            await wait_until_async(lambda: balanced(first), timeout=30)
+            kept = first.assignment()
+            revoked.clear()
+            await first.close()  # leaves with epoch -2: its partition waits for it
+            second = consumer(bs, "s", "sg", group_instance_id="restarting")
+            await second.start()
+            await wait_until_async(lambda: balanced(second), timeout=30)
+            assert second.assignment() == kept and revoked == []
+            await second.close()
+            await other.close()
+
+    asyncio.run(main())
+
+
+def test_cli_consume_group_commits_and_continues(cluster_factory: Any) -> None:
+    cluster = group_cluster(cluster_factory)
+
+    async def setup() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([NewTopic("c", 2, 1)])
+        await produce(cluster.bootstrap, "c", 10)
+
+    asyncio.run(setup())
+
+    def consume(n: int) -> list[int]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rillet.client.cli", "consume", "c", "--group", "cg"]
+            + ["--from-beginning", "--max-messages", str(n), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap},
+        )
+        assert proc.returncode == 0, proc.stderr
+        return [int(json.loads(line)["value"]) for line in proc.stdout.splitlines()]
+
+    first = consume(4)
+    second = consume(6)
+    assert len(first) == 4 and sorted(first + second) == list(range(10))
