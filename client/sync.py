@@ -13,6 +13,7 @@ cross threads, so ``SyncProducer.send_many`` (one crossing per list) is the fast
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -122,9 +123,13 @@ class SyncProducer(_SyncBase):
 
 
 class SyncConsumer(_SyncBase):
-    """``Consumer`` with blocking calls; iterate it for records."""
+    """``Consumer`` with blocking calls; iterate it for records. With ``group_id`` it is a
+    group member; a ``rebalance_listener``'s methods then run on the facade's event loop
+    thread (they may be sync or async)."""
 
-    def __init__(self, topics: Iterable[str] | str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, topics: Iterable[str] | str | re.Pattern[str] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__("rillet-sync-consumer")
 
         async def make() -> Consumer:
@@ -164,7 +169,17 @@ class SyncConsumer(_SyncBase):
         return self._run(position())
 
     def assignment(self) -> set[TopicPartition]:
-        return self._client.assignment()
+        async def assignment() -> set[TopicPartition]:
+            return self._client.assignment()
+
+        return self._run(assignment())
+
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit the positions of records already returned, or ``offsets``."""
+        self._run(self._client.commit(offsets))
+
+    def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int | None]:
+        return self._run(self._client.committed(list(partitions)))
 
     def end_offsets(self, tps: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
         return self._run(self._client.end_offsets(list(tps)))

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until_async
+from helpers import wait_until, wait_until_async
 
 from rillet.client.admin import Admin, NewTopic
 from rillet.client.consumer import Consumer, TopicPartition
 from rillet.client.group_consumer import CommitFailedError, NoOffsetForPartitionError
 from rillet.client.group_coordinator import CoordinatorClient, find_coordinators
 from rillet.client.producer import Producer
+from rillet.client.sync import SyncConsumer
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 
@@ -438,3 +439,22 @@ def test_cli_consume_group_commits_and_continues(cluster_factory: Any) -> None:
     first = consume(4)
     second = consume(6)
     assert len(first) == 4 and sorted(first + second) == list(range(10))
+
+    # The sync facade, in the same group: continues after the CLI's commits.
+    asyncio.run(produce(cluster.bootstrap, "c", 3, start=10))
+    with SyncConsumer(
+        "c", bootstrap=cluster.bootstrap, group_id="cg", enable_auto_commit=False
+    ) as sc:
+        got: list[int] = []
+        wait_until(
+            lambda: (
+                got.extend(int(r.value) for rs in sc.poll(100).values() for r in rs)
+                or len(got) >= 3
+            ),
+            timeout=60,
+        )
+        assert sorted(got) == [10, 11, 12]
+        assert len(sc.assignment()) == 2
+        sc.commit()
+        committed = sc.committed([("c", 0), ("c", 1)])
+        assert sum(o or 0 for o in committed.values()) == 13
