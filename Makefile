@@ -42,7 +42,7 @@ test: install lint
 # Log-level fd cache schedules SIM_SEEDS/5: ~15 min more) or with followers fetching
 # through fetch sessions (replication SIM_SEEDS/4: ~10 min more).
 SIM_SEEDS ?= 5000
-SIMULATORS = tests/test_group_sim.py tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py \
+SIMULATORS = tests/test_group_sim.py tests/test_group_client_sim.py tests/test_raft_sim.py tests/test_replication_sim.py tests/test_storage_sim.py \
 	tests/test_storage_fdcache_random.py
 sim-long: install
 	RILLET_SIM_SEEDS=$(SIM_SEEDS) $(BIN)/pytest -q -m slow $(SIMULATORS)
