@@ -327,14 +327,10 @@ class GroupDriver:
         if not self.machine.is_current(action.seq):
             return
         missing = [tp for tp in tps if committed.get(tp) is None]
-        if missing and self.consumer.auto_offset_reset == "none":
-            raise NoOffsetForPartitionError(
-                f"group {self.group_id!r} has no committed offset for {sorted(missing)} "
-                "and auto_offset_reset is 'none'"
-            )
-        await self.consumer._reset_positions(missing)
-        if not self.machine.is_current(action.seq):
-            return
+        if self.consumer.auto_offset_reset != "none":
+            await self.consumer._reset_positions(missing)
+            if not self.machine.is_current(action.seq):
+                return
         for tp in tps:
             offset = committed.get(tp)
             if offset is not None:
@@ -342,6 +338,14 @@ class GroupDriver:
         self.consumer._add_partitions(tps)
         await self._call_listener("on_partitions_assigned", tps)
         self.apply(self.machine.assign_done(action.seq, _now_ms()))
+        # With 'none' a partition without a position is owned but not fetched until the
+        # application seeks it (in the listener, or after getmany raised this).
+        unset = sorted(tp for tp in missing if tp not in self.consumer._positions)
+        if unset:
+            raise NoOffsetForPartitionError(
+                f"group {self.group_id!r} has no committed offset for {unset} and "
+                "auto_offset_reset is 'none': seek them"
+            )
 
     async def _call_listener(self, name: str, tps: set[TopicPartition]) -> None:
         fn = getattr(self.listener, name, None)

@@ -147,6 +147,13 @@ def test_no_committed_offset_with_reset_none_is_a_clear_error(cluster_factory: A
                 return False
 
             await wait_until_async(raised, timeout=30)
+            # The partition stays this member's; a seek gives it a position.
+            assert c.assignment() == {TopicPartition("n", 0)}
+            await produce(bs, "n", 3)
+            c.seek(("n", 0), 1)
+            seen: list[Any] = []
+            await drain(c, seen, 2)
+            assert [r.offset for r in seen] == [1, 2]
 
     asyncio.run(main())
 
