@@ -620,6 +620,10 @@ class Consumer:
             self._wakeup.set()
 
     async def _fetch_from(self, node: int, tps: list[TopicPartition]) -> None:
+        # A group revocation or loss may have dropped some since this task was made.
+        tps = [tp for tp in tps if tp in self._fetch_positions]
+        if not tps:
+            return
         snap = self._meta.snapshot
         generations = {tp: self._generations.get(tp, 0) for tp in tps}
         wanted: dict[tuple[str, int], m.FetchPartition] = {}
