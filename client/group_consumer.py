@@ -260,6 +260,12 @@ class GroupDriver:
                 self.apply(self.machine.on_heartbeat_failed(_now_ms()))
                 return
             result = HeartbeatResult(e.code, error_message=e.message or None)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug or a malformed answer: heartbeats must go on
+            log.exception("group %s: heartbeat failed", self.group_id)
+            self.apply(self.machine.on_heartbeat_failed(_now_ms()))
+            return
         if result.error_code:
             log.info(
                 "group %s: heartbeat answered %s",
@@ -392,8 +398,7 @@ class GroupDriver:
                         f"group {self.group_id!r}: partitions were lost before the commit"
                     )
                 if not self.machine.in_group:
-                    answered = self._answered
-                    await answered.wait()
+                    await self._next_answer("not in the group yet")
                     continue
                 codes = await self._send_commit(offsets)
                 bad = {tp: c for tp, c in codes.items() if c}
@@ -408,8 +413,7 @@ class GroupDriver:
                 if STALE_MEMBER_EPOCH in bad.values():
                     # Our epoch moved on at the coordinator: retry with the one the next
                     # heartbeat answer brings.
-                    answered = self._answered
-                    await answered.wait()
+                    await self._next_answer("its member epoch stayed stale")
                     continue
                 tp, code = sorted(bad.items())[0]
                 if code == UNKNOWN_TOPIC:
@@ -417,6 +421,16 @@ class GroupDriver:
                         f"group {self.group_id!r}: topic {tp.topic!r} does not exist (deleted?)"
                     )
                 raise error_for(code, f"commit of {tp.topic}-{tp.partition}")
+
+    async def _next_answer(self, why: str) -> None:
+        """Wait for the next answered heartbeat (a new epoch), at most a request
+        timeout."""
+        answered = self._answered
+        try:
+            async with asyncio.timeout(self.consumer.request_timeout_ms / 1000):
+                await answered.wait()
+        except TimeoutError:
+            raise CommitFailedError(f"group {self.group_id!r}: {why}; nothing committed") from None
 
     async def _send_commit(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         by_topic: dict[str, list[m.OffsetCommitPartition]] = {}
