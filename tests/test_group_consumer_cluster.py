@@ -12,6 +12,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +298,11 @@ def test_members_in_processes_survive_kills_joins_and_a_coordinator_failover(
         assert duplicates() == {}
         victim = members[2]
         victim_partitions = victim.owned
+        killed_at = time.monotonic()
         victim.kill()
         await produce_more(120)
         await wait_until_async(lambda: shares(members[:2], [3, 3]), timeout=60)
+        print(f"kill -9 to partitions reassigned: {time.monotonic() - killed_at:.2f} s")
         await wait_until_async(everything_consumed, timeout=60)
         # Read twice only what the victim had read and not committed.
         assert set(duplicates().values()) <= victim_partitions
@@ -308,9 +311,11 @@ def test_members_in_processes_survive_kills_joins_and_a_coordinator_failover(
         # A fourth member joins: the others give up only what moves to it.
         marks = [len(mem.events) for mem in members[:2]]
         before = [mem.owned for mem in members[:2]]
+        joined_at = time.monotonic()
         members.append(Member(bs, "t", "g"))
         live = [members[0], members[1], members[3]]
         await wait_until_async(lambda: shares(live, [2, 2, 2]), timeout=60)
+        print(f"member start to balanced: {time.monotonic() - joined_at:.2f} s")
         for mem, mark, had in zip(members[:2], marks, before, strict=True):
             kept = had & mem.owned
             assert kept and not (mem.revoked_since(mark) & kept)
