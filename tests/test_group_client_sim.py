@@ -38,3 +38,16 @@ def test_a_consumer_that_ignores_its_lease_fails(monkeypatch: pytest.MonkeyPatch
     # consumes them after the coordinator gave them to another member.
     monkeypatch.setattr(GroupMembership, "lease_deadline_ms", lambda self: 1 << 62)
     assert "owned by" in first_failure(run_seed, 200, SimulationFailure)
+
+
+def test_a_consumer_that_ignores_the_rebalance_timeout_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Counting only the session: a member whose revocation takes longer than the
+    # rebalance timeout is dropped by the coordinator while still consuming.
+    monkeypatch.setattr(
+        GroupMembership,
+        "lease_deadline_ms",
+        lambda self: self._last_ok_send_ms + self.config.session_timeout_ms,
+    )
+    assert "owned by" in first_failure(run_seed, 200, SimulationFailure)
