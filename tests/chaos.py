@@ -15,7 +15,10 @@ progress (answered produce requests, not a guessed time):
 - ``two``: kill -9 two brokers at once (acks=all cannot succeed meanwhile), restart both;
 - ``recreate``: delete the re-creatable topic and create it again;
 - ``s3-stop``: stop the S3 server (connections refused; it keeps its objects), start it;
-- ``s3-pause``: SIGSTOP the S3 server (requests hang), SIGCONT it.
+- ``s3-pause``: SIGSTOP the S3 server (requests hang), SIGCONT it;
+- ``coordinator``: kill -9 the broker coordinating the consumer group (the leader of its
+  ``__consumer_offsets`` partition), restart it;
+- ``consumer``: kill -9 one of the group's consumer processes, start a new one.
 
 Writes must go on through an S3 fault (the hold counts produce answers), as reads of
 recent data must. Then the cluster heals (everything running, every ISR full, writes
@@ -29,18 +32,34 @@ segment the metadata calls finished has both its objects in the bucket; and, onc
 cluster is stopped, every replica of a partition holds the same bytes below the high
 watermark (compacted partitions: the same latest record per key, since each replica
 runs its own cleaner; tiered ones: from the highest local log start of the replicas).
+
+A consumer group (``GroupWorkload``: CONSUMERS processes of tests/group_member.py, auto
+commit) reads a fifth topic, written like the others, through the whole schedule. Its
+committed offsets are sampled all along (OffsetFetch through Admin). After healing:
+every acknowledged record of that topic was consumed by the group at least once, with
+the value acknowledged at its offset, and nothing consumed that was never sent; no
+sampled committed offset went backwards, and the last ones are at most the log end; the
+group is STABLE with each partition owned by exactly one of the live consumers, which
+never died but when killed. Records consumed twice (at-least-once: what a killed
+consumer or a moved partition had read past its last commit) are counted, not failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from helpers import log_records, wait_until
 from replication_cluster import (
@@ -53,6 +72,9 @@ from replication_cluster import (
     run,
 )
 
+from rillet.client.admin import Admin, AdminError
+from rillet.client.group_coordinator import find_coordinators
+from rillet.client.metadata import MetadataClient
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
@@ -63,7 +85,8 @@ from rillet.storage.remote.store import S3ObjectStore
 from rillet.tools.local_cluster import LocalCluster
 
 PLAIN, COMPACT, RECREATED, TIERED = "plain", "compact", "recreated", "tiered"
-PARTITIONS = {PLAIN: 3, COMPACT: 2, RECREATED: 2, TIERED: 2}
+GROUPED = "grouped"  # read by the consumer group
+PARTITIONS = {PLAIN: 3, COMPACT: 2, RECREATED: 2, TIERED: 2, GROUPED: 4}
 TOPIC_CONFIGS = {
     PLAIN: {"min.insync.replicas": "2"},
     COMPACT: {
@@ -80,16 +103,32 @@ TOPIC_CONFIGS = {
         "local.retention.bytes": "4096",  # and few kept locally: offset 0 only in S3
         "retention.ms": "-1",
     },
+    GROUPED: {"min.insync.replicas": "2"},
 }
-KEYS = {PLAIN: 16, COMPACT: 8, RECREATED: 0, TIERED: 0}
+KEYS = {PLAIN: 16, COMPACT: 8, RECREATED: 0, TIERED: 0, GROUPED: 0}
+GROUP = "chaos-group"
+CONSUMERS = 3
+MEMBER = Path(__file__).parent / "group_member.py"
+# A killed consumer's partitions move once its session ends: short, so a schedule
+# sees that happen (and the group settles at the end) within seconds.
+GROUP_SESSION_MS = 6_000
 # The cleaner and local retention run every maintenance round, and the remote-log task
 # often, so compaction and tiering happen within a schedule.
 BROKER_EXTRA = {
     "log.retention.check.interval.ms": 500,
     "remote.log.manager.task.interval.ms": 200,
+    # Few offsets partitions (Kafka's default is 50), replicated on all three brokers.
+    "offsets.topic.num.partitions": 3,
+    "offsets.topic.replication.factor": 3,
+    "group.consumer.session.timeout.ms": GROUP_SESSION_MS,
+    "group.consumer.heartbeat.interval.ms": 300,
 }
-KINDS = ("kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause")
-WEIGHTS = (3, 2, 2, 2, 1, 1, 1, 1)
+KINDS = (
+    "kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause",
+    "coordinator", "consumer",
+)  # fmt: skip
+WEIGHTS = (3, 2, 2, 2, 1, 1, 1, 1, 2, 2)
+NO_BROKER = ("controller", "recreate", "s3-stop", "s3-pause", "coordinator", "consumer")
 REPLAY = "RILLET_CHAOS_SEED={seed} pytest -s tests/test_chaos.py::test_chaos_replay"
 
 
@@ -100,12 +139,13 @@ class ChaosFailure(AssertionError):
 @dataclass(frozen=True, slots=True)
 class Step:
     kind: str
-    brokers: tuple[int, ...]  # the brokers it hits (none for controller/recreate/s3-*)
+    brokers: tuple[int, ...]  # the brokers it hits (none for NO_BROKER kinds)
     hold: int  # produce answers the writers must get while the fault lasts
     # Also hold until the cluster has acted on it (the victims fenced or out of every
     # ISR, or a new active controller); otherwise the victims may be back before that.
     # (An S3 fault has nothing the cluster acts on: the brokers just retry.)
     acted_on: bool = False
+    consumer: int = -1  # the consumer a ``consumer`` fault kills
 
 
 def schedule(seed: int, steps: int) -> list[Step]:
@@ -114,11 +154,13 @@ def schedule(seed: int, steps: int) -> list[Step]:
     out = []
     for _ in range(steps):
         kind = rng.choices(KINDS, WEIGHTS)[0]
-        count = {"two": 2, "controller": 0, "recreate": 0, "s3-stop": 0, "s3-pause": 0}.get(kind, 1)
+        count = 2 if kind == "two" else 0 if kind in NO_BROKER else 1
         brokers = tuple(sorted(rng.sample(BROKERS, count)))
         # Two brokers down: only the survivor's refusals and timeouts answer.
         hold = rng.randint(2, 4) if kind == "two" else rng.randint(10, 60)
-        out.append(Step(kind, brokers, hold, acted_on=rng.random() < 0.6))
+        acted_on = rng.random() < 0.6
+        consumer = rng.randrange(CONSUMERS) if kind == "consumer" else -1
+        out.append(Step(kind, brokers, hold, acted_on=acted_on, consumer=consumer))
     return out
 
 
@@ -130,6 +172,9 @@ class ChaosResult:
     records_read: int = 0
     bytes_compared: int = 0  # replica bytes found identical (all replicas together)
     remote_records: int = 0  # tiered records read back that no replica held locally
+    group_consumed: int = 0  # records the group's consumers handed out, repeats included
+    group_duplicates: int = 0  # of those, repeats of a record already consumed
+    commit_samples: int = 0  # committed offsets sampled (partitions x samples)
     violations: int = 0
     seconds: float = 0.0
 
@@ -159,7 +204,9 @@ def run_seed(
         f"chaos seed {seed}: passed in {result.seconds:.0f}s, faults {dict(result.faults)}, "
         f"{result.acked_checked} acknowledged records checked, "
         f"{result.bytes_compared} replica bytes compared, "
-        f"{result.remote_records} records read back from S3 only",
+        f"{result.remote_records} records read back from S3 only, "
+        f"group: {result.group_consumed} records consumed, {result.group_duplicates} "
+        f"duplicates, {result.commit_samples} committed offsets sampled",
         flush=True,
     )
     if not keep:
@@ -171,16 +218,33 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
     for topic in PARTITIONS:
         _create(cluster, topic)
     writers = {t: Writer(cluster, t, PARTITIONS[t], keys=KEYS[t]).start() for t in PARTITIONS}
+    group = GroupWorkload(cluster)
     try:
+        _run_schedule(cluster, steps, result, writers, group)
+    finally:
+        group.stop()
+
+
+def _run_schedule(
+    cluster: LocalCluster,
+    steps: list[Step],
+    result: ChaosResult,
+    writers: dict[str, Writer],
+    group: GroupWorkload,
+) -> None:
+    try:
+        group.start()
         _progress(writers, 20)
         for step in steps:
             # Each fault starts from a healed cluster: a fault on top of an unhealed one
             # can leave every partition offline (an ISR of victims only), and then no
             # produce answer comes to end the hold.
             _heal(cluster)
-            _inject(cluster, step, writers)
+            group.check_alive()
+            _inject(cluster, step, writers, group)
             result.faults[step.kind] += 1
         _heal(cluster)
+        group.check_alive()
         _acks_grow(writers)  # writes succeed again on every topic
         # The writers go on until offset 0 of the tiered topic is only in S3: the check
         # then reads it through the remote tier on whichever broker leads.
@@ -198,11 +262,192 @@ def _run(cluster: LocalCluster, steps: list[Step], result: ChaosResult) -> None:
         result.records_read += sum(counts.values())
         result.acked_checked += sum(len(a.values) for a in w.acks if a.incarnation == w.incarnation)
     hws = _high_watermarks(cluster)
+    group.check(writers[GROUPED], hws, result)  # stops the consumers
     cluster.stop()  # SIGTERM: quiet, and the logs closed cleanly
     result.bytes_compared = _check_replicas(cluster, hws)
 
 
-def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> None:
+class GroupWorkload:
+    """CONSUMERS group consumers in their own processes (tests/group_member.py: auto
+    commit every 300 ms) reading GROUPED, each printing what it consumed to a file kept
+    beside the node logs, and a thread sampling the group's committed offsets."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.dir = Path(cluster.data_dir) / "group"
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.outputs: list[Path] = []
+        self.started: Counter[int] = Counter()
+        self.samples: dict[int, list[int]] = {}  # partition -> committed offsets seen
+        self.went_back: list[str] = []
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self._sampler_failure: BaseException | None = None
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for i in range(CONSUMERS):
+            self.start_consumer(i)
+        self._sampler = threading.Thread(target=self._sampler_main, name="sampler", daemon=True)
+        self._sampler.start()
+
+    def start_consumer(self, i: int) -> None:
+        self.started[i] += 1
+        out = self.dir / f"consumer-{i}.{self.started[i]}.jsonl"
+        self.outputs.append(out)
+        args = [MEMBER, self.cluster.bootstrap, GROUPED, GROUP, str(GROUP_SESSION_MS)]
+        with out.open("wb") as stdout, out.with_suffix(".err").open("wb") as stderr:
+            self.procs[i] = subprocess.Popen(
+                [sys.executable, *map(str, args)], stdout=stdout, stderr=stderr
+            )
+
+    def kill(self, i: int) -> None:
+        proc = self.procs.pop(i)
+        proc.kill()
+        proc.wait()
+
+    def check_alive(self) -> None:
+        """Consumers ride out broker, controller and S3 faults: none exits unkilled."""
+        for i, proc in self.procs.items():
+            if proc.poll() is not None:
+                err = self.dir / f"consumer-{i}.{self.started[i]}.err"
+                raise AssertionError(f"consumer {i} exited with {proc.returncode}: see {err}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(30)
+        for i in list(self.procs):
+            self.kill(i)
+
+    def coordinator(self) -> int | None:
+        """The broker coordinating the group now (FindCoordinator), None if none."""
+
+        async def ask() -> int | None:
+            meta = MetadataClient(self.cluster.bootstrap, request_timeout_ms=2_000)
+            try:
+                found = (await find_coordinators(meta, [GROUP]))[GROUP]
+            except errors.RilletError:
+                return None
+            finally:
+                await meta.close()
+            return found.node_id if found.error_code == errors.NONE else None
+
+        return asyncio.run(ask())
+
+    def _admin(self) -> Admin:
+        return Admin(self.cluster.bootstrap, timeout_ms=5_000, request_timeout_ms=2_000)
+
+    def _sampler_main(self) -> None:
+        try:
+            asyncio.run(self._sample())
+        except BaseException as e:  # noqa: BLE001 - reported by check()
+            self._sampler_failure = e
+
+    async def _sample(self) -> None:
+        """Sample the committed offsets (OffsetFetch) until stopped; a fault may make a
+        sample fail (no coordinator for a while): that one is skipped."""
+        async with self._admin() as admin:
+            while not self._stop.is_set():
+                with contextlib.suppress(errors.RilletError, AdminError):
+                    self._record(await admin.list_group_offsets(GROUP))
+                await asyncio.sleep(0.2)  # the sampling period
+
+    def _record(self, offsets: dict[tuple[str, int], Any]) -> None:
+        for (topic, p), committed in offsets.items():
+            if topic != GROUPED:
+                continue
+            past = self.samples.setdefault(p, [])
+            if past and committed.offset < past[-1]:
+                self.went_back.append(f"{GROUPED}-{p}: {past[-1]} -> {committed.offset}")
+            past.append(committed.offset)
+
+    def consumed(self) -> list[tuple[int, int, str]]:
+        """(partition, offset, value) of every record handed out, repeats included."""
+        rows: list[tuple[int, int, str]] = []
+        for out in self.outputs:
+            for line in out.read_text().splitlines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:  # a killed consumer's last line, cut short
+                    continue
+                rows += [(p, o, v) for p, o, v in event.get("records", ())]
+        return rows
+
+    def describe(self) -> Any:
+        async def ask() -> Any:
+            async with self._admin() as admin:
+                return (await admin.describe_groups([GROUP]))[0]
+
+        return asyncio.run(ask())
+
+    def settled(self) -> bool:
+        """STABLE, with the live consumers only, each partition owned by one of them."""
+        try:
+            group = self.describe()
+        except (errors.RilletError, AdminError):
+            return False
+        owners = Counter(
+            (t, p) for mb in group.members for t, ps in mb.assignment.items() for p in ps
+        )
+        every = Counter({(GROUPED, p): 1 for p in range(PARTITIONS[GROUPED])})
+        return (
+            group.state.lower() == "stable" and len(group.members) == CONSUMERS and owners == every
+        )
+
+    def check(self, writer: Writer, hws: dict[tuple[str, int], int], result: ChaosResult) -> None:
+        acked = {
+            (a.partition, a.base_offset + i): v.decode()
+            for a in writer.acks
+            for i, v in enumerate(a.values)
+        }
+        sent = {v.decode() for v in writer.sent}
+
+        def missing() -> set[tuple[int, int]]:
+            self.check_alive()
+            return acked.keys() - {(p, o) for p, o, _ in self.consumed()}
+
+        wait_until(
+            lambda: not missing(),
+            timeout=120,
+            message=lambda: f"acknowledged records never consumed: {sorted(missing())[:10]}",
+        )
+        rows = self.consumed()
+        seen: dict[tuple[int, int], str] = {}
+        for p, o, v in rows:
+            where = f"{GROUPED}-{p} offset {o}"
+            assert v in sent, f"{where}: consumed {v!r}, never sent"
+            assert acked.get((p, o), v) == v, f"{where}: consumed {v!r}, acked {acked[p, o]!r}"
+            assert seen.setdefault((p, o), v) == v, f"{where}: consumed {v!r} and {seen[p, o]!r}"
+        result.group_consumed, result.group_duplicates = len(rows), len(rows) - len(seen)
+        wait_until(self.settled, timeout=60, message=lambda: f"group settled: {self.describe()}")
+
+        async def last() -> dict[tuple[str, int], Any]:
+            async with self._admin() as admin:
+                return await admin.list_group_offsets(GROUP)
+
+        final = asyncio.run(last())
+        self.stop()
+        self._record(final)
+        if self._sampler_failure is not None:
+            raise self._sampler_failure
+        assert not self.went_back, f"committed offsets went back: {self.went_back}"
+        for p in range(PARTITIONS[GROUPED]):
+            committed = final[GROUPED, p].offset
+            assert committed <= hws[GROUPED, p], f"{GROUPED}-{p}: committed {committed} > HW"
+        result.commit_samples = sum(map(len, self.samples.values()))
+
+
+def _inject(
+    cluster: LocalCluster, step: Step, writers: dict[str, Writer], group: GroupWorkload
+) -> None:
+    if step.kind == "consumer":
+        group.kill(step.consumer)
+        try:
+            _progress(writers, step.hold)
+        finally:
+            group.start_consumer(step.consumer)
+        return
     if step.kind == "recreate":
         _recreate(cluster, writers[RECREATED])
         return
@@ -214,6 +459,8 @@ def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> No
             lambda: max(_active_controller(cluster), 0), message="an active controller"
         )
         victims: tuple[int, ...] = (active,)
+    elif step.kind == "coordinator":
+        victims = (group.coordinator(),)
     else:
         victims = step.brokers
     for node in victims:
@@ -222,6 +469,14 @@ def _inject(cluster: LocalCluster, step: Step, writers: dict[str, Writer]) -> No
         else:
             cluster.stop_node(node, kill=step.kind != "bounce")
     try:
+        if step.kind == "coordinator":
+            # Hold until another broker coordinates the group: its new coordinator
+            # loaded the group from the offsets partition and serves it.
+            wait_until(
+                lambda: group.coordinator() not in victims,
+                timeout=60,
+                message="the group coordinated by another broker",
+            )
         if step.acted_on and step.kind == "controller":
             wait_until(
                 lambda: _active_controller(cluster) not in (-1, *victims),

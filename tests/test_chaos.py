@@ -20,12 +20,15 @@ def test_a_schedule_is_fixed_by_its_seed() -> None:
     assert schedule(7, LONG_STEPS) == schedule(7, LONG_STEPS)
     kinds = {s.kind for seed in range(50) for s in schedule(seed, LONG_STEPS)}
     assert kinds == {
-        "kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause"
+        "kill", "pause", "bounce", "controller", "two", "recreate", "s3-stop", "s3-pause",
+        "coordinator", "consumer",
     }  # fmt: skip
-    assert {s.kind for s in schedule(2, SHORT_STEPS)} == {"s3-stop", "s3-pause", "pause"}
+    assert {s.kind for s in schedule(75, SHORT_STEPS)} == {"controller", "s3-stop", "s3-pause"}
+    assert {s.kind for s in schedule(15, SHORT_STEPS)} == {"consumer", "kill", "coordinator"}
 
 
-@pytest.mark.parametrize("seed", [1, 2])  # 2: both S3 faults (see above)
+# 75: both S3 faults; 15: the group's consumer and coordinator killed (see above)
+@pytest.mark.parametrize("seed", [15, 75])
 def test_short_chaos_schedule(cluster_factory, seed: int) -> None:
     result = run_seed(cluster_factory, seed, SHORT_STEPS)
     assert result.violations == 0
@@ -33,6 +36,8 @@ def test_short_chaos_schedule(cluster_factory, seed: int) -> None:
     assert result.acked_checked > 0
     assert result.bytes_compared > 0
     assert result.remote_records > 0  # offset 0 of the tiered topic was read from S3
+    assert result.group_consumed > 0
+    assert result.commit_samples > 0
 
 
 @pytest.mark.slow
@@ -42,7 +47,7 @@ def test_chaos_many_seeds(cluster_factory) -> None:
     first = int(os.environ.get("RILLET_CHAOS_FIRST", 1000))
     failures: list[str] = []
     faults: Counter[str] = Counter()
-    acked = ran = 0
+    acked = ran = duplicates = 0
     for seed in range(first, first + count):
         ran += 1
         try:
@@ -55,9 +60,10 @@ def test_chaos_many_seeds(cluster_factory) -> None:
             continue
         faults.update(result.faults)
         acked += result.acked_checked
+        duplicates += result.group_duplicates
     print(
         f"chaos: {ran} schedules, {len(failures)} failed, faults {dict(faults)}, "
-        f"{acked} acknowledged records checked"
+        f"{acked} acknowledged records checked, {duplicates} records the group consumed twice"
     )
     assert not failures, "\n\n".join(failures)
 
