@@ -285,6 +285,7 @@ class GroupWorkload:
         self._sampler_failure: BaseException | None = None
 
     def start(self) -> None:
+        _pin_broker_ports(self.cluster)
         self.dir.mkdir(parents=True, exist_ok=True)
         for i in range(CONSUMERS):
             self.start_consumer(i)
@@ -381,6 +382,12 @@ class GroupWorkload:
 
         return asyncio.run(ask())
 
+    def _describe_or_error(self) -> object:
+        try:
+            return self.describe()
+        except (errors.RilletError, AdminError) as e:
+            return e
+
     def settled(self) -> bool:
         """STABLE, with the live consumers only, each partition owned by one of them."""
         try:
@@ -410,7 +417,10 @@ class GroupWorkload:
         wait_until(
             lambda: not missing(),
             timeout=120,
-            message=lambda: f"acknowledged records never consumed: {sorted(missing())[:10]}",
+            message=lambda: (
+                f"acknowledged records never consumed: {sorted(missing())[:10]}; "
+                f"the group: {self._describe_or_error()}"
+            ),
         )
         rows = self.consumed()
         seen: dict[tuple[int, int], str] = {}
@@ -420,7 +430,9 @@ class GroupWorkload:
             assert acked.get((p, o), v) == v, f"{where}: consumed {v!r}, acked {acked[p, o]!r}"
             assert seen.setdefault((p, o), v) == v, f"{where}: consumed {v!r} and {seen[p, o]!r}"
         result.group_consumed, result.group_duplicates = len(rows), len(rows) - len(seen)
-        wait_until(self.settled, timeout=60, message=lambda: f"group settled: {self.describe()}")
+        wait_until(
+            self.settled, timeout=60, message=lambda: f"group settled: {self._describe_or_error()}"
+        )
 
         async def last() -> dict[tuple[str, int], Any]:
             async with self._admin() as admin:
@@ -436,6 +448,16 @@ class GroupWorkload:
             committed = final[GROUPED, p].offset
             assert committed <= hws[GROUPED, p], f"{GROUPED}-{p}: committed {committed} > HW"
         result.commit_samples = sum(map(len, self.samples.values()))
+
+
+def _pin_broker_ports(cluster: LocalCluster) -> None:
+    """Restart each broker on the port it bound first, as a real broker keeps its
+    advertised address. A consumer process knows the cluster only through its bootstrap
+    list and the addresses in its last metadata: once every broker has restarted on a
+    new ephemeral port while it could not refresh, it can reach none again (nor could
+    Kafka's client). The writers look the addresses up in ``cluster`` instead."""
+    for node in cluster.brokers():
+        node.broker_port = int(node.listeners["BROKER"].rsplit(":", 1)[1])
 
 
 def _inject(
