@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-tiered bench-scale-50k clean
+.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,11 @@ fuzz-codec: install
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Consumer groups alone (also part of `bench`): a one-member group consumer against a
+# plain consumer, and rebalance times when a member joins and when one is killed -9.
+bench-group: install
+	$(BIN)/python benchmarks/group_bench.py
 
 # The remote tier against local disk on one cluster with its embedded S3 server (moto):
 # cold remote reads vs local reads, upload throughput, broker memory with the cache full.
