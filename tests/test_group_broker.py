@@ -17,6 +17,7 @@ from rillet.broker.server import BrokerServer
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import TopicPartition
 
 OFFSETS = "__consumer_offsets"
 code = errors.code_of
@@ -279,6 +280,26 @@ async def test_topic_changes_reach_the_groups(node: Any) -> None:
         (ids["t"], 0),
         (ids["t"], 1),
     }
+
+
+async def test_a_topic_deleted_while_another_broker_led_the_group_reaches_it(node: Any) -> None:
+    # The group's records say which topics its target was computed from; the broker
+    # that loads it compares them with the topics as they are now.
+    server, link, conn = node
+    await link.create_topic("t", 4)
+    await link.create_topic("u", 2)
+    await ready(conn, "g")
+    a = await heartbeat(conn, "g", "a", 0, subscribed_topic_names=["t", "u"])
+    a = await heartbeat(conn, "g", "a", a.member_epoch)
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    replica = server.replicas.replicas[TopicPartition(OFFSETS, index)]
+    mgr._drop(index)  # another broker leads the offsets partition meanwhile
+    await call(conn, m.DeleteTopicsRequest(["t"], timeout_ms=1000))
+    mgr._start_load(index, replica)  # this broker leads it again and loads the log
+    await wait_until_async(lambda: not mgr.partitions[index].loading, timeout=10)
+    a = await heartbeat(conn, "g", "a", a.member_epoch)
+    assert {tp.topic_id for tp in a.assignment} == {link.image.topic("u").topic_id}
 
 
 async def test_a_silent_member_is_removed_by_the_timers(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from sim.group_cluster import SimulationFailure, run_seed
 from sim.seeds import first_failure
 
 from rillet.broker.group import records_codec as codec
+from rillet.broker.group.assignors import TopicSpec
 from rillet.broker.group.coordinator import (
     CurrentAssignmentRecord,
     GroupDeletedRecord,
@@ -20,6 +21,7 @@ from rillet.broker.group.coordinator import (
     MemberState,
     OffsetCommitRecord,
     OffsetDeletedRecord,
+    PartitionMetadataRecord,
     TargetAssignmentMemberRecord,
     TargetAssignmentMetadataRecord,
 )
@@ -35,6 +37,10 @@ RECORDS = [
         "g", "m", 7, 6, MemberState.UNREVOKED_PARTITIONS, {"T": frozenset({0})},
         {"U": frozenset({1})}, True,
     ),
+    PartitionMetadataRecord(
+        "g",
+        {"t": TopicSpec("T", 2, (frozenset({"r1", "r2"}), frozenset())), "u": TopicSpec("U", 1)},
+    ),
 ]  # fmt: skip
 
 
@@ -48,7 +54,7 @@ def test_records_round_trip(record: object) -> None:
 
 def test_keys_carry_kafkas_record_types() -> None:
     types = [struct.unpack(">h", codec.encode(r)[0][0][:2])[0] for r in RECORDS]  # type: ignore[arg-type]
-    assert types == [1, 3, 5, 5, 6, 7, 8]
+    assert types == [1, 3, 5, 5, 6, 7, 8, 4]
 
 
 def test_removals_are_tombstones_on_the_entities_keys() -> None:
@@ -67,7 +73,7 @@ def test_removals_are_tombstones_on_the_entities_keys() -> None:
     ((okey, ovalue),) = codec.encode(OffsetDeletedRecord("g", "t", 3))
     assert okey == codec.encode(RECORDS[0])[0][0] and ovalue is None  # type: ignore[arg-type]
     deleted = codec.encode(GroupDeletedRecord("g"))
-    assert [codec.decode(k, v) for k, v in deleted] == [None, GroupDeletedRecord("g")]
+    assert [codec.decode(k, v) for k, v in deleted] == [None, None, GroupDeletedRecord("g")]
 
 
 def test_compaction_keeps_the_latest_record_of_each_key_in_order() -> None:

@@ -149,6 +149,16 @@ class GroupMetadataRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionMetadataRecord:
+    """ConsumerGroupPartitionMetadata: the subscribed topics as the target was last
+    computed from (name -> spec). A new coordinator diffs it against the topics it
+    sees, so a topic deleted or grown while another broker led the group is noticed."""
+
+    group_id: str
+    topics: Mapping[str, TopicSpec]
+
+
+@dataclass(frozen=True, slots=True)
 class MemberMetadataRecord:
     """ConsumerGroupMemberMetadata: what the member asked for."""
 
@@ -231,6 +241,7 @@ class GroupDeletedRecord:
 
 GroupRecord = (
     GroupMetadataRecord
+    | PartitionMetadataRecord
     | MemberMetadataRecord
     | TargetAssignmentMetadataRecord
     | TargetAssignmentMemberRecord
@@ -299,6 +310,8 @@ class GroupCoordinator:
         """instance id -> member id."""
         self.target: dict[str, dict[str, frozenset[int]]] = {}
         self.topics: dict[str, TopicSpec] = {}
+        self.subscribed_metadata: dict[str, TopicSpec] = {}
+        """The subscribed topics' specs as last recorded (PartitionMetadataRecord)."""
         self.offsets: dict[tuple[str, int], OffsetCommitRecord] = {}
 
     # --- queries --------------------------------------------------------------------
@@ -591,6 +604,14 @@ class GroupCoordinator:
     def _maybe_compute_target(self) -> list[GroupRecord]:
         if self.target_assignment_epoch >= self.group_epoch:
             return []
+        records: list[GroupRecord] = []
+        # Every change of the subscribed topics or of their metadata recomputes the
+        # target, so recording the metadata here keeps it current in the log.
+        subscribed = self.subscribed_topics()
+        metadata = {t: spec for t, spec in sorted(self.topics.items()) if t in subscribed}
+        if metadata != self.subscribed_metadata:
+            self.subscribed_metadata = metadata
+            records.append(PartitionMetadataRecord(self.group_id, metadata))
         active = sorted(self.members.values(), key=lambda m: m.member_id)
         specs = [
             MemberSpec(m.member_id, m.subscribed_topics, m.rack, self.target.get(m.member_id, {}))
@@ -602,7 +623,7 @@ class GroupCoordinator:
             for m, parts in result.items()
         }
         self.target_assignment_epoch = self.group_epoch
-        records: list[GroupRecord] = [
+        records += [
             TargetAssignmentMemberRecord(self.group_id, m, self.target[m])
             for m in sorted(self.target)
         ]
@@ -693,11 +714,18 @@ class GroupCoordinator:
         """Rebuild a group from its records, as a new leader of the offsets partition
         does. Timers are not recorded: every member's session starts anew at `now_ms`
         (Kafka does the same on load), and a member still revoking gets a fresh
-        rebalance timeout."""
+        rebalance timeout. The subscribed topics are taken as recorded, not from
+        ``topics``: the caller then passes the current topics to ``update_topics``,
+        which rebalances if they changed meanwhile."""
         g = cls(group_id, config)
         g.topics = dict(topics)
         for record in records:
             g.replay(record)
+        for t in g.subscribed_topics():
+            if t in g.subscribed_metadata:
+                g.topics[t] = g.subscribed_metadata[t]
+            else:
+                g.topics.pop(t, None)
         for m in g.members.values():
             m.session_deadline_ms = now_ms + g.config.session_timeout_ms
             if m.state is MemberState.UNREVOKED_PARTITIONS:
@@ -714,6 +742,8 @@ class GroupCoordinator:
         """Apply one record written by this class (in the order it was written)."""
         if isinstance(record, GroupMetadataRecord):
             self.group_epoch = record.epoch
+        elif isinstance(record, PartitionMetadataRecord):
+            self.subscribed_metadata = dict(record.topics)
         elif isinstance(record, TargetAssignmentMetadataRecord):
             self.target_assignment_epoch = record.assignment_epoch
         elif isinstance(record, TargetAssignmentMemberRecord):
@@ -749,3 +779,4 @@ class GroupCoordinator:
             self.group_epoch = self.target_assignment_epoch = 0
             self.target = {}
             self.offsets = {}
+            self.subscribed_metadata = {}

@@ -9,13 +9,14 @@ entity, so compaction keeps each entity's latest state:
 | --- | --- | --- |
 | 1 | offset commit | group, topic, partition |
 | 3 | ConsumerGroupMetadata | group |
+| 4 | ConsumerGroupPartitionMetadata | group |
 | 5 | ConsumerGroupMemberMetadata | group, member |
 | 6 | ConsumerGroupTargetAssignmentMetadata | group |
 | 7 | ConsumerGroupTargetAssignmentMember | group, member |
 | 8 | ConsumerGroupCurrentMemberAssignment | group, member |
 
 A null value is a tombstone: a member removed writes three (types 5, 7, 8), a deleted
-offset one on its key, a deleted group two (types 6 and 3) after its offsets'.
+offset one on its key, a deleted group three (types 6, 4 and 3) after its offsets'.
 Decoding maps each log record back to one core record; a tombstone decodes to the
 removal it stands for, so replaying a compacted log, where only the latest record of a
 key is left, rebuilds the same group as replaying the whole log.
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 
 import msgpack
 
+from rillet.broker.group.assignors import TopicSpec
 from rillet.broker.group.coordinator import (
     CurrentAssignmentRecord,
     GroupDeletedRecord,
@@ -38,6 +40,7 @@ from rillet.broker.group.coordinator import (
     MemberState,
     OffsetCommitRecord,
     OffsetDeletedRecord,
+    PartitionMetadataRecord,
     Partitions,
     TargetAssignmentMemberRecord,
     TargetAssignmentMetadataRecord,
@@ -45,6 +48,7 @@ from rillet.broker.group.coordinator import (
 
 OFFSET_COMMIT = 1
 GROUP_METADATA = 3
+PARTITION_METADATA = 4
 MEMBER_METADATA = 5
 TARGET_METADATA = 6
 TARGET_MEMBER = 7
@@ -88,6 +92,12 @@ def encode(record: GroupRecord) -> list[KeyValue]:
         return [(_key(GROUP_METADATA, g), _value(record.epoch))]
     if isinstance(record, TargetAssignmentMetadataRecord):
         return [(_key(TARGET_METADATA, g), _value(record.assignment_epoch))]
+    if isinstance(record, PartitionMetadataRecord):
+        topics = [
+            [name, spec.topic_id, spec.partitions, [sorted(r) for r in spec.racks]]
+            for name, spec in sorted(record.topics.items())
+        ]
+        return [(_key(PARTITION_METADATA, g), _value(topics))]
     if isinstance(record, MemberMetadataRecord):
         body = _value(
             record.instance_id,
@@ -114,7 +124,8 @@ def encode(record: GroupRecord) -> list[KeyValue]:
         kinds = (MEMBER_METADATA, TARGET_MEMBER, CURRENT_ASSIGNMENT)
         return [(_key(kind, g, m), None) for kind in kinds]
     if isinstance(record, GroupDeletedRecord):
-        return [(_key(TARGET_METADATA, g), None), (_key(GROUP_METADATA, g), None)]
+        kinds = (TARGET_METADATA, PARTITION_METADATA, GROUP_METADATA)
+        return [(_key(kind, g), None) for kind in kinds]
     raise TypeError(f"not a group record: {record!r}")
 
 
@@ -138,8 +149,8 @@ def _unpack_key(key: bytes) -> tuple[int, list[object]]:
 
 def decode(key: bytes, value: bytes | None) -> GroupRecord | None:
     """One log record as the core record it stands for; None for a record that
-    changes nothing on replay (a target-metadata tombstone, which a group-metadata
-    tombstone always follows)."""
+    changes nothing on replay (a target- or partition-metadata tombstone, which a
+    group-metadata tombstone always follows)."""
     kind, k = _unpack_key(key)
     g = str(k[0])
     if value is None:
@@ -163,7 +174,7 @@ def _tombstone(kind: int, g: str, k: list[object]) -> GroupRecord | None:
         return MemberRemovedRecord(g, str(k[1]))
     if kind == GROUP_METADATA:
         return GroupDeletedRecord(g)
-    if kind == TARGET_METADATA:
+    if kind in (TARGET_METADATA, PARTITION_METADATA):
         return None
     raise GroupRecordError(f"unknown record type {kind}")
 
@@ -175,6 +186,12 @@ def _body(kind: int, g: str, k: list[object], b: list) -> GroupRecord:
         return GroupMetadataRecord(g, b[0])
     if kind == TARGET_METADATA:
         return TargetAssignmentMetadataRecord(g, b[0])
+    if kind == PARTITION_METADATA:
+        topics = {
+            str(name): TopicSpec(str(tid), int(n), tuple(frozenset(r) for r in racks))
+            for name, tid, n, racks in b[0]
+        }
+        return PartitionMetadataRecord(g, topics)
     member = str(k[1])
     if kind == MEMBER_METADATA:
         return MemberMetadataRecord(g, member, b[0], b[1], b[2], frozenset(b[3]), b[4])

@@ -92,6 +92,7 @@ def group_state(g: GroupCoordinator) -> tuple[object, ...]:
         dict(sorted(g.static_members.items())),
         {m: {t: ps for t, ps in parts.items() if ps} for m, parts in sorted(g.target.items())},
         dict(sorted(g.offsets.items())),
+        dict(g.subscribed_metadata),
     )
 
 
@@ -191,6 +192,31 @@ class GroupSim:
             self.shadow.replay(record)
             self.disk += codec.encode(record)
         return step
+
+    def failover(self) -> None:
+        """Another coordinator takes over: it loads the group from the log, then is told
+        the topics as they are now (they may have changed since the records were
+        written), as GroupManager does after a load."""
+        self.check_disk()
+        records = [r for r in (codec.decode(k, v) for k, v in self.disk) if r is not None]
+        config = self.coordinator.config
+        self.coordinator = GroupCoordinator.load("g", records, self.topics, self.now, config)
+        self.shadow = GroupCoordinator.load("g", records, self.topics, self.now, config)
+        self.apply(self.coordinator.update_topics(dict(self.topics)))
+        self.shadow.topics = dict(self.topics)
+        g = self.coordinator
+        if g.members:
+            # The change is seen: the target covers the topics as they are now.
+            targeted = {
+                (t, p) for parts in g.target.values() for t, ps in parts.items() for p in ps
+            }
+            wanted = {
+                (self.topics[t].topic_id, p)
+                for t in g.subscribed_topics()
+                for p in range(self.topics[t].partitions)
+            }
+            if targeted != wanted:
+                self.fail(f"after a load the target is {sorted(targeted)}, not {sorted(wanted)}")
 
     def check_disk(self) -> None:
         """Loading the encoded log, whole or compacted, gives the live group."""
@@ -296,9 +322,13 @@ class GroupSim:
             self.admin()
         elif r < 0.80:
             self.topics["a"] = TopicSpec("A", self.topics["a"].partitions + 1)
-            self.apply(self.coordinator.update_topics(dict(self.topics)))
-            self.shadow.topics = dict(self.topics)
-            self.log(f"topic a grows to {self.topics['a'].partitions}")
+            if self.rng.random() < 0.5:
+                self.apply(self.coordinator.update_topics(dict(self.topics)))
+                self.shadow.topics = dict(self.topics)
+                self.log(f"topic a grows to {self.topics['a'].partitions}")
+            else:
+                self.log(f"topic a grows to {self.topics['a'].partitions} while led elsewhere")
+                self.failover()
         else:
             self.now += self.rng.choice([10, 50, INTERVAL_MS, 1_000, SESSION_MS // 2])
             self.apply(self.coordinator.tick(self.now))
