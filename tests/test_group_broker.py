@@ -302,6 +302,42 @@ async def test_a_topic_deleted_while_another_broker_led_the_group_reaches_it(nod
     assert {tp.topic_id for tp in a.assignment} == {link.image.topic("u").topic_id}
 
 
+async def test_a_deleted_topics_offsets_go_with_it(node: Any) -> None:
+    # A topic created again under the same name starts with no committed offset, or
+    # its consumers would skip its first records.
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await link.create_topic("u", 1)
+    await ready(conn, "g")
+    assert await commit(conn, "g", "t", 0, 5) == 0
+    assert await commit(conn, "g", "u", 0, 7) == 0
+    await call(conn, m.DeleteTopicsRequest(["t"], timeout_ms=1000))
+    await link.create_topic("t", 2)
+    wanted = {"t": [0], "u": [0]}
+    assert offsets_of(await fetch(conn, "g", wanted)) == {("t", 0): -1, ("u", 0): 7}
+    # The tombstone is in the log: a reload does not bring the offset back.
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    mgr._start_load(index, server.replicas.replicas[TopicPartition(OFFSETS, index)])
+    await wait_until_async(lambda: not mgr.partitions[index].loading, timeout=10)
+    assert offsets_of(await fetch(conn, "g", wanted)) == {("t", 0): -1, ("u", 0): 7}
+
+
+async def test_a_topic_deleted_while_the_partition_loads_loses_its_offsets(node: Any) -> None:
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    assert await commit(conn, "g", "t", 0, 5) == 0
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    replica = server.replicas.replicas[TopicPartition(OFFSETS, index)]
+    mgr._start_load(index, replica)  # loading (a new leader epoch) while t goes and comes
+    await call(conn, m.DeleteTopicsRequest(["t"], timeout_ms=1000))
+    await link.create_topic("t", 2)
+    await wait_until_async(lambda: not mgr.partitions[index].loading, timeout=10)
+    assert offsets_of(await fetch(conn, "g", {"t": [0]})) == {("t", 0): -1}
+
+
 async def test_a_silent_member_is_removed_by_the_timers(tmp_path: Path) -> None:
     link = FakeLink(1)
     config = broker_config(

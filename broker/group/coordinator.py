@@ -434,6 +434,16 @@ class GroupCoordinator:
                 records.append(record)
         return Step(tuple(records), OffsetDeleteResponse(codes))
 
+    def delete_topic_offsets(self, topics: set[str]) -> Step:
+        """Deleted topics: their committed offsets go too, as Kafka's coordinator does,
+        so a topic later created with the same name is not read from an old position."""
+        records = tuple(
+            OffsetDeletedRecord(self.group_id, t, p) for t, p in sorted(self.offsets) if t in topics
+        )
+        for record in records:
+            self.replay(record)
+        return Step(records)
+
     def subscribed_topics(self) -> set[str]:
         return {t for m in self.members.values() for t in m.subscribed_topics}
 

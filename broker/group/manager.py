@@ -87,6 +87,8 @@ class OffsetsPartition:
     groups: dict[str, GroupCoordinator] = field(default_factory=dict)
     end_offset: int = 0
     """Log end after this partition's last append: an answer waits for HW >= it."""
+    deleted_topics: set[str] = field(default_factory=set)
+    """Topics deleted while loading: their offsets are tombstoned once loaded."""
 
 
 class GroupError(Exception):
@@ -351,9 +353,16 @@ class GroupManager:
             (time.monotonic() - started) * 1000,
             part.leader_epoch,
         )
-        # The topics may have changed since the records were written.
+        # The topics may have changed since the records were written; offsets of a
+        # topic deleted meanwhile (or while loading) go, as they would have had this
+        # broker led the partition then.
+        gone = part.deleted_topics | {
+            t for g in part.groups.values() for t, _ in g.offsets if self.image.topic(t) is None
+        }
         for g in list(part.groups.values()):
             self._spawn_write(part, g.update_topics(self._topics))
+            if gone:
+                self._spawn_write(part, g.delete_topic_offsets(gone))
 
     async def _read_log(
         self, part: OffsetsPartition, replica: Replica
@@ -428,7 +437,16 @@ class GroupManager:
 
     def _update_topics(self, delta: MetadataDelta, image: MetadataImage) -> None:
         """Recompute the specs of the topics the delta touched (every topic once, or when
-        brokers changed: their racks), and tell the groups if any differ."""
+        brokers changed: their racks), and tell the groups if any differ. Deleted
+        topics' offsets are tombstoned."""
+        deleted = set(delta.deleted_topics.values())
+        if deleted:
+            for part in list(self.partitions.values()):
+                if part.loading:
+                    part.deleted_topics |= deleted
+                    continue
+                for g in list(part.groups.values()):
+                    self._spawn_write(part, g.delete_topic_offsets(deleted))
         if not self.partitions:
             self._topics_current = False  # no groups here: recomputed when one loads
             return
