@@ -13,6 +13,7 @@ import pytest
 from helpers import wait_until_async
 from test_broker_inproc import FakeLink, batch, broker_config, produce
 
+from rillet.broker.group.manager import _write_error
 from rillet.broker.server import BrokerServer
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
@@ -367,7 +368,7 @@ async def test_a_silent_member_is_removed_by_the_timers(tmp_path: Path) -> None:
 async def test_a_failed_write_is_reverted_and_answered_retriably(tmp_path: Path) -> None:
     # One broker, min.insync.replicas=2: every group write is refused NOT_ENOUGH_REPLICAS.
     # The core applied each step before the append, so the manager must drop that state
-    # (reload the partition from its log) and answer retriably.
+    # (undo the step) and answer retriably.
     link = FakeLink(1)
     config = broker_config(
         tmp_path / "logs", "offsets.topic.num.partitions=1", "min.insync.replicas=2"
@@ -393,6 +394,51 @@ async def test_a_failed_write_is_reverted_and_answered_retriably(tmp_path: Path)
     finally:
         await conn.aclose()
         await server.stop()
+
+
+async def test_a_refused_write_undoes_its_step_alone(node: Any) -> None:
+    # While the ISR is below min.insync.replicas every append is refused before it
+    # reaches the log: each refused step is undone on its group alone, with no reload
+    # of the partition (which would restart every member's session).
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    a = await heartbeat(conn, "g", "a", 0)
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    part = mgr.partitions[index]
+    replica = server.replicas.replicas[TopicPartition(OFFSETS, index)]
+    replica.min_insync_replicas = 2  # the ISR shrank below it
+    for i in range(5):
+        refused = await heartbeat(conn, "g", f"m{i}", 0)
+        assert refused.error_code == code("COORDINATOR_NOT_AVAILABLE")
+    assert await commit(conn, "g", "t", 0, 5, "a", a.member_epoch) == code(
+        "COORDINATOR_NOT_AVAILABLE"
+    )
+    assert mgr.partitions[index] is part and not part.loading
+    g = part.groups["g"]
+    assert set(g.members) == {"a"} and g.offsets == {}
+    # a's session runs out: its removal cannot be written, so the removal is undone
+    # and made again by a later tick, never lost.
+    start = mgr.clock()
+    mgr.clock = lambda: start + 10_000_000
+    mgr.tick()
+    assert set(part.groups["g"].members) == {"a"}
+    replica.min_insync_replicas = 1
+    mgr.tick()
+
+    async def empty() -> bool:
+        listed = await call(conn, m.ListGroupsRequest())
+        return [(x.group_id, x.group_state) for x in listed.groups] == [("g", "Empty")]
+
+    await wait_until_async(empty, timeout=10, message="a removed once writes pass")
+    assert (await heartbeat(conn, "g", "a", a.member_epoch)).error_code == code("UNKNOWN_MEMBER_ID")
+
+
+def test_records_too_large_to_write_are_not_retriable() -> None:
+    for too_large in ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
+        assert _write_error(code(too_large)) == code("UNKNOWN_SERVER_ERROR")
+    assert _write_error(code("NOT_ENOUGH_REPLICAS")) == code("COORDINATOR_NOT_AVAILABLE")
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:

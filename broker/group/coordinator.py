@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rillet.broker.group.assignors import (
     ASSIGNORS,
@@ -314,6 +314,26 @@ class GroupCoordinator:
         """The subscribed topics' specs as last recorded (PartitionMetadataRecord)."""
         self.offsets: dict[tuple[str, int], OffsetCommitRecord] = {}
 
+    # --- undo ---------------------------------------------------------------------------
+
+    def copy(self) -> GroupCoordinator:
+        """An independent copy, to restore if the records of the next event cannot be
+        written. Containers are copied one level deep: the core replaces member
+        assignments and target shares rather than changing them in place."""
+        c = GroupCoordinator.__new__(GroupCoordinator)
+        c.__dict__.update(self.__dict__)
+        c.members = {k: replace(m) for k, m in self.members.items()}
+        c.static_members = dict(self.static_members)
+        c.target = dict(self.target)
+        c.topics = dict(self.topics)
+        c.subscribed_metadata = dict(self.subscribed_metadata)
+        c.offsets = dict(self.offsets)
+        return c
+
+    def restore(self, snapshot: GroupCoordinator) -> None:
+        """Back to ``snapshot`` (a ``copy``, not used afterwards)."""
+        self.__dict__.update(snapshot.__dict__)
+
     # --- queries --------------------------------------------------------------------
 
     @property
@@ -374,6 +394,14 @@ class GroupCoordinator:
         member.session_deadline_ms = now_ms + self.config.session_timeout_ms
         records = self._update_member(member, req)
         return self._reconcile_and_answer(member, req, records, now_ms)
+
+    def due(self, now_ms: int) -> bool:
+        """Whether ``tick(now_ms)`` would change anything (cheap: no copy needed if not)."""
+        return any(
+            now_ms >= m.session_deadline_ms
+            or (m.rebalance_deadline_ms is not None and now_ms >= m.rebalance_deadline_ms)
+            for m in self.members.values()
+        )
 
     def tick(self, now_ms: int) -> Step:
         """Remove members whose session expired or who did not revoke in time."""

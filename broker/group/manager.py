@@ -14,8 +14,10 @@ cores; this loads them, writes their records and answers only once those are com
   until the high watermark passes the batch. A step without records still waits until
   the HW passes everything appended before it: its answer may rest on state those
   records carry. Either fails after ``offsets.commit.timeout.ms``.
-- **Revert on failure**: the core applied the step before it was written. When the
-  append or its replication fails, memory is ahead of the log: the partition's groups
+- **Undo or reload on failure**: the core applied the step before it was written. An
+  append refused with nothing written undoes that step on its group alone (a copy taken
+  before the event). When records may have reached the log (replication failed or
+  timed out, leadership lost), memory may be ahead of the log: the partition's groups
   are discarded and reloaded from the log (dropped if no longer leader) before anything
   more is served, and every answer in flight on that partition becomes a retriable
   error (its generation changed).
@@ -59,6 +61,12 @@ COORDINATOR_NOT_AVAILABLE = errors.code_of("COORDINATOR_NOT_AVAILABLE")
 REQUEST_TIMED_OUT = errors.code_of("REQUEST_TIMED_OUT")
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
 STORAGE_ERROR = errors.code_of("KAFKA_STORAGE_ERROR")
+MESSAGE_TOO_LARGE = errors.code_of("MESSAGE_TOO_LARGE")
+RECORD_LIST_TOO_LARGE = errors.code_of("RECORD_LIST_TOO_LARGE")
+UNKNOWN_SERVER_ERROR = errors.code_of("UNKNOWN_SERVER_ERROR")
+_LOG_MAY_HOLD_IT = (NOT_COORDINATOR, NOT_LEADER_OR_FOLLOWER, STORAGE_ERROR)
+"""Append refusals after which the log may hold part of the batch, or this broker no
+longer leads: the partition is reloaded (or dropped), not the step undone."""
 TICK_INTERVAL_MS = 250
 READ_CHUNK_BYTES = 1 << 20
 RELOAD_RETRY_S = 1.0
@@ -181,31 +189,54 @@ class GroupManager:
 
     async def run(self, group_id: str, event: Callable[[GroupCoordinator], Step]) -> Step:
         """Apply ``event`` to the group (created if new), write its records and return the
-        step once they are committed. GroupError with a retriable code when the
-        coordinator cannot serve it or the write failed."""
+        step once they are committed. GroupError when the coordinator cannot serve it or
+        the write failed (retriable unless the records can never be written)."""
         part = self.partition_for_group(group_id)
+        existing = part.groups.get(group_id)
+        before = existing.copy() if existing is not None else None
         g = self.group(group_id, create=True)
         assert g is not None
+        generation = part.generation
         step = event(g)
         if g.is_deleted and not step.records:
             part.groups.pop(group_id, None)  # a refused first request leaves no group
-        await self._write(part, step.records, g)
+        pending = self._start_write(part, g, before, step.records)
+        await self._settle(part, generation, pending)
         return step
 
-    async def _write(
+    def _start_write(
         self,
         part: OffsetsPartition,
+        g: GroupCoordinator,
+        before: GroupCoordinator | None,
         group_records: tuple[GroupRecord, ...],
-        g: GroupCoordinator | None = None,
-    ) -> None:
-        """Append ``group_records`` (before the first ``await``: the caller has just
-        applied them in memory) and wait until they, and everything appended before
-        them, are committed."""
-        generation = part.generation
-        if g is not None and g.is_deleted and group_records:
+    ) -> Pending | None:
+        """Append the records ``g`` has just applied (before any ``await``). An append
+        refused before anything reached the log (too few in-sync replicas, too large)
+        undoes this step alone: ``g`` goes back to ``before`` (None: it did not exist)
+        and GroupError is raised; every other group and write is untouched, so a
+        refusal costs no reload and resets no member's session."""
+        if not group_records:
+            return None
+        if g.is_deleted:
             part.groups.pop(g.group_id, None)
-        pending = self._append(part, group_records) if group_records else None
-        await self._settle(part, generation, pending)
+        pending = self._append(part, group_records)
+        result, future = pending
+        if future is None and result.error_code not in _LOG_MAY_HOLD_IT:
+            if before is None:
+                part.groups.pop(g.group_id, None)
+            else:
+                g.restore(before)
+                part.groups[g.group_id] = g
+            logger.debug(
+                "%s-%d: a write of group %s refused (%s): undone",
+                OFFSETS_TOPIC,
+                part.index,
+                g.group_id,
+                errors.error_name(result.error_code),
+            )
+            raise GroupError(_write_error(result.error_code))
+        return pending
 
     def _append(self, part: OffsetsPartition, group_records: tuple[GroupRecord, ...]) -> Pending:
         """Encode and append the records as one batch, now (no ``await``), so the log
@@ -220,8 +251,11 @@ class GroupManager:
         )
         # Only this manager appends to the partition (client produces are refused), so
         # the batch ends exactly len(kvs) past the current log end.
-        part.end_offset = replica.log.log_end_offset + len(kvs)
-        return self.replicas.start_append(tp, memoryview(batch), self.commit_timeout_ms)
+        end = replica.log.log_end_offset + len(kvs)
+        pending = self.replicas.start_append(tp, memoryview(batch), self.commit_timeout_ms)
+        if pending[0].error_code == NONE:
+            part.end_offset = end
+        return pending
 
     async def _settle(
         self, part: OffsetsPartition, generation: int, pending: Pending | None
@@ -360,9 +394,9 @@ class GroupManager:
             t for g in part.groups.values() for t, _ in g.offsets if self.image.topic(t) is None
         }
         for g in list(part.groups.values()):
-            self._spawn_write(part, g.update_topics(self._topics))
+            self._spawn_write(part, g, g.copy(), g.update_topics(self._topics).records)
             if gone:
-                self._spawn_write(part, g.delete_topic_offsets(gone))
+                self._spawn_write(part, g, g.copy(), g.delete_topic_offsets(gone).records)
 
     async def _read_log(
         self, part: OffsetsPartition, replica: Replica
@@ -416,15 +450,25 @@ class GroupManager:
             if part.loading:
                 continue
             for g in list(part.groups.values()):
-                step = g.tick(now)
-                if step.records:
-                    self._spawn_write(part, step)
+                if g.due(now):  # copied only then: most ticks change nothing
+                    before = g.copy()
+                    self._spawn_write(part, g, before, g.tick(now).records)
 
-    def _spawn_write(self, part: OffsetsPartition, step: Step) -> None:
+    def _spawn_write(
+        self,
+        part: OffsetsPartition,
+        g: GroupCoordinator,
+        before: GroupCoordinator,
+        group_records: tuple[GroupRecord, ...],
+    ) -> None:
         """A write no request waits for (timers, topic changes): appended now, in the
-        order the core made it, and settled in the background."""
-        if step.records:
-            pending = self._append(part, step.records)
+        order the core made it, and settled in the background. A refused one was undone
+        and is made again by the next tick or topic change."""
+        try:
+            pending = self._start_write(part, g, before, group_records)
+        except GroupError:
+            return
+        if pending is not None:
             settle = self._settle_quietly(part, part.generation, pending)
             self._spawn(settle, f"group-write-{part.index}")
 
@@ -446,7 +490,7 @@ class GroupManager:
                     part.deleted_topics |= deleted
                     continue
                 for g in list(part.groups.values()):
-                    self._spawn_write(part, g.delete_topic_offsets(deleted))
+                    self._spawn_write(part, g, g.copy(), g.delete_topic_offsets(deleted).records)
         if not self.partitions:
             self._topics_current = False  # no groups here: recomputed when one loads
             return
@@ -471,7 +515,7 @@ class GroupManager:
             if part.loading:
                 continue  # loads with the new topics when done
             for g in list(part.groups.values()):
-                self._spawn_write(part, g.update_topics(topics))
+                self._spawn_write(part, g, g.copy(), g.update_topics(topics).records)
 
     # --- tasks ------------------------------------------------------------------------------
 
@@ -494,12 +538,15 @@ class GroupManager:
 
 def _write_error(append_code: int) -> int:
     """What a failed group write answers, as Kafka's coordinator maps append errors: a
-    lost leadership is NOT_COORDINATOR, a timeout stays one, the rest (too few
-    replicas) is COORDINATOR_NOT_AVAILABLE; all retriable."""
+    lost leadership is NOT_COORDINATOR, a timeout stays one, records too large to ever
+    be written UNKNOWN_SERVER_ERROR (not retriable: retrying cannot help), the rest
+    (too few replicas) the retriable COORDINATOR_NOT_AVAILABLE."""
     if append_code in (NOT_COORDINATOR, NOT_LEADER_OR_FOLLOWER, STORAGE_ERROR):
         return NOT_COORDINATOR
     if append_code == REQUEST_TIMED_OUT:
         return REQUEST_TIMED_OUT
+    if append_code in (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE):
+        return UNKNOWN_SERVER_ERROR
     return COORDINATOR_NOT_AVAILABLE
 
 
