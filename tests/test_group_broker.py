@@ -5,6 +5,7 @@ restarts are in tests/test_group_cluster.py, on real processes."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -439,6 +440,28 @@ def test_records_too_large_to_write_are_not_retriable() -> None:
     for too_large in ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
         assert _write_error(code(too_large)) == code("UNKNOWN_SERVER_ERROR")
     assert _write_error(code("NOT_ENOUGH_REPLICAS")) == code("COORDINATOR_NOT_AVAILABLE")
+
+
+async def test_a_broker_that_just_became_follower_answers_not_coordinator(node: Any) -> None:
+    # The ReplicaManager takes the follower role before GroupManager.on_metadata drops
+    # the partition (roles are applied over several loop turns): in between, the groups
+    # still in memory must not answer as coordinator.
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    a = await heartbeat(conn, "g", "a", 0)
+    assert await commit(conn, "g", "t", 0, 5, "a", a.member_epoch) == 0
+    index = server.groups.partition_of("g")
+    tp = TopicPartition(OFFSETS, index)
+    p = link.image.partition(OFFSETS, index)
+    moved = dataclasses.replace(
+        p, leader=2, leader_epoch=p.leader_epoch + 1, replicas=(1, 2), isr=(1, 2)
+    )
+    server.replicas._become(tp, moved, link.image)
+    assert not server.replicas.replicas[tp].is_leader
+    hb = await heartbeat(conn, "g", "a", a.member_epoch)
+    assert hb.error_code == code("NOT_COORDINATOR")
+    assert (await fetch(conn, "g", None)).error_code == code("NOT_COORDINATOR")
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:

@@ -159,7 +159,21 @@ class GroupManager:
             raise GroupError(NOT_COORDINATOR)
         if part.loading:
             raise GroupError(COORDINATOR_LOAD_IN_PROGRESS)
+        self._check_leads(part)
         return part
+
+    def _check_leads(self, part: OffsetsPartition) -> None:
+        """NOT_COORDINATOR unless this broker still leads the partition in the epoch it
+        loaded it at. The ReplicaManager takes a new role before ``on_metadata`` drops
+        the partition here; in between, its groups must not answer."""
+        replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
+        if (
+            self.partitions.get(part.index) is not part
+            or replica is None
+            or not replica.is_leader
+            or replica.state.leader_epoch != part.leader_epoch
+        ):
+            raise GroupError(NOT_COORDINATOR)
 
     def group(self, group_id: str, create: bool = False) -> GroupCoordinator | None:
         part = self.partition_for_group(group_id)
@@ -177,8 +191,9 @@ class GroupManager:
         generation = part.generation
         if not await self._wait_committed(part, None):
             raise GroupError(REQUEST_TIMED_OUT)
-        if self.partitions.get(part.index) is not part or part.generation != generation:
+        if part.generation != generation:
             raise GroupError(NOT_COORDINATOR)
+        self._check_leads(part)
         return part.groups.get(group_id)
 
     def groups(self) -> list[GroupCoordinator]:
@@ -270,8 +285,9 @@ class GroupManager:
                 raise GroupError(_write_error(result.error_code))
         elif not await self._wait_committed(part, part.end_offset):
             raise GroupError(REQUEST_TIMED_OUT)
-        if self.partitions.get(part.index) is not part or part.generation != generation:
+        if part.generation != generation:
             raise GroupError(NOT_COORDINATOR)
+        self._check_leads(part)
 
     async def _wait_committed(self, part: OffsetsPartition, offset: int | None) -> bool:
         """Until the partition's HW reaches ``offset`` (None: the end of the latest
