@@ -5,6 +5,7 @@ restarts are in tests/test_group_cluster.py, on real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from helpers import wait_until_async
 from test_broker_inproc import FakeLink, batch, broker_config, produce
 
 from rillet.broker.group.manager import _write_error
+from rillet.broker.replica_manager import AppendResult
 from rillet.broker.server import BrokerServer
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
@@ -462,6 +464,39 @@ async def test_a_broker_that_just_became_follower_answers_not_coordinator(node: 
     hb = await heartbeat(conn, "g", "a", a.member_epoch)
     assert hb.error_code == code("NOT_COORDINATOR")
     assert (await fetch(conn, "g", None)).error_code == code("NOT_COORDINATOR")
+
+
+async def test_a_read_waits_for_its_own_groups_writes_only(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another group's write still replicating must not hold back a read of a group
+    # whose records are all committed (on a busy partition it would starve).
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    assert await commit(conn, "g", "t", 0, 5) == 0
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    other = next(f"h{i}" for i in range(1000) if mgr.partition_of(f"h{i}") == index)
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
+        # Accepted, and its followers have not acknowledged it yet.
+        return AppendResult(tp.topic, tp.partition, 0), never
+
+    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    # On its own connection: a connection's requests are answered in order.
+    conn2 = await Connection.open("127.0.0.1", server.port)
+    stuck = asyncio.get_running_loop().create_task(commit(conn2, other, "t", 0, 1))
+    try:
+        await wait_until_async(lambda: other in mgr.partitions[index].groups, timeout=10)
+        f = await fetch(conn, "g", {"t": [0]})
+        assert f.error_code == 0 and offsets_of(f) == {("t", 0): 5}
+        assert not stuck.done()
+    finally:
+        stuck.cancel()
+        never.cancel()
+        await conn2.aclose()
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:

@@ -93,8 +93,11 @@ class OffsetsPartition:
     as a success (the state it answered from was discarded)."""
     loading: bool = True
     groups: dict[str, GroupCoordinator] = field(default_factory=dict)
-    end_offset: int = 0
-    """Log end after this partition's last append: an answer waits for HW >= it."""
+    loaded_end: int = 0
+    """Log end the partition was loaded to: a group not written since waits for it."""
+    group_end: dict[str, int] = field(default_factory=dict)
+    """Log end after each group's last append: an answer about a group waits for the HW
+    to reach its own writes only, so other groups' traffic cannot starve it."""
     deleted_topics: set[str] = field(default_factory=set)
     """Topics deleted while loading: their offsets are tombstoned once loaded."""
 
@@ -184,17 +187,24 @@ class GroupManager:
         return g
 
     async def committed(self, group_id: str) -> GroupCoordinator | None:
-        """The group for a read (OffsetFetch, describe), once everything written so far
-        is committed: an answer never shows a state its records may still lose. Writes
-        made while waiting are waited for too, since the state read includes them."""
+        """The group for a read (OffsetFetch, describe) as it is now, returned once its
+        records so far are committed: an answer never shows a state its records may
+        still lose. A copy: writes made while waiting are not in it, so the wait is for
+        the group's writes up to now, never a moving target."""
         part = self.partition_for_group(group_id)
         generation = part.generation
-        if not await self._wait_committed(part, None):
+        g = part.groups.get(group_id)
+        snapshot = None if g is None else g.copy()
+        if not await self._wait_committed(part, self._group_end(part, group_id)):
             raise GroupError(REQUEST_TIMED_OUT)
         if part.generation != generation:
             raise GroupError(NOT_COORDINATOR)
         self._check_leads(part)
-        return part.groups.get(group_id)
+        return snapshot
+
+    @staticmethod
+    def _group_end(part: OffsetsPartition, group_id: str) -> int:
+        return part.group_end.get(group_id, part.loaded_end)
 
     def groups(self) -> list[GroupCoordinator]:
         """Every group of the loaded partitions this broker leads."""
@@ -216,7 +226,7 @@ class GroupManager:
         if g.is_deleted and not step.records:
             part.groups.pop(group_id, None)  # a refused first request leaves no group
         pending = self._start_write(part, g, before, step.records)
-        await self._settle(part, generation, pending)
+        await self._settle(part, generation, pending, self._group_end(part, group_id))
         return step
 
     def _start_write(
@@ -269,41 +279,43 @@ class GroupManager:
         end = replica.log.log_end_offset + len(kvs)
         pending = self.replicas.start_append(tp, memoryview(batch), self.commit_timeout_ms)
         if pending[0].error_code == NONE:
-            part.end_offset = end
+            for r in group_records:
+                part.group_end[r.group_id] = end
         return pending
 
     async def _settle(
-        self, part: OffsetsPartition, generation: int, pending: Pending | None
+        self,
+        part: OffsetsPartition,
+        generation: int,
+        pending: Pending | None,
+        committed_to: int = 0,
     ) -> None:
-        """Wait for an append (or, without one, for what was appended before) to be
-        committed; revert the partition when the append failed."""
+        """Wait for an append (or, without one, for the HW to reach ``committed_to``:
+        the group's earlier writes its answer rests on) to be committed; revert the
+        partition when the append failed."""
         if pending is not None:
             result, future = pending
             await self.replicas.finish_append(result, future, self.commit_timeout_ms)
             if result.error_code != NONE:
                 self._revert(part, generation, result.error_code)
                 raise GroupError(_write_error(result.error_code))
-        elif not await self._wait_committed(part, part.end_offset):
+        elif not await self._wait_committed(part, committed_to):
             raise GroupError(REQUEST_TIMED_OUT)
         if part.generation != generation:
             raise GroupError(NOT_COORDINATOR)
         self._check_leads(part)
 
-    async def _wait_committed(self, part: OffsetsPartition, offset: int | None) -> bool:
-        """Until the partition's HW reaches ``offset`` (None: the end of the latest
-        append, re-read as it moves); False on timeout or lost role."""
+    async def _wait_committed(self, part: OffsetsPartition, offset: int) -> bool:
+        """Until the partition's HW reaches ``offset``; False on timeout or lost role."""
         replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
         if replica is None:
             return False
 
-        def target() -> int:
-            return part.end_offset if offset is None else offset
-
-        if replica.state.high_watermark >= target():
+        if replica.state.high_watermark >= offset:
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.commit_timeout_ms / 1000
-        while replica.state.high_watermark < target():
+        while replica.state.high_watermark < offset:
             remaining = deadline - loop.time()
             if remaining <= 0 or not replica.is_leader:
                 return False
@@ -391,7 +403,7 @@ class GroupManager:
             g = GroupCoordinator.load(group_id, recs, self._topics, now, self.group_config)
             if not g.is_deleted:
                 part.groups[group_id] = g
-        part.end_offset = end
+        part.loaded_end = end
         part.loading = False
         logger.info(
             "%s-%d: loaded %d group(s) from offsets [%d, %d) in %.0f ms (leader epoch %d)",
