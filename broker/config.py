@@ -97,8 +97,8 @@ BROKER_KEYS = ConfigTable(
         Key("offsets.topic.num.partitions", int, 50,
             "Partitions of `__consumer_offsets` (fixed once it exists: it places groups)."),
         Key("offsets.topic.replication.factor", int, 3,
-            "Replication of `__consumer_offsets`, capped at the brokers alive when it is "
-            "created."),
+            "Replication of `__consumer_offsets`, capped at the brokers registered; it is "
+            "created only once that many are alive."),
         Key("offsets.topic.segment.bytes", int, 100 * MIB,
             "Segment size of `__consumer_offsets` (small, so compaction keeps loads short)."),
         Key("offsets.commit.timeout.ms", int, 5000,

@@ -21,7 +21,12 @@ from rillet.broker.server import BrokerServer
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
-from rillet.controller.metadata.image import TopicPartition
+from rillet.controller.metadata.image import (
+    Endpoint,
+    RegisterBroker,
+    TopicPartition,
+    UnfenceBroker,
+)
 
 OFFSETS = "__consumer_offsets"
 code = errors.code_of
@@ -497,6 +502,45 @@ async def test_a_read_waits_for_its_own_groups_writes_only(
         stuck.cancel()
         never.cancel()
         await conn2.aclose()
+
+
+class CreationSpyLink(FakeLink):
+    """Remembers the replication factor of each topic it is asked to create."""
+
+    def __init__(self, node_id: int) -> None:
+        super().__init__(node_id)
+        self.asked: list[int] = []
+
+    async def forward(self, message: Any) -> Any:
+        if isinstance(message, m.CreateTopicsRequest):
+            self.asked += [t.replication_factor for t in message.topics]
+        return await super().forward(message)
+
+
+async def test_the_offsets_topic_waits_for_as_many_brokers_as_its_replicas(
+    tmp_path: Path,
+) -> None:
+    # Replication is offsets.topic.replication.factor (3 here) capped at the brokers
+    # registered: with a second broker registered but fenced, the topic is not made with
+    # one replica for good; the coordinator stays unavailable until that broker is back.
+    link = CreationSpyLink(1)
+    config = broker_config(tmp_path / "logs", "offsets.topic.replication.factor=3")
+    server = BrokerServer(config, link=link)
+    await server.start()
+    conn = await Connection.open("127.0.0.1", server.port)
+    try:
+        other = RegisterBroker(2, "b2", 1, (Endpoint("BROKER", "127.0.0.1", 1),), None)
+        await link.commit([other])
+        (c,) = await find(conn, "g")
+        assert c.error_code == code("COORDINATOR_NOT_AVAILABLE")
+        assert link.asked == [] and link.image.topic(OFFSETS) is None
+        await link.commit([UnfenceBroker(2, 1)])
+        await find(conn, "g")
+        await wait_until_async(lambda: link.image.topic(OFFSETS) is not None, timeout=10)
+        assert link.asked == [2]
+    finally:
+        await conn.aclose()
+        await server.stop()
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:

@@ -95,8 +95,9 @@ class GroupHandlers:
     async def find_coordinator(self, request: Request) -> Response:
         req: m.FindCoordinatorRequest = request.message
         topic = self.image.topic(OFFSETS_TOPIC)
+        waiting = "creating offsets"
         if topic is None and req.key_type == KEY_TYPE_GROUP:
-            self._create_offsets_topic()
+            waiting = self._create_offsets_topic()
         out = []
         for key in req.coordinator_keys:
             if req.key_type != KEY_TYPE_GROUP:
@@ -104,7 +105,7 @@ class GroupHandlers:
             elif not key:
                 out.append(_no_coordinator(key, INVALID_REQUEST, "empty group id"))
             elif topic is None:
-                out.append(_no_coordinator(key, COORDINATOR_NOT_AVAILABLE, "creating offsets"))
+                out.append(_no_coordinator(key, COORDINATOR_NOT_AVAILABLE, waiting))
             else:
                 out.append(self._coordinator(key, topic))
         return Response(m.FindCoordinatorResponse(coordinators=out))
@@ -119,13 +120,20 @@ class GroupHandlers:
         host, port = endpoint
         return m.Coordinator(key, leader, host, port, NONE, None)
 
-    def _create_offsets_topic(self) -> None:
-        """Ask the controller for `__consumer_offsets` (once at a time): Kafka's configs,
-        replication capped at the brokers alive now."""
+    def _create_offsets_topic(self) -> str:
+        """Ask the controller for `__consumer_offsets` (once at a time) with Kafka's
+        configs; what the coordinator is waiting for. Replication is
+        offsets.topic.replication.factor capped at the brokers registered (fenced or
+        not), and the topic is made only once that many are alive, as Kafka refuses to
+        make it smaller: a topic made while one broker of three is up would keep a
+        single replica for good."""
         if self._creating is not None and not self._creating.done():
-            return
+            return "creating offsets"
+        registered = len(self.image.brokers)
+        rf = max(1, min(self.config["offsets.topic.replication.factor"], registered))
         alive = sum(1 for b in self.image.brokers if self.image.is_unfenced(b))
-        rf = max(1, min(self.config["offsets.topic.replication.factor"], alive))
+        if alive < rf:
+            return f"offsets topic needs {rf} brokers alive, {alive} are"
         topic = m.CreatableTopic(
             name=OFFSETS_TOPIC,
             num_partitions=self.config["offsets.topic.num.partitions"],
@@ -151,6 +159,7 @@ class GroupHandlers:
 
         self._creating = asyncio.get_running_loop().create_task(create(), name="create-offsets")
         on_death_log(self._creating, f"creating {OFFSETS_TOPIC}")
+        return "creating offsets"
 
     # --- ConsumerGroupHeartbeat -------------------------------------------------------------
 
