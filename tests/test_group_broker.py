@@ -15,10 +15,12 @@ import pytest
 from helpers import wait_until_async
 from test_broker_inproc import FakeLink, batch, broker_config, produce
 
+from rillet.broker.group import records_codec as codec
+from rillet.broker.group.coordinator import GroupCoordinator, GroupMetadataRecord
 from rillet.broker.group.manager import _write_error
 from rillet.broker.replica_manager import AppendResult
 from rillet.broker.server import BrokerServer
-from rillet.client.wire import errors
+from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.controller.metadata.image import (
@@ -541,6 +543,53 @@ async def test_the_offsets_topic_waits_for_as_many_brokers_as_its_replicas(
     finally:
         await conn.aclose()
         await server.stop()
+
+
+async def _reload(server: BrokerServer, index: int) -> None:
+    """Load the offsets partition again, as after a new leader epoch."""
+    mgr = server.groups
+    mgr._start_load(index, server.replicas.replicas[TopicPartition(OFFSETS, index)])
+    await wait_until_async(lambda: not mgr.partitions[index].loading, timeout=10)
+
+
+async def test_a_group_that_does_not_load_fails_alone(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record that does not decode (here: a newer value version) or a replay that
+    # raises fails that group only: it answers retriably and is never written over;
+    # the partition's other groups load and are served.
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    mgr = server.groups
+    await ready(conn, "g")
+    index = mgr.partition_of("g")
+    bad, broken = [f"x{i}" for i in range(1000) if mgr.partition_of(f"x{i}") == index][:2]
+    for group in ("g", bad, broken):
+        assert await commit(conn, group, "t", 0, 5) == 0
+    key, value = codec.encode(GroupMetadataRecord(bad, 3))[0]
+    assert value is not None
+    tp = TopicPartition(OFFSETS, index)
+    batch = records.encode_batch([b"\x00\x07" + value[2:]], [key], timestamp_ms=0)
+    result, done = server.replicas.start_append(tp, memoryview(batch), 5000)
+    await server.replicas.finish_append(result, done, 5000)
+    assert result.error_code == 0
+    load = GroupCoordinator.load
+
+    def load_or_raise(group_id: str, *args: Any) -> GroupCoordinator:
+        if group_id == broken:
+            raise RuntimeError("replay failed")
+        return load(group_id, *args)
+
+    monkeypatch.setattr(GroupCoordinator, "load", load_or_raise)
+    await _reload(server, index)
+    assert offsets_of(await fetch(conn, "g", {"t": [0]})) == {("t", 0): 5}
+    unavailable = code("COORDINATOR_NOT_AVAILABLE")
+    for group in (bad, broken):
+        assert (await fetch(conn, group, None)).error_code == unavailable
+        assert await commit(conn, group, "t", 0, 9) == unavailable
+        assert (await heartbeat(conn, group, "a", 0)).error_code == unavailable
+    listed = await call(conn, m.ListGroupsRequest())
+    assert [x.group_id for x in listed.groups] == ["g"]
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:

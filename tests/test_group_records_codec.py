@@ -90,6 +90,14 @@ def test_records_that_are_not_ours_are_refused() -> None:
     assert value is not None
     with pytest.raises(codec.GroupRecordError, match="version"):
         codec.decode(key, b"\x00\x09" + value[2:])
+    # Malformed bodies and key fields are the same error, never msgpack's or IndexError.
+    with pytest.raises(codec.GroupRecordError):
+        codec.decode(key, b"\x00\x00\xc1")
+    with pytest.raises(codec.GroupRecordError):
+        codec.decode(key, b"\x00\x00\x90")
+    offset_key = struct.pack(">h", 1) + b"\x91\xa1g"  # an offset key without topic
+    with pytest.raises(codec.GroupRecordError):
+        codec.decode(offset_key, None)
 
 
 def test_a_codec_that_loses_member_tombstones_fails_the_simulation(

@@ -98,6 +98,9 @@ class OffsetsPartition:
     group_end: dict[str, int] = field(default_factory=dict)
     """Log end after each group's last append: an answer about a group waits for the HW
     to reach its own writes only, so other groups' traffic cannot starve it."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Groups whose records could not be loaded (group id -> why): not served, and
+    never written over, until a later load of the partition reads them."""
     deleted_topics: set[str] = field(default_factory=set)
     """Topics deleted while loading: their offsets are tombstoned once loaded."""
 
@@ -163,6 +166,10 @@ class GroupManager:
         if part.loading:
             raise GroupError(COORDINATOR_LOAD_IN_PROGRESS)
         self._check_leads(part)
+        if group_id in part.failed:
+            # Retriable: a broker that can read its records (a newer version) may lead
+            # the partition later; writing over what we could not read would corrupt it.
+            raise GroupError(COORDINATOR_NOT_AVAILABLE)
         return part
 
     def _check_leads(self, part: OffsetsPartition) -> None:
@@ -400,7 +407,13 @@ class GroupManager:
             self._topics, self._topics_current = topic_specs(self.image), True
         now = self.clock()
         for group_id, recs in by_group.items():
-            g = GroupCoordinator.load(group_id, recs, self._topics, now, self.group_config)
+            if group_id in part.failed:
+                continue
+            try:
+                g = GroupCoordinator.load(group_id, recs, self._topics, now, self.group_config)
+            except Exception as e:  # this group alone: the partition's others load
+                self._fail_group(part, group_id, f"its records do not replay: {e!r}")
+                continue
             if not g.is_deleted:
                 part.groups[group_id] = g
         part.loaded_end = end
@@ -448,9 +461,7 @@ class GroupManager:
                     try:
                         record = codec.decode(r.key, r.value)
                     except codec.GroupRecordError as e:
-                        logger.error(
-                            "%s-%d offset %d: skipped: %s", OFFSETS_TOPIC, part.index, r.offset, e
-                        )
+                        self._bad_record(part, r.key, r.offset, e)
                         continue
                     if record is not None:
                         by_group.setdefault(record.group_id, []).append(record)
@@ -460,6 +471,37 @@ class GroupManager:
             if self.partitions.get(part.index) is not part:
                 break
         return by_group, end
+
+    def _bad_record(
+        self, part: OffsetsPartition, key: bytes, offset: int, e: codec.GroupRecordError
+    ) -> None:
+        """A record that does not decode fails the group its key names: replaying the
+        rest without it could rebuild a wrong group (a lost removal, a lost commit)."""
+        try:
+            group_id = codec.group_of(key)
+        except codec.GroupRecordError:
+            # No group to blame: not one of ours (only this manager writes here).
+            logger.error(
+                "%s-%d offset %d: a record that names no group, skipped: %s",
+                OFFSETS_TOPIC,
+                part.index,
+                offset,
+                e,
+            )
+            return
+        self._fail_group(part, group_id, f"record at offset {offset} does not decode: {e}")
+
+    def _fail_group(self, part: OffsetsPartition, group_id: str, why: str) -> None:
+        if group_id not in part.failed:
+            part.failed[group_id] = why
+            logger.error(
+                "%s-%d: group %s cannot be loaded and answers COORDINATOR_NOT_AVAILABLE "
+                "until the partition is loaded again: %s",
+                OFFSETS_TOPIC,
+                part.index,
+                group_id,
+                why,
+            )
 
     # --- timers and topics ----------------------------------------------------------------
 

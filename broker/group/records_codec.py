@@ -153,17 +153,19 @@ def decode(key: bytes, value: bytes | None) -> GroupRecord | None:
     group-metadata tombstone always follows)."""
     kind, k = _unpack_key(key)
     g = str(k[0])
-    if value is None:
-        return _tombstone(kind, g, k)
-    if len(value) < 2:
-        raise GroupRecordError(f"value of {len(value)} bytes")
-    (version,) = _SHORT.unpack_from(value)
-    if version != VALUE_VERSION:
-        raise GroupRecordError(f"record type {kind}: unknown value version {version}")
-    b = msgpack.unpackb(value[2:], raw=False)
     try:
-        return _body(kind, g, k, b)
-    except (IndexError, TypeError, ValueError) as e:
+        if value is None:
+            return _tombstone(kind, g, k)
+        if len(value) < 2:
+            raise GroupRecordError(f"value of {len(value)} bytes")
+        (version,) = _SHORT.unpack_from(value)
+        if version != VALUE_VERSION:
+            # Written by a newer broker: guessing at it could rebuild a wrong group.
+            raise GroupRecordError(f"record type {kind}: unknown value version {version}")
+        return _body(kind, g, k, msgpack.unpackb(value[2:], raw=False))
+    except GroupRecordError:
+        raise
+    except Exception as e:  # any malformed field: one error type for the loader
         raise GroupRecordError(f"record type {kind}: {e!r}") from e
 
 
