@@ -592,6 +592,46 @@ async def test_a_group_that_does_not_load_fails_alone(
     assert [x.group_id for x in listed.groups] == ["g"]
 
 
+async def test_a_group_whose_timers_or_topic_update_raise_stops_no_other(node: Any) -> None:
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await link.create_topic("u", 1)
+    for group in ("g", "h"):
+        await ready(conn, group)
+        assert (await heartbeat(conn, group, "a", 0)).error_code == 0
+    mgr = server.groups
+
+    def live(group: str) -> GroupCoordinator:
+        return mgr.partitions[mgr.partition_of(group)].groups[group]
+
+    def fails(*args: Any) -> Any:
+        raise RuntimeError("a bug in one group")
+
+    broken = live("g")
+    broken.tick = fails  # type: ignore[method-assign]
+    broken.update_topics = fails  # type: ignore[method-assign]
+    start = mgr.clock()
+    mgr.clock = lambda: start + 10_000_000  # every session ran out
+    mgr.tick()
+    await call(conn, m.DeleteTopicsRequest(["u"], timeout_ms=1000))  # a topic update
+
+    async def h_empty() -> bool:
+        listed = await call(conn, m.ListGroupsRequest())
+        return ("h", "Empty") in [(x.group_id, x.group_state) for x in listed.groups]
+
+    await wait_until_async(h_empty, timeout=10, message="h's silent member removed")
+    assert set(broken.members) == {"a"}  # put back as it was, not half-changed
+    # The ticker task itself survives a tick that raises: it ticks again.
+    calls: list[int] = []
+
+    def tick_fails() -> None:
+        calls.append(1)
+        raise RuntimeError("a bug in tick")
+
+    mgr.tick = tick_fails  # type: ignore[method-assign]
+    await wait_until_async(lambda: len(calls) >= 2, timeout=10, message="ticker ticks again")
+
+
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
     link = FakeLink(1)
     server = BrokerServer(

@@ -252,7 +252,13 @@ class GroupManager:
             return None
         if g.is_deleted:
             part.groups.pop(g.group_id, None)
-        pending = self._append(part, group_records)
+        try:
+            pending = self._append(part, group_records)
+        except Exception:  # a record that does not encode: a bug, kept to this step
+            logger.exception(
+                "%s-%d: group %s: records not written", OFFSETS_TOPIC, part.index, g.group_id
+            )
+            pending = AppendResult(OFFSETS_TOPIC, part.index, UNKNOWN_SERVER_ERROR), None
         result, future = pending
         if future is None and result.error_code not in _LOG_MAY_HOLD_IT:
             if before is None:
@@ -435,9 +441,11 @@ class GroupManager:
             t for g in part.groups.values() for t, _ in g.offsets if self.image.topic(t) is None
         }
         for g in list(part.groups.values()):
-            self._spawn_write(part, g, g.copy(), g.update_topics(self._topics).records)
+            self._background(part, g, "topic update", lambda g: g.update_topics(self._topics))
             if gone:
-                self._spawn_write(part, g, g.copy(), g.delete_topic_offsets(gone).records)
+                self._background(
+                    part, g, "offsets of deleted topics", lambda g: g.delete_topic_offsets(gone)
+                )
 
     async def _read_log(
         self, part: OffsetsPartition, replica: Replica
@@ -512,7 +520,10 @@ class GroupManager:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL_MS / 1000)
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # the timers of every group depend on this task
+                logger.exception("group timers: a tick failed")
 
     def tick(self) -> None:
         now = self.clock()
@@ -521,8 +532,28 @@ class GroupManager:
                 continue
             for g in list(part.groups.values()):
                 if g.due(now):  # copied only then: most ticks change nothing
-                    before = g.copy()
-                    self._spawn_write(part, g, before, g.tick(now).records)
+                    self._background(part, g, "tick", lambda g: g.tick(now))
+
+    def _background(
+        self,
+        part: OffsetsPartition,
+        g: GroupCoordinator,
+        what: str,
+        event: Callable[[GroupCoordinator], Step],
+    ) -> None:
+        """Apply an event no request waits for (timers, topic changes) to one group and
+        write it. An exception in it is that group's alone: logged, the group put back,
+        and the loop over the other groups goes on."""
+        before = g.copy()
+        try:
+            group_records = event(g).records
+        except Exception:
+            g.restore(before)
+            logger.exception(
+                "%s-%d: group %s: %s failed", OFFSETS_TOPIC, part.index, g.group_id, what
+            )
+            return
+        self._spawn_write(part, g, before, group_records)
 
     def _spawn_write(
         self,
@@ -560,7 +591,12 @@ class GroupManager:
                     part.deleted_topics |= deleted
                     continue
                 for g in list(part.groups.values()):
-                    self._spawn_write(part, g, g.copy(), g.delete_topic_offsets(deleted).records)
+                    self._background(
+                        part,
+                        g,
+                        "offsets of deleted topics",
+                        lambda g: g.delete_topic_offsets(deleted),
+                    )
         if not self.partitions:
             self._topics_current = False  # no groups here: recomputed when one loads
             return
@@ -585,7 +621,7 @@ class GroupManager:
             if part.loading:
                 continue  # loads with the new topics when done
             for g in list(part.groups.values()):
-                self._spawn_write(part, g, g.copy(), g.update_topics(topics).records)
+                self._background(part, g, "topic update", lambda g: g.update_topics(topics))
 
     # --- tasks ------------------------------------------------------------------------------
 
@@ -615,7 +651,7 @@ def _write_error(append_code: int) -> int:
         return NOT_COORDINATOR
     if append_code == REQUEST_TIMED_OUT:
         return REQUEST_TIMED_OUT
-    if append_code in (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE):
+    if append_code in (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, UNKNOWN_SERVER_ERROR):
         return UNKNOWN_SERVER_ERROR
     return COORDINATOR_NOT_AVAILABLE
 
