@@ -16,7 +16,7 @@ from helpers import wait_until_async
 from test_broker_inproc import FakeLink, batch, broker_config, produce
 
 from rillet.broker.group import records_codec as codec
-from rillet.broker.group.coordinator import GroupCoordinator, GroupMetadataRecord
+from rillet.broker.group.coordinator import GroupCoordinator, GroupMetadataRecord, Heartbeat
 from rillet.broker.group.manager import _write_error
 from rillet.broker.replica_manager import AppendResult
 from rillet.broker.server import BrokerServer
@@ -630,6 +630,37 @@ async def test_a_group_whose_timers_or_topic_update_raise_stops_no_other(node: A
 
     mgr.tick = tick_fails  # type: ignore[method-assign]
     await wait_until_async(lambda: len(calls) >= 2, timeout=10, message="ticker ticks again")
+
+
+def _summary(g: GroupCoordinator) -> tuple[object, ...]:
+    members = {k: (v.member_epoch, dict(v.assigned)) for k, v in sorted(g.members.items())}
+    return g.group_epoch, g.target_assignment_epoch, members, dict(sorted(g.target.items()))
+
+
+async def test_a_timer_write_is_logged_before_a_later_requests_write(node: Any) -> None:
+    # Regression: a tick's records were appended from a task started later, so a
+    # request handled in between logged its records first and a load rebuilt another
+    # group than the one in memory.
+    server, link, conn = node
+    await link.create_topic("t", 4)
+    await ready(conn, "g")
+    await heartbeat(conn, "g", "a", 0)
+    await heartbeat(conn, "g", "c", 0)
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    part = mgr.partitions[index]
+    part.groups["g"].members["a"].session_deadline_ms = 0  # a's session ran out
+    mgr.tick()  # removes a and bumps the epoch
+    now = mgr.clock()
+    joined = Heartbeat("d", 0, subscribed_topics=frozenset({"t"}))
+    await mgr.run("g", lambda g: g.heartbeat(joined, now))
+    replica = server.replicas.replicas[TopicPartition(OFFSETS, index)]
+    await wait_until_async(
+        lambda: replica.state.high_watermark >= replica.log.log_end_offset, timeout=10
+    )
+    by_group, _ = await mgr._read_log(part, replica)
+    loaded = GroupCoordinator.load("g", by_group["g"], mgr._topics, now, mgr.group_config)
+    assert _summary(loaded) == _summary(part.groups["g"])
 
 
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
