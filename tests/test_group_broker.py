@@ -663,6 +663,42 @@ async def test_a_timer_write_is_logged_before_a_later_requests_write(node: Any) 
     assert _summary(loaded) == _summary(part.groups["g"])
 
 
+async def test_list_groups_shows_committed_states_only(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A group whose first write is still replicating (and may yet be lost) is not
+    # listed; a listed group shows the state its committed records give.
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    assert (await heartbeat(conn, "g", "a", 0)).error_code == 0
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
+        return AppendResult(tp.topic, tp.partition, 0), never
+
+    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    conn2 = await Connection.open("127.0.0.1", server.port)
+    mgr = server.groups
+    in_flight = [
+        asyncio.get_running_loop().create_task(heartbeat(conn2, "p", "a", 0)),
+        asyncio.get_running_loop().create_task(heartbeat(conn2, "g", "b", 0)),
+    ]
+    try:
+        await wait_until_async(
+            lambda: "b" in mgr.partitions[mgr.partition_of("g")].groups["g"].members, timeout=10
+        )
+        assert "p" in mgr.partitions[mgr.partition_of("p")].groups
+        listed = await call(conn, m.ListGroupsRequest())
+        # g as committed: a alone, reconciled (b's join would make it Reconciling).
+        assert [(x.group_id, x.group_state) for x in listed.groups] == [("g", "Stable")]
+    finally:
+        for task in in_flight:
+            task.cancel()
+        never.cancel()
+        await conn2.aclose()
+
+
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
     link = FakeLink(1)
     server = BrokerServer(

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ from rillet.broker.group.coordinator import (
     GroupConfig,
     GroupCoordinator,
     GroupRecord,
+    GroupState,
     Step,
 )
 from rillet.broker.group.placement import partition_for
@@ -98,6 +100,10 @@ class OffsetsPartition:
     group_end: dict[str, int] = field(default_factory=dict)
     """Log end after each group's last append: an answer about a group waits for the HW
     to reach its own writes only, so other groups' traffic cannot starve it."""
+    states: dict[str, deque[tuple[int, GroupState | None]]] = field(default_factory=dict)
+    """Per group, its state after each append not yet known committed, oldest first:
+    (log end after the append, state; None once deleted). The first entry whose end the
+    HW has passed is the committed state ListGroups shows (offset 0: as loaded)."""
     failed: dict[str, str] = field(default_factory=dict)
     """Groups whose records could not be loaded (group id -> why): not served, and
     never written over, until a later load of the partition reads them."""
@@ -213,9 +219,27 @@ class GroupManager:
     def _group_end(part: OffsetsPartition, group_id: str) -> int:
         return part.group_end.get(group_id, part.loaded_end)
 
-    def groups(self) -> list[GroupCoordinator]:
-        """Every group of the loaded partitions this broker leads."""
-        return [g for p in self.partitions.values() if not p.loading for g in p.groups.values()]
+    def listed_groups(self) -> list[tuple[str, GroupState]]:
+        """Every group of the loaded partitions this broker leads, in its latest
+        committed state: a group whose first write is not committed yet (and may never
+        be) is not shown, nor a state its records may still lose."""
+        out: list[tuple[str, GroupState]] = []
+        for part in self.partitions.values():
+            replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
+            if part.loading or replica is None:
+                continue
+            hw = replica.state.high_watermark
+            for group_id, history in list(part.states.items()):
+                while len(history) > 1 and history[1][0] <= hw:
+                    history.popleft()
+                end, state = history[0]
+                if end > hw:
+                    continue  # its first write is still in flight
+                if state is None and len(history) == 1:
+                    del part.states[group_id]  # deleted, and that is committed
+                elif state is not None:
+                    out.append((group_id, state))
+        return sorted(out)
 
     # --- writes -------------------------------------------------------------------------
 
@@ -274,6 +298,7 @@ class GroupManager:
                 errors.error_name(result.error_code),
             )
             raise GroupError(_write_error(result.error_code))
+        self._note_state(part, g)
         return pending
 
     def _append(self, part: OffsetsPartition, group_records: tuple[GroupRecord, ...]) -> Pending:
@@ -295,6 +320,17 @@ class GroupManager:
             for r in group_records:
                 part.group_end[r.group_id] = end
         return pending
+
+    def _note_state(self, part: OffsetsPartition, g: GroupCoordinator) -> None:
+        """Remember the state ``g`` will have once its append just made commits."""
+        state = None if g.is_deleted else g.state
+        history = part.states.setdefault(g.group_id, deque())
+        history.append((self._group_end(part, g.group_id), state))
+        replica = self.replicas.replicas.get(TopicPartition(OFFSETS_TOPIC, part.index))
+        if replica is not None:  # kept short without ListGroups: drop superseded states
+            hw = replica.state.high_watermark
+            while len(history) > 1 and history[1][0] <= hw:
+                history.popleft()
 
     async def _settle(
         self,
@@ -422,6 +458,7 @@ class GroupManager:
                 continue
             if not g.is_deleted:
                 part.groups[group_id] = g
+                part.states[group_id] = deque([(0, g.state)])
         part.loaded_end = end
         part.loading = False
         logger.info(

@@ -325,10 +325,10 @@ class GroupHandlers:
             code = errors.code_of("COORDINATOR_LOAD_IN_PROGRESS")
         out = []
         if not types or "consumer" in types:
-            for g in sorted(self.manager.groups(), key=lambda g: g.group_id):
-                state = STATE_NAMES[g.state]
+            for group_id, group_state in self.manager.listed_groups():
+                state = STATE_NAMES[group_state]
                 if not states or state.lower() in states:
-                    out.append(m.ListedGroup(g.group_id, "consumer", state, "consumer"))
+                    out.append(m.ListedGroup(group_id, "consumer", state, "consumer"))
         return Response(m.ListGroupsResponse(error_code=code, groups=out))
 
     async def describe(self, request: Request) -> Response:
