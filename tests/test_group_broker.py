@@ -699,6 +699,49 @@ async def test_list_groups_shows_committed_states_only(
         await conn2.aclose()
 
 
+async def test_a_request_for_many_groups_waits_for_them_together(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # OffsetFetch of two groups whose writes are both replicating: both waits run at
+    # once, so the answer takes the longest wait, not their sum.
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    mgr = server.groups
+    index = mgr.partition_of("g")
+    one, two = [f"x{i}" for i in range(1000) if mgr.partition_of(f"x{i}") == index][:2]
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
+        return AppendResult(tp.topic, tp.partition, 0), never
+
+    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    conns = [await Connection.open("127.0.0.1", server.port) for _ in range(3)]
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.create_task(commit(c, g, "t", 0, 1))
+        for c, g in zip(conns[:2], (one, two), strict=True)
+    ]
+    replica = server.replicas.replicas[TopicPartition(OFFSETS, index)]
+    try:
+        groups = mgr.partitions[index].groups
+        await wait_until_async(lambda: one in groups and two in groups, timeout=10)
+        both = m.OffsetFetchRequest(
+            groups=[m.OffsetFetchGroup(g, None, -1, None) for g in (one, two)]
+        )
+        before = len(replica.waiters)
+        tasks.append(loop.create_task(call(conns[2], both)))
+        await wait_until_async(
+            lambda: len(replica.waiters) >= before + 2, timeout=10, message="both waiting"
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        never.cancel()
+        for c in conns:
+            await c.aclose()
+
+
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
     link = FakeLink(1)
     server = BrokerServer(

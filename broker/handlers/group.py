@@ -276,7 +276,8 @@ class GroupHandlers:
 
     async def offset_fetch(self, request: Request) -> Response:
         req: m.OffsetFetchRequest = request.message
-        out = [await self._fetch_group(g) for g in req.groups]
+        # Concurrently: each group waits for its own writes only.
+        out = list(await asyncio.gather(*(self._fetch_group(g) for g in req.groups)))
         return Response(m.OffsetFetchResponse(groups=out))
 
     async def _fetch_group(self, req: m.OffsetFetchGroup) -> m.OffsetFetchGroupResult:
@@ -333,7 +334,7 @@ class GroupHandlers:
 
     async def describe(self, request: Request) -> Response:
         req: m.ConsumerGroupDescribeRequest = request.message
-        out = [await self._describe_one(group_id) for group_id in req.group_ids]
+        out = list(await asyncio.gather(*(self._describe_one(g) for g in req.group_ids)))
         return Response(m.ConsumerGroupDescribeResponse(groups=out))
 
     async def _describe_one(self, group_id: str) -> m.DescribedGroup:
@@ -388,9 +389,8 @@ class GroupHandlers:
 
     async def delete_groups(self, request: Request) -> Response:
         req: m.DeleteGroupsRequest = request.message
-        out = []
-        for group_id in req.groups_names:
-            out.append(m.DeletableGroupResult(group_id, await self._delete_group(group_id)))
+        codes = await asyncio.gather(*(self._delete_group(g) for g in req.groups_names))
+        out = [m.DeletableGroupResult(g, c) for g, c in zip(req.groups_names, codes, strict=True)]
         return Response(m.DeleteGroupsResponse(results=out))
 
     async def _delete_group(self, group_id: str) -> int:
