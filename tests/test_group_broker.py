@@ -742,6 +742,38 @@ async def test_a_request_for_many_groups_waits_for_them_together(
             await c.aclose()
 
 
+async def test_concurrent_deletes_of_one_group_succeed_once(node: Any) -> None:
+    server, link, conn = node
+    await link.create_topic("t", 2)
+    await ready(conn, "g")
+    assert await commit(conn, "g", "t", 0, 5) == 0
+    mgr = server.groups
+    committed = mgr.committed
+    arrived: list[str] = []
+    both = asyncio.Event()
+
+    async def committed_once_both_looked(group_id: str) -> Any:
+        # Both requests read the group (it exists) before either deletes it.
+        g = await committed(group_id)
+        arrived.append(group_id)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()
+        return g
+
+    mgr.committed = committed_once_both_looked  # type: ignore[method-assign]
+    conn2 = await Connection.open("127.0.0.1", server.port)
+    try:
+        answers = await asyncio.gather(
+            *(call(c, m.DeleteGroupsRequest(["g"])) for c in (conn, conn2))
+        )
+    finally:
+        await conn2.aclose()
+    codes = sorted(a.results[0].error_code for a in answers)
+    assert codes == sorted([0, code("GROUP_ID_NOT_FOUND")])
+    assert "g" not in mgr.partitions[mgr.partition_of("g")].groups
+
+
 async def test_metadata_never_auto_creates_the_offsets_topic(tmp_path: Path) -> None:
     link = FakeLink(1)
     server = BrokerServer(

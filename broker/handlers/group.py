@@ -400,7 +400,7 @@ class GroupHandlers:
             g = await self.manager.committed(group_id)
             if g is None or g.is_deleted:
                 return GROUP_ID_NOT_FOUND
-            step = await self.manager.run(group_id, lambda g: g.delete_group())
+            step = await self.manager.run(group_id, _delete_if_exists)
         except GroupError as e:
             return e.code
         assert isinstance(step.response, DeleteGroupResponse)
@@ -429,11 +429,25 @@ class GroupHandlers:
             g = await self.manager.committed(req.group_id)
             if g is None or g.is_deleted:
                 return answer(GROUP_ID_NOT_FOUND, {})
-            step = await self.manager.run(req.group_id, lambda g: g.delete_offsets(wanted))
+            step = await self.manager.run(
+                req.group_id,
+                # Deleted while we waited: not recreated by deleting its offsets.
+                lambda g: Step() if g.is_deleted else g.delete_offsets(wanted),
+            )
         except GroupError as e:
             return answer(e.code, {})
+        if step.response is None:
+            return answer(GROUP_ID_NOT_FOUND, {})
         assert isinstance(step.response, OffsetDeleteResponse)
         return answer(NONE, dict(step.response.error_codes))
+
+
+def _delete_if_exists(g: GroupCoordinator) -> Step:
+    # Checked again when applied: a concurrent DeleteGroups may have deleted it while
+    # this one waited, and deleting a group that is gone must not answer NONE twice.
+    if g.is_deleted:
+        return Step((), DeleteGroupResponse(GROUP_ID_NOT_FOUND))
+    return g.delete_group()
 
 
 def _no_coordinator(key: str, code: int, message: str) -> m.Coordinator:
