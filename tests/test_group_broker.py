@@ -74,6 +74,7 @@ async def ready(conn: Connection, group: str) -> None:
 async def heartbeat(conn: Connection, group: str, member: str, epoch: int, **kw: Any) -> Any:
     if epoch == 0:
         kw.setdefault("subscribed_topic_names", ["t"])
+        kw.setdefault("rebalance_timeout_ms", 60_000)
     if "owned" in kw:
         kw["topic_partitions"] = [[t, sorted(ps)] for t, ps in kw.pop("owned").items()]
     return await call(conn, m.ConsumerGroupHeartbeatRequest(group, member, epoch, **kw))
@@ -212,6 +213,19 @@ async def test_bad_heartbeats_and_commits_get_their_codes(node: Any) -> None:
     assert (await commit(conn, "g", "doomed", 0, 1, "a", 1)) == 0
     await call(conn, m.DeleteTopicsRequest(["doomed"], timeout_ms=1000))
     assert (await commit(conn, "g", "doomed", 0, 2, "a", 1)) == code("UNKNOWN_TOPIC_OR_PARTITION")
+    # As Kafka: empty (not null) instance or rack ids, a join without a rebalance
+    # timeout, owning partitions or subscribing to nothing, a static leave without an
+    # instance id.
+    for bad in (
+        {"instance_id": ""},
+        {"rack_id": ""},
+        {"rebalance_timeout_ms": -1},
+        {"owned": {"T": {0}}},
+        {"subscribed_topic_names": []},
+    ):
+        assert (await heartbeat(conn, "g", "b", 0, **bad)).error_code == invalid, bad
+    assert (await heartbeat(conn, "g", "b", -2)).error_code == invalid
+    assert (await heartbeat(conn, "g", "b", 0, owned={})).error_code == 0  # owning none
 
 
 async def test_list_describe_and_delete(node: Any) -> None:

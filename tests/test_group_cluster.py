@@ -107,6 +107,7 @@ class Groups:
     async def heartbeat(self, group: str, member: str, epoch: int, **kw: Any) -> Any:
         if epoch == 0:
             kw.setdefault("subscribed_topic_names", ["t"])
+            kw.setdefault("rebalance_timeout_ms", 60_000)
         if "owned" in kw:
             kw["topic_partitions"] = [[t, sorted(ps)] for t, ps in kw.pop("owned").items()]
         return await self.call(group, m.ConsumerGroupHeartbeatRequest(group, member, epoch, **kw))
@@ -186,7 +187,9 @@ def test_a_group_is_coordinated_by_its_offsets_partition_leader(cluster_factory:
 
         async def refused() -> int | None:
             response, _ = await conn.call(
-                m.ConsumerGroupHeartbeatRequest("g", "x", 0, subscribed_topic_names=["t"]),
+                m.ConsumerGroupHeartbeatRequest(
+                    "g", "x", 0, rebalance_timeout_ms=60_000, subscribed_topic_names=["t"]
+                ),
                 raise_errors=False,
             )
             c = response.error_code

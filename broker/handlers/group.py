@@ -460,11 +460,22 @@ def _heartbeat_problem(req: m.ConsumerGroupHeartbeatRequest) -> str | None:
         return "group_id is empty"
     if not req.member_id:
         return "member_id is empty (a joining member chooses its id)"
-    if req.member_epoch == 0 and req.subscribed_topic_names is None:
-        return "a join must give subscribed_topic_names"
+    if req.instance_id == "":
+        return "instance_id is empty (null for a dynamic member)"
+    if req.rack_id == "":
+        return "rack_id is empty (null for none)"
     if req.subscribed_topic_regex is not None:
         return "subscribed_topic_regex is not supported"
-    if req.member_epoch < -2:
+    if req.member_epoch == 0:
+        if req.rebalance_timeout_ms == -1:
+            return "a join must give rebalance_timeout_ms"
+        if req.topic_partitions:
+            return "a join must own no topic_partitions"
+        if not req.subscribed_topic_names:
+            return "a join must give subscribed_topic_names"
+    elif req.member_epoch == -2 and req.instance_id is None:
+        return "epoch -2 (a static member leaving) needs its instance_id"
+    elif req.member_epoch < -2:
         return f"member_epoch {req.member_epoch} is invalid"
     return None
 
