@@ -487,6 +487,18 @@ async def test_a_broker_that_just_became_follower_answers_not_coordinator(node: 
     assert (await fetch(conn, "g", None)).error_code == code("NOT_COORDINATOR")
 
 
+def hold_replication(server: BrokerServer, monkeypatch: pytest.MonkeyPatch) -> asyncio.Future[int]:
+    """From now on every group append is accepted but never acknowledged by followers
+    (nothing reaches the log): its writer waits. Cancel the future returned to end it."""
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
+        return AppendResult(tp.topic, tp.partition, 0), never
+
+    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    return never
+
+
 async def test_a_read_waits_for_its_own_groups_writes_only(
     node: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -499,13 +511,7 @@ async def test_a_read_waits_for_its_own_groups_writes_only(
     mgr = server.groups
     index = mgr.partition_of("g")
     other = next(f"h{i}" for i in range(1000) if mgr.partition_of(f"h{i}") == index)
-    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
-        # Accepted, and its followers have not acknowledged it yet.
-        return AppendResult(tp.topic, tp.partition, 0), never
-
-    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    never = hold_replication(server, monkeypatch)
     # On its own connection: a connection's requests are answered in order.
     conn2 = await Connection.open("127.0.0.1", server.port)
     stuck = asyncio.get_running_loop().create_task(commit(conn2, other, "t", 0, 1))
@@ -686,12 +692,7 @@ async def test_list_groups_shows_committed_states_only(
     await link.create_topic("t", 2)
     await ready(conn, "g")
     assert (await heartbeat(conn, "g", "a", 0)).error_code == 0
-    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
-        return AppendResult(tp.topic, tp.partition, 0), never
-
-    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    never = hold_replication(server, monkeypatch)
     conn2 = await Connection.open("127.0.0.1", server.port)
     mgr = server.groups
     in_flight = [
@@ -724,12 +725,7 @@ async def test_a_request_for_many_groups_waits_for_them_together(
     mgr = server.groups
     index = mgr.partition_of("g")
     one, two = [f"x{i}" for i in range(1000) if mgr.partition_of(f"x{i}") == index][:2]
-    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def replicating(tp: TopicPartition, data: memoryview, timeout_ms: int) -> Any:
-        return AppendResult(tp.topic, tp.partition, 0), never
-
-    monkeypatch.setattr(server.replicas, "start_append", replicating)
+    never = hold_replication(server, monkeypatch)
     conns = [await Connection.open("127.0.0.1", server.port) for _ in range(3)]
     loop = asyncio.get_running_loop()
     tasks = [
