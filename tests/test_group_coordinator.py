@@ -3,6 +3,8 @@ revoke-before-assign, fencing, static membership, timers and commit epoch checks
 
 from __future__ import annotations
 
+from sim.group_cluster import group_state
+
 from rillet.broker.group.assignors import TopicSpec
 from rillet.broker.group.coordinator import (
     FENCED_INSTANCE_ID,
@@ -354,3 +356,21 @@ def test_offsets_of_a_subscribed_topic_are_not_deleted() -> None:
     )
     assert step.records == (OffsetDeletedRecord("g", "u", 1),)  # u-2 had none
     assert set(g.offsets) == {("t", 0)}
+
+
+def test_restoring_a_copy_undoes_an_event_but_not_a_members_session() -> None:
+    # What the driver does when an event's records cannot be written: the group goes
+    # back to the copy, except that a member that heartbeated is still alive.
+    g = coordinator()
+    beat(g, "m1", 0)
+    commit(g, "m1", 1)
+    before = g.copy()
+    state = group_state(g)
+    a = beat(g, "m1", 1, now=5_000, subscribed_topics=frozenset({"t", "u"}))
+    assert a.error_code == 0 and g.group_epoch == 2
+    beat(g, "m2", 0, now=5_000)
+    commit(g, "m1", 1, offset=9)
+    g.restore(before)
+    assert group_state(g) == state
+    assert g.members["m1"].session_deadline_ms == 5_000 + SESSION
+    assert not g.tick(SESSION).records  # m1's session was not cut short by the undo

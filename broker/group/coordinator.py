@@ -331,7 +331,13 @@ class GroupCoordinator:
         return c
 
     def restore(self, snapshot: GroupCoordinator) -> None:
-        """Back to ``snapshot`` (a ``copy``, not used afterwards)."""
+        """Back to ``snapshot`` (a ``copy``, not used afterwards), all but the session
+        timers of members still here: a member whose heartbeat could not be written is
+        alive all the same and must not expire for it (timers are not recorded)."""
+        for member_id, m in snapshot.members.items():
+            current = self.members.get(member_id)
+            if current is not None:
+                m.session_deadline_ms = max(m.session_deadline_ms, current.session_deadline_ms)
         self.__dict__.update(snapshot.__dict__)
 
     # --- queries --------------------------------------------------------------------
