@@ -471,7 +471,9 @@ def _heartbeat_problem(req: m.ConsumerGroupHeartbeatRequest) -> str | None:
             return "a join must give rebalance_timeout_ms"
         if req.topic_partitions:
             return "a join must own no topic_partitions"
-        if not req.subscribed_topic_names:
+        if req.subscribed_topic_names is None:
+            # Kafka also refuses an empty list; rillet's consumer joins with one while
+            # its pattern matches no topic yet (patterns are matched client-side).
             return "a join must give subscribed_topic_names"
     elif req.member_epoch == -2 and req.instance_id is None:
         return "epoch -2 (a static member leaving) needs its instance_id"
