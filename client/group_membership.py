@@ -140,14 +140,16 @@ class Fatal:
 Effect = SendHeartbeat | Revoke | Assign | Lose | Fatal
 
 
-def _nest(tps: Iterable[IdPartition]) -> dict[str, frozenset[int]]:
+def nest(tps: Iterable[IdPartition]) -> dict[str, frozenset[int]]:
+    """(topic id, partition) pairs -> {topic id: partitions}, topics sorted."""
     out: dict[str, set[int]] = {}
     for t, p in tps:
         out.setdefault(t, set()).add(p)
     return {t: frozenset(ps) for t, ps in sorted(out.items())}
 
 
-def _flat(parts: Mapping[str, Iterable[int]]) -> set[IdPartition]:
+def flat(parts: Mapping[str, Iterable[int]]) -> set[IdPartition]:
+    """{topic id: partitions} -> (topic id, partition) pairs."""
     return {(t, p) for t, ps in parts.items() for p in ps}
 
 
@@ -274,7 +276,7 @@ class GroupMembership:
         ):
             request = self._build_heartbeat()
             if request is not None:
-                reported = frozenset(_flat(request.owned or {}))
+                reported = frozenset(flat(request.owned or {}))
                 self._in_flight = _InFlight(now_ms, reported)
                 self._reported = reported
                 self._next_heartbeat_ms = None
@@ -315,7 +317,7 @@ class GroupMembership:
         self.heartbeat_interval_ms = result.heartbeat_interval_ms
         self.member_epoch = result.member_epoch
         if result.assignment is not None:
-            self.target = _flat(result.assignment)
+            self.target = flat(result.assignment)
         if flight.reported <= self.target and set(self.owned) <= self.target:
             self._clean_send_ms = flight.sent_at_ms
         if self.state is State.JOINING:
@@ -439,7 +441,7 @@ class GroupMembership:
             return None
         # Partitions still being assigned count as owned: reporting less would tell a
         # coordinator waiting for their revocation that they are released.
-        owned = _nest(self.owned)
+        owned = nest(self.owned)
         fields: dict[str, object] = {
             "instance_id": c.instance_id,
             "rack": c.rack,

@@ -28,6 +28,8 @@ from rillet.broker.group.assignors import (
     MemberSpec,
     TopicSpec,
 )
+from rillet.client.group_membership import flat as _flat
+from rillet.client.group_membership import nest as _nest
 from rillet.client.wire import errors
 
 NONE = errors.NONE
@@ -284,17 +286,6 @@ class Member:
     """Set while the member must revoke: it is removed if it has not by then."""
     left_static: bool = False
     """Left with epoch -2: its assignment waits for its instance id to come back."""
-
-
-def _flat(parts: Partitions) -> set[tuple[str, int]]:
-    return {(t, p) for t, ps in parts.items() for p in ps}
-
-
-def _nest(tps: set[tuple[str, int]]) -> dict[str, frozenset[int]]:
-    out: dict[str, set[int]] = {}
-    for t, p in tps:
-        out.setdefault(t, set()).add(p)
-    return {t: frozenset(ps) for t, ps in sorted(out.items())}
 
 
 class GroupCoordinator:

@@ -37,6 +37,7 @@ from rillet.broker.group.coordinator import (
     OffsetDeleteResponse,
     Step,
 )
+from rillet.client.group_membership import nest
 
 SESSION_MS = 3_000
 REBALANCE_MS = 2_000
@@ -70,13 +71,6 @@ class Consumer:
             self.member_id = f"{self.name}-{self.incarnation}"
         self.epoch = 0
         self.owned = set()
-
-
-def _nest(tps: set[tuple[str, int]]) -> dict[str, frozenset[int]]:
-    out: dict[str, set[int]] = {}
-    for t, p in tps:
-        out.setdefault(t, set()).add(p)
-    return {t: frozenset(ps) for t, ps in out.items()}
 
 
 def group_state(g: GroupCoordinator) -> tuple[object, ...]:
@@ -147,7 +141,7 @@ class GroupSim:
             instance_id=c.instance_id,
             rebalance_timeout_ms=REBALANCE_MS if joining else None,
             subscribed_topics=c.topics if joining else c.topics,
-            owned=_nest(c.owned),
+            owned=nest(c.owned),
         )
         step = self.apply(self.coordinator.heartbeat(req, self.now))
         resp = step.response
