@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k clean
+.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -85,3 +85,17 @@ bench-scale-50k: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache storage/*.so client/*.so
+
+# Refresh the console's vendored scripts from their npm packages (versions pinned here
+# and in client/console/static/vendor/VENDORED.md); needs node and npm.
+CONSOLE_VENDOR := client/console/static/vendor
+vendor-console:
+	rm -rf /tmp/rillet-vendor && mkdir -p /tmp/rillet-vendor
+	cd /tmp/rillet-vendor && npm init -y >/dev/null && \
+		npm install --silent htmx.org@2.0.11 htmx-ext-sse@2.2.4 uplot@1.6.32
+	cp /tmp/rillet-vendor/node_modules/htmx.org/dist/htmx.min.js $(CONSOLE_VENDOR)/
+	cp /tmp/rillet-vendor/node_modules/htmx.org/LICENSE $(CONSOLE_VENDOR)/htmx.LICENSE
+	cp /tmp/rillet-vendor/node_modules/htmx-ext-sse/dist/sse.min.js $(CONSOLE_VENDOR)/htmx-ext-sse.min.js
+	cp /tmp/rillet-vendor/node_modules/htmx-ext-sse/LICENSE $(CONSOLE_VENDOR)/htmx-ext-sse.LICENSE
+	cp /tmp/rillet-vendor/node_modules/uplot/dist/uPlot.iife.min.js /tmp/rillet-vendor/node_modules/uplot/dist/uPlot.min.css $(CONSOLE_VENDOR)/
+	cp /tmp/rillet-vendor/node_modules/uplot/LICENSE $(CONSOLE_VENDOR)/uPlot.LICENSE

@@ -19,5 +19,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     return report
 
 
+from browser import browser, page  # noqa: E402,F401  (shared fixtures)
 from cluster import cluster, cluster_factory  # noqa: E402,F401  (shared fixtures)
 from s3_server import s3, s3_process, s3_server  # noqa: E402,F401  (shared fixtures)

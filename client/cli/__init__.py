@@ -16,7 +16,17 @@ import sys
 from importlib.metadata import entry_points
 
 # Modules under rillet.client.cli that expose register(); each adds its own sub-command.
-CLIENT_COMMANDS = ["topic", "produce", "consume", "perf", "spark", "leader", "partition", "group"]
+CLIENT_COMMANDS = [
+    "topic",
+    "produce",
+    "consume",
+    "perf",
+    "spark",
+    "leader",
+    "partition",
+    "group",
+    "console",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

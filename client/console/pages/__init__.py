@@ -1,0 +1,1 @@
+"""One module per console page; each exposes ``routes(ctx, fragments)``."""
