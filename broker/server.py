@@ -47,6 +47,7 @@ from typing import Protocol
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
 from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.group.manager import GroupManager
+from rillet.broker.handlers.configs import ConfigHandlers
 from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
 from rillet.broker.handlers.group import GroupHandlers
 from rillet.broker.handlers.metadata import MetadataHandlers
@@ -240,6 +241,7 @@ class BrokerServer:
     def _handlers(self, link: ControllerLink) -> dict[int, Handler]:
         assert self.replicas is not None and self.metrics is not None
         meta = MetadataHandlers(self.config, self.replicas, link.forward, link.controller_id)
+        configs = ConfigHandlers(self.config, lambda: meta.image, link.forward, meta.wait_image)
         assert self.groups is not None
         groups = GroupHandlers(self.config, self.groups, link.forward)
         by_api: list[tuple[schemas.Api, Handler]] = [
@@ -261,6 +263,9 @@ class BrokerServer:
             (schemas.ELECT_LEADERS, meta.elect_leaders),
             (schemas.ALTER_PARTITION_REASSIGNMENTS, meta.alter_partition_reassignments),
             (schemas.DESCRIBE_LOG_DIRS, meta.describe_log_dirs),
+            (schemas.DESCRIBE_CONFIGS, configs.describe_configs),
+            (schemas.INCREMENTAL_ALTER_CONFIGS, configs.incremental_alter_configs),
+            (schemas.DESCRIBE_QUORUM, configs.describe_quorum),
             (schemas.FIND_COORDINATOR, groups.find_coordinator),
             (schemas.CONSUMER_GROUP_HEARTBEAT, groups.heartbeat),
             (schemas.OFFSET_COMMIT, groups.offset_commit),

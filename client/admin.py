@@ -215,6 +215,97 @@ class ReassignmentStatus:
         }
 
 
+# --- configs and the controller quorum -------------------------------------------------
+
+RESOURCE_TOPIC = 2
+# Kafka's ConfigSource names, by value.
+CONFIG_SOURCES = {
+    0: "UNKNOWN",
+    1: "TOPIC_CONFIG",
+    2: "DYNAMIC_BROKER_CONFIG",
+    3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG",
+    5: "DEFAULT_CONFIG",
+}
+# IncrementalAlterConfigs operations.
+OP_SET, OP_DELETE = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config of a resource as a broker applies it: ``is_default`` when nothing set
+    it for this resource (the value is then the broker's default)."""
+
+    name: str
+    value: str | None
+    source: str  # CONFIG_SOURCES' names: TOPIC_CONFIG, DEFAULT_CONFIG...
+    is_default: bool
+    read_only: bool = False
+    is_sensitive: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "source": self.source,
+            "is_default": self.is_default,
+            "read_only": self.read_only,
+            "is_sensitive": self.is_sensitive,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumVoter:
+    """A controller voter as the active controller sees it; times are wall-clock ms
+    (-1 when unknown)."""
+
+    id: int
+    log_end_offset: int
+    lag: int  # the leader's log end minus this voter's
+    last_fetch_timestamp: int = -1
+    last_caught_up_timestamp: int = -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "log_end_offset": self.log_end_offset,
+            "lag": self.lag,
+            "last_fetch_timestamp": self.last_fetch_timestamp,
+            "last_caught_up_timestamp": self.last_caught_up_timestamp,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumDescription:
+    leader_id: int  # the active controller
+    leader_epoch: int  # its Raft term
+    high_watermark: int  # the committed offset of the metadata log
+    voters: tuple[QuorumVoter, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "leader_id": self.leader_id,
+            "leader_epoch": self.leader_epoch,
+            "high_watermark": self.high_watermark,
+            "voters": [v.as_dict() for v in self.voters],
+        }
+
+
+def _quorum(r: m.DescribeQuorumResponse) -> QuorumDescription:
+    leader_end = next((v.log_end_offset for v in r.current_voters if v.replica_id == r.node_id), -1)
+    voters = tuple(
+        QuorumVoter(
+            v.replica_id,
+            v.log_end_offset,
+            max(leader_end - v.log_end_offset, 0) if v.log_end_offset >= 0 else -1,
+            v.last_fetch_timestamp,
+            v.last_caught_up_timestamp,
+        )
+        for v in r.current_voters
+    )
+    return QuorumDescription(r.leader_id, r.term, r.high_watermark, voters)
+
+
 # --- consumer groups ---------------------------------------------------------------
 
 EARLIEST = -2
@@ -596,6 +687,82 @@ class Admin:
         brokers = tuple(BrokerInfo(b.broker_id, b.host, b.port, b.rack) for b in listed)
         fenced = tuple(b.broker_id for b in listed if b.is_fenced)
         return ClusterDescription(response.cluster_id, response.controller_id, brokers, fenced)
+
+    # --- configs and the quorum ------------------------------------------------------
+
+    async def describe_configs(
+        self, topics: Iterable[str], *, documentation: bool = False
+    ) -> dict[str, dict[str, ConfigEntry]]:
+        """Every config of each topic (DescribeConfigs, one request for them all): its
+        own values as TOPIC_CONFIG, the rest with the broker's defaults as
+        DEFAULT_CONFIG. AdminError names the topics that failed (unknown ones)."""
+        names = list(dict.fromkeys(topics))
+        if not names:
+            return {}
+        request = m.DescribeConfigsRequest(
+            resources=[m.DescribeConfigsResource(RESOURCE_TOPIC, n, None) for n in names],
+            include_documentation=documentation,
+        )
+        response = await self._request(request)
+        out: dict[str, dict[str, ConfigEntry]] = {}
+        errors: dict[str, RilletError] = {}
+        for r in response.results:
+            if r.error_code:
+                errors[r.resource_name] = error_for(r.error_code, r.error_message or "")
+                continue
+            out[r.resource_name] = {
+                c.name: ConfigEntry(
+                    c.name,
+                    c.value,
+                    CONFIG_SOURCES.get(c.config_source, "UNKNOWN"),
+                    c.is_default,
+                    c.read_only,
+                    c.is_sensitive,
+                )
+                for c in r.configs
+            }
+        if errors:
+            raise AdminError("describe configs", errors)
+        return {n: out[n] for n in names if n in out}
+
+    async def incremental_alter_configs(
+        self, changes: Mapping[str, Mapping[str, str | None]], *, validate_only: bool = False
+    ) -> None:
+        """Set (a value) or delete (None: back to the default) topic configs, each topic
+        whole or not at all (IncrementalAlterConfigs, through the active controller).
+        ``validate_only`` checks without changing anything. AdminError names each topic
+        refused and why (INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION...)."""
+        resources = [
+            m.AlterConfigsResource(
+                RESOURCE_TOPIC,
+                topic,
+                [
+                    m.AlterableConfig(k, OP_DELETE, None)
+                    if v is None
+                    else m.AlterableConfig(k, OP_SET, str(v))
+                    for k, v in keys.items()
+                ],
+            )
+            for topic, keys in changes.items()
+        ]
+        if not resources:
+            return
+        response = await self._request(
+            m.IncrementalAlterConfigsRequest(resources=resources, validate_only=validate_only)
+        )
+        errors = {
+            r.resource_name: error_for(r.error_code, r.error_message or "")
+            for r in response.responses
+            if r.error_code
+        }
+        if errors:
+            raise AdminError("alter configs", errors)
+
+    async def describe_quorum(self) -> QuorumDescription:
+        """The controller quorum as its active controller sees it (a broker forwards the
+        request there): leader, epoch, high watermark and each voter's log end and lag."""
+        response = await self._request(m.DescribeQuorumRequest(leader_only=True))
+        return _quorum(response)
 
     # --- leaders and reassignments -------------------------------------------------
 

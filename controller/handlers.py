@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ from rillet.controller.metadata.describe import (
     metadata_topic,
 )
 from rillet.controller.metadata.image import (
+    RESOURCE_TOPIC,
     MetadataImage,
     MetadataRecord,
     RemoteSegment,
@@ -45,7 +47,8 @@ from rillet.controller.metadata.quorum import (
     CreatableTopic,
     QuorumController,
 )
-from rillet.controller.raft.core import RaftNode
+from rillet.controller.metadata.topic_config import ConfigOpError, incremental_changes
+from rillet.controller.raft.core import NEVER_MS, RaftNode
 from rillet.controller.server import ControllerServer
 
 Handler = Callable[[Request], Awaitable[Response | None]]
@@ -54,6 +57,9 @@ ActiveHandler = Callable[["ControllerServer", QuorumController, Any], Awaitable[
 
 INCONSISTENT_CLUSTER_ID = code_of("INCONSISTENT_CLUSTER_ID")
 REQUEST_TIMED_OUT = code_of("REQUEST_TIMED_OUT")
+INVALID_REQUEST = code_of("INVALID_REQUEST")
+INVALID_CONFIG = code_of("INVALID_CONFIG")
+UNKNOWN_TOPIC_OR_PARTITION = code_of("UNKNOWN_TOPIC_OR_PARTITION")
 # A CreateTopics of this many partitions or more is planned on a worker thread.
 PLAN_OFF_LOOP_PARTITIONS = 1000
 # Off-loop plans of one CreateTopics that may go stale before the last is planned on the loop.
@@ -402,6 +408,49 @@ def _partition_results(results: list[Any]) -> list[m.PartitionResult]:
     ]
 
 
+async def incremental_alter_configs(
+    server: ControllerServer, ctl: QuorumController, f: m.IncrementalAlterConfigsRequest
+) -> m.IncrementalAlterConfigsResponse:
+    """Topic config changes, each resource whole or not at all; ``validate_only`` checks
+    them all and writes nothing. Broker configs are static (read from each broker's file),
+    so a BROKER resource is refused."""
+    responses = await server.commit(ctl, lambda image: _alter_configs(ctl, f, image))
+    return m.IncrementalAlterConfigsResponse(responses=responses)
+
+
+def _alter_configs(
+    ctl: QuorumController, f: m.IncrementalAlterConfigsRequest, image: MetadataImage
+) -> tuple[list[MetadataRecord], list[m.AlterConfigsResourceResponse]]:
+    keys = [(r.resource_type, r.resource_name) for r in f.resources]
+    records: list[MetadataRecord] = []
+    out = []
+    for r in f.resources:
+        if keys.count((r.resource_type, r.resource_name)) > 1:
+            recs, code, message = [], INVALID_REQUEST, "the resource is named twice"
+        else:
+            recs, code, message = _alter_resource(ctl, r, image)
+        if not f.validate_only:
+            records += recs  # distinct topics: each was judged on the same image
+        out.append(m.AlterConfigsResourceResponse(code, message, r.resource_type, r.resource_name))
+    return records, out
+
+
+def _alter_resource(
+    ctl: QuorumController, r: m.AlterConfigsResource, image: MetadataImage
+) -> tuple[list[MetadataRecord], int, str | None]:
+    if r.resource_type != RESOURCE_TOPIC:
+        return [], INVALID_REQUEST, "only topic configs can be altered: broker configs are static"
+    if image.topic(r.resource_name) is None:
+        return [], UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
+    ops = [(c.name, c.config_operation, c.value) for c in r.configs]
+    try:
+        changes = incremental_changes(image.topic_config(r.resource_name), ops)
+    except ConfigOpError as e:
+        return [], INVALID_REQUEST if e.invalid_request else INVALID_CONFIG, str(e)
+    recs, result = ctl.alter_topic_configs(image, r.resource_name, changes)
+    return recs, result.error_code, result.error_message or None
+
+
 # -- reads ----------------------------------------------------------------------------------
 
 
@@ -434,6 +483,9 @@ async def metadata(
 
 def describe_quorum(server: ControllerServer) -> Handler:
     async def handle(request: Request) -> Response:
+        f: m.DescribeQuorumRequest = request.message
+        if f.leader_only and not server.active:
+            return server.not_controller()  # a broker forwarding it follows the redirect
         s = server.status()
         return Response(
             m.DescribeQuorumResponse(
@@ -447,10 +499,36 @@ def describe_quorum(server: ControllerServer) -> Handler:
                 applied_offset=s["applied_offset"],
                 snapshot_index=s["snapshot_index"],
                 last_index=s["last_index"],
+                high_watermark=s["commit_index"],
+                current_voters=quorum_voters(server.node, server.clock(), time.time()),
             )
         )
 
     return handle
+
+
+def quorum_voters(node: RaftNode, now_ms: int, wall_s: float) -> list[m.ReplicaState]:
+    """Every voter as this node knows it: the leader's progress of each follower (its
+    match index as its log end; when it was last heard from, on the wall clock), or,
+    on another node, only itself. A voter never heard from shows -1 times."""
+    wall_ms = int(wall_s * 1000)
+
+    def ago(ms: int) -> int:
+        return -1 if ms == NEVER_MS else wall_ms - (now_ms - ms)
+
+    own = m.ReplicaState(node.node_id, node.log.last_index(), wall_ms, wall_ms)
+    if not node.is_leader:
+        return [own]
+    rows = [own]
+    for peer in node.peers:
+        pr = node.progress.get(peer)
+        if pr is None:
+            rows.append(m.ReplicaState(peer, -1, -1, -1))
+            continue
+        heard = ago(pr.last_heard_ms)
+        caught_up = heard if pr.match_index >= node.commit_index else -1
+        rows.append(m.ReplicaState(peer, pr.match_index, heard, caught_up))
+    return sorted(rows)
 
 
 # -- FetchMetadata ------------------------------------------------------------------------
@@ -531,6 +609,7 @@ def build_handlers(server: ControllerServer) -> dict[int, Handler]:
         schemas.ALTER_REMOTE_SEGMENTS: alter_remote_segments,
         schemas.ELECT_LEADERS: elect_leaders,
         schemas.ALTER_PARTITION_REASSIGNMENTS: alter_partition_reassignments,
+        schemas.INCREMENTAL_ALTER_CONFIGS: incremental_alter_configs,
         schemas.DESCRIBE_CLUSTER: describe_cluster_op,
         schemas.METADATA: metadata,
     }

@@ -4,6 +4,7 @@
   instead of sleeping a guessed time (no timing thresholds in tests).
 - ``ServerProcess`` / ``start_server_process``: run a node (or a test server) in its
   own OS process, learn its port from a line it prints, and always stop it.
+- ``run_cli``: the ``rillet`` command line as a subprocess against a cluster.
 """
 
 from __future__ import annotations
@@ -154,6 +155,25 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def run_cli(
+    bootstrap: str, *args: str, ok: bool = True, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """``rillet ARGS`` as a real subprocess with RILLET_BOOTSTRAP set; with ``ok`` it must
+    exit 0 (its stderr is the assertion's message)."""
+    env = {**os.environ, "RILLET_BOOTSTRAP": bootstrap}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rillet.client.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 def python_command(script: str, *args: str) -> list[str]:

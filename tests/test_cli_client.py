@@ -4,28 +4,17 @@ their --json output parsed; expected errors print one line, never a traceback.""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from helpers import run_cli
 
 pytestmark = pytest.mark.cluster
 
 
 def rillet(cluster, *args: str, stdin: str | None = None, ok: bool = True):  # noqa: ANN001, ANN201
-    env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rillet.client.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+    return run_cli(cluster.bootstrap, *args, stdin=stdin, ok=ok)
 
 
 def json_out(proc) -> dict:  # noqa: ANN001

@@ -9,15 +9,13 @@ is down, shows the move in progress and cancels it)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import run_cli, wait_until
 
 from rillet.client.admin import NewTopic
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
@@ -44,17 +42,7 @@ def leadership_cluster(cluster_factory: Any, **controller: Any) -> LocalCluster:
 
 
 def rillet(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rillet.client.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+    return run_cli(cluster.bootstrap, *args, ok=ok)
 
 
 def rillet_json(cluster: LocalCluster, *args: str) -> dict[str, Any]:

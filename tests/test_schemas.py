@@ -38,6 +38,8 @@ EXPECTED_KEYS = {
     "DescribeQuorum": 55,
     "AlterRemoteSegments": 1010,
     "DescribeLogDirs": 35,
+    "DescribeConfigs": 32,
+    "IncrementalAlterConfigs": 44,
     "OffsetCommit": 8,
     "OffsetFetch": 9,
     "FindCoordinator": 10,

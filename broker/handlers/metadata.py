@@ -205,7 +205,7 @@ class MetadataHandlers:
         )
         if not req.validate_only:
             created = [t.name for t in response.topics if t.error_code == errors.NONE]
-            await self._wait_image(
+            await self.wait_image(
                 lambda im: all(_has_leaders(im, n) for n in created), _left(req, started)
             )
         if internal:
@@ -226,7 +226,7 @@ class MetadataHandlers:
             await self.forward(req) if req.topic_names else m.DeleteTopicsResponse(responses=[])
         )
         deleted = [t.name for t in response.responses if t.error_code == errors.NONE]
-        await self._wait_image(
+        await self.wait_image(
             lambda im: all(im.topic(n) is None for n in deleted), _left(req, started)
         )
         if internal:
@@ -240,7 +240,7 @@ class MetadataHandlers:
         before = _leader_epochs(self.image, req.topics)
         response: m.ElectLeadersResponse = await self.forward(req)
         elected = [(r.topic, r.partition) for r in response.results if r.error_code == errors.NONE]
-        await self._wait_image(
+        await self.wait_image(
             lambda im: all(_leader_epoch(im, t, p) > before.get((t, p), -1) for t, p in elected),
             min(req.timeout_ms, IMAGE_WAIT_MAX_MS),
         )
@@ -251,13 +251,13 @@ class MetadataHandlers:
         response: m.AlterPartitionReassignmentsResponse = await self.forward(req)
         ok = {(r.topic, r.partition) for r in response.results if r.error_code == errors.NONE}
         targets = [p for p in req.partitions if (p.topic, p.partition) in ok]
-        await self._wait_image(
+        await self.wait_image(
             lambda im: all(_shows_reassignment(im, p) for p in targets),
             min(req.timeout_ms, IMAGE_WAIT_MAX_MS),
         )
         return Response(response)
 
-    async def _wait_image(self, done: Callable[[MetadataImage], bool], timeout_ms: int) -> None:
+    async def wait_image(self, done: Callable[[MetadataImage], bool], timeout_ms: int) -> None:
         """Until this broker's image satisfies ``done`` or the timeout (then answer
         anyway: the controller has committed the change, this broker is just behind)."""
         deadline = asyncio.get_running_loop().time() + max(timeout_ms, 0) / 1000

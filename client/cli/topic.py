@@ -1,11 +1,18 @@
-"""`rillet topic create|list|describe|delete`."""
+"""`rillet topic create|list|describe|delete|alter|configs`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from rillet.client.cli.common import Fields, add_bootstrap, parse_configs, print_json, run
+from rillet.client.cli.common import (
+    CliError,
+    Fields,
+    add_bootstrap,
+    parse_configs,
+    print_json,
+    run,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +51,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete.add_argument("name")
     add_bootstrap(delete)
     delete.set_defaults(func=cmd_delete)
+
+    alter = sub.add_parser(
+        "alter",
+        help="set or delete a topic's configs",
+        description="Change a topic's configs through the active controller; every broker "
+        "applies them. --delete puts a key back to its default. All the changes of one "
+        "call apply together, or none does.",
+    )
+    alter.add_argument("name")
+    alter.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="set_configs"
+    )
+    alter.add_argument(
+        "--delete", action="append", default=[], metavar="KEY", dest="delete_configs"
+    )
+    alter.add_argument(
+        "--dry-run", action="store_true", help="validate only: check and change nothing"
+    )
+    add_bootstrap(alter)
+    alter.set_defaults(func=cmd_alter)
+
+    configs = sub.add_parser("configs", help="every config of a topic, with its source")
+    configs.add_argument("name")
+    add_bootstrap(configs)
+    configs.set_defaults(func=cmd_configs)
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -94,8 +126,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         async with Admin(args.bootstrap) as admin:
             topics = await admin.describe_topics([args.name] if args.name else None)
             logs = await admin.describe_logs(topics)
+            configs = await admin.describe_configs(t.name for t in topics)
         described = [t.as_dict() for t in topics]
         add_logs(described, logs)
+        for t in described:
+            t["configs"] = {k: e.as_dict() for k, e in configs.get(t["name"], {}).items()}
         counts = partition_counts(described)
         shown = filter_partitions(
             described, args.under_replicated_partitions, args.unavailable_partitions
@@ -189,6 +224,9 @@ def print_describe(
     for t in topics:
         fields = _topic_header(t) if headers else [f"[bold]Topic: {t['name']}[/bold]"]
         console.print(Fields(fields))
+        own = [f"{k}={c['value']}" for k, c in t.get("configs", {}).items() if not c["is_default"]]
+        if headers and own:
+            console.print(Fields(["Configs:", *own]), markup=False)
         console.print(partition_table(t["partitions"]), soft_wrap=True)
         if any(_tiered(p) for p in t["partitions"]):
             console.print(tier_table(t["partitions"]), soft_wrap=True)
@@ -291,6 +329,53 @@ def cmd_delete(args: argparse.Namespace) -> int:
             print_json({"deleted": args.name})
         else:
             print(f"Deleted topic {args.name}.")
+        return 0
+
+    return run(main)
+
+
+def cmd_alter(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin
+
+    async def main() -> int:
+        changes: dict[str, str | None] = dict(parse_configs(args.set_configs))
+        for key in args.delete_configs:
+            if key in changes:
+                raise CliError(f"{key} is both set and deleted")
+            changes[key] = None
+        if not changes:
+            raise CliError("nothing to change: give --set KEY=VALUE or --delete KEY")
+        async with Admin(args.bootstrap) as admin:
+            await admin.incremental_alter_configs({args.name: changes}, validate_only=args.dry_run)
+        if args.json:
+            print_json({"topic": args.name, "changes": changes, "dry_run": args.dry_run})
+        else:
+            done = "Validated (nothing changed)" if args.dry_run else "Altered"
+            listed = ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in changes.items())
+            print(f"{done} configs of topic {args.name}: {listed}.")
+        return 0
+
+    return run(main)
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    from rillet.client.admin import Admin
+
+    async def main() -> int:
+        async with Admin(args.bootstrap) as admin:
+            configs = (await admin.describe_configs([args.name]))[args.name]
+        if args.json:
+            print_json(
+                {"topic": args.name, "configs": {k: e.as_dict() for k, e in configs.items()}}
+            )
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("Config", "Value", "Source", box=None, title=f"Topic: {args.name}")
+        for name, e in sorted(configs.items()):
+            table.add_row(name, e.value or "", e.source, style="" if e.is_default else "bold")
+        Console().print(table)
         return 0
 
     return run(main)

@@ -329,6 +329,43 @@ class DeletableTopicResult(NamedTuple):
     error_message: str | None
 
 
+class DescribeConfigsResourceResult(NamedTuple):
+    """On the wire: ``[name, value, read_only, is_default, config_source, is_sensitive,
+    config_type, documentation]``.
+    """
+
+    name: str
+    # nil for a sensitive key
+    value: str | None
+    read_only: bool
+    is_default: bool
+    # 1: the topic's own, 4: the broker's file, 5: a default
+    config_source: int
+    is_sensitive: bool
+    # 1 boolean, 2 string, 3 int, 5 long, 7 list
+    config_type: int
+    documentation: str | None
+
+
+class DescribeConfigsResult(NamedTuple):
+    """On the wire: ``[error_code, error_message, resource_type, resource_name, configs]``."""
+
+    error_code: int
+    error_message: str | None
+    resource_type: int
+    resource_name: str
+    configs: list[DescribeConfigsResourceResult]
+
+
+class DescribeConfigsResource(NamedTuple):
+    """On the wire: ``[resource_type, resource_name, configuration_keys]``."""
+
+    resource_type: int
+    resource_name: str
+    # nil: every key
+    configuration_keys: list[str] | None
+
+
 class DescribeLogDirsPartition(NamedTuple):
     """On the wire: ``[partition, error_code, log_start_offset, local_log_start_offset,
     log_end_offset, size_bytes, remote_log_start_offset, remote_end_offset,
@@ -387,6 +424,32 @@ class PartitionResult(NamedTuple):
     error_message: str | None
 
 
+class AlterConfigsResourceResponse(NamedTuple):
+    """On the wire: ``[error_code, error_message, resource_type, resource_name]``."""
+
+    error_code: int
+    error_message: str | None
+    resource_type: int
+    resource_name: str
+
+
+class AlterableConfig(NamedTuple):
+    """On the wire: ``[name, config_operation, value]``."""
+
+    name: str
+    # 0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT
+    config_operation: int
+    value: str | None
+
+
+class AlterConfigsResource(NamedTuple):
+    """On the wire: ``[resource_type, resource_name, configs]``."""
+
+    resource_type: int
+    resource_name: str
+    configs: list[AlterableConfig]
+
+
 class ReassignablePartition(NamedTuple):
     """On the wire: ``[topic, partition, replicas]``."""
 
@@ -415,6 +478,20 @@ class OffsetDeleteTopic(NamedTuple):
 
     name: str
     partitions: list[int]
+
+
+class ReplicaState(NamedTuple):
+    """On the wire: ``[replica_id, log_end_offset, last_fetch_timestamp,
+    last_caught_up_timestamp]``.
+    """
+
+    replica_id: int
+    # the leader's match index for it (its own last index)
+    log_end_offset: int
+    # wall-clock ms the leader last heard from it; -1
+    last_fetch_timestamp: int
+    # wall-clock ms it last matched the leader; -1
+    last_caught_up_timestamp: int
 
 
 class IsrResult(NamedTuple):
@@ -998,6 +1075,42 @@ class DeleteTopicsRequest(NamedTuple):
         return DeleteTopicsResponse
 
 
+class DescribeConfigsResponse(NamedTuple):
+    """DescribeConfigs response (key 32)."""
+
+    results: list[DescribeConfigsResult]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class DescribeConfigsRequest(NamedTuple):
+    """DescribeConfigs request (key 32). Any broker answers for topics from its metadata image
+    (keys without an override show the broker's default, `is_default`), and for itself as a
+    BROKER resource.
+    """
+
+    resources: list[DescribeConfigsResource]
+    # accepted; no synonyms are sent
+    include_synonyms: bool = False
+    include_documentation: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[DescribeConfigsResponse]:
+        return DescribeConfigsResponse
+
+
 class DescribeLogDirsResponse(NamedTuple):
     """DescribeLogDirs response (key 35)."""
 
@@ -1103,6 +1216,39 @@ class ElectLeadersRequest(NamedTuple):
         return ElectLeadersResponse
 
 
+class IncrementalAlterConfigsResponse(NamedTuple):
+    """IncrementalAlterConfigs response (key 44)."""
+
+    responses: list[AlterConfigsResourceResponse]
+    throttle_time_ms: int = 0
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+
+class IncrementalAlterConfigsRequest(NamedTuple):
+    """IncrementalAlterConfigs request (key 44). Brokers forward it to the active controller,
+    which commits the topic's Config records; a resource is changed whole or not at all.
+    """
+
+    resources: list[AlterConfigsResource]
+    validate_only: bool = False
+
+    def to_header(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], version: int = 0) -> Self:
+        return schemas.decode(cls, header, version)  # type: ignore[no-any-return]
+
+    def response_type(self) -> type[IncrementalAlterConfigsResponse]:
+        return IncrementalAlterConfigsResponse
+
+
 class AlterPartitionReassignmentsResponse(NamedTuple):
     """AlterPartitionReassignments response (key 45)."""
 
@@ -1188,6 +1334,10 @@ class DescribeQuorumResponse(NamedTuple):
     # last index of the local snapshot, 0 if none
     snapshot_index: int
     last_index: int
+    # the committed offset, as the leader knows it
+    high_watermark: int
+    # the leader's view of every voter; only itself on another node
+    current_voters: list[ReplicaState]
     error_code: int = 0
 
     def to_header(self) -> dict[str, Any]:
@@ -1200,10 +1350,12 @@ class DescribeQuorumResponse(NamedTuple):
 
 class DescribeQuorumRequest(NamedTuple):
     """DescribeQuorum request (key 55). Any controller answers with its own view of the quorum
-    (rillet's shape, not Kafka's): for tooling, tests and status pages.
+    (rillet's shape, not Kafka's): for tooling, tests and status pages. Brokers forward it
+    to the active controller, asking with `leader_only`.
     """
 
-    pass
+    # a controller that is not active answers NOT_CONTROLLER (with a redirect)
+    leader_only: bool = False
 
     def to_header(self) -> dict[str, Any]:
         return self._asdict()

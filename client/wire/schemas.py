@@ -1167,6 +1167,111 @@ DESCRIBE_LOG_DIRS = declare(
     "and remote log (rillet's shape, not Kafka's). Feeds `rillet topic describe`.",
 )
 
+# --- Configs (KIP-339) ------------------------------------------------------------------
+# Kafka's field names; resource types TOPIC=2, BROKER=4; config sources TOPIC_CONFIG=1,
+# STATIC_BROKER_CONFIG=4, DEFAULT_CONFIG=5; config types as Kafka's ConfigType.
+
+DESCRIBE_CONFIGS_RESOURCE_RESULT = Struct(
+    "DescribeConfigsResourceResult",
+    F("name", STR),
+    F("value", Opt(STR), doc="nil for a sensitive key"),
+    F("read_only", BOOL),
+    F("is_default", BOOL),
+    F("config_source", INT, doc="1: the topic's own, 4: the broker's file, 5: a default"),
+    F("is_sensitive", BOOL),
+    F("config_type", INT, doc="1 boolean, 2 string, 3 int, 5 long, 7 list"),
+    F("documentation", Opt(STR)),
+)
+DESCRIBE_CONFIGS = declare(
+    32,
+    "DescribeConfigs",
+    (0, 0),
+    request=[
+        F(
+            "resources",
+            Array(
+                Struct(
+                    "DescribeConfigsResource",
+                    F("resource_type", INT),
+                    F("resource_name", STR),
+                    F("configuration_keys", Opt(Array(STR)), doc="nil: every key"),
+                )
+            ),
+        ),
+        F("include_synonyms", BOOL, default=False, doc="accepted; no synonyms are sent"),
+        F("include_documentation", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "results",
+            Array(
+                Struct(
+                    "DescribeConfigsResult",
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                    F("resource_type", INT),
+                    F("resource_name", STR),
+                    F("configs", Array(DESCRIBE_CONFIGS_RESOURCE_RESULT)),
+                )
+            ),
+        ),
+    ],
+    doc="Any broker answers for topics from its metadata image (keys without an override "
+    "show the broker's default, `is_default`), and for itself as a BROKER resource.",
+)
+
+INCREMENTAL_ALTER_CONFIGS = declare(
+    44,
+    "IncrementalAlterConfigs",
+    (0, 0),
+    request=[
+        F(
+            "resources",
+            Array(
+                Struct(
+                    "AlterConfigsResource",
+                    F("resource_type", INT),
+                    F("resource_name", STR),
+                    F(
+                        "configs",
+                        Array(
+                            Struct(
+                                "AlterableConfig",
+                                F("name", STR),
+                                F(
+                                    "config_operation",
+                                    INT,
+                                    doc="0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT",
+                                ),
+                                F("value", Opt(STR)),
+                            )
+                        ),
+                    ),
+                )
+            ),
+        ),
+        F("validate_only", BOOL, default=False),
+    ],
+    response=[
+        THROTTLE,
+        F(
+            "responses",
+            Array(
+                Struct(
+                    "AlterConfigsResourceResponse",
+                    F("error_code", INT),
+                    F("error_message", Opt(STR)),
+                    F("resource_type", INT),
+                    F("resource_name", STR),
+                )
+            ),
+        ),
+    ],
+    doc="Brokers forward it to the active controller, which commits the topic's Config "
+    "records; a resource is changed whole or not at all.",
+)
+
 LISTENER = Struct("Listener", F("name", STR), F("host", STR), F("port", INT))
 BROKER_REGISTRATION = declare(
     62,
@@ -1298,11 +1403,26 @@ ALTER_PARTITION_REASSIGNMENTS = declare(
     doc="Served by the active controller (KIP-455).",
 )
 
+QUORUM_REPLICA_STATE = Struct(
+    "ReplicaState",
+    F("replica_id", INT),
+    F("log_end_offset", INT, doc="the leader's match index for it (its own last index)"),
+    F("last_fetch_timestamp", INT, doc="wall-clock ms the leader last heard from it; -1"),
+    F("last_caught_up_timestamp", INT, doc="wall-clock ms it last matched the leader; -1"),
+)
 DESCRIBE_QUORUM = declare(
     55,
     "DescribeQuorum",
-    (0, 0),
-    request=[],
+    (0, 1),
+    request=[
+        F(
+            "leader_only",
+            BOOL,
+            since=1,
+            default=False,
+            doc="a controller that is not active answers NOT_CONTROLLER (with a redirect)",
+        ),
+    ],
     response=[
         ERROR_CODE,
         F("node_id", INT),
@@ -1315,10 +1435,18 @@ DESCRIBE_QUORUM = declare(
         F("applied_offset", INT, doc="offset of the newest record in this node's image"),
         F("snapshot_index", INT, doc="last index of the local snapshot, 0 if none"),
         F("last_index", INT),
+        F("high_watermark", INT, since=1, doc="the committed offset, as the leader knows it"),
+        F(
+            "current_voters",
+            Array(QUORUM_REPLICA_STATE),
+            since=1,
+            doc="the leader's view of every voter; only itself on another node",
+        ),
     ],
     scope=SCOPE_RAFT,
     doc="Any controller answers with its own view of the quorum (rillet's shape, not "
-    "Kafka's): for tooling, tests and status pages.",
+    "Kafka's): for tooling, tests and status pages. Brokers forward it to the active "
+    "controller, asking with `leader_only`.",
 )
 
 

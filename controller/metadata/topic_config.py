@@ -164,3 +164,53 @@ def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) ->
 def unclean_election_enabled(overrides: Mapping[str, str]) -> bool:
     raw = overrides.get("unclean.leader.election.enable")
     return raw is not None and raw.strip().lower() == "true"
+
+
+# IncrementalAlterConfigs operations (Kafka's AlterConfigOp types).
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+_LIST_KINDS = {"policy"}  # the keys whose value is a comma-separated list
+
+
+class ConfigOpError(ValueError):
+    """An operation that cannot apply: ``invalid_request`` tells a malformed request
+    (INVALID_REQUEST) from a bad key or value (INVALID_CONFIG)."""
+
+    def __init__(self, message: str, invalid_request: bool) -> None:
+        super().__init__(message)
+        self.invalid_request = invalid_request
+
+
+def incremental_changes(
+    overrides: Mapping[str, str], ops: list[tuple[str, int, str | None]]
+) -> dict[str, str | None]:
+    """A topic's ``(name, operation, value)`` list as changes for the controller: a value
+    sets a key, None deletes it (back to the default). APPEND and SUBTRACT work on the
+    key's current list (its override, else its default) and only on list keys; a key
+    named twice is refused, as Kafka does. Raises ConfigOpError."""
+    changes: dict[str, str | None] = {}
+    for name, op, value in ops:
+        if name in changes:
+            raise ConfigOpError(f"{name} is named twice", invalid_request=True)
+        if op == OP_DELETE:
+            changes[name] = None
+            continue
+        if op not in (OP_SET, OP_APPEND, OP_SUBTRACT):
+            raise ConfigOpError(f"{name}: unknown operation {op}", invalid_request=True)
+        if value is None:
+            raise ConfigOpError(f"{name}: a null value is only for DELETE", invalid_request=True)
+        if op == OP_SET:
+            changes[name] = value
+            continue
+        d = TOPIC_CONFIGS.get(name)
+        if d is None:
+            raise ConfigOpError(f"unknown topic config {name!r}", invalid_request=False)
+        if d.kind not in _LIST_KINDS:
+            raise ConfigOpError(f"{name} is not a list: APPEND and SUBTRACT do not apply", True)
+        current = overrides.get(name, canonical(name, d.default)).split(",")
+        given = [v.strip() for v in value.split(",") if v.strip()]
+        if op == OP_APPEND:
+            listed = current + [v for v in given if v not in current]
+        else:
+            listed = [v for v in current if v not in given]
+        changes[name] = ",".join(listed)
+    return changes

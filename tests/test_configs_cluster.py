@@ -1,0 +1,194 @@
+"""Topic configs and the controller quorum over the wire, on a real cluster: DescribeConfigs
+from every broker, IncrementalAlterConfigs through the active controller (SET, DELETE,
+validate_only, Kafka's error codes), DescribeQuorum through a broker, and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+
+from rillet.client.admin import Admin, AdminError, NewTopic
+from rillet.tools.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three combined nodes (broker and controller voter each), shared by the module."""
+    c = LocalCluster(
+        Path(tmp_path_factory.mktemp("configs")),
+        controllers=3,
+        brokers=3,
+        combined=True,
+        ephemeral_ports=True,
+    )
+    try:
+        c.start()
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop(kill=True, timeout_s=20)
+
+
+def run(coro):  # noqa: ANN001, ANN201
+    return asyncio.run(coro)
+
+
+async def one_broker(cluster: LocalCluster, node_id: int) -> Admin:
+    return await Admin(cluster.nodes[node_id].listeners["BROKER"], timeout_ms=20_000).start()
+
+
+async def configs_everywhere(cluster: LocalCluster, topic: str) -> list[dict]:
+    out = []
+    for node in cluster.brokers():
+        admin = await one_broker(cluster, node.node_id)
+        try:
+            out.append((await admin.describe_configs([topic]))[topic])
+        finally:
+            await admin.close()
+    return out
+
+
+def test_alter_is_seen_from_every_broker_and_delete_restores_the_default(cluster) -> None:  # noqa: ANN001
+    async def go() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([NewTopic("cfg", 2, 3)])
+            before = (await admin.describe_configs(["cfg"]))["cfg"]
+            assert before["min.insync.replicas"].is_default
+            assert before["min.insync.replicas"].source == "DEFAULT_CONFIG"
+            assert before["retention.ms"].value == str(7 * 24 * 3600 * 1000)
+            await admin.incremental_alter_configs(
+                {"cfg": {"min.insync.replicas": "2", "retention.ms": "600000"}}
+            )
+        for seen in await configs_everywhere(cluster, "cfg"):
+            assert (seen["min.insync.replicas"].value, seen["retention.ms"].value) == (
+                "2",
+                "600000",
+            )
+            assert seen["retention.ms"].source == "TOPIC_CONFIG"
+            assert not seen["retention.ms"].is_default
+        async with Admin(cluster.bootstrap) as admin:
+            await admin.incremental_alter_configs({"cfg": {"retention.ms": None}})
+        for seen in await configs_everywhere(cluster, "cfg"):
+            assert seen["retention.ms"].is_default
+            assert seen["retention.ms"].value == str(7 * 24 * 3600 * 1000)
+            assert seen["min.insync.replicas"].value == "2"
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"min.insync.replicas": "zero"}, "INVALID_CONFIG"),
+        ({"retention.ms": "-7"}, "INVALID_CONFIG"),
+        ({"no.such.key": "1"}, "INVALID_CONFIG"),
+    ],
+)
+def test_invalid_changes_fail_with_kafka_codes_and_change_nothing(cluster, change, code) -> None:  # noqa: ANN001
+    async def go() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            await _ensure(admin, "bad")
+            before = (await admin.describe_configs(["bad"]))["bad"]
+            # A valid key next to the bad one: the resource changes whole or not at all.
+            with pytest.raises(AdminError) as e:
+                await admin.incremental_alter_configs({"bad": {"segment.ms": "1000", **change}})
+            assert e.value.errors["bad"].name == code
+            assert (await admin.describe_configs(["bad"]))["bad"] == before
+
+    run(go())
+
+
+def test_unknown_topic_and_validate_only(cluster) -> None:  # noqa: ANN001
+    async def go() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            with pytest.raises(AdminError) as e:
+                await admin.incremental_alter_configs({"nope": {"retention.ms": "1000"}})
+            assert e.value.errors["nope"].name == "UNKNOWN_TOPIC_OR_PARTITION"
+            with pytest.raises(AdminError) as e:
+                await admin.describe_configs(["nope"])
+            assert e.value.errors["nope"].name == "UNKNOWN_TOPIC_OR_PARTITION"
+
+            await _ensure(admin, "dry")
+            await admin.incremental_alter_configs(
+                {"dry": {"retention.ms": "1000"}}, validate_only=True
+            )
+            assert (await admin.describe_configs(["dry"]))["dry"]["retention.ms"].is_default
+            with pytest.raises(AdminError) as e:
+                await admin.incremental_alter_configs(
+                    {"dry": {"retention.ms": "x"}}, validate_only=True
+                )
+            assert e.value.errors["dry"].name == "INVALID_CONFIG"
+
+    run(go())
+
+
+def test_describe_quorum_through_a_broker(cluster) -> None:  # noqa: ANN001
+    async def go() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            quorum = await admin.describe_quorum()
+        assert quorum.leader_id in {1, 2, 3}
+        assert quorum.leader_epoch >= 1 and quorum.high_watermark > 0
+        assert sorted(v.id for v in quorum.voters) == [1, 2, 3]
+        leader = next(v for v in quorum.voters if v.id == quorum.leader_id)
+        assert leader.lag == 0 and leader.log_end_offset >= quorum.high_watermark
+        assert all(v.lag >= 0 and v.log_end_offset >= 0 for v in quorum.voters)
+
+    run(go())
+
+
+async def _ensure(admin: Admin, topic: str) -> None:
+    if topic not in await admin.list_topics():
+        await admin.create_topics([NewTopic(topic, 1, 3)])
+
+
+# --- CLI ---------------------------------------------------------------------------
+
+
+def rillet(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    return run_cli(cluster.bootstrap, *args, ok=ok)
+
+
+def test_cli_alter_configs_and_describe(cluster) -> None:  # noqa: ANN001
+    rillet(cluster, "topic", "create", "clicfg", "--partitions", "1", "--replication-factor", "3")
+    dry = rillet(cluster, "topic", "alter", "clicfg", "--set", "retention.ms=60000", "--dry-run")
+    assert "Validated (nothing changed)" in dry.stdout
+    configs = json.loads(rillet(cluster, "topic", "configs", "clicfg", "--json").stdout)
+    assert configs["configs"]["retention.ms"]["is_default"] is True
+
+    rillet(
+        cluster,
+        "topic",
+        "alter",
+        "clicfg",
+        "--set",
+        "retention.ms=60000",
+        "--set",
+        "min.insync.replicas=2",
+    )
+    human = rillet(cluster, "topic", "describe", "clicfg").stdout
+    assert "retention.ms=60000" in human and "min.insync.replicas=2" in human
+    assert "segment.bytes" not in human  # defaults stay out of the human view
+    (topic,) = json.loads(rillet(cluster, "topic", "describe", "clicfg", "--json").stdout)["topics"]
+    assert topic["configs"]["retention.ms"]["source"] == "TOPIC_CONFIG"
+    assert topic["configs"]["segment.bytes"]["is_default"] is True
+    table = rillet(cluster, "topic", "configs", "clicfg").stdout
+    assert "TOPIC_CONFIG" in table and "DEFAULT_CONFIG" in table
+
+    rillet(cluster, "topic", "alter", "clicfg", "--delete", "retention.ms")
+    configs = json.loads(rillet(cluster, "topic", "configs", "clicfg", "--json").stdout)
+    assert configs["configs"]["retention.ms"]["is_default"] is True
+    assert configs["configs"]["min.insync.replicas"]["value"] == "2"
+
+    bad = rillet(cluster, "topic", "alter", "clicfg", "--set", "retention.ms=oops", ok=False)
+    assert bad.returncode != 0 and "INVALID_CONFIG" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    missing = rillet(cluster, "topic", "alter", "nope", "--set", "retention.ms=1", ok=False)
+    assert missing.returncode != 0 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr
