@@ -691,16 +691,21 @@ class Admin:
     # --- configs and the quorum ------------------------------------------------------
 
     async def describe_configs(
-        self, topics: Iterable[str], *, documentation: bool = False
+        self,
+        topics: Iterable[str],
+        *,
+        keys: Iterable[str] | None = None,
+        documentation: bool = False,
     ) -> dict[str, dict[str, ConfigEntry]]:
-        """Every config of each topic (DescribeConfigs, one request for them all): its
-        own values as TOPIC_CONFIG, the rest with the broker's defaults as
+        """Every config of each topic, or only ``keys`` (DescribeConfigs, one request for
+        them all): its own values as TOPIC_CONFIG, the rest with the broker's defaults as
         DEFAULT_CONFIG. AdminError names the topics that failed (unknown ones)."""
         names = list(dict.fromkeys(topics))
         if not names:
             return {}
+        wanted = None if keys is None else list(keys)
         request = m.DescribeConfigsRequest(
-            resources=[m.DescribeConfigsResource(RESOURCE_TOPIC, n, None) for n in names],
+            resources=[m.DescribeConfigsResource(RESOURCE_TOPIC, n, wanted) for n in names],
             include_documentation=documentation,
         )
         response = await self._request(request)
