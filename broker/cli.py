@@ -25,6 +25,7 @@ from typing import Any
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
 from rillet.client.runtime.config import Config
 from rillet.client.runtime.limits import raise_open_files_limit
+from rillet.client.runtime.metrics_http import serve_metrics
 from rillet.client.runtime.shutdown import StopRequests, run_then_exit
 from rillet.client.wire.errors import InvalidConfigError
 
@@ -118,9 +119,18 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
             await controller.stop(transfer_leadership=False)
         raise
     listeners = dict(broker.listeners)
+    registries = [broker.registry]
     if controller is not None:
         listeners.update(controller.listeners)
-    print_ready(broker.node_id, listeners)
+        registries.append(controller.metrics.registry)  # one endpoint serves both roles
+    try:
+        metrics = await serve_metrics(config, broker.host, registries)
+    except OSError:
+        await broker.stop(controlled=False)
+        if controller is not None:
+            await controller.stop(transfer_leadership=False)
+        raise
+    print_ready(broker.node_id, listeners, metrics)
     waits = [asyncio.ensure_future(requests.requested.wait())]
     if controller is not None and controller.failure is not None:
         waits.append(controller.failure)  # type: ignore[arg-type]
@@ -129,6 +139,8 @@ async def run_node(config: Config, broker_config: BrokerConfig) -> int:
         controller is not None and controller.failure is not None and (controller.failure.done())
     )
     waits[0].cancel()
+    if metrics is not None:
+        await metrics.stop()
     log.info("node %d: stopping (%s)", broker.node_id, "controller failed" if failed else "signal")
     controlled = not failed and requests.controlled
     await broker.stop(controlled=controlled, cut_short=requests.urgent)

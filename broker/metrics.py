@@ -1,6 +1,7 @@
 """Broker metrics, kept in memory as prometheus-client types in the broker's own registry
 (so two brokers in one process, as in tests or combined mode, never share counters).
-Serving them over HTTP comes later; ``snapshot()`` gives the numbers as a dict now.
+The node serves them at ``/metrics`` (client/runtime/metrics_http.py) beside the same
+events under Kafka's names (broker/kafka_metrics.py); ``snapshot()`` gives these as a dict.
 
 What is counted, all per batch or per request, never per record:
 
@@ -35,6 +36,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from rillet.broker.kafka_metrics import KafkaBrokerStats
 from rillet.client.runtime.looplag import LoopLagMonitor
 
 RATE_WINDOW_S = 10.0
@@ -65,6 +67,8 @@ class BrokerMetrics:
         loop_lag: LoopLagMonitor | None = None,
     ) -> None:
         self.loop_lag = loop_lag
+        # The same events under Kafka's names, per topic (broker/kafka_metrics.py).
+        self.kafka = KafkaBrokerStats()
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.bytes_in = Counter("rillet_broker_bytes_in", "Produced bytes appended", registry=r)
@@ -130,10 +134,12 @@ class BrokerMetrics:
         if child is None:
             child = self._latency_children[api_name] = self.latency.labels(api_name)
         child.observe(seconds)
+        self.kafka.observe_request(api_name, seconds * 1000)
 
-    def record_append(self, nbytes: int, messages: int) -> None:
+    def record_append(self, topic: str, nbytes: int, messages: int) -> None:
         self.bytes_in.inc(nbytes)
         self.messages_in.inc(messages)
+        self.kafka.record_in(topic, nbytes, messages)
 
     def count(self, counter: str, amount: float = 1) -> None:
         """Add to one of the remote tier's counters (``remote_copy_bytes``...)."""

@@ -457,17 +457,30 @@ class ReplicaManager:
             proposal.partition_epoch,
         )
         tp = TopicPartition(replica.topic, replica.partition)
+        isr = set(replica.state.isr)
         self.alter_partitions.submit(
-            tp, proposal, lambda response: self._on_alter_answer(replica, proposal, response)
+            tp, proposal, lambda response: self._on_alter_answer(replica, proposal, response, isr)
         )
 
     def _on_alter_answer(
-        self, replica: Replica, proposal: ProposeAlterPartition, response: AlterPartitionResponse
+        self,
+        replica: Replica,
+        proposal: ProposeAlterPartition,
+        response: AlterPartitionResponse,
+        isr_proposed_from: set[int],
     ) -> None:
         if self.replicas.get(TopicPartition(replica.topic, replica.partition)) is not replica:
             return  # removed (or re-created) meanwhile: not for the current core
         state = replica.state
         replica.driver.on_alter_partition_response(proposal.proposal_id, response)
+        if (
+            self.metrics is not None
+            and response.error_code == NONE
+            and response.leader_epoch == proposal.leader_epoch
+        ):
+            # Accepted: counted against the ISR the proposal changed (the metadata
+            # carrying the same change may have reached the core first).
+            self.metrics.kafka.isr_changed(isr_proposed_from, set(response.isr))
         replica.activate()  # a resend may be due
         logger.debug(
             "%s: after AlterPartition %d: core leader epoch %d, partition epoch %d, isr %s, "
@@ -561,7 +574,8 @@ class ReplicaManager:
             )
             return refused, None
         if self.metrics is not None:
-            self.metrics.record_append(len(data), outcome.last_offset - outcome.first_offset + 1)
+            messages = outcome.last_offset - outcome.first_offset + 1
+            self.metrics.record_append(topic, len(data), messages)
         result = AppendResult(
             topic, partition, NONE, outcome.first_offset, log_start_offset=log.log_start_offset
         )

@@ -44,6 +44,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from rillet.broker.config import BROKER_LISTENER, BrokerConfig
 from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.group.manager import GroupManager
@@ -52,6 +54,7 @@ from rillet.broker.handlers.fetch import FetchHandler, ListOffsetsHandler
 from rillet.broker.handlers.group import GroupHandlers
 from rillet.broker.handlers.metadata import MetadataHandlers
 from rillet.broker.handlers.produce import ProduceHandler
+from rillet.broker.kafka_metrics import BrokerCollector
 from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
 from rillet.broker.remote_log_manager import RemoteLogManager
@@ -145,6 +148,12 @@ class BrokerServer:
         return self._link
 
     @property
+    def registry(self) -> CollectorRegistry:
+        """Every metric of this broker (``rillet_*`` and Kafka's names), for /metrics."""
+        assert self.metrics is not None
+        return self.metrics.registry
+
+    @property
     def listeners(self) -> dict[str, str]:
         """Bound listeners, for the readiness line: {"BROKER": "host:port"}."""
         return {BROKER_LISTENER: f"{self.host}:{self.port}"}
@@ -173,6 +182,15 @@ class BrokerServer:
         self.replicas.remote = self._remote_log_manager(link, self.replicas, self.metrics)
         self.groups = GroupManager(cfg, self.replicas)
         self.groups.start()
+        self.metrics.registry.register(
+            BrokerCollector(
+                self.metrics.kafka,
+                self.metrics,
+                self.replicas,
+                groups=lambda: self.groups,
+                metadata_age_ms=getattr(link, "metadata_age_ms", lambda: None),
+            )
+        )
         self.rpc = RpcServer(
             self._handlers(link), name=f"broker-{self.node_id}", **rpc_limits(cfg.values)
         )
@@ -195,6 +213,9 @@ class BrokerServer:
     async def _on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
         assert self.replicas is not None
         await self.replicas.on_metadata(delta, image)
+        if self.metrics is not None:
+            for name in delta.deleted_topics.values():
+                self.metrics.kafka.forget_topic(name)
         if self.groups is not None:  # after the roles: it reads which offsets partitions lead
             self.groups.on_metadata(delta, image)
         if not self._caught_up.is_set():

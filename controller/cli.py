@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rillet.client.runtime.limits import raise_open_files_limit
+from rillet.client.runtime.metrics_http import MetricsServer, serve_metrics
 from rillet.client.runtime.shutdown import StopRequests, run_then_exit
 from rillet.client.wire.errors import InvalidConfigError
 from rillet.controller.config import controller_config_table
@@ -48,14 +49,19 @@ def setup_logging(level: str) -> None:
     )
 
 
-def print_ready(node_id: int, listeners: Mapping[str, str]) -> None:
-    """The node contract's readiness line: one JSON object on stdout, flushed."""
-    line = {
+def print_ready(
+    node_id: int, listeners: Mapping[str, str], metrics: MetricsServer | None = None
+) -> None:
+    """The node contract's readiness line: one JSON object on stdout, flushed; with the
+    metrics endpoint's host:port under ``metrics`` when it is on."""
+    line: dict[str, Any] = {
         "event": "listening",
         "node_id": node_id,
         "listeners": dict(listeners),
         "pid": os.getpid(),
     }
+    if metrics is not None:
+        line["metrics"] = metrics.address
     print(json.dumps(line), flush=True)
 
 
@@ -84,10 +90,17 @@ async def run_controller(config: Mapping[str, Any]) -> int:
     requests = StopRequests(f"controller {server.node_id}")
     requests.install()  # before start-up: see broker/cli.py
     await server.start()
-    print_ready(server.node_id, server.listeners)
+    try:
+        metrics = await serve_metrics(config, server.bind_address[0], [server.metrics.registry])
+    except OSError:
+        await server.stop(transfer_leadership=False)
+        raise
+    print_ready(server.node_id, server.listeners, metrics)
     assert server.failure is not None
     stopping = asyncio.ensure_future(requests.requested.wait())
     await asyncio.wait([stopping, server.failure], return_when=asyncio.FIRST_COMPLETED)
+    if metrics is not None:
+        await metrics.stop()
     if server.failure.done():
         log.critical("controller %d failed: %r", server.node_id, server.failure.result())
         await server.stop(transfer_leadership=False)

@@ -43,6 +43,7 @@ from rillet.client.wire.errors import (
 from rillet.controller.config import parse_listeners, parse_voters, require_node_id
 from rillet.controller.metadata.image import MetadataImage, MetadataRecord, encode_snapshot
 from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
+from rillet.controller.metrics import ControllerMetrics, elects_leaders
 from rillet.controller.raft.core import RaftConfig, RaftNode, Role
 from rillet.controller.raft.driver import AsyncRaftLoop, RaftDriver, monotonic_ms
 from rillet.controller.raft.store import RaftStore
@@ -119,6 +120,8 @@ class ControllerServer:
         self._records_seen = 0
         # Milliseconds, monotonic: session deadlines and the Raft timers read it.
         self.clock: Callable[[], int] = monotonic_ms
+        # Kafka-named metrics in this node's own registry (controller/metrics.py).
+        self.metrics = ControllerMetrics(self)
         self.node: RaftNode
         self.store: RaftStore
         self.transport: RaftTransport
@@ -373,10 +376,31 @@ class ControllerServer:
         async with self._writing:
             if not self.active or self.ctl is not ctl:
                 raise NotControllerError("leadership changed while waiting to write")
+            planned = self.metrics.clock()
             read = self.images.pending.offset
             records, answer = plan(self.images.pending)
+            proposed = self.metrics.clock()
             committed = await self.propose_yielding(records) if records else None
+        if committed is not None:
+            self._time_commit(committed, planned, proposed, elects_leaders(records))
         return answer, committed, read
+
+    def _time_commit(
+        self, committed: asyncio.Future[None], planned: float, proposed: float, election: bool
+    ) -> None:
+        """Commit latency (Raft) and, for an operation that moves leaderships, the
+        election time (planning to commit), once it commits."""
+        metrics = self.metrics
+
+        def done(future: asyncio.Future[None]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            now = metrics.clock()
+            metrics.commits.observe((now - proposed) * 1000)
+            if election:
+                metrics.elections.observe((now - planned) * 1000)
+
+        committed.add_done_callback(done)
 
     async def commit_within(
         self, ctl: QuorumController, plan: Plan[T], timeout_ms: int
@@ -430,6 +454,7 @@ class ControllerServer:
         applied = self.machine.applied_records
         self.heap.grew(applied - self._records_seen)
         self._records_seen = applied
+        self.metrics.applied()
         if not self._applied.done():
             self._applied.set_result(None)
         self._applied = asyncio.get_running_loop().create_future()

@@ -85,7 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     down.set_defaults(func=cmd_down)
 
-    status = sub.add_parser("status", help="every node's id, roles, address, state, pid")
+    status = sub.add_parser(
+        "status", help="every node's id, roles, address, state, pid, metrics port"
+    )
     _data_dir(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
@@ -341,7 +343,7 @@ def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
     from rich.table import Table
 
     table = Table(title="rillet local cluster")
-    for col in ("node", "roles", "address", "state", "pid"):
+    for col in ("node", "roles", "address", "state", "pid", "metrics"):
         table.add_column(col, no_wrap=True)
     for r in rows:
         style = "green" if r["state"].startswith(("unfenced", "running", "active")) else "yellow"
@@ -353,8 +355,17 @@ def _table(rows: list[dict[str, Any]]):  # noqa: ANN202 - a rich Table
             r["address"],
             f"[{style}]{r['state']}[/{style}]",
             str(r["pid"] or "-"),
+            _metrics_port(r.get("metrics")),
         )
     return table
+
+
+def _metrics_port(url: str | None) -> str:
+    """``:9401`` of ``http://127.0.0.1:9401/metrics`` (the table's width allows no more;
+    the host is the node's address's, --json gives the whole URL)."""
+    if not url:
+        return "-"
+    return ":" + url.rpartition(":")[2].partition("/")[0]
 
 
 def cmd_down(args: argparse.Namespace) -> int:

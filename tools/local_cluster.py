@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from rillet.broker.config import broker_config_table, combined_config_table
 from rillet.client.runtime.config import ConfigTable
+from rillet.client.runtime.metrics_http import EPHEMERAL
 from rillet.client.runtime.shutdown import OWNER_ENV, owner_value, process_start_time
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection, R, RequestMessage, parse_address
@@ -58,6 +59,9 @@ HAVE_PROC = os.path.exists("/proc/self/stat")
 ZOMBIE_REAP_WAIT_S = 5.0
 CONTROLLER_ID_BASE = 100
 DEFAULT_BROKER_PORT = 9092
+# Node i's /metrics (non-ephemeral): 9400 + node id, so brokers get 9401.. and
+# controllers (ids 101..) 9501..
+METRICS_PORT_BASE = 9400
 DEFAULT_S3_PORT = 9080
 DEFAULT_S3_BUCKET = "rillet-tier"
 DEFAULT_S3_REGION = "us-east-1"
@@ -78,6 +82,8 @@ class Node:
     pid: int | None = None
     start_time: int | None = None  # of the process ``pid``: a recycled pid is not the node
     listeners: dict[str, str] = field(default_factory=dict)  # from the readiness line
+    metrics_port: int = 0  # metrics.port: EPHEMERAL, or fixed (0: off, older clusters)
+    metrics: str | None = None  # host:port of /metrics, from the readiness line
     stdout_offset: int = 0  # where this start's readiness line will appear in stdout.log
 
     @property
@@ -119,6 +125,10 @@ class S3Tier:
             "remote.log.storage.s3.bucket": self.bucket,
             "remote.log.storage.s3.region": self.region,
         }
+
+
+def metrics_port(node_id: int, ephemeral: bool) -> int:
+    return EPHEMERAL if ephemeral else METRICS_PORT_BASE + node_id
 
 
 def free_port() -> int:
@@ -268,6 +278,10 @@ class LocalCluster:
         def port(base: int, i: int) -> int:
             return free_port() if ephemeral else base + 2 * i
 
+        def metrics(node: Node) -> Node:
+            node.metrics_port = metrics_port(node.node_id, ephemeral)
+            return node
+
         if combined:
             count = max(controllers, brokers)
             for i in range(count):
@@ -275,14 +289,15 @@ class LocalCluster:
                 roles = ["broker", "controller"] if is_voter else ["broker"]
                 cport = port(DEFAULT_BROKER_PORT + 1, i) if is_voter else None
                 bport = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * i
-                self._add(Node(i + 1, roles, cport, bport, _rack(racks, i)))
+                self._add(metrics(Node(i + 1, roles, cport, bport, _rack(racks, i))))
             return
         for i in range(brokers):
             bport = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * i
-            self._add(Node(i + 1, ["broker"], None, bport, _rack(racks, i)))
+            self._add(metrics(Node(i + 1, ["broker"], None, bport, _rack(racks, i))))
         for j in range(controllers):
             cid = CONTROLLER_ID_BASE + j + 1
-            self._add(Node(cid, ["controller"], port(DEFAULT_BROKER_PORT + 1, j), None))
+            cport = port(DEFAULT_BROKER_PORT + 1, j)
+            self._add(metrics(Node(cid, ["controller"], cport, None)))
 
     def _add(self, node: Node) -> None:
         self.nodes[node.node_id] = node
@@ -310,6 +325,8 @@ class LocalCluster:
             "process.roles": ",".join(node.roles),
             "listeners": ",".join(listeners),
             "controller.quorum.voters": self.voters,
+            # Every node serves /metrics (an override such as metrics.port=0 wins).
+            "metrics.port": node.metrics_port,
         }
         if node.is_controller:
             values["metadata.log.dir"] = str(d / "metadata")
@@ -388,6 +405,7 @@ class LocalCluster:
                 continue
             node.pid, node.start_time = raw.get("pid"), raw.get("start_time")
             node.listeners = dict(raw.get("listeners") or {})
+            node.metrics = raw.get("metrics")
             node.stdout_offset = raw.get("stdout_offset", 0)
         raw_s3 = state.get("s3")
         if self.s3 is not None and raw_s3 is not None:
@@ -509,6 +527,7 @@ class LocalCluster:
         ephemeral = model.broker_port == 0
         port = 0 if ephemeral else DEFAULT_BROKER_PORT + 2 * (node_id - 1)
         node = Node(node_id, ["broker"], None, port, rack)
+        node.metrics_port = metrics_port(node_id, ephemeral)
         chosen = overrides if overrides is not None else self.node_overrides.get(model.node_id)
         with self.locked():
             self._add(node)
@@ -531,7 +550,7 @@ class LocalCluster:
         write_config(config, self.config_for(node))
         command = "broker" if node.is_broker else "controller"
         stdout_path = d / "stdout.log"
-        node.listeners = {}
+        node.listeners, node.metrics = {}, None
         node.stdout_offset = _size(stdout_path)
         env = self._child_env()
         if node.is_broker and self.s3 is not None and self.s3.embedded:
@@ -553,7 +572,7 @@ class LocalCluster:
         return env
 
     def _await_listening(self, node: Node, timeout_s: float) -> None:
-        node.listeners = self._await_ready(
+        ready = self._await_ready(
             f"node {node.node_id}",
             self.node_dir(node.node_id) / "stdout.log",
             node.stdout_offset,
@@ -561,6 +580,8 @@ class LocalCluster:
             lambda: self.log_tail(node.node_id),
             timeout_s,
         )
+        node.listeners = dict(ready.get("listeners", {}))
+        node.metrics = ready.get("metrics")
 
     def _await_ready(
         self,
@@ -570,14 +591,14 @@ class LocalCluster:
         running: Callable[[], bool],
         tail: Callable[[], str],
         timeout_s: float,
-    ) -> dict[str, str]:
-        """The listeners of the readiness line a process prints on stdout once bound."""
+    ) -> dict[str, Any]:
+        """The readiness line a process prints on stdout once bound (its listeners...)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in _read_from(path, offset):
                 event = _parse_event(line)
                 if event and event.get("event") == "listening":
-                    return dict(event.get("listeners", {}))
+                    return event
             if not running():
                 raise ClusterError(f"{what} exited during start-up; its log ends with:\n" + tail())
             time.sleep(0.05)
@@ -835,6 +856,7 @@ class LocalCluster:
                     "roles": n.roles,
                     "address": ", ".join(v for _, v in sorted(n.listeners.items())),
                     "listeners": dict(n.listeners),
+                    "metrics": f"http://{n.metrics}/metrics" if alive and n.metrics else None,
                     "state": state,
                     "pid": n.pid if alive else None,
                     "rack": n.rack,

@@ -139,12 +139,12 @@ class FetchHandler:
         result = await self.replicas.fetch_messages(params, context.partitions, context.watched)
         # ---- no await from fetch_messages' last read to the return: ranges pinned ----
         try:
-            return self._respond(context, result)
+            return self._respond(context, result, replication=replica_id >= 0)
         except BaseException:
             result.release()
             raise
 
-    def _respond(self, context: FetchContext, result: FetchResult) -> Response:
+    def _respond(self, context: FetchContext, result: FetchResult, replication: bool) -> Response:
         # Rows go out topic by topic (a session's order may interleave topics), and the
         # payload in the rows' order.
         by_topic: dict[str, list[FetchPartitionResult]] = {}
@@ -155,12 +155,15 @@ class FetchHandler:
             group.append(r)
         payload: list[FileRange | bytes] = []
         out: list[m.FetchTopicResult] = []
+        kafka = self.metrics.kafka
         for topic, group in by_topic.items():
             rows = []
+            topic_bytes = 0
             for r in group:
                 hw = r.high_watermark
                 diverging = r.diverging_epoch
                 data = r.records
+                topic_bytes += r.nbytes
                 if data is not None:
                     if data.data is not None:  # read at once (storage/fdcache.py)
                         payload.append(data.data)
@@ -184,6 +187,8 @@ class FetchHandler:
                     )
                 )
             out.append(m.FetchTopicResult(topic, rows))
+            if topic_bytes:
+                kafka.record_out(topic, topic_bytes, replication)
         self.metrics.bytes_out.inc(result.nbytes)
         if result.follower_nbytes:
             self.follower_bytes_out.inc(result.follower_nbytes)

@@ -232,7 +232,14 @@ def node_keys(default_roles: str) -> ConfigTable:
                 " above 64 KiB reserves its announced size, and waits unread while it does not"
                 " fit (a frame above the whole budget is let in alone).",
             ),
-            Key("metrics.port", int, 0, "HTTP port for /metrics and status; 0 disables it."),
+            Key(
+                "metrics.port",
+                int,
+                0,
+                "HTTP port of the Prometheus endpoint /metrics, on the host of the node's"
+                " first listener; 0 disables it, -1 picks a free port (the readiness line"
+                " says which).",
+            ),
             Key(
                 "event.loop.stall.warn.ms",
                 int,
