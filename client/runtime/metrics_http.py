@@ -32,8 +32,13 @@ METRICS_PATH = "/metrics"
 class MetricsServer:
     """Serves ``GET /metrics`` (and ``HEAD``) from ``registries``; 404 elsewhere."""
 
-    def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
+    def __init__(
+        self,
+        registries: Sequence[CollectorRegistry],
+        head_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
+    ) -> None:
         self.registries = list(registries)
+        self.head_timeout_s = head_timeout_s
         self._server: asyncio.Server | None = None
         self.host: str | None = None
         self.port: int | None = None
@@ -62,7 +67,7 @@ class MetricsServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                async with asyncio.timeout(REQUEST_HEAD_TIMEOUT_S):
+                async with asyncio.timeout(self.head_timeout_s):
                     head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 # Closed early, too long a head, or too slow: nothing worth answering

@@ -1,0 +1,242 @@
+"""Metrics under Kafka's names, in process: the ISR shrink and expand counters move when
+the leader's AlterPartition answer is applied, produce and fetch count bytes and
+messages per topic (consumers apart from followers), the controller's counts and
+election timings, the windowed quantiles, and the /metrics HTTP server (404 elsewhere,
+garbage answered with 400 and closed, and still serving after it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import test_fetch_session_leader
+from prometheus_client import CollectorRegistry, Counter
+from test_fetch_session_leader import Follower, Leader, settle_alter_partitions
+from test_replica_manager import batch
+
+from rillet.broker.kafka_metrics import BrokerCollector
+from rillet.client.fetch_session import FetchSessionBuilder
+from rillet.client.runtime.metrics_http import MetricsServer
+from rillet.client.runtime.rpc_server import Request
+from rillet.client.runtime.summaries import RecentSummary
+from rillet.client.wire import messages as m
+from rillet.client.wire import schemas
+from rillet.controller.metadata.image import (
+    EMPTY_IMAGE,
+    Endpoint,
+    FenceBroker,
+    MetadataDelta,
+    Partition,
+    PartitionChange,
+    RegisterBroker,
+    Topic,
+    TopicPartition,
+    UnfenceBroker,
+)
+from rillet.controller.metrics import elects_leaders, image_counts
+
+session_leader = test_fetch_session_leader.leader  # the fixture, under this name here
+LAG_MS = 30_000  # the leader fixture's replica.lag.time.max.ms
+
+
+def sample(leader: Leader, name: str, **labels: str) -> float | None:
+    return leader.handler.metrics.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def observed(session_leader: Leader) -> Leader:
+    """test_fetch_session_leader's leader, its metrics wired as the broker wires them."""
+    leader = session_leader
+    metrics = leader.handler.metrics
+    leader.manager.metrics = metrics
+    metrics.registry.register(BrokerCollector(metrics.kafka, metrics, leader.manager))
+    return leader
+
+
+async def consumer_fetch(leader: Leader, partition: int) -> int:
+    """Bytes a consumer's fetch of ``t-partition`` from offset 0 got."""
+    topic_id = leader.manager.replicas[TopicPartition("t", partition)].topic_id
+    s = FetchSessionBuilder().build(
+        {("t", partition): m.FetchPartition(partition, 0, -1, 0, -1, 1 << 20, topic_id)}
+    )
+    req = m.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        topics=s.topics,
+        session_id=s.session_id,
+        session_epoch=s.session_epoch,
+        forgotten=s.forgotten,
+    )
+    request = Request(schemas.FETCH, 0, 1, "consumer", {}, memoryview(b""), "", req)
+    response = await leader.handler(request)
+    assert response is not None
+    return sum(r.nbytes for t in response.message.topics for r in t.partitions)
+
+
+async def test_isr_shrink_and_expand_count_when_the_leaders_answer_is_applied(
+    observed: Leader,
+) -> None:
+    leader = observed
+    rm = "kafka_server_replicamanager"
+    follower = Follower(leader)
+    await follower.fetch()
+    tp = TopicPartition("t", 1)
+    await leader.manager.append_records([(tp, batch(b"a"))], 1, 1000)
+    assert sample(leader, f"{rm}_underreplicatedpartitions") == 0
+    leader.advance(LAG_MS + 1)
+    leader.tick()
+    # Proposed, not yet answered: nothing counted.
+    assert sample(leader, f"{rm}_isrshrinks_total") == 0
+    await settle_alter_partitions(leader)
+    assert leader.isr(1) == (1,)
+    assert sample(leader, f"{rm}_isrshrinks_total") == 1
+    assert sample(leader, f"{rm}_isrexpands_total") == 0
+    assert sample(leader, f"{rm}_underreplicatedpartitions") == 1
+    assert sample(leader, f"{rm}_underminisrpartitioncount") == 0  # min.insync.replicas 1
+    await follower.fetch()
+    follower.positions[1] = 1
+    await follower.fetch()
+    await settle_alter_partitions(leader)
+    assert leader.isr(1) == (1, 2)
+    assert sample(leader, f"{rm}_isrexpands_total") == 1
+    assert sample(leader, f"{rm}_isrshrinks_total") == 1
+    assert sample(leader, f"{rm}_underreplicatedpartitions") == 0
+    assert sample(leader, f"{rm}_partitioncount") == sample(leader, f"{rm}_leadercount") == 6
+
+
+async def test_bytes_and_messages_in_and_out_per_topic(observed: Leader) -> None:
+    leader = observed
+    tm = "kafka_server_brokertopicmetrics"
+    data = batch(b"a", b"b", b"c")
+    await leader.manager.append_records([(TopicPartition("t", 0), data)], 1, 1000)
+    assert sample(leader, f"{tm}_bytesin_total", topic="t") == len(data)
+    assert sample(leader, f"{tm}_messagesin_total", topic="t") == 3
+    assert sample(leader, f"{tm}_messagesin_total") == 3  # all topics
+    follower = Follower(leader)
+    await follower.fetch()  # replication, not bytes out
+    follower.positions[0] = 3
+    await follower.fetch()  # the high watermark passes the batch
+    assert sample(leader, f"{tm}_replicationbytesout_total", topic="t") == len(data)
+    assert sample(leader, f"{tm}_bytesout_total", topic="t") is None
+    got = await consumer_fetch(leader, 0)
+    assert got == len(data)
+    assert sample(leader, f"{tm}_bytesout_total", topic="t") == got
+    assert sample(leader, f"{tm}_bytesout_total") == got
+    # The rillet_ series count every fetch, as before.
+    assert leader.handler.metrics.snapshot()["bytes_out_total"] == 2 * len(data)
+    leader.handler.metrics.kafka.forget_topic("t")  # the topic deleted
+    assert sample(leader, f"{tm}_messagesin_total", topic="t") is None
+    assert sample(leader, f"{tm}_messagesin_total") == 3
+
+
+def test_request_times_are_a_summary_per_kafka_api_name() -> None:
+    from rillet.broker.metrics import BrokerMetrics
+
+    metrics = BrokerMetrics()
+    metrics.registry.register(BrokerCollector(metrics.kafka, metrics, replicas=_NoReplicas()))  # type: ignore[arg-type]
+    for ms in range(1, 101):
+        metrics.observe_latency("Produce", ms / 1000)
+    get = metrics.registry.get_sample_value
+    name = "kafka_network_requestmetrics_totaltimems"
+    assert get(f"{name}_count", {"request": "Produce"}) == 100
+    assert get(name, {"request": "Produce", "quantile": "0.5"}) == pytest.approx(51)
+    assert get(name, {"request": "Produce", "quantile": "0.99"}) == pytest.approx(100)
+    assert get("kafka_network_requestmetrics_requests_total", {"request": "Produce"}) == 100
+    idle = get("kafka_server_kafkarequesthandlerpool_requesthandleravgidlepercent")
+    assert idle is not None and 0 <= idle <= 1
+
+
+class _NoReplicas:
+    replicas: dict = {}
+    image = EMPTY_IMAGE
+
+
+def test_recent_summary_keeps_a_bounded_window_and_life_totals() -> None:
+    s = RecentSummary(window=10)
+    assert s.quantiles() == []
+    for v in range(100):
+        s.observe(float(v))
+    assert (s.count, s.sum, len(s.recent)) == (100, sum(range(100)), 10)
+    assert dict(s.quantiles())[0.5] == 95.0  # of the last ten: 90..99
+
+
+def test_controller_counts_and_what_is_an_election() -> None:
+    endpoints = (Endpoint("BROKER", "h", 1),)
+    recs: list = [RegisterBroker(b, f"inc-{b}", 1, endpoints, None) for b in (1, 2, 3)]
+    recs += [UnfenceBroker(b, 1) for b in (1, 2)]
+    recs.append(Topic("t", "tid"))
+    recs += [
+        Partition("tid", 0, (1, 2), (1, 2), 1, 0, 0),
+        Partition("tid", 1, (1, 2), (2,), 2, 0, 0),  # not its preferred leader
+        Partition("tid", 2, (3,), (3,), -1, 0, 0),  # offline
+    ]
+    delta = MetadataDelta(EMPTY_IMAGE)
+    delta.replay_all(recs, 0, 1)
+    counts = image_counts(delta.apply())
+    assert (counts.topics, counts.partitions, counts.offline, counts.imbalanced) == (1, 3, 1, 1)
+    assert (counts.fenced, counts.active) == (1, 2)
+    assert elects_leaders([FenceBroker(1, 1), PartitionChange("tid", 0, leader=2)])
+    assert not elects_leaders([PartitionChange("tid", 0, isr=(1,))])
+
+
+# ---- the HTTP server ---------------------------------------------------------------------
+
+
+@pytest.fixture
+async def server() -> MetricsServer:
+    registry = CollectorRegistry(auto_describe=False)
+    Counter("probe", "A counter", registry=registry).inc(3)
+    other = CollectorRegistry(auto_describe=False)
+    Counter("other_probe", "Another node's counter", registry=other).inc()
+    s = MetricsServer([registry, other], head_timeout_s=0.5)
+    await s.start("127.0.0.1", -1)
+    yield s
+    await s.stop()
+
+
+async def exchange(server: MetricsServer, data: bytes, eof: bool = False) -> bytes:
+    """Send ``data`` (then end the stream, with ``eof``) and read until the server closes
+    the connection; b"" when it reset it (closed with our bytes unread)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(data)
+        if eof:
+            writer.write_eof()
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 30)
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_metrics_are_served_and_other_paths_are_404(server: MetricsServer) -> None:
+    answer = await exchange(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"probe_total 3.0" in body and b"other_probe_total 1.0" in body  # both registries
+    assert (await exchange(server, b"GET /status HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+    assert (await exchange(server, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.1 405")
+    head_only = await exchange(server, b"HEAD /metrics?x=1 HTTP/1.1\r\n\r\n")
+    assert head_only.startswith(b"HTTP/1.1 200") and head_only.endswith(b"\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\xff\x16\x03\x01 not http\r\n\r\n",  # e.g. TLS to a plain port
+        b"GET /metrics\r\n\r\n",  # no version
+        b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",  # a head over the bound
+        b"GET /metrics HTTP/1.1\r\n",  # never finished: closed after the head timeout
+        b"",  # connected, then closed at once (eof)
+    ],
+)
+async def test_garbage_is_answered_400_and_closed_and_serving_goes_on(
+    server: MetricsServer, garbage: bytes
+) -> None:
+    answer = await exchange(server, garbage, eof=not garbage)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
+    ok = await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200")
