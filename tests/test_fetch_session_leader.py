@@ -71,8 +71,10 @@ class Follower:
     """Broker 2 fetching every partition of "t" through one session, as its fetcher
     does: a row per partition, listed only when it changed."""
 
-    def __init__(self, leader: Leader) -> None:
+    def __init__(self, leader: Leader, replica_id: int = FOLLOWER) -> None:
+        """``replica_id`` -1: a consumer fetching the same way."""
         self.leader = leader
+        self.replica_id = replica_id
         self.builder = FetchSessionBuilder()
         self.positions = dict.fromkeys(range(N), 0)
         self.topic_id = leader.manager.replicas[TopicPartition("t", 0)].topic_id
@@ -84,7 +86,7 @@ class Follower:
         }
         s = self.builder.build(wanted)
         req = m.FetchRequest(
-            replica_id=FOLLOWER,
+            replica_id=self.replica_id,
             max_wait_ms=max_wait_ms,
             min_bytes=1,
             max_bytes=10 << 20,

@@ -15,12 +15,8 @@ from test_fetch_session_leader import Follower, Leader, settle_alter_partitions
 from test_replica_manager import batch
 
 from rillet.broker.kafka_metrics import BrokerCollector
-from rillet.client.fetch_session import FetchSessionBuilder
 from rillet.client.runtime.metrics_http import MetricsServer
-from rillet.client.runtime.rpc_server import Request
 from rillet.client.runtime.summaries import RecentSummary
-from rillet.client.wire import messages as m
-from rillet.client.wire import schemas
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
     Endpoint,
@@ -53,26 +49,10 @@ def observed(session_leader: Leader) -> Leader:
     return leader
 
 
-async def consumer_fetch(leader: Leader, partition: int) -> int:
-    """Bytes a consumer's fetch of ``t-partition`` from offset 0 got."""
-    topic_id = leader.manager.replicas[TopicPartition("t", partition)].topic_id
-    s = FetchSessionBuilder().build(
-        {("t", partition): m.FetchPartition(partition, 0, -1, 0, -1, 1 << 20, topic_id)}
-    )
-    req = m.FetchRequest(
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        topics=s.topics,
-        session_id=s.session_id,
-        session_epoch=s.session_epoch,
-        forgotten=s.forgotten,
-    )
-    request = Request(schemas.FETCH, 0, 1, "consumer", {}, memoryview(b""), "", req)
-    response = await leader.handler(request)
-    assert response is not None
-    return sum(r.nbytes for t in response.message.topics for r in t.partitions)
+async def consumer_fetch(leader: Leader) -> int:
+    """Bytes a consumer's fetch of every partition of ``t`` from offset 0 got."""
+    answer = await Follower(leader, replica_id=-1).fetch()
+    return sum(r.nbytes for r in answer.values())
 
 
 async def test_isr_shrink_and_expand_count_when_the_leaders_answer_is_applied(
@@ -120,7 +100,7 @@ async def test_bytes_and_messages_in_and_out_per_topic(observed: Leader) -> None
     await follower.fetch()  # the high watermark passes the batch
     assert sample(leader, f"{tm}_replicationbytesout_total", topic="t") == len(data)
     assert sample(leader, f"{tm}_bytesout_total", topic="t") is None
-    got = await consumer_fetch(leader, 0)
+    got = await consumer_fetch(leader)
     assert got == len(data)
     assert sample(leader, f"{tm}_bytesout_total", topic="t") == got
     assert sample(leader, f"{tm}_bytesout_total") == got
