@@ -201,6 +201,7 @@ async def test_metrics_are_served_and_other_paths_are_404(server: MetricsServer)
     assert (await exchange(server, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.1 405")
     head_only = await exchange(server, b"HEAD /metrics?x=1 HTTP/1.1\r\n\r\n")
     assert head_only.startswith(b"HTTP/1.1 200") and head_only.endswith(b"\r\n\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head_only
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,9 @@ class MetricsServer:
                 await _answer(writer, 400, b"bad request\n")
                 return
             status, body, content_type = self._route(head)
-            await _answer(writer, status, body, content_type)
+            await _answer(
+                writer, status, body, content_type, send_body=not head.startswith(b"HEAD ")
+            )
         except (ConnectionError, OSError):
             pass  # the client went away
         except Exception:
@@ -96,23 +98,27 @@ class MetricsServer:
             return 404, b"not found; try /metrics\n", "text/plain"
         if method not in ("GET", "HEAD"):
             return 405, b"method not allowed\n", "text/plain"
-        body = self.exposition()
-        return 200, (b"" if method == "HEAD" else body), CONTENT_TYPE_LATEST
+        return 200, self.exposition(), CONTENT_TYPE_LATEST
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 
 
 async def _answer(
-    writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str = "text/plain"
+    writer: asyncio.StreamWriter,
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain",
+    send_body: bool = True,
 ) -> None:
+    """The whole answer; a HEAD request's without the body (its length still told)."""
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
-    writer.write(head.encode("latin-1") + body)
+    writer.write(head.encode("latin-1") + (body if send_body else b""))
     await writer.drain()
 
 
