@@ -221,3 +221,25 @@ async def test_garbage_is_answered_400_and_closed_and_serving_goes_on(
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
     ok = await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
     assert ok.startswith(b"HTTP/1.1 200")
+
+
+async def test_an_operation_is_timed_once_it_commits_and_an_election_counts() -> None:
+    from rillet.controller.metrics import ControllerMetrics
+    from rillet.controller.server import ControllerServer
+
+    now = [10.0]
+    server = object.__new__(ControllerServer)  # the timing needs no running node
+    server.metrics = ControllerMetrics(server, clock=lambda: now[0])
+    loop = asyncio.get_running_loop()
+    elected, plain, failed = loop.create_future(), loop.create_future(), loop.create_future()
+    server._time_commit(elected, planned=10.0, proposed=10.5, election=True)
+    server._time_commit(plain, planned=10.0, proposed=10.5, election=False)
+    server._time_commit(failed, planned=10.0, proposed=10.5, election=True)
+    now[0] = 12.0
+    elected.set_result(None)
+    plain.set_result(None)
+    failed.set_exception(RuntimeError("leadership lost"))
+    await asyncio.sleep(0)  # the done callbacks run
+    elections, commits = server.metrics.elections, server.metrics.commits
+    assert (elections.count, elections.sum) == (1, 2000.0)  # planning to commit
+    assert (commits.count, commits.sum) == (2, 3000.0)  # proposal to commit, twice
