@@ -129,12 +129,14 @@ class BrokerMetrics:
         self._latency_children: dict[str, Histogram] = {}
         self.sample()
 
-    def observe_latency(self, api_name: str, seconds: float) -> None:
+    def observe_latency(self, api_name: str, seconds: float, kafka_name: str = "") -> None:
+        """``kafka_name``: the request's name in Kafka's RequestMetrics, when not the
+        API's (a Fetch is FetchConsumer or FetchFollower there)."""
         child = self._latency_children.get(api_name)
         if child is None:
             child = self._latency_children[api_name] = self.latency.labels(api_name)
         child.observe(seconds)
-        self.kafka.observe_request(api_name, seconds * 1000)
+        self.kafka.observe_request(kafka_name or api_name, seconds * 1000)
 
     def record_append(self, topic: str, nbytes: int, messages: int) -> None:
         self.bytes_in.inc(nbytes)

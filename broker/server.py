@@ -81,6 +81,14 @@ METRICS_SAMPLE_INTERVAL_S = 1.0
 FREEZE_AFTER_PARTITIONS = 1000
 
 
+def request_metric_name(api: str) -> Callable[[Request], str]:
+    """The ``request`` label of Kafka's RequestMetrics: the API's name, but a Fetch is
+    ``FetchConsumer`` or ``FetchFollower`` (by its replica id), as Kafka splits them."""
+    if api != schemas.FETCH.name:
+        return lambda request: api
+    return lambda request: "FetchFollower" if request.message.replica_id >= 0 else "FetchConsumer"
+
+
 class ControllerLink(Protocol):
     """What the broker needs from the controller quorum."""
 
@@ -302,6 +310,7 @@ class BrokerServer:
         metrics = self.metrics
         assert metrics is not None
         caught_up = self._caught_up
+        kafka_name = request_metric_name(name)
 
         async def timed(request: Request) -> Response | None:
             if not caught_up.is_set():  # held until the first metadata (module docstring)
@@ -312,7 +321,7 @@ class BrokerServer:
             try:
                 return await handler(request)
             finally:
-                metrics.observe_latency(name, time.perf_counter() - start)
+                metrics.observe_latency(name, time.perf_counter() - start, kafka_name(request))
 
         return timed
 
