@@ -42,7 +42,8 @@ UNDER_MIN_ISR = "under-min-isr"
 UNDER_REPLICATED = "under-replicated"
 PROBLEM_LIMIT = 100  # problem partitions listed; the counts cover them all
 CONFIG_BATCH = 1000  # topics per DescribeConfigs request
-QUORUM_TIMEOUT_S = 10.0  # how long a broker may look for an active controller
+# How long a broker may look for the active controller: a failover takes a second or two.
+QUORUM_TIMEOUT_S = 5.0
 MIN_ISR = "min.insync.replicas"
 
 
@@ -243,12 +244,11 @@ async def gather_health(
     metadata even without an active controller; DescribeQuorum then finds none within
     ``quorum_timeout_s`` and the verdict says so. Errors reaching the brokers
     themselves (NetworkError...) propagate: the caller tells "unreachable" apart."""
-    cluster, quorum, topics = await asyncio.gather(
-        admin.describe_cluster(),
-        _quorum(admin, quorum_timeout_s),
-        admin.describe_topics(),
-    )
+    cluster, topics = await asyncio.gather(admin.describe_cluster(), admin.describe_topics())
     min_isr = await _min_isr(admin, [t.name for t in topics])
+    # Last: a broker answers a connection's requests in order, and without an active
+    # controller this one waits until it gives up, holding any request behind it.
+    quorum = await _quorum(admin, quorum_timeout_s)
     return assess(cluster, quorum, topics, min_isr, limit=limit)
 
 

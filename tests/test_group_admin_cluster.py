@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 from group_members import RawMember
+from helpers import run_cli
 
 from rillet.client.admin import Admin, AdminError, NewTopic
 from rillet.client.producer import Producer
@@ -124,17 +123,7 @@ def test_admin_group_operations(group_cluster: LocalCluster) -> None:
 
 
 def rillet(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RILLET_BOOTSTRAP": cluster.bootstrap}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rillet.client.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=GUARD_S,
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+    return run_cli(cluster.bootstrap, *args, ok=ok, timeout=GUARD_S)
 
 
 async def cli(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rillet.client.cli.common import Fields
+from rillet.client.cli.health import EXIT_CODES_HELP, exit_code, fetch_health, health_view
+from rillet.client.health import ClusterHealth
 from rillet.tools import local_s3
 from rillet.tools.local_cluster import (
     DEFAULT_S3_BUCKET,
@@ -86,9 +88,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.set_defaults(func=cmd_down)
 
     status = sub.add_parser(
-        "status", help="every node's id, roles, address, state, pid, metrics port"
+        "status",
+        help="the cluster's health, and every local node's roles, address, state, pid, metrics",
+        description="The local cluster's processes (from --data-dir), then the health of "
+        "the cluster: controller quorum, brokers with their leaders, partitions and "
+        "under-replicated partitions, counts, problem partitions. With --bootstrap, the "
+        "health of any cluster (no process table).",
+        epilog=EXIT_CODES_HELP,
     )
     _data_dir(status)
+    status.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT[,...]",
+        help="check this cluster's brokers instead of the local cluster's",
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
@@ -386,35 +399,51 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    try:
-        cluster = LocalCluster.load(args.data_dir)
-    except ClusterError as e:
-        return _fail(str(e))
-    rows = cluster.status()
-    health = cluster.partition_health(timeout_s=2.0)
+    from rich.console import Console, Group
+
+    rows: list[dict[str, Any]] | None = None
+    s3: dict[str, Any] | None = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        try:
+            cluster = LocalCluster.load(args.data_dir)
+        except ClusterError as e:
+            return _fail(str(e))
+        rows, s3, bootstrap = cluster.status(), cluster.s3_status(), cluster.bootstrap
+    health, error = fetch_health(bootstrap)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "bootstrap": cluster.bootstrap,
-                    "nodes": rows,
-                    "controller_id": health["controller_id"] if health else -1,
-                    "partitions": _partition_counts(health),
-                    "s3": cluster.s3_status(),
-                }
-            )
-        )
-        return 0
-    from rich.console import Console
+        out: dict[str, Any] = {"bootstrap": bootstrap}
+        if rows is not None:
+            out |= {"nodes": rows, "s3": s3}
+        out |= {
+            "healthy": health is not None and health.healthy,
+            "status": health.status if health else "unreachable",
+            "error": error,
+            "controller_id": health.controller_id if health else -1,
+            "partitions": _health_counts(health),
+            "health": health.as_dict() if health else None,
+        }
+        print(json.dumps(out))
+    else:
+        console = Console()
+        if rows is not None:
+            console.print(Group(_table(rows), _s3_status_line(s3)))
+        if health is not None:
+            console.print(health_view(health))
+    if error:
+        print(f"rillet cluster: {error}", file=sys.stderr)
+    return exit_code(health)
 
-    Console().print(status_view(rows, health, cluster.s3_status()))
-    return 0
 
-
-def _partition_counts(health: dict[str, Any] | None) -> dict[str, int] | None:
+def _health_counts(health: ClusterHealth | None) -> dict[str, int] | None:
     if health is None:
         return None  # no broker answered: unknown, not zero
-    return {k: health[k] for k in ("partitions", "under_replicated", "offline")}
+    return {
+        "partitions": health.partitions,
+        "under_replicated": health.under_replicated,
+        "offline": health.offline,
+        "under_min_isr": health.under_min_isr,
+    }
 
 
 def _health_line(health: dict[str, Any] | None) -> Fields:
