@@ -763,10 +763,13 @@ class Admin:
         if errors:
             raise AdminError("alter configs", errors)
 
-    async def describe_quorum(self) -> QuorumDescription:
+    async def describe_quorum(self, *, retry: bool = True) -> QuorumDescription:
         """The controller quorum as its active controller sees it (a broker forwards the
-        request there): leader, epoch, high watermark and each voter's log end and lag."""
-        response = await self._request(m.DescribeQuorumRequest(leader_only=True))
+        request there): leader, epoch, high watermark and each voter's log end and lag.
+        Without an active controller a broker answers NOT_CONTROLLER within seconds;
+        ``retry`` then asks again until ``timeout_ms`` (False: raises at once)."""
+        request = m.DescribeQuorumRequest(leader_only=True)
+        response = await (self._request(request) if retry else self._meta.request_any(request))
         return _quorum(response)
 
     # --- leaders and reassignments -------------------------------------------------

@@ -42,8 +42,9 @@ UNDER_MIN_ISR = "under-min-isr"
 UNDER_REPLICATED = "under-replicated"
 PROBLEM_LIMIT = 100  # problem partitions listed; the counts cover them all
 CONFIG_BATCH = 1000  # topics per DescribeConfigs request
-# How long a broker may look for the active controller: a failover takes a second or two.
-QUORUM_TIMEOUT_S = 5.0
+# A broker gives up looking for the active controller after 5 s (a failover takes a
+# second or two); this bounds the wait should it not answer at all.
+QUORUM_TIMEOUT_S = 10.0
 MIN_ISR = "min.insync.replicas"
 
 
@@ -245,21 +246,21 @@ async def gather_health(
     ``quorum_timeout_s`` and the verdict says so. Errors reaching the brokers
     themselves (NetworkError...) propagate: the caller tells "unreachable" apart."""
     cluster, topics = await asyncio.gather(admin.describe_cluster(), admin.describe_topics())
-    min_isr = await _min_isr(admin, [t.name for t in topics])
-    # Last: a broker answers a connection's requests in order, and without an active
-    # controller this one waits until it gives up, holding any request behind it.
+    min_isr = await describe_min_isr(admin, [t.name for t in topics])
+    # Last and asked once: a broker answers a connection's requests in order, and
+    # without an active controller this one takes seconds to fail.
     quorum = await _quorum(admin, quorum_timeout_s)
     return assess(cluster, quorum, topics, min_isr, limit=limit)
 
 
 async def _quorum(admin: Admin, timeout_s: float) -> QuorumDescription | None:
     try:
-        return await asyncio.wait_for(admin.describe_quorum(), timeout_s)
+        return await asyncio.wait_for(admin.describe_quorum(retry=False), timeout_s)
     except (TimeoutError, RilletError):
         return None
 
 
-async def _min_isr(admin: Admin, names: Iterable[str]) -> dict[str, int]:
+async def describe_min_isr(admin: Admin, names: Iterable[str]) -> dict[str, int]:
     """Each topic's min.insync.replicas as its brokers apply it (batched requests; a
     topic deleted meanwhile is left out)."""
     todo = list(names)

@@ -13,11 +13,14 @@ them from the Config records it replays). On success the handler waits, bounded,
 this broker's image shows the changes, so a describe through it right after sees them.
 
 DescribeQuorum is forwarded to the active controller too (``leader_only``, so a voter
-that is not the leader redirects): only the leader knows how far every voter is.
+that is not the leader redirects): only the leader knows how far every voter is. With no
+active controller it answers NOT_CONTROLLER after a few seconds rather than hunting for
+one as long as other forwarded requests do.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,6 +28,7 @@ from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
+from rillet.client.wire.errors import NotControllerError
 from rillet.controller.metadata.image import RESOURCE_BROKER, RESOURCE_TOPIC, MetadataImage
 from rillet.controller.metadata.topic_config import (
     OP_DELETE,
@@ -47,6 +51,7 @@ STRING_TYPE = 2
 UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 INVALID_REQUEST = errors.code_of("INVALID_REQUEST")
 IMAGE_WAIT_MS = 5_000
+QUORUM_FORWARD_S = 5.0  # a controller failover takes a second or two
 _SENSITIVE_WORDS = ("password", "secret")
 
 
@@ -193,6 +198,15 @@ class ConfigHandlers:
         return Response(response)
 
     async def describe_quorum(self, request: Request) -> Response:
+        """Bounded: without an active controller the forward would retry for half a
+        minute, and a client's later requests on this connection wait behind it."""
         req: m.DescribeQuorumRequest = request.message
-        response = await self.forward(req._replace(leader_only=True))
+        try:
+            response = await asyncio.wait_for(
+                self.forward(req._replace(leader_only=True)), QUORUM_FORWARD_S
+            )
+        except TimeoutError:
+            raise NotControllerError(
+                f"no active controller answered within {QUORUM_FORWARD_S:g} s"
+            ) from None
         return Response(response)
