@@ -14,7 +14,7 @@ import pytest
 from helpers import run_cli, wait_until_async
 
 from rillet.client.admin import Admin, AdminError, NewTopic
-from rillet.client.wire import errors
+from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.tools.local_cluster import LocalCluster
@@ -154,6 +154,38 @@ def test_describe_quorum_through_a_broker(cluster) -> None:  # noqa: ANN001
         leader = next(v for v in quorum.voters if v.id == quorum.leader_id)
         assert leader.lag == 0 and leader.log_end_offset >= quorum.high_watermark
         assert all(v.lag >= 0 and v.log_end_offset >= 0 for v in quorum.voters)
+
+    run(go())
+
+
+def test_an_altered_min_isr_applies_to_produce_on_the_leader(cluster) -> None:  # noqa: ANN001
+    """The change reaches the partition's replica, not only the describe output."""
+
+    async def produce(leader: int) -> int:
+        data = records.encode_batch([b"v"], timestamp_ms=1000)
+        host, port = cluster.nodes[leader].listeners["BROKER"].rsplit(":", 1)
+        async with await Connection.open(host, int(port)) as conn:
+            header, _ = await conn.request(
+                "Produce",
+                {"acks": -1, "timeout_ms": 10_000, "topics": [["minisr", [[0, len(data)]]]]},
+                data,
+            )
+        return header["topics"][0][1][0][1]
+
+    async def go() -> None:
+        async with Admin(cluster.bootstrap) as admin:
+            await _ensure(admin, "minisr")
+            ((p,),) = [t.partitions for t in await admin.describe_topics(["minisr"])]
+        leader = await one_broker(cluster, p.leader)
+        try:
+            assert await produce(p.leader) == errors.NONE
+            # More than the replicas: no acks=all write can succeed.
+            await leader.incremental_alter_configs({"minisr": {"min.insync.replicas": "4"}})
+            assert await produce(p.leader) == errors.code_of("NOT_ENOUGH_REPLICAS")
+            await leader.incremental_alter_configs({"minisr": {"min.insync.replicas": None}})
+            assert await produce(p.leader) == errors.NONE
+        finally:
+            await leader.close()
 
     run(go())
 
