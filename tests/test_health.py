@@ -8,7 +8,7 @@ from rillet.client.health import OFFLINE, UNDER_MIN_ISR, UNDER_REPLICATED, asses
 from rillet.client.metadata import BrokerInfo, PartitionInfo
 
 BROKERS = tuple(BrokerInfo(i, "127.0.0.1", 9090 + i) for i in (1, 2, 3))
-QUORUM = QuorumDescription(101, 3, 50, (QuorumVoter(101, 50, 0), QuorumVoter(102, 48, 2)))
+QUORUM = QuorumDescription(101, 3, 50, (QuorumVoter(101, 50, 0), QuorumVoter(102, 48, 2, 1000)))
 
 
 def cluster(fenced: tuple[int, ...] = ()) -> ClusterDescription:
@@ -88,3 +88,25 @@ def test_ten_thousand_partitions_in_one_pass() -> None:
     h = assess(cluster(), QUORUM, topics, {t.name: 2 for t in topics})
     assert (h.topics, h.partitions, h.healthy) == (1000, 10_000, True)
     assert sum(b.leaders for b in h.brokers) == 10_000
+
+
+def test_the_view_shows_the_verdict_and_the_problem_partitions() -> None:
+    from rich.console import Console
+
+    from rillet.client.cli.health import exit_code, health_view
+
+    parts = [(-1, ())] * 3 + [(1, (1,))] * 3
+    h = assess(cluster(fenced=(2,)), None, [topic("t", *parts)], {"t": 2}, limit=4)
+    console = Console(record=True, width=120)
+    console.print(health_view(h, now_ms=0))
+    text = console.export_text()
+    assert "UNHEALTHY" in text and "no active controller" in text
+    assert "3 offline partition(s)" in text and "fenced broker(s): 2" in text
+    assert "... and 2 more" in text and "under-min-isr" in text
+    assert (exit_code(h), exit_code(None)) == (1, 2)
+    healthy = assess(cluster(), QUORUM, [topic("t", (1, (1, 2, 3)))], {})
+    assert exit_code(healthy) == 0
+    console = Console(record=True, width=120)
+    console.print(health_view(healthy, now_ms=3000))
+    text = console.export_text()
+    assert "HEALTHY" in text and "leader" in text and "2.0 s ago" in text

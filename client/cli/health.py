@@ -84,7 +84,7 @@ def health_view(health: ClusterHealth, now_ms: int | None = None) -> Any:
                 role,
                 str(v.log_end_offset),
                 f"[{lag_style}]{v.lag}[/]",
-                _ago(v.last_fetch_timestamp, now_ms),
+                "-" if role == "leader" else _ago(v.last_fetch_timestamp, now_ms),
             )
         quorum.caption = f"epoch {q.leader_epoch}, high watermark {q.high_watermark}"
     brokers = Table(title="brokers", title_justify="left")
