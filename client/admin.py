@@ -64,10 +64,18 @@ CALL_MARGIN_MS = 5_000
 class AdminError(Exception):
     """Some topics (or groups) failed; ``errors`` maps each name to its RilletError."""
 
-    def __init__(self, action: str, errors: dict[str, RilletError], what: str = "topic") -> None:
+    def __init__(
+        self,
+        action: str,
+        errors: dict[str, RilletError],
+        what: str = "topic",
+        *,
+        found: dict[str, Any] | None = None,
+    ) -> None:
         detail = "; ".join(f"{name}: {e.name}: {e}" for name, e in errors.items())
         super().__init__(f"{action} failed for {len(errors)} {what}(s): {detail}")
         self.errors = errors
+        self.found = found or {}  # what the call got for the others, where it says so
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +237,7 @@ CONFIG_SOURCES = {
 }
 # IncrementalAlterConfigs operations.
 OP_SET, OP_DELETE = 0, 1
+CONFIG_BATCH = 1000  # topics per DescribeConfigs request: bounded requests and answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,21 +706,25 @@ class Admin:
         keys: Iterable[str] | None = None,
         documentation: bool = False,
     ) -> dict[str, dict[str, ConfigEntry]]:
-        """Every config of each topic, or only ``keys`` (DescribeConfigs, one request for
-        them all): its own values as TOPIC_CONFIG, the rest with the broker's defaults as
-        DEFAULT_CONFIG. AdminError names the topics that failed (unknown ones)."""
+        """Every config of each topic, or only ``keys`` (DescribeConfigs, one request per
+        ``CONFIG_BATCH`` topics): its own values as TOPIC_CONFIG, the rest with the
+        broker's defaults as DEFAULT_CONFIG. AdminError names the topics that failed
+        (unknown ones); its ``found`` holds the others' configs."""
         names = list(dict.fromkeys(topics))
-        if not names:
-            return {}
         wanted = None if keys is None else list(keys)
-        request = m.DescribeConfigsRequest(
-            resources=[m.DescribeConfigsResource(RESOURCE_TOPIC, n, wanted) for n in names],
-            include_documentation=documentation,
-        )
-        response = await self._request(request)
+        results: list[m.DescribeConfigsResult] = []
+        for start in range(0, len(names), CONFIG_BATCH):
+            request = m.DescribeConfigsRequest(
+                resources=[
+                    m.DescribeConfigsResource(RESOURCE_TOPIC, n, wanted)
+                    for n in names[start : start + CONFIG_BATCH]
+                ],
+                include_documentation=documentation,
+            )
+            results += (await self._request(request)).results
         out: dict[str, dict[str, ConfigEntry]] = {}
         errors: dict[str, RilletError] = {}
-        for r in response.results:
+        for r in results:
             if r.error_code:
                 errors[r.resource_name] = error_for(r.error_code, r.error_message or "")
                 continue
@@ -726,9 +739,10 @@ class Admin:
                 )
                 for c in r.configs
             }
+        found = {n: out[n] for n in names if n in out}
         if errors:
-            raise AdminError("describe configs", errors)
-        return {n: out[n] for n in names if n in out}
+            raise AdminError("describe configs", errors, found=found)
+        return found
 
     async def incremental_alter_configs(
         self, changes: Mapping[str, Mapping[str, str | None]], *, validate_only: bool = False

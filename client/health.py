@@ -6,7 +6,7 @@ Two parts, kept apart so the verdict can be tested without a cluster:
   described, one pass over the partitions (10,000 partitions take milliseconds), giving
   a ``ClusterHealth``.
 - ``gather_health(admin)``: asks for those descriptions (DescribeCluster, DescribeQuorum,
-  Metadata, and DescribeConfigs for ``min.insync.replicas`` in batches) and assesses them.
+  Metadata, and DescribeConfigs for ``min.insync.replicas``, batched) and assesses them.
 
 The verdict follows what operators of Kafka page on:
 
@@ -41,7 +41,6 @@ OFFLINE = "offline"
 UNDER_MIN_ISR = "under-min-isr"
 UNDER_REPLICATED = "under-replicated"
 PROBLEM_LIMIT = 100  # problem partitions listed; the counts cover them all
-CONFIG_BATCH = 1000  # topics per DescribeConfigs request
 # A broker gives up looking for the active controller after 5 s (a failover takes a
 # second or two); this bounds the wait should it not answer at all.
 QUORUM_TIMEOUT_S = 10.0
@@ -261,19 +260,15 @@ async def _quorum(admin: Admin, timeout_s: float) -> QuorumDescription | None:
 
 
 async def describe_min_isr(admin: Admin, names: Iterable[str]) -> dict[str, int]:
-    """Each topic's min.insync.replicas as its brokers apply it (batched requests; a
-    topic deleted meanwhile is left out)."""
-    todo = list(names)
+    """Each topic's min.insync.replicas as its brokers apply it (DescribeConfigs of that
+    key alone, batched; a topic deleted meanwhile is left out)."""
+    try:
+        configs = await admin.describe_configs(names, keys=[MIN_ISR])
+    except AdminError as e:
+        configs = e.found
     out: dict[str, int] = {}
-    for start in range(0, len(todo), CONFIG_BATCH):
-        batch = todo[start : start + CONFIG_BATCH]
-        try:
-            configs = await admin.describe_configs(batch, keys=[MIN_ISR])
-        except AdminError as e:
-            left = [n for n in batch if n not in e.errors]
-            configs = await admin.describe_configs(left, keys=[MIN_ISR]) if left else {}
-        for name, entries in configs.items():
-            entry = entries.get(MIN_ISR)
-            if entry is not None and entry.value is not None:
-                out[name] = int(entry.value)
+    for name, entries in configs.items():
+        entry = entries.get(MIN_ISR)
+        if entry is not None and entry.value is not None:
+            out[name] = int(entry.value)
     return out
