@@ -22,12 +22,14 @@ from rillet.client.admin import (
     Admin,
     ClusterDescription,
     CommittedOffset,
+    ConfigEntry,
     GroupDescription,
     GroupLag,
     GroupListing,
     GroupResult,
     NewTopic,
     PartitionResult,
+    QuorumDescription,
     ReassignmentStatus,
     TopicDescription,
 )
@@ -212,6 +214,21 @@ class SyncAdmin(_SyncBase):
 
     def describe_cluster(self) -> ClusterDescription:
         return self._run(self._client.describe_cluster())
+
+    def describe_configs(
+        self, topics: Iterable[str], *, keys: Iterable[str] | None = None
+    ) -> dict[str, dict[str, ConfigEntry]]:
+        return self._run(
+            self._client.describe_configs(list(topics), keys=None if keys is None else list(keys))
+        )
+
+    def incremental_alter_configs(
+        self, changes: Mapping[str, Mapping[str, str | None]], *, validate_only: bool = False
+    ) -> None:
+        self._run(self._client.incremental_alter_configs(changes, validate_only=validate_only))
+
+    def describe_quorum(self) -> QuorumDescription:
+        return self._run(self._client.describe_quorum())
 
     def elect_leaders(
         self,

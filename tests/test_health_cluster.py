@@ -59,6 +59,9 @@ def test_status_walks_through_health_states(cluster_factory) -> None:  # noqa: A
     cluster: LocalCluster = cluster_factory(controllers=3, brokers=3, node_overrides=overrides)
     with SyncAdmin(cluster.bootstrap, timeout_ms=30_000) as admin:
         admin.create_topics([NewTopic("h", 3, 3, {"min.insync.replicas": "2"})])
+        (entry,) = admin.describe_configs(["h"], keys=["min.insync.replicas"])["h"].values()
+        assert (entry.value, entry.source) == ("2", "TOPIC_CONFIG")
+        assert len(admin.describe_quorum().voters) == 3
 
     out = reaches(cluster, 0, partitions=3, under_replicated=0)
     assert out["healthy"] is True and out["status"] == "healthy"
