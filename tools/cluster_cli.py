@@ -12,11 +12,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rillet.client.cli.common import Fields
 from rillet.client.cli.health import EXIT_CODES_HELP, exit_code, fetch_health, health_view
-from rillet.client.health import ClusterHealth
 from rillet.tools import local_s3
 from rillet.tools.local_cluster import (
     DEFAULT_S3_BUCKET,
@@ -28,6 +27,9 @@ from rillet.tools.local_cluster import (
     free_port,
     parse_settings,
 )
+
+if TYPE_CHECKING:  # the health code is imported by `cluster status` alone
+    from rillet.client.health import ClusterHealth
 
 DEFAULT_DATA_DIR = "rillet-data"
 

@@ -11,9 +11,10 @@ Exit codes (the same for the text and the JSON output):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rillet.client.health import ClusterHealth, gather_health
+if TYPE_CHECKING:  # imported where used: every `rillet` command imports this module
+    from rillet.client.health import ClusterHealth
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE = 0, 1, 2
 EXIT_CODES_HELP = (
@@ -30,6 +31,7 @@ def fetch_health(
 ) -> tuple[ClusterHealth | None, str | None]:
     """(health, None), or (None, why the cluster could not be reached)."""
     from rillet.client.admin import Admin, AdminError
+    from rillet.client.health import gather_health
     from rillet.client.wire.errors import RilletError
 
     async def main() -> ClusterHealth:
