@@ -461,33 +461,42 @@ async def _topic_partitions(admin: Admin, specs: Sequence[TopicSpec]) -> list[tu
     return expand_topics(specs, {t.name: len(t.partitions) for t in topics})
 
 
-def cmd_reset(args: argparse.Namespace) -> int:
+async def plan_group_reset(
+    admin: Admin, group: str, topics: Sequence[TopicSpec] | None, mode: ResetMode
+) -> list[ResetRow]:
+    """The new offset of each partition of ``topics`` (None: every partition the group
+    committed), refused for a group with members; nothing is written. The console's
+    reset action plans with this too, so both show the same plan."""
     from rillet.client.admin import EARLIEST as LIST_EARLIEST
     from rillet.client.admin import LATEST as LIST_LATEST
+
+    await _refuse_if_active(admin, group)
+    committed = {tp: c.offset for tp, c in (await admin.list_group_offsets(group)).items()}
+    if topics is None:
+        partitions = sorted(committed)
+        if not partitions:
+            raise CliError(f"group {group!r} has no committed offsets to reset")
+    else:
+        partitions = await _topic_partitions(admin, topics)
+    starts = await admin.list_offsets(dict.fromkeys(partitions, LIST_EARLIEST))
+    ends = await admin.list_offsets(dict.fromkeys(partitions, LIST_LATEST))
+    at_time = None
+    if mode.kind == DATETIME:
+        at_time = await admin.list_offsets(dict.fromkeys(partitions, mode.value))
+    return plan_reset(
+        mode, partitions, committed=committed, starts=starts, ends=ends, at_time=at_time
+    )
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
     from rillet.client.admin import Admin
 
     mode = reset_mode(args)
 
     async def main() -> int:
         async with Admin(args.bootstrap) as admin:
-            await _refuse_if_active(admin, args.group)
-            committed = {
-                tp: c.offset for tp, c in (await admin.list_group_offsets(args.group)).items()
-            }
-            if args.all_topics:
-                partitions = sorted(committed)
-                if not partitions:
-                    raise CliError(f"group {args.group!r} has no committed offsets to reset")
-            else:
-                partitions = await _topic_partitions(admin, args.topic)
-            starts = await admin.list_offsets(dict.fromkeys(partitions, LIST_EARLIEST))
-            ends = await admin.list_offsets(dict.fromkeys(partitions, LIST_LATEST))
-            at_time = None
-            if mode.kind == DATETIME:
-                at_time = await admin.list_offsets(dict.fromkeys(partitions, mode.value))
-            rows = plan_reset(
-                mode, partitions, committed=committed, starts=starts, ends=ends, at_time=at_time
-            )
+            topics = None if args.all_topics else args.topic
+            rows = await plan_group_reset(admin, args.group, topics, mode)
             if args.execute:
                 await admin.alter_group_offsets(
                     args.group, {(r.topic, r.partition): r.new_offset for r in rows}

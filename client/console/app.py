@@ -53,9 +53,13 @@ def create_app(config: ConsoleConfig, admin: Admin | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await admin.start()
         await snapshots.start()
+        for service in ctx.services:
+            await service.start()
         try:
             yield
         finally:
+            for service in reversed(ctx.services):
+                await service.stop()
             await snapshots.stop()
             await admin.close()
 

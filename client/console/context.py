@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 from starlette.requests import Request
@@ -49,12 +49,22 @@ class ConsoleConfig:
     history_s: float = 600.0
 
 
+class Service(Protocol):
+    """Something a page runs in the background (a cache, a shared client): started
+    after the first snapshot, stopped before the Admin closes."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass(slots=True)
 class ConsoleContext:
     config: ConsoleConfig
     admin: Admin
     snapshots: SnapshotCache
     templates: Jinja2Templates = field(default_factory=lambda: make_templates())
+    services: list[Service] = field(default_factory=list)
 
     def render(
         self, request: Request, template: str, status_code: int = 200, **values: Any
