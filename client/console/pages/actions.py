@@ -249,11 +249,12 @@ def reset_command(bootstrap: str, form: FormData) -> str:
         words.append("--all-topics")
     for name, parts in topics or ():
         words += ["--topic", name if parts is None else f"{name}:{','.join(map(str, parts))}"]
-    words.append(f"--{mode.kind}")
     if mode.kind in (OFFSET, SHIFT):
-        words.append(mode.value)
+        words.append(f"--{mode.kind}={mode.value}")  # "=": a negative shift is no option
     elif mode.kind == DATETIME:
-        words.append(text(form, "value"))
+        words += [f"--{mode.kind}", text(form, "value")]
+    else:
+        words.append(f"--{mode.kind}")
     return command(*words, "--execute", "--bootstrap", bootstrap)
 
 

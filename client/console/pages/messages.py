@@ -229,7 +229,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         view.capped = got.capped
         if w.empty:
             view.note = f"No records there: the log holds offsets {view.start}..{view.end - 1}."
-        base = {**query.params(), "from": browse.OFFSET}
+        base = {**query.params(), "from": browse.OFFSET, "ts": None}
         if w.lo > view.start:
             view.older = link(
                 "/messages", base, offset=browse.older_anchor(query.order, w, query.limit)
@@ -267,7 +267,9 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         carry_on = last + 1 if query.order == browse.ASC else last - 1
         if view.start <= carry_on < view.end:
             view.more = link(
-                "/messages", query.params(), **{"from": browse.OFFSET, "offset": carry_on}
+                "/messages",
+                query.params(),
+                **{"from": browse.OFFSET, "offset": carry_on, "ts": None},
             )
         return view
 
