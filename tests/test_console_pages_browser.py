@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 from browser import REPO, artifacts_dir, start_console
-from helpers import ServerProcess
+from helpers import ServerProcess, wait_until
 
 from rillet.client.admin import Admin, NewTopic
 from rillet.client.producer import Producer
@@ -242,8 +242,6 @@ def test_change_a_topic_config_through_the_page(
 ) -> None:
     from playwright.sync_api import expect
 
-    if not hasattr(Admin, "incremental_alter_configs"):
-        pytest.skip("Admin.incremental_alter_configs is not on this branch yet")
     page.goto(f"{console}/actions/alter-config?topic={TOPIC}")
     page.locator("input[name=key]").fill("retention.ms")
     page.locator("input[name=value]").fill("7200000")
@@ -255,6 +253,41 @@ def test_change_a_topic_config_through_the_page(
     expect(page.locator("#outcome")).to_contain_text("Set retention.ms = 7200000", timeout=WAIT_MS)
     configs = admin_call(pages_cluster.bootstrap, lambda a: a.describe_configs([TOPIC]))
     assert configs[TOPIC]["retention.ms"].value == "7200000"
+    # The form lists the topic's configs, the ones set on it marked.
+    page.goto(f"{console}/actions/alter-config?topic={TOPIC}")
+    row = page.locator("tr[data-config='retention.ms']")
+    expect(row).to_have_class("set", timeout=WAIT_MS)
+    expect(row).to_contain_text("7200000")
+
+
+def test_elect_leaders_and_delete_a_topic_through_the_page(
+    console: str, pages_cluster: LocalCluster, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    bootstrap = pages_cluster.bootstrap
+    page.goto(f"{console}/actions/elect-leaders?topic={TOPIC}")
+    page.locator("button", has_text="Review").click()
+    expect(page.locator("#cli")).to_contain_text(
+        f"rillet leader elect --preferred {TOPIC} --bootstrap", timeout=WAIT_MS
+    )
+    page.locator("#execute").click()
+    expect(page.locator("#outcome")).to_contain_text("partition(s)", timeout=WAIT_MS)
+
+    admin_call(bootstrap, lambda a: a.create_topics([NewTopic("to-delete", 1, 3)]))
+    page.goto(f"{console}/actions/topic?topic=to-delete")
+    page.locator("a", has_text="Delete the topic").click()
+    page.locator("button", has_text="Review").click()
+    expect(page.locator("#plan.danger")).to_contain_text("cannot be undone", timeout=WAIT_MS)
+    expect(page.locator("#cli")).to_contain_text("rillet topic delete to-delete --bootstrap")
+    page.locator("#execute").click()
+    expect(page.locator("#outcome")).to_contain_text("Deleted topic to-delete", timeout=WAIT_MS)
+    wait_until(
+        lambda: "to-delete" not in admin_call(bootstrap, lambda a: a.list_topics()),
+        timeout=30,
+        interval=0.2,
+        message="the topic deleted through the page to go",
+    )
 
 
 def test_reset_the_offsets_of_an_empty_group(

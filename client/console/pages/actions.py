@@ -23,7 +23,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from rillet.client.admin import Admin, NewTopic
-from rillet.client.cli.common import CliError, parse_configs
+from rillet.client.cli.common import parse_configs
 from rillet.client.cli.group import (
     DATETIME,
     EARLIEST,
@@ -70,6 +70,8 @@ class Action:
     title: str
     plan: Callable[[Admin, str, FormData], Awaitable[Plan]]
     run: Callable[[Admin, FormData], Awaitable[Outcome]]
+    # What the form shows besides its fields (e.g. a topic's configs), from its query.
+    context: Callable[[Admin, dict[str, str]], Awaitable[dict[str, Any]]] | None = None
 
 
 def text(form: FormData, name: str) -> str:
@@ -161,29 +163,33 @@ def _config_change(form: FormData) -> tuple[str, str, str | None]:
     return topic, key, str(form.get("value", ""))
 
 
-def _alter(admin: Admin) -> Callable[..., Awaitable[Any]]:
-    alter = getattr(admin, "incremental_alter_configs", None)
-    if alter is None:
-        raise CliError("this version of rillet cannot change topic configs yet")
-    return alter  # type: ignore[no-any-return]
-
-
 async def plan_config(admin: Admin, bootstrap: str, form: FormData) -> Plan:
     topic, key, value = _config_change(form)
-    await _alter(admin)({topic: {key: value}}, validate_only=True)
+    await admin.incremental_alter_configs({topic: {key: value}}, validate_only=True)
+    now = (await admin.describe_configs([topic], keys=[key]))[topic].get(key)
+    was = "unset" if now is None else f"{now.value}{' (default)' if now.is_default else ''}"
     if value is None:
-        summary = [f"Remove {key} from topic {topic}: it goes back to the default."]
+        summary = [f"Remove {key} from topic {topic} (now {was}): it goes back to the default."]
         words = ["--delete", key]
     else:
-        summary = [f"Set {key} = {value} on topic {topic}."]
+        summary = [f"Set {key} = {value} on topic {topic} (now {was})."]
         words = ["--set", f"{key}={value}"]
     cli = command("rillet", "topic", "alter", topic, *words, "--bootstrap", bootstrap)
     return Plan(summary, cli, _fields(form))
 
 
+async def config_context(admin: Admin, values: dict[str, str]) -> dict[str, Any]:
+    """The topic's configs, the ones set on it first, for the form to show."""
+    topic = values.get("topic", "")
+    if not topic:
+        return {}
+    entries = (await admin.describe_configs([topic]))[topic].values()
+    return {"configs": sorted(entries, key=lambda e: (e.is_default, e.name))}
+
+
 async def run_config(admin: Admin, form: FormData) -> Outcome:
     topic, key, value = _config_change(form)
-    await _alter(admin)({topic: {key: value}})
+    await admin.incremental_alter_configs({topic: {key: value}})
     done = f"Removed {key} from" if value is None else f"Set {key} = {value} on"
     return Outcome([f"{done} topic {topic}."], links=[(f"/topics/{topic}", "see the topic")])
 
@@ -299,7 +305,7 @@ ACTIONS = {
     for a in (
         Action("create-topic", "Create a topic", plan_create, run_create),
         Action("delete-topic", "Delete a topic", plan_delete, run_delete),
-        Action("alter-config", "Change a topic config", plan_config, run_config),
+        Action("alter-config", "Change a topic config", plan_config, run_config, config_context),
         Action("elect-leaders", "Preferred leader election", plan_elect, run_elect),
         Action("reset-offsets", "Reset a group's offsets", plan_reset, run_reset),
     )
@@ -323,18 +329,31 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             request, "actions/topic.html", topic=request.query_params.get("topic", "")
         )
 
+    async def form(
+        request: Request, action: Action, values: dict[str, str], error: str, status: int = 200
+    ) -> Response:
+        extra: dict[str, Any] = {}
+        if action.context is not None:
+            try:
+                extra = await action.context(ctx.admin, values)
+            except CLUSTER_ERRORS as e:
+                error = error or error_text(e)
+        return ctx.render(
+            request,
+            f"actions/{action.name}.html",
+            status_code=status,
+            action=action,
+            values=values,
+            error=error,
+            modes=RESET_MODES,
+            **extra,
+        )
+
     async def form_page(request: Request) -> Response:
         action = ACTIONS.get(request.path_params["name"])
         if action is None:
             return PlainTextResponse("no such action", status_code=404)
-        return ctx.render(
-            request,
-            f"actions/{action.name}.html",
-            action=action,
-            values=dict(request.query_params),
-            error="",
-            modes=RESET_MODES,
-        )
+        return await form(request, action, dict(request.query_params), "")
 
     async def post(request: Request) -> Response:
         action = ACTIONS.get(request.path_params["name"])
@@ -342,25 +361,17 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             return PlainTextResponse("no such action", status_code=404)
         if not same_origin(request):
             return PlainTextResponse("cross-site POST refused", status_code=403)
-        form = await request.form()
-        if form.get("step") == "execute":
+        fields = await request.form()
+        if fields.get("step") == "execute":
             try:
-                outcome = await action.run(ctx.admin, form)
+                outcome = await action.run(ctx.admin, fields)
             except CLUSTER_ERRORS as e:
                 outcome = Outcome([f"Failed: {error_text(e)}"], ok=False)
             return ctx.render(request, "actions/result.html", action=action, outcome=outcome)
         try:
-            plan = await action.plan(ctx.admin, bootstrap, form)
+            plan = await action.plan(ctx.admin, bootstrap, fields)
         except CLUSTER_ERRORS as e:
-            return ctx.render(
-                request,
-                f"actions/{action.name}.html",
-                status_code=400,
-                action=action,
-                values=_fields(form),
-                error=error_text(e),
-                modes=RESET_MODES,
-            )
+            return await form(request, action, _fields(fields), error_text(e), 400)
         return ctx.render(request, "actions/confirm.html", action=action, plan=plan)
 
     return [
