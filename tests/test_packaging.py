@@ -109,6 +109,7 @@ USED_WITHOUT_IMPORT = {
     "pytest-timeout": "timeout in pyproject",
     "ruff": "make lint / make format",
     "python-snappy": "kafka-python's snappy codec (tests/test_kafka_oracle.py)",
+    "python-multipart": "Starlette's request.form() (the console's action forms)",
 }
 IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
 
