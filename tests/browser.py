@@ -8,6 +8,7 @@ test-artifacts/ at the repository root), kept after the run as test artifacts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -81,3 +82,28 @@ def page(browser: Any) -> Iterator[Any]:
         yield p
     finally:
         context.close()
+
+
+@contextlib.contextmanager
+def console_cluster(data_dir: Path) -> Iterator[Any]:
+    """A 3-controller, 3-broker cluster on ephemeral ports for a console test module,
+    stopped (killed) on the way out whatever happened."""
+    from rillet.tools.local_cluster import LocalCluster
+
+    cluster = LocalCluster(data_dir, controllers=3, brokers=3, ephemeral_ports=True)
+    try:
+        cluster.start()
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop(kill=True, timeout_s=20)
+
+
+@contextlib.contextmanager
+def running_console(bootstrap: str, *extra: str) -> Iterator[str]:
+    """``start_console`` as a context: yields the console's base URL, stops it after."""
+    server = start_console(bootstrap, *extra)
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from browser import REPO, artifacts_dir, start_console
-from helpers import ServerProcess, wait_until
+from browser import REPO, artifacts_dir, console_cluster, running_console
+from helpers import wait_until
+from playwright.sync_api import expect
 
 from rillet.client.admin import Admin, NewTopic
 from rillet.client.producer import Producer
@@ -54,15 +54,7 @@ def screenshot(page: Any, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def pages_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        Path(tmp_path_factory.mktemp("console-pages")) / "cluster",
-        controllers=3,
-        brokers=3,
-        ephemeral_ports=True,
-    )
-    try:
-        cluster.start()
-        cluster.wait_ready()
+    with console_cluster(tmp_path_factory.mktemp("console-pages") / "cluster") as cluster:
         bootstrap = cluster.bootstrap
 
         async def setup() -> None:
@@ -77,26 +69,18 @@ def pages_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
         asyncio.run(setup())
         yield cluster
-    finally:
-        cluster.stop(kill=True, timeout_s=20)
 
 
 @pytest.fixture(scope="module")
 def console(pages_cluster: LocalCluster) -> Iterator[str]:
-    server: ServerProcess = start_console(pages_cluster.bootstrap)
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
+    with running_console(pages_cluster.bootstrap) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def read_only_console(pages_cluster: LocalCluster) -> Iterator[str]:
-    server: ServerProcess = start_console(pages_cluster.bootstrap, "--read-only")
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
+    with running_console(pages_cluster.bootstrap, "--read-only") as url:
+        yield url
 
 
 def commit(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> None:
@@ -107,8 +91,6 @@ def commit(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> N
 def test_a_message_produced_through_the_page_is_browsed_searched_and_formatted(
     console: str, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     page.goto(f"{console}/messages?topic={TOPIC}")
     page.locator("details.produce summary").click()
     form = page.locator("details.produce form")
@@ -150,8 +132,6 @@ def test_a_message_produced_through_the_page_is_browsed_searched_and_formatted(
 
 
 def test_browsing_pages_through_a_partition_both_ways(console: str, page: Any) -> None:
-    from playwright.sync_api import expect
-
     page.goto(f"{console}/messages?topic={TOPIC}&partition=0&from=oldest&order=asc&limit=8")
     rows = page.locator("table.records tbody tr")
     expect(rows).to_have_count(8, timeout=WAIT_MS)
@@ -170,8 +150,6 @@ def test_browsing_pages_through_a_partition_both_ways(console: str, page: Any) -
 def test_groups_are_listed_and_sorted_by_lag_with_a_detail_page(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     bootstrap = pages_cluster.bootstrap
     commit(bootstrap, "lag-small", {(TOPIC, 0): 17})  # 20 records: lag 3
     commit(bootstrap, "lag-big", {(TOPIC, 0): 2})  # lag 18
@@ -204,8 +182,6 @@ def test_groups_are_listed_and_sorted_by_lag_with_a_detail_page(
 def test_create_a_topic_through_the_page(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     page.goto(f"{console}/actions/create-topic")
     page.locator("input[name=topic]").fill("made-by-console")
     page.locator("input[name=partitions]").fill("2")
@@ -240,8 +216,6 @@ def test_create_a_topic_through_the_page(
 def test_change_a_topic_config_through_the_page(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     page.goto(f"{console}/actions/alter-config?topic={TOPIC}")
     page.locator("input[name=key]").fill("retention.ms")
     page.locator("input[name=value]").fill("7200000")
@@ -263,8 +237,6 @@ def test_change_a_topic_config_through_the_page(
 def test_elect_leaders_and_delete_a_topic_through_the_page(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     bootstrap = pages_cluster.bootstrap
     page.goto(f"{console}/actions/elect-leaders?topic={TOPIC}")
     page.locator("button", has_text="Review").click()
@@ -293,8 +265,6 @@ def test_elect_leaders_and_delete_a_topic_through_the_page(
 def test_reset_the_offsets_of_an_empty_group(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     bootstrap = pages_cluster.bootstrap
     commit(bootstrap, "to-reset", {(TOPIC, 0): 4})
     page.goto(f"{console}/actions/reset-offsets?group=to-reset")
@@ -319,8 +289,6 @@ def test_reset_the_offsets_of_an_empty_group(
 def test_a_group_with_members_is_shown_and_not_reset(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     member = subprocess.Popen(
         [sys.executable, "-m", "rillet.client.cli", "consume", TOPIC, "--group", "live-group"]
         + ["--from-beginning", "--bootstrap", pages_cluster.bootstrap],
@@ -357,8 +325,6 @@ def test_a_post_from_another_site_is_refused(console: str, page: Any) -> None:
 def test_read_only_console_has_no_actions(
     read_only_console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    from playwright.sync_api import expect
-
     commit(pages_cluster.bootstrap, "lag-read-only", {(TOPIC, 0): 1})
     page.goto(f"{read_only_console}/messages?topic={TOPIC}")
     expect(page.locator("table.records tbody tr").first).to_be_visible(timeout=WAIT_MS)
