@@ -134,6 +134,18 @@ def test_posts_only_from_the_consoles_own_pages() -> None:
     assert not same_origin(_request({"host": "127.0.0.1:8080"}))
 
 
+def test_a_loopback_console_takes_posts_only_under_a_loopback_name() -> None:
+    # DNS rebinding: a site's own name made to resolve to 127.0.0.1 sends matching Host
+    # and Origin, but names no loopback host.
+    rebound = {"host": "evil.test:8080", "origin": "http://evil.test:8080"}
+    assert not same_origin(_request(rebound), bound_to="127.0.0.1")
+    assert same_origin(_request(rebound), bound_to="0.0.0.0")  # bound wide: any name
+    local = {"host": "localhost:8080", "origin": "http://localhost:8080"}
+    assert same_origin(_request(local), bound_to="127.0.0.1")
+    v6 = {"host": "[::1]:8080", "origin": "http://[::1]:8080"}
+    assert same_origin(_request(v6), bound_to="::1")
+
+
 def _cli_args(line: str) -> argparse.Namespace:
     words = shlex.split(line)
     assert words[0] == "rillet"

@@ -5,12 +5,13 @@ CLI command an action equals.
 There is no login (the console binds 127.0.0.1 by default), so the guard is what stops
 another site open in the same browser from posting to the console: a browser always
 sends ``Origin`` (or at least ``Referer``) with a cross-site POST, and it must name the
-console's own host and port.
+console's own host and port (and, for a loopback console, a loopback name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,13 +37,25 @@ CLUSTER_ERRORS = (
 )
 
 
-def same_origin(request: Request) -> bool:
-    """True when the POST comes from a page the console served itself."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host in LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def same_origin(request: Request, bound_to: str = "127.0.0.1") -> bool:
+    """True when the POST comes from a page the console served itself. A console bound
+    to a loopback address also wants a loopback name in ``Host``: a page whose own name
+    was made to resolve to 127.0.0.1 (DNS rebinding) sends a matching Origin too."""
     host = request.headers.get("host", "")
     source = request.headers.get("origin") or request.headers.get("referer")
-    if not source or not host:
+    if not source or not host or urlsplit(source).netloc != host:
         return False
-    return urlsplit(source).netloc == host
+    return not is_loopback(bound_to) or is_loopback(urlsplit(f"//{host}").hostname or "")
 
 
 def error_text(e: BaseException) -> str:
