@@ -1075,6 +1075,45 @@ class Admin:
             raise AdminError("list group offsets", errors, "group")
         return dict(sorted(out.items()))
 
+    async def list_offsets_of_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, dict[TopicPartitionKey, CommittedOffset] | RilletError]:
+        """Every committed offset of each group, many groups per request: one
+        FindCoordinator for them all, then one OffsetFetch per coordinator naming all
+        its groups (``list_group_offsets`` asks about one group). Per group: its
+        offsets (empty when it committed none), or the error that stopped it."""
+        ids = list(dict.fromkeys(group_ids))
+
+        async def ask(
+            conn: Connection, gs: list[str]
+        ) -> dict[str, tuple[int, m.OffsetFetchGroupResult]]:
+            request = m.OffsetFetchRequest([m.OffsetFetchGroup(g, None, -1, None) for g in gs])
+            response, _ = await conn.call(request)
+            return {r.group_id: (r.error_code, r) for r in response.groups}
+
+        answers = await self._ask_coordinators(ids, ask) if ids else {}
+        out: dict[str, dict[TopicPartitionKey, CommittedOffset] | RilletError] = {}
+        for g in ids:
+            answer = answers[g]
+            if isinstance(answer, RilletError):
+                out[g] = answer
+            elif answer[1]:
+                out[g] = _group_error(g, answer[1], None)
+            else:
+                out[g] = {
+                    (t.name, p.partition): CommittedOffset(
+                        t.name,
+                        p.partition,
+                        p.committed_offset,
+                        p.committed_leader_epoch,
+                        p.metadata,
+                    )
+                    for t in answer[2].topics
+                    for p in t.partitions
+                    if not p.error_code and p.committed_offset >= 0
+                }
+        return out
+
     async def alter_group_offsets(
         self, group: str, offsets: Mapping[TopicPartitionKey, int]
     ) -> None:

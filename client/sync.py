@@ -35,6 +35,7 @@ from rillet.client.admin import (
 )
 from rillet.client.consumer import Consumer, ConsumerRecord, TopicPartition
 from rillet.client.producer import Producer, RecordMetadata
+from rillet.client.wire.errors import RilletError
 
 T = TypeVar("T")
 
@@ -263,6 +264,11 @@ class SyncAdmin(_SyncBase):
     ) -> dict[tuple[str, int], CommittedOffset]:
         parts = None if partitions is None else list(partitions)
         return self._run(self._client.list_group_offsets(group, parts))
+
+    def list_offsets_of_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, dict[tuple[str, int], CommittedOffset] | RilletError]:
+        return self._run(self._client.list_offsets_of_groups(list(group_ids)))
 
     def group_lag(self, group: str) -> GroupLag:
         return self._run(self._client.group_lag(group))

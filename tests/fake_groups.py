@@ -71,6 +71,7 @@ class FakeGroupCluster(FakeCluster):
         self.groups: dict[str, FakeGroup] = {}
         self.lookups = 0
         self.describes: dict[int, int] = {}
+        self.offset_fetches: dict[int, int] = {}
         self.silent: set[int] = set()  # brokers that never answer ListGroups
         self.new_group_coordinator = 1
         self.moved_once: set[str] = set()  # groups whose next describe says NOT_COORDINATOR
@@ -144,6 +145,7 @@ class FakeGroupCluster(FakeCluster):
         return m.ConsumerGroupDescribeResponse(out)
 
     def _offset_fetch(self, node: int, req: m.OffsetFetchRequest) -> m.OffsetFetchResponse:
+        self.offset_fetches[node] = self.offset_fetches.get(node, 0) + 1
         out = []
         for want in req.groups:
             if self._coordinator(want.group_id) != node:

@@ -169,6 +169,19 @@ async def test_committed_offsets_round_trip(fake: FakeGroupCluster, admin: Admin
     assert list(some) == [("t", 1)]
 
 
+async def test_offsets_of_many_groups_take_one_request_per_coordinator(
+    fake: FakeGroupCluster, admin: Admin
+) -> None:
+    for gid, node in (("a", 1), ("b", 2), ("c", 2)):
+        fake.group(gid).coordinator = node
+    fake.group("a").offsets = {("t", 0): 5}
+    fake.group("b").offsets = {("t", 0): 7, ("u", 1): 2}
+    got = await asyncio.wait_for(admin.list_offsets_of_groups(["a", "b", "c"]), GUARD_S)
+    offsets = {g: {tp: c.offset for tp, c in v.items()} for g, v in got.items()}  # type: ignore[union-attr]
+    assert offsets == {"a": {("t", 0): 5}, "b": {("t", 0): 7, ("u", 1): 2}, "c": {}}
+    assert fake.lookups == 1 and fake.offset_fetches == {1: 1, 2: 1}
+
+
 async def test_delete_groups_reports_each_group(fake: FakeGroupCluster, admin: Admin) -> None:
     fake.group("busy").members = [member("m1", {"t": [0]})]
     fake.group("idle").offsets[("t", 0)] = 3
@@ -224,6 +237,8 @@ def test_sync_admin_forwards_the_group_operations() -> None:
                 ("t", 0): 0
             }
             assert admin.group_lag("g").partitions[0].lag == 0
+            (offsets,) = admin.list_offsets_of_groups(["g"]).values()
+            assert {tp: c.offset for tp, c in offsets.items()} == {("t", 0): 0}  # type: ignore[union-attr]
             assert admin.list_offsets({("t", 0): -1}) == {("t", 0): 0}
             admin.delete_group_offsets("g", [("t", 0)])
             assert admin.list_group_offsets("g") == {}

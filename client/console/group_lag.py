@@ -6,8 +6,8 @@ cluster snapshot, and pages read the result:
 
 - the groups come from the latest cluster snapshot (ListGroups to every broker);
 - one ConsumerGroupDescribe and one OffsetFetch per coordinator name all its groups
-  (Admin's batched coordinator lookup: one FindCoordinator for every group, groups
-  whose coordinator moved are asked again);
+  (``Admin.describe_groups`` and ``Admin.list_offsets_of_groups``: one FindCoordinator
+  for every group, groups whose coordinator moved are asked again);
 - the log end offsets of every partition involved come from one ListOffsets per leader.
 
 ``summarize`` turns those answers into rows without I/O. Each refresh also appends one
@@ -24,10 +24,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rillet.client.admin import LATEST, Admin, GroupDescription, GroupListing, TopicPartitionKey
+from rillet.client.admin import (
+    LATEST,
+    Admin,
+    AdminError,
+    GroupDescription,
+    GroupListing,
+    TopicPartitionKey,
+)
 from rillet.client.console.snapshot import SnapshotCache
-from rillet.client.wire import messages as m
-from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import RilletError
 
 log = logging.getLogger(__name__)
@@ -155,27 +160,21 @@ class GroupLagCache:
         self.rows, self.taken_at, self.error = rows, now, ""
 
     async def _describe(self, ids: list[str]) -> dict[str, GroupDescription]:
-        # Per group: a description, or an error (a group gone since the listing).
-        found = await self.admin._describe(ids) if ids else {}
-        return {g: d for g, d in found.items() if isinstance(d, GroupDescription)}
+        """Every group's description; a group gone since the listing is left out (one
+        more request for the others)."""
+        for _ in range(2):
+            try:
+                found = await self.admin.describe_groups(ids) if ids else []
+            except AdminError as e:
+                ids = [g for g in ids if g not in e.errors]
+                continue
+            return {d.group_id: d for d in found}
+        return {}
 
     async def _committed(self, ids: list[str]) -> dict[str, dict[TopicPartitionKey, int]]:
-        async def ask(
-            conn: Connection, gs: list[str]
-        ) -> dict[str, tuple[int, m.OffsetFetchGroupResult]]:
-            request = m.OffsetFetchRequest([m.OffsetFetchGroup(g, None, -1, None) for g in gs])
-            response, _ = await conn.call(request)
-            return {r.group_id: (r.error_code, r) for r in response.groups}
-
-        answers = await self.admin._ask_coordinators(ids, ask) if ids else {}
-        out: dict[str, dict[TopicPartitionKey, int]] = {}
-        for g, answer in answers.items():
-            if isinstance(answer, RilletError) or answer[1]:
-                continue
-            out[g] = {
-                (t.name, p.partition): p.committed_offset
-                for t in answer[2].topics
-                for p in t.partitions
-                if not p.error_code and p.committed_offset >= 0
-            }
-        return out
+        answers = await self.admin.list_offsets_of_groups(ids)
+        return {
+            g: {tp: c.offset for tp, c in offsets.items()}
+            for g, offsets in answers.items()
+            if not isinstance(offsets, RilletError)
+        }
