@@ -28,6 +28,7 @@ T = TypeVar("T")
 TOPIC = "orders"
 WAIT_MS = 30_000  # generous: the lag cache refreshes every few seconds
 DOCS = REPO / "docs" / "console"
+HOSTILE = '<img src=x onerror="document.title=1"><script>document.title=2</script>'
 
 
 def admin_call(bootstrap: str, call: Callable[[Admin], Awaitable[T]]) -> T:
@@ -65,6 +66,10 @@ def pages_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
                     await producer.produce(
                         TOPIC, f"order {i}".encode(), f"k{i}".encode(), partition=0
                     )
+                # Markup in a key, a value and a header shows as text, never as markup.
+                await producer.produce(
+                    TOPIC, HOSTILE.encode(), b"<b>key</b>", [("h", b"<i>x</i>")], partition=2
+                )
                 await producer.flush()
 
         asyncio.run(setup())
@@ -142,6 +147,13 @@ def test_browsing_pages_through_a_partition_both_ways(console: str, page: Any) -
     page.goto(f"{console}/messages?topic={TOPIC}&partition=0&from=offset&offset=5&order=desc")
     expect(rows).to_have_count(6, timeout=WAIT_MS)
     expect(rows.first).to_have_attribute("data-offset", "5")
+    page.goto(f"{console}/messages?topic={TOPIC}&partition=2")
+    row = page.locator("table.records tbody tr").first
+    expect(row.locator("td.value")).to_have_text(HOSTILE, timeout=WAIT_MS)
+    expect(row.locator("td.key")).to_have_text("<b>key</b>")
+    expect(row.locator("td.headers")).to_contain_text("<i>x</i>")
+    expect(page.locator("main img, main b:text('key'), table.records script")).to_have_count(0)
+    assert page.title() == "Messages · rillet console"
     # An unknown topic is a message on the page, not an error page.
     page.goto(f"{console}/messages?topic=no-such-topic")
     expect(page.locator("p.error")).to_contain_text("UNKNOWN_TOPIC_OR_PARTITION")

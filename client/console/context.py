@@ -76,7 +76,8 @@ class ConsoleContext:
             request,
             template,
             {
-                "nav": NAV,
+                # Actions exist only when the console may change the cluster.
+                "nav": NAV if self.config.read_only else (*NAV, ("/actions", "Actions")),
                 "read_only": self.config.read_only,
                 "bootstrap": self.config.bootstrap,
                 **values,

@@ -275,6 +275,8 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
 
     async def page(request: Request) -> Response:
         query = Query.parse(request.query_params)
+        snap = ctx.snapshots.latest
+        known = snap.topics_by_name.get(query.topic) if snap else None
         view, error = View(), ""
         if query.topic:
             try:
@@ -290,9 +292,8 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             params=query.params(),
             link=link,
             formats=browse.FORMATS,
-            topic_names=[t.name for t in ctx.snapshots.latest.topics]
-            if ctx.snapshots.latest
-            else [],
+            topic_names=[t.name for t in snap.topics] if snap else [],
+            partitions=len(known.partitions) if known else None,
         )
 
     async def produce(request: Request) -> Response:
