@@ -194,7 +194,9 @@ def test_groups_are_listed_and_sorted_by_lag_with_a_detail_page(
 def test_create_a_topic_through_the_page(
     console: str, pages_cluster: LocalCluster, page: Any
 ) -> None:
-    page.goto(f"{console}/actions/create-topic")
+    page.goto(f"{console}/groups")
+    page.locator("header nav a", has_text="Actions").click()
+    page.locator("a", has_text="Create a topic").click()
     page.locator("input[name=topic]").fill("made-by-console")
     page.locator("input[name=partitions]").fill("2")
     page.locator("input[name=replication_factor]").fill("3")
@@ -341,6 +343,7 @@ def test_read_only_console_has_no_actions(
     page.goto(f"{read_only_console}/messages?topic={TOPIC}")
     expect(page.locator("table.records tbody tr").first).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("details.produce")).to_have_count(0)
+    expect(page.locator("header nav a", has_text="Actions")).to_have_count(0)
     page.goto(f"{read_only_console}/groups/lag-read-only")
     expect(page.locator("#total-lag")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("a", has_text=re.compile("Reset offsets"))).to_have_count(0)
