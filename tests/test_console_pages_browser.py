@@ -99,6 +99,11 @@ def test_a_message_produced_through_the_page_is_browsed_searched_and_formatted(
     page.goto(f"{console}/messages?topic={TOPIC}")
     page.locator("details.produce summary").click()
     form = page.locator("details.produce form")
+    # A partition the topic does not have is refused on the page, readably.
+    form.locator("input[name=partition]").fill("9")
+    form.locator("textarea[name=value]").fill("nowhere")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#produced p.error")).to_contain_text("no partition 9", timeout=WAIT_MS)
     form.locator("input[name=partition]").fill("1")
     form.locator("input[name=key]").fill("order-7731")
     form.locator("textarea[name=value]").fill('{"id": 7731, "status": "paid"}')
