@@ -24,15 +24,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--refresh", type=float, default=2.0, metavar="SECONDS", help="snapshot interval"
     )
+    parser.add_argument(
+        "--metrics",
+        default="",
+        metavar="ID=HOST:PORT[,...]",
+        help="each broker's Prometheus endpoint, for bytes out per broker (optional)",
+    )
     parser.set_defaults(func=cmd_console)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     from rillet.client.console.app import serve
     from rillet.client.console.context import ConsoleConfig
+    from rillet.client.console.metrics import parse_targets
 
     if args.refresh <= 0:
         print("error: --refresh must be positive", file=sys.stderr)
+        return 1
+    try:
+        metrics = parse_targets(args.metrics)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     config = ConsoleConfig(
         bootstrap=args.bootstrap,
@@ -40,6 +52,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         port=args.port,
         read_only=args.read_only,
         refresh_s=args.refresh,
+        metrics=metrics,
     )
 
     def ready(url: str) -> None:

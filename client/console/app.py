@@ -40,7 +40,13 @@ def create_app(config: ConsoleConfig, admin: Admin | None = None) -> Starlette:
         request_timeout_ms=ADMIN_TIMEOUT_MS,
         client_id="rillet-console",
     )
-    snapshots = SnapshotCache(admin, config.refresh_s, config.history_s)
+    snapshots = SnapshotCache(
+        admin,
+        config.refresh_s,
+        config.history_s,
+        logs_every_s=config.logs_s,
+        metrics=config.metrics,
+    )
     ctx = ConsoleContext(config, admin, snapshots)
     fragments = Fragments()
     routes: list[BaseRoute] = []

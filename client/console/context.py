@@ -3,6 +3,7 @@ cached cluster snapshot. One ``ConsoleContext`` per running console."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +48,11 @@ class ConsoleConfig:
     refresh_s: float = 2.0
     # How long the charts' history reaches back (samples are kept per refresh).
     history_s: float = 600.0
+    # How often log sizes and offsets are sampled (DescribeLogDirs to every leader);
+    # None: every max(5 s, refresh_s).
+    logs_s: float | None = None
+    # Broker id -> its Prometheus /metrics URL, for bytes out (optional; metrics.py).
+    metrics: Mapping[int, str] = field(default_factory=dict)
 
 
 class Service(Protocol):

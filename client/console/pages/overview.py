@@ -1,47 +1,46 @@
-"""Overview: the brokers, the cluster-wide health counts and their chart, live."""
+"""Overview: the brokers, the cluster-wide health counts and their chart, live.
+
+The tables and counts are fragments of the live stream (live.py): re-rendered once per
+snapshot and pushed to every open overview. The chart polls a small JSON endpoint with
+the snapshot history (``/overview/history.json``) and redraws itself."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from rillet.client.console import format
 from rillet.client.console.context import ConsoleContext
 from rillet.client.console.live import Fragments
-from rillet.client.console.snapshot import ClusterSnapshot
+from rillet.client.console.snapshot import SnapshotCache
 
 
 def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
+    format.register(ctx.templates.env)
     brokers = ctx.templates.get_template("overview/_brokers.html")
     counts = ctx.templates.get_template("overview/_counts.html")
-    ctx.templates.env.globals["broker_rows"] = broker_rows
     fragments.add("overview-brokers", lambda s: brokers.render(snapshot=s))
     fragments.add("overview-counts", lambda s: counts.render(snapshot=s))
 
     async def page(request: Request) -> Response:
-        return ctx.render(request, "overview/page.html")
+        return ctx.render(request, "overview/page.html", refresh_s=ctx.config.refresh_s)
 
-    return [Route("/", page, name="overview")]
+    async def history(request: Request) -> Response:
+        return JSONResponse(history_columns(ctx.snapshots))
 
-
-def broker_rows(snapshot: ClusterSnapshot) -> list[dict[str, object]]:
-    """One row per registered broker: fenced or not, leaders and partitions it holds."""
-    leaders: dict[int, int] = {}
-    replicas: dict[int, int] = {}
-    for t in snapshot.topics:
-        for p in t.partitions:
-            leaders[p.leader] = leaders.get(p.leader, 0) + 1
-            for r in p.replicas:
-                replicas[r] = replicas.get(r, 0) + 1
-    fenced = set(snapshot.cluster.fenced)
     return [
-        {
-            "id": b.node_id,
-            "address": b.address,
-            "rack": b.rack or "-",
-            "fenced": b.node_id in fenced,
-            "leaders": leaders.get(b.node_id, 0),
-            "partitions": replicas.get(b.node_id, 0),
-        }
-        for b in snapshot.cluster.brokers
+        Route("/", page, name="overview"),
+        Route("/overview/history.json", history, name="overview-history"),
     ]
+
+
+def history_columns(snapshots: SnapshotCache) -> dict[str, list[float]]:
+    """The chart's data as uPlot takes it: one list per series, x in seconds."""
+    samples = list(snapshots.history)
+    return {
+        "t": [round(s.at, 3) for s in samples],
+        "under_replicated": [s.under_replicated for s in samples],
+        "offline": [s.offline for s in samples],
+        "under_min_isr": [s.under_min_isr for s in samples],
+    }
