@@ -1,18 +1,30 @@
-"""The console in a real headless Chromium against a real 3-broker cluster."""
+"""The console in a real headless Chromium against a real 3-broker cluster: the overview
+(brokers, counts, chart; a broker killed -9 turns red and back), the topics list (paging,
+filter, sort) and a topic's detail. Screenshots of each page go to the test artifacts."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser import artifacts_dir, start_console
-from helpers import ServerProcess
+from helpers import ServerProcess, wait_until
 
+from rillet.client.admin import Admin, NewTopic
+from rillet.client.sync import SyncAdmin, SyncProducer
 from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
+
+# Generous: the console refreshes every second, the controller fences a dead broker
+# after its session timeout and shrinks the ISRs it was in; a loaded CI box is slower.
+SEEN_S = 30
+MS = 1000
+TOPICS = [NewTopic("orders", 6, 3)] + [NewTopic(f"events-{i}", 1, 1) for i in range(7)]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +38,28 @@ def console_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
     try:
         cluster.start()
         cluster.wait_ready()
+        with SyncAdmin(cluster.bootstrap) as admin:
+            admin.create_topics(TOPICS)
+            wait_until(
+                lambda: all(
+                    len(p.isr) == 3 for p in admin.describe_topics(["orders"])[0].partitions
+                ),
+                timeout=60,
+                interval=0.2,
+                message="orders fully replicated",
+            )
+        with SyncProducer(bootstrap=cluster.bootstrap, acks="all") as producer:
+            producer.send_many("orders", [f"order {i}".encode() for i in range(300)])
+            producer.flush()
+        asyncio.run(commit_offsets(cluster.bootstrap))  # makes __consumer_offsets
         yield cluster
     finally:
         cluster.stop(kill=True, timeout_s=20)
+
+
+async def commit_offsets(bootstrap: str) -> None:
+    async with Admin(bootstrap) as admin:
+        await admin.alter_group_offsets("billing", {("orders", 0): 10})
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +71,100 @@ def console(console_cluster: LocalCluster) -> Iterator[str]:
         server.stop()
 
 
+def screenshot(page: Any, name: str) -> None:
+    page.screenshot(path=str(artifacts_dir() / f"{name}.png"))
+
+
 def test_overview_lists_the_three_brokers(console: str, page: Any) -> None:
+    from playwright.sync_api import expect
+
     page.goto(console + "/")
     rows = page.locator("table.brokers tbody tr")
-    rows.first.wait_for()
-    assert rows.count() == 3
-    page.screenshot(path=str(artifacts_dir() / "overview.png"), full_page=True)
+    expect(rows).to_have_count(3, timeout=SEEN_S * MS)
+    for broker in ("1", "2", "3"):
+        expect(page.locator(f'tr[data-broker="{broker}"]')).to_have_attribute("data-state", "up")
+    expect(page.locator("#urp b")).to_have_text("0")
+    topics = len(TOPICS) + 1  # and __consumer_offsets
+    expect(page.locator('[data-name="topics"] b')).to_have_text(str(topics), timeout=SEEN_S * MS)
+    # The chart draws once the history endpoint has answered.
+    expect(page.locator("#health-chart")).to_have_attribute("data-ready", "1", timeout=SEEN_S * MS)
+    expect(page.locator("#health-chart canvas")).to_have_count(1)
+    screenshot(page, "overview")
+
+
+def test_topics_list_pages_filters_and_sorts(console: str, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(console + "/topics?size=5")
+    rows = page.locator("table.topics tbody tr")
+    expect(rows).to_have_count(5)
+    expect(page.locator("table.topics")).to_have_attribute("data-total", str(len(TOPICS)))
+    expect(page.locator("tr[data-topic='__consumer_offsets']")).to_have_count(0)
+    page.locator("a[rel=next]").first.click()
+    expect(rows).to_have_count(len(TOPICS) - 5)
+    expect(page).to_have_url(re.compile(r"page=2"))
+
+    page.locator("input[name=q]").fill("orders")
+    expect(rows).to_have_count(1)
+    expect(page.locator("tr[data-topic='orders'] td").nth(1)).to_have_text("6")
+    page.locator("input[name=q]").fill("")
+    expect(page.locator("table.topics")).to_have_attribute("data-total", str(len(TOPICS)))
+
+    # Sorted by partitions, most first: orders (6) heads the list.
+    page.goto(console + "/topics?sort=partitions&dir=desc")
+    expect(rows.first).to_have_attribute("data-topic", "orders")
+    # Its size shows once the leaders' log sizes are sampled.
+    expect(page.locator("tr[data-topic='orders'] td").nth(4)).to_have_text(
+        re.compile(r"\d"), timeout=SEEN_S * MS
+    )
+    page.locator("input[name=internal]").check()
+    expect(page.locator("tr[data-topic='__consumer_offsets']")).to_have_count(1)
+    expect(page.locator("tr[data-topic='__consumer_offsets']")).to_have_class(
+        re.compile("internal")
+    )
+    page.locator("input[name=internal]").uncheck()
+    expect(page.locator("tr[data-topic='__consumer_offsets']")).to_have_count(0)
+    page.goto(console + "/topics")
+    screenshot(page, "topics")
+
+
+def test_topic_detail_shows_partitions_and_offsets(console: str, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(console + "/topics/orders")
+    parts = page.locator("table.partitions tbody tr")
+    expect(parts).to_have_count(6)
+    total = 0
+    for i in range(6):
+        cells = parts.nth(i).locator("td")
+        assert len(cells.nth(2).inner_text().split(",")) == 3  # replicas
+        total += int(cells.nth(5).inner_text())  # log end
+    assert total == 300
+    expect(page.locator("#topic-groups")).to_be_attached()
+    screenshot(page, "topic")
+
+    page.goto(console + "/topics/no-such-topic")
+    expect(page.locator(".stale")).to_contain_text("does not exist")
+
+
+def test_a_killed_broker_and_the_urp_count_turn_red_and_back(
+    console: str, console_cluster: LocalCluster, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(console + "/")
+    row = page.locator('tr[data-broker="3"]')
+    expect(row).to_have_attribute("data-state", "up", timeout=SEEN_S * MS)
+    console_cluster.stop_node(3, kill=True)
+    try:
+        expect(row).to_have_class(re.compile(r"\bbad\b"), timeout=SEEN_S * MS)
+        expect(page.locator("#urp")).to_have_class(re.compile(r"\bbad\b"), timeout=SEEN_S * MS)
+        assert int(page.locator("#urp b").inner_text()) > 0
+        expect(page.locator("#urp")).to_have_css("color", "rgb(198, 40, 40)")
+        screenshot(page, "overview-broker-down")
+    finally:
+        console_cluster.start_node(3)
+    expect(row).to_have_attribute("data-state", "up", timeout=SEEN_S * MS)
+    expect(row).not_to_have_class(re.compile(r"\bbad\b"))
+    expect(page.locator("#urp b")).to_have_text("0", timeout=60 * MS)
+    expect(page.locator("#urp")).not_to_have_class(re.compile(r"\bbad\b"))

@@ -40,9 +40,9 @@ def parse_targets(spec: str) -> dict[int, str]:
 
 def bytes_out_total(text: str) -> float | None:
     """The all-topics bytes-out counter of one exposition (no ``topic`` label)."""
+    # Matched by sample name: how the parser groups a counter's samples into families
+    # depends on the TYPE line, which exporters spell either way.
     for family in text_string_to_metric_families(text):
-        if family.name != BYTES_OUT:
-            continue
         for sample in family.samples:
             if sample.name == BYTES_OUT + "_total" and "topic" not in sample.labels:
                 return float(sample.value)
