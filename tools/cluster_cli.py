@@ -18,6 +18,7 @@ from rillet.client.cli.common import Fields
 from rillet.client.cli.health import EXIT_CODES_HELP, exit_code, fetch_health, health_view
 from rillet.tools import local_s3
 from rillet.tools.local_cluster import (
+    DEFAULT_CONSOLE_PORT,
     DEFAULT_S3_BUCKET,
     DEFAULT_S3_PORT,
     DEFAULT_S3_REGION,
@@ -77,6 +78,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help=f"port of the embedded S3 server ({DEFAULT_S3_PORT}; any with --ephemeral-ports)",
     )
+    web = up.add_argument_group(
+        "web console", "`rillet console` for the cluster (docs/console.md)."
+    )
+    web.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        help=f"its port on 127.0.0.1 (default {DEFAULT_CONSOLE_PORT}; any free one with "
+        "--ephemeral-ports)",
+    )
+    web.add_argument("--no-console", action="store_true", help="start no console")
     up.add_argument("--json", action="store_true", help="machine-readable output")
     up.set_defaults(func=cmd_up)
 
@@ -146,6 +158,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(args, f"remote tier: {_s3_line(cluster)}")
         cluster.start(owned=not args.detach)
         described = cluster.wait_ready()
+        console = _start_console(args, cluster)
     except ClusterError as e:
         return _fail(str(e))
     except KeyboardInterrupt:
@@ -160,6 +173,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     "nodes": cluster.status(),
                     "cluster_id": described.cluster_id,
                     "s3": cluster.s3_status(),
+                    "console": console,
                 }
             )
         )
@@ -167,11 +181,28 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"rillet cluster is up. bootstrap: {cluster.bootstrap}", flush=True)
         print(f"  export RILLET_BOOTSTRAP={cluster.bootstrap}", flush=True)
         print(f"  remote tier: {_s3_line(cluster)}", flush=True)
+        if console:
+            print(f"  console: {console}", flush=True)
     if args.detach:
         if not args.json:
             print(f"  stop it with: rillet cluster down --data-dir {args.data_dir}")
         return 0
     return _run_foreground(cluster)
+
+
+def _start_console(args: argparse.Namespace, cluster: LocalCluster) -> str | None:
+    """The console's URL, or None when not wanted or it could not start: the cluster
+    serves without it, and the reason is said."""
+    if args.no_console:
+        return None
+    port = args.console_port
+    if port is None:
+        port = 0 if args.ephemeral_ports else DEFAULT_CONSOLE_PORT
+    try:
+        return cluster.start_console(port)
+    except ClusterError as e:
+        _say(args, f"warning: no web console: {e}")
+        return None
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -15,6 +15,7 @@ Layout under ``data_dir``::
     s3/                     the embedded S3 server: stdout.log, s3.log, its objects
                             (objects/, written through: tools/local_s3.py), when the
                             cluster runs one
+    console/                the web console `cluster up` starts: stdout.log, console.log
 
 Node ids: in separated mode brokers are 1..B and controllers 101..100+C; in combined
 mode nodes 1..N run both roles. Default ports (non-ephemeral): broker i listens on
@@ -30,6 +31,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,6 +68,9 @@ DEFAULT_S3_PORT = 9080
 DEFAULT_S3_BUCKET = "rillet-tier"
 DEFAULT_S3_REGION = "us-east-1"
 S3_DIR = "s3"
+CONSOLE_DIR = "console"
+DEFAULT_CONSOLE_PORT = 8080
+CONSOLE_READY = re.compile(r"console: serving (http://\S+)")
 
 
 class ClusterError(Exception):
@@ -129,6 +134,19 @@ class S3Tier:
 
 def metrics_port(node_id: int, ephemeral: bool) -> int:
     return EPHEMERAL if ephemeral else METRICS_PORT_BASE + node_id
+
+
+@dataclass
+class ConsoleProcess:
+    """The web console `cluster up` runs beside the nodes (``rillet console``): one more
+    process of the cluster, recorded, owned and stopped as the S3 server is."""
+
+    port: int  # asked for (0: the OS picks); ``url`` has the one bound
+    host: str = "127.0.0.1"
+    pid: int | None = None
+    start_time: int | None = None
+    url: str | None = None
+    stdout_offset: int = 0
 
 
 def free_port() -> int:
@@ -256,6 +274,7 @@ class LocalCluster:
         if s3 is True:
             s3 = S3Tier.embedded_on(free_port() if ephemeral_ports else DEFAULT_S3_PORT)
         self.s3: S3Tier | None = s3 or None
+        self.console: ConsoleProcess | None = None
         self.nodes: dict[int, Node] = {}
         # The foreground `cluster up` whose exit stops the nodes: {"pid", "start_time"}.
         self.owner: dict[str, int | None] | None = None
@@ -357,6 +376,7 @@ class LocalCluster:
             "python": self.python,
             "owner": self.owner,
             "s3": asdict(self.s3) if self.s3 is not None else None,
+            "console": asdict(self.console) if self.console is not None else None,
         }
         tmp = self.data_dir / (STATE_FILE + f".tmp.{os.getpid()}")
         tmp.write_text(json.dumps(state, indent=2))
@@ -411,6 +431,8 @@ class LocalCluster:
         if self.s3 is not None and raw_s3 is not None:
             self.s3.pid, self.s3.start_time = raw_s3.get("pid"), raw_s3.get("start_time")
             self.s3.stdout_offset = raw_s3.get("stdout_offset", 0)
+        raw_console = state.get("console")
+        self.console = ConsoleProcess(**raw_console) if raw_console else None
 
     # --- ownership ------------------------------------------------------------------
     #
@@ -451,6 +473,8 @@ class LocalCluster:
         for raw in state["nodes"]:
             cluster._add(Node(**raw))
         cluster.owner = state.get("owner")
+        if state.get("console"):
+            cluster.console = ConsoleProcess(**state["console"])
         cluster._synced = True
         return cluster
 
@@ -726,6 +750,7 @@ class LocalCluster:
         and any process running a node config of this cluster that went unrecorded. The
         cluster then has no owner."""
         with self.locked():
+            self.stop_console(timeout_s=timeout_s)  # first: it would only log errors
             strays = self._strays()
             for group in (self.brokers(), self.controllers()):
                 ids = {n.node_id for n in group}
@@ -877,6 +902,62 @@ class LocalCluster:
             "state": ("running" if running else "stopped") if self.s3.embedded else "external",
             "pid": self.s3.pid if running else None,
         }
+
+    # --- the web console ------------------------------------------------------------
+
+    @property
+    def console_dir(self) -> Path:
+        return self.data_dir / CONSOLE_DIR
+
+    def console_running(self) -> bool:
+        return self.console is not None and process_is(self.console.pid, self.console.start_time)
+
+    def start_console(
+        self,
+        port: int = DEFAULT_CONSOLE_PORT,
+        *,
+        extra: Iterable[str] = (),
+        timeout_s: float = 60.0,
+    ) -> str:
+        """Start ``rillet console`` for this cluster on 127.0.0.1:``port`` (0: any) and
+        return its URL once it serves. It watches the owner as the nodes do."""
+        with self.locked():
+            if self.console_running():
+                raise ClusterError(f"the console already runs: {self.console.url}")  # type: ignore[union-attr]
+            d = self.console_dir
+            d.mkdir(parents=True, exist_ok=True)
+            stdout_path = d / "stdout.log"
+            console = ConsoleProcess(port, stdout_offset=_size(stdout_path))
+            argv = [self.python, "-m", "rillet.client.cli", "console", "--bootstrap"]
+            argv += [self.bootstrap, "--host", console.host, "--port", str(port), *extra]
+            console.pid, console.start_time = _popen(
+                argv, d, stdout_path, d / "console.log", self._child_env()
+            )
+            self.console = console
+            self.save()
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                for line in _read_from(stdout_path, console.stdout_offset):
+                    found = CONSOLE_READY.search(line)
+                    if found:
+                        console.url = found.group(1)
+                        return console.url
+                if not self.console_running():
+                    raise ClusterError(
+                        "the console exited during start-up; its log ends with:\n"
+                        + _tail(d / "console.log")
+                    )
+                time.sleep(0.05)
+            self.stop_console(kill=True)
+            raise ClusterError(f"the console did not serve within {timeout_s:.0f}s")
+
+    def stop_console(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
+        with self.locked():
+            if self.console is None:
+                return
+            if self.console_running():
+                _terminate([self.console.pid], kill=kill, timeout_s=timeout_s)  # type: ignore[list-item]
+            self.console = None
 
     def __enter__(self) -> LocalCluster:
         return self

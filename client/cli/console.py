@@ -60,8 +60,14 @@ def cmd_console(args: argparse.Namespace) -> int:
         print(f"console: serving {url} for {args.bootstrap}", flush=True)
 
     async def main() -> int:
+        from rillet.client.runtime.shutdown import StopRequests
+
+        # Started by a foreground `rillet cluster up`, the console stops with it, as the
+        # nodes do (RILLET_OWNER); uvicorn itself handles SIGTERM and Ctrl-C.
+        stops = StopRequests("console")
+        stops.install()
         try:
-            await serve(config, ready)
+            await serve(config, ready, stops.requested)
         except OSError as e:
             print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
             return 1

@@ -84,13 +84,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(config: ConsoleConfig, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve until cancelled or interrupted; ``on_ready(url)`` once listening."""
+async def serve(
+    config: ConsoleConfig,
+    on_ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until cancelled, interrupted or ``stop`` is set; ``on_ready(url)`` once
+    listening."""
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     app = create_app(config)
     server = uvicorn.Server(
-        uvicorn.Config(app, loop="none", lifespan="on", log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            loop="none",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            # Open live streams (one per browser tab) never end on their own: without a
+            # bound, a stop would wait for every tab to close.
+            timeout_graceful_shutdown=2,
+        )
     )
     server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
     shown = f"[{host}]" if ":" in host else host
@@ -103,9 +117,15 @@ async def serve(config: ConsoleConfig, on_ready: Callable[[str], None] | None = 
         if on_ready is not None:
             on_ready(f"http://{shown}:{port}")
 
-    waiter = asyncio.create_task(announce())
+    async def stop_when_asked() -> None:
+        if stop is not None:
+            await stop.wait()
+            server.should_exit = True
+
+    helpers = [asyncio.create_task(announce()), asyncio.create_task(stop_when_asked())]
     try:
         await server.serve(sockets=[sock])
     finally:
-        waiter.cancel()
+        for task in helpers:
+            task.cancel()
         sock.close()
