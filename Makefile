@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k vendor-console clean
+.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,11 @@ bench-group: install
 # cold remote reads vs local reads, upload throughput, broker memory with the cache full.
 bench-tiered: install
 	$(BIN)/python benchmarks/tiered_bench.py
+
+# The web console on 10,000 partitions and 1,000 groups: page latencies (p50/p99) and
+# the snapshot's refresh times (docs/console.md, "Scale").
+bench-console: install
+	$(BIN)/python benchmarks/console_bench.py
 
 # The slow partition-scale run: 50,000 partitions must come up healthy, however slowly.
 bench-scale-50k: install

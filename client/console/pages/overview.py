@@ -35,10 +35,13 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
     ]
 
 
-def history_columns(snapshots: SnapshotCache) -> dict[str, list[float]]:
-    """The chart's data as uPlot takes it: one list per series, x in seconds."""
+def history_columns(snapshots: SnapshotCache) -> dict[str, list[float] | float]:
+    """The chart's data as uPlot takes it: one list per series, x in seconds; and how
+    long the last refreshes took (the benchmark reads them)."""
     samples = list(snapshots.history)
     return {
+        "refresh_took_s": round(snapshots.refresh_took_s, 4),
+        "logs_took_s": round(snapshots.logs_took_s, 4),
         "t": [round(s.at, 3) for s in samples],
         "under_replicated": [s.under_replicated for s in samples],
         "offline": [s.offline for s in samples],
