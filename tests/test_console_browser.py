@@ -24,7 +24,9 @@ pytestmark = pytest.mark.cluster
 # after its session timeout and shrinks the ISRs it was in; a loaded CI box is slower.
 SEEN_S = 30
 MS = 1000
-TOPICS = [NewTopic("orders", 6, 3)] + [NewTopic(f"events-{i}", 1, 1) for i in range(7)]
+TOPICS = [NewTopic("orders", 6, 3, configs={"min.insync.replicas": "2"})] + [
+    NewTopic(f"events-{i}", 1, 1) for i in range(7)
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,11 @@ def test_overview_lists_the_three_brokers(console: str, page: Any) -> None:
     # The chart draws once the history endpoint has answered.
     expect(page.locator("#health-chart")).to_have_attribute("data-ready", "1", timeout=SEEN_S * MS)
     expect(page.locator("#health-chart canvas")).to_have_count(1)
+    # The controller quorum: one active controller among three voters.
+    expect(page.locator("table.quorum tbody tr")).to_have_count(3)
+    active = page.locator("#active-controller").inner_text()
+    assert active in {"101", "102", "103"}
+    expect(page.locator(f'tr[data-voter="{active}"] td').nth(1)).to_have_text("active")
     screenshot(page, "overview")
 
 
@@ -141,6 +148,12 @@ def test_topic_detail_shows_partitions_and_offsets(console: str, page: Any) -> N
         total += int(cells.nth(5).inner_text())  # log end
     assert total == 300
     expect(page.locator("#topic-groups")).to_be_attached()
+    # Configs: the one set on the topic first, marked; the broker's defaults after.
+    configs = page.locator("table.configs tbody tr")
+    expect(configs.first).to_have_attribute("data-config", "min.insync.replicas")
+    expect(configs.first).to_have_class(re.compile(r"\bset\b"))
+    expect(configs.first.locator("td").nth(1)).to_have_text("2")
+    assert configs.count() > 5
     screenshot(page, "topic")
 
     page.goto(console + "/topics/no-such-topic")

@@ -20,6 +20,7 @@ from rillet.client.console.rows import (
     sort_rows,
     topic_rows,
 )
+from rillet.client.health import assess
 from rillet.client.metadata import BrokerInfo, PartitionInfo
 from rillet.client.wire.messages import DescribeLogDirsPartition
 
@@ -46,12 +47,13 @@ TOPICS = (
 
 
 def test_broker_states_and_counts() -> None:
-    cluster = ClusterDescription("c", 101, BROKERS[:2] + BROKERS[2:], fenced=(2,))
+    cluster = ClusterDescription("c", 101, BROKERS, fenced=(2,))
     gone = BrokerInfo(4, "127.0.0.1", 9999)
-    rows = broker_rows(cluster, TOPICS, unreachable={3}, missing=[gone, BROKERS[0]])
+    health = assess(cluster, None, TOPICS, {})
+    rows = broker_rows(health, unreachable={3}, missing=[gone, BROKERS[0]])
     by_id = {r.id: r for r in rows}
     assert [r.id for r in rows] == [1, 2, 3, 4]  # a listed broker is never "missing"
-    assert by_id[1].state == UP and not by_id[1].bad
+    assert by_id[1].state == UP and not by_id[1].bad and by_id[1].address == "127.0.0.1:9091"
     assert by_id[2].state == FENCED and by_id[2].bad
     assert by_id[3].state == UNREACHABLE and by_id[4].state == MISSING
     assert (by_id[1].leaders, by_id[1].partitions, by_id[1].under_replicated) == (1, 2, 0)

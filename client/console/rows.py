@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rillet.client.admin import ClusterDescription, TopicDescription
+from rillet.client.admin import TopicDescription
+from rillet.client.health import BrokerHealth, ClusterHealth
 from rillet.client.metadata import BrokerInfo
 from rillet.client.wire.messages import DescribeLogDirsPartition
 
@@ -126,53 +127,41 @@ class BrokerRow:
 
 
 def broker_rows(
-    cluster: ClusterDescription,
-    topics: Iterable[TopicDescription],
+    health: ClusterHealth,
     *,
     unreachable: Iterable[int] = (),
     missing: Iterable[BrokerInfo] = (),
     logs: LogStats | None = None,
     bytes_out: Mapping[int, float] | None = None,
 ) -> tuple[BrokerRow, ...]:
-    """One row per registered broker, then the ones seen before and missing now."""
-    leaders: dict[int, int] = {}
-    hosted: dict[int, int] = {}
-    led_urp: dict[int, int] = {}
-    for t in topics:
-        for p in t.partitions:
-            for r in p.replicas:
-                hosted[r] = hosted.get(r, 0) + 1
-            if p.leader >= 0:
-                leaders[p.leader] = leaders.get(p.leader, 0) + 1
-                if p.under_replicated:
-                    led_urp[p.leader] = led_urp.get(p.leader, 0) + 1
-    fenced = set(cluster.fenced)
+    """One row per registered broker (its counts from the health assessment), then the
+    ones seen before and missing now."""
     down = set(unreachable)
     rates = logs.broker_rates if logs is not None and logs.interval_s > 0 else None
     out = bytes_out or {}
 
-    def row(b: BrokerInfo, state: str) -> BrokerRow:
-        r = rates.get(b.node_id, Rates()) if rates is not None else None
+    def row(b: BrokerHealth, state: str) -> BrokerRow:
+        r = rates.get(b.id, Rates()) if rates is not None else None
         return BrokerRow(
-            b.node_id,
-            b.address,
+            b.id,
+            f"{b.host}:{b.port}",
             b.rack or "-",
             state,
-            leaders.get(b.node_id, 0),
-            hosted.get(b.node_id, 0),
-            led_urp.get(b.node_id, 0),
+            b.leaders,
+            b.partitions,
+            b.under_replicated,
             r.bytes_in if r is not None else None,
             r.records_in if r is not None else None,
-            out.get(b.node_id),
+            out.get(b.id),
         )
 
     rows = [
-        row(b, UNREACHABLE if b.node_id in down else FENCED if b.node_id in fenced else UP)
-        for b in sorted(cluster.brokers, key=lambda b: b.node_id)
+        row(b, UNREACHABLE if b.id in down else FENCED if b.fenced else UP) for b in health.brokers
     ]
-    listed = {b.node_id for b in cluster.brokers}
+    listed = {b.id for b in health.brokers}
+    gone = sorted((b for b in missing if b.node_id not in listed), key=lambda b: b.node_id)
     rows += [
-        row(b, MISSING) for b in sorted(missing, key=lambda b: b.node_id) if b.node_id not in listed
+        row(BrokerHealth(b.node_id, b.host, b.port, b.rack, False, 0, 0, 0), MISSING) for b in gone
     ]
     return tuple(rows)
 

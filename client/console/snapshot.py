@@ -17,7 +17,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from rillet.client.admin import Admin, ClusterDescription, GroupListing, TopicDescription
+from rillet.client.admin import (
+    Admin,
+    ClusterDescription,
+    GroupListing,
+    QuorumDescription,
+    TopicDescription,
+)
 from rillet.client.console.metrics import BytesOutMeter
 from rillet.client.console.rows import (
     BrokerRow,
@@ -27,12 +33,17 @@ from rillet.client.console.rows import (
     log_stats,
     topic_rows,
 )
+from rillet.client.health import ClusterHealth, assess
+from rillet.client.health import _min_isr as min_isr_of  # batched DescribeConfigs
 from rillet.client.metadata import BrokerInfo
+from rillet.client.wire.errors import RilletError
 
 log = logging.getLogger(__name__)
 
 # A broker's port that does not accept a connection within this is "unreachable".
 PROBE_TIMEOUT_S = 1.0
+# Without an active controller DescribeQuorum waits; the rest of the view must not.
+QUORUM_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,13 @@ class ClusterSnapshot:
     logs: LogStats | None = None
     # Why the group listing is older than this snapshot ("" when it is current).
     groups_error: str = ""
+    # The assessment (client/health.py) the counts come from; its quorum is None when no
+    # active controller answered DescribeQuorum.
+    health: ClusterHealth | None = None
+
+    @property
+    def quorum(self) -> QuorumDescription | None:
+        return self.health.quorum if self.health is not None else None
 
     @property
     def age_s(self) -> float:
@@ -76,15 +94,11 @@ class HealthSample:
     under_min_isr: int = 0
 
 
-def count_partitions(topics: Iterable[TopicDescription]) -> tuple[int, int, int]:
-    """(partitions, under-replicated, offline), one pass."""
-    partitions = urp = offline = 0
-    for t in topics:
-        for p in t.partitions:
-            partitions += 1
-            urp += p.under_replicated
-            offline += p.leader < 0
-    return partitions, urp, offline
+async def describe_quorum(admin: Admin) -> QuorumDescription | None:
+    try:
+        return await asyncio.wait_for(admin.describe_quorum(), QUORUM_TIMEOUT_S)
+    except (TimeoutError, RilletError, OSError):
+        return None
 
 
 async def probe(brokers: Iterable[BrokerInfo], timeout_s: float = PROBE_TIMEOUT_S) -> set[int]:
@@ -113,15 +127,18 @@ async def take_snapshot(
     seen: Mapping[int, BrokerInfo] | None = None,
     logs: LogStats | None = None,
     bytes_out: Mapping[int, float] | None = None,
+    min_isr: Mapping[str, int] | None = None,
 ) -> ClusterSnapshot:
-    """One fast refresh: DescribeCluster, Metadata and ListGroups at once, then a
-    connection probe of each broker. ``seen``: brokers listed before (one missing now
-    shows as such). A failing ListGroups (a broker down answers nothing) keeps the
-    previous listing rather than failing the whole view."""
-    cluster, topics, groups = await asyncio.gather(
+    """One fast refresh: DescribeCluster, Metadata, ListGroups and DescribeQuorum at
+    once, then a connection probe of each broker. ``seen``: brokers listed before (one
+    missing now shows as such); ``min_isr``: each topic's min.insync.replicas as last
+    read (1 for a topic not read yet). A failing ListGroups (a broker down answers
+    nothing) keeps the previous listing rather than failing the whole view."""
+    cluster, topics, groups, quorum = await asyncio.gather(
         admin.describe_cluster(),
         admin.describe_topics(),
         admin.list_groups(),
+        describe_quorum(admin),
         return_exceptions=True,
     )
     for answer in (cluster, topics):
@@ -137,7 +154,12 @@ async def take_snapshot(
     else:
         listed = tuple(sorted(groups, key=lambda g: g.group_id))
     ordered = tuple(sorted(topics, key=lambda t: t.name))
-    partitions, urp, offline = count_partitions(ordered)
+    health = assess(
+        cluster,
+        quorum if isinstance(quorum, QuorumDescription) else None,
+        ordered,
+        min_isr or {},
+    )
     unreachable = await probe(cluster.brokers)
     now_ids = {b.node_id for b in cluster.brokers}
     missing = [b for i, b in (seen or {}).items() if i not in now_ids]
@@ -146,16 +168,13 @@ async def take_snapshot(
         cluster=cluster,
         topics=ordered,
         groups=listed,
-        partitions=partitions,
-        under_replicated=urp,
-        offline=offline,
-        # Until topic configs are read, a partition is under min ISR when its ISR is
-        # empty (min.insync.replicas is at least 1).
-        under_min_isr=sum(not p.isr for t in ordered for p in t.partitions),
+        partitions=health.partitions,
+        under_replicated=health.under_replicated,
+        offline=health.offline,
+        under_min_isr=health.under_min_isr,
         topics_by_name={t.name: t for t in ordered},
         brokers=broker_rows(
-            cluster,
-            ordered,
+            health,
             unreachable=unreachable,
             missing=missing,
             logs=logs,
@@ -164,6 +183,7 @@ async def take_snapshot(
         topic_rows=topic_rows(ordered, logs),
         logs=logs,
         groups_error=groups_error,
+        health=health,
     )
 
 
@@ -194,6 +214,7 @@ class SnapshotCache:
         self.refresh_took_s = 0.0
         self.logs_took_s = 0.0
         self._seen: dict[int, BrokerInfo] = {}
+        self._min_isr: dict[str, int] = {}
         self._bytes_out = BytesOutMeter(metrics or {})
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -222,6 +243,7 @@ class SnapshotCache:
                 seen=self._seen,
                 logs=self.logs,
                 bytes_out=self._bytes_out.rates,
+                min_isr=self._min_isr,
             )
         except Exception as e:  # noqa: BLE001 - any failure keeps the last good view
             log.warning("console snapshot failed: %s", e)
@@ -242,19 +264,23 @@ class SnapshotCache:
         return snap
 
     async def refresh_logs(self) -> LogStats | None:
-        """One DescribeLogDirs pass over the latest snapshot's partitions (and a scrape
-        of the brokers' metrics endpoints, when given)."""
+        """One DescribeLogDirs pass over the latest snapshot's partitions, each topic's
+        min.insync.replicas (DescribeConfigs, batched), and a scrape of the brokers'
+        metrics endpoints when given."""
         snap = self.latest
         if snap is None:
             return None
         t0 = time.monotonic()
         try:
-            logs, _ = await asyncio.gather(
-                self.admin.describe_logs(snap.topics), self._bytes_out.scrape()
+            logs, min_isr, _ = await asyncio.gather(
+                self.admin.describe_logs(snap.topics),
+                min_isr_of(self.admin, [t.name for t in snap.topics]),
+                self._bytes_out.scrape(),
             )
         except Exception as e:  # noqa: BLE001 - sizes stay as last seen
             log.warning("console log sizes failed: %s", e)
             return self.logs
+        self._min_isr = min_isr
         self.logs = log_stats(snap.topics, logs, time.time(), self.logs)
         self.logs_took_s = time.monotonic() - t0
         return self.logs

@@ -22,6 +22,8 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
     counts = ctx.templates.get_template("overview/_counts.html")
     fragments.add("overview-brokers", lambda s: brokers.render(snapshot=s))
     fragments.add("overview-counts", lambda s: counts.render(snapshot=s))
+    quorum = ctx.templates.get_template("overview/_quorum.html")
+    fragments.add("overview-quorum", lambda s: quorum.render(snapshot=s))
 
     async def page(request: Request) -> Response:
         return ctx.render(request, "overview/page.html", refresh_s=ctx.config.refresh_s)

@@ -102,7 +102,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             error = f"log offsets unavailable: {e or type(e).__name__}"
         logs = ctx.snapshots.logs
         row = next((r for r in snap.topic_rows if r.name == name), None) if snap else None
-        configs, configs_error = await topic_configs(ctx, name)
+        configs, configs_error = await topic_configs(ctx, name)  # one small round trip
         return ctx.render(
             request,
             "topics/detail.html",
@@ -144,11 +144,8 @@ async def partition_offsets(
 
 async def topic_configs(ctx: ConsoleContext, name: str) -> tuple[list[Any], str]:
     """The topic's configs, non-defaults first (DescribeConfigs), or why there are none."""
-    describe = getattr(ctx.admin, "describe_configs", None)
-    if describe is None:
-        return [], "this client cannot describe configs yet"
     try:
-        entries = (await describe([name])).get(name, {})
+        entries = (await ctx.admin.describe_configs([name])).get(name, {})
     except (AdminError, RilletError, OSError) as e:
         return [], str(e) or type(e).__name__
     return sorted(entries.values(), key=lambda c: (c.is_default, c.name)), ""
