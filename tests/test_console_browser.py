@@ -174,6 +174,11 @@ def test_a_killed_broker_and_the_urp_count_turn_red_and_back(
         expect(page.locator("#urp")).to_have_class(re.compile(r"\bbad\b"), timeout=SEEN_S * MS)
         assert int(page.locator("#urp b").inner_text()) > 0
         expect(page.locator("#urp")).to_have_css("color", "rgb(198, 40, 40)")
+        # The chart has drawn the new point too.
+        chart = page.locator("#health-chart")
+        expect(chart).to_have_attribute(
+            "data-last-under-replicated", re.compile(r"^[1-9]"), timeout=SEEN_S * MS
+        )
         screenshot(page, "overview-broker-down")
     finally:
         console_cluster.start_node(3)

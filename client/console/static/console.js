@@ -12,7 +12,7 @@ function rilletChart(el) {
     return { key, label, stroke };
   });
   const every = Math.max(1, parseFloat(el.dataset.every || "2")) * 1000;
-  const width = () => Math.max(300, el.clientWidth || 800);
+  const width = () => Math.max(300, (el.clientWidth || 800) - 12); // inside the padding
   let plot = null;
   async function tick() {
     if (!document.body.contains(el)) return; // the page moved on
@@ -25,7 +25,7 @@ function rilletChart(el) {
           plot = new uPlot(
             {
               width: width(),
-              height: 180,
+              height: 150,
               scales: { y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
               series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.stroke, width: 2 }))],
               axes: [{}, { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000] }],
@@ -38,6 +38,11 @@ function rilletChart(el) {
           plot.setData(data);
         }
         el.dataset.points = String(d.t.length);
+        // The newest value of each series, for a quick look (and the browser tests).
+        series.forEach((s) => {
+          const values = d[s.key] || [];
+          el.setAttribute(`data-last-${s.key.replace(/_/g, "-")}`, String(values[values.length - 1] ?? ""));
+        });
       }
     } catch (e) {
       // The console restarting or the network blinking: try again next tick.
