@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 
@@ -18,6 +19,9 @@ from rillet.client.console.context import HERE, ConsoleConfig, ConsoleContext
 from rillet.client.console.live import Fragments, events_route
 from rillet.client.console.pages import actions, groups, messages, overview, topics
 from rillet.client.console.snapshot import SnapshotCache
+from rillet.client.wire.errors import RilletError
+
+log = logging.getLogger(__name__)
 
 # Each page module exposes routes(ctx, fragments) -> list of routes; actions come last
 # and add nothing in read-only mode.
@@ -57,7 +61,12 @@ def create_app(config: ConsoleConfig, admin: Admin | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await admin.start()
+        try:
+            await admin.start()
+        except (RilletError, OSError) as e:
+            # Serve anyway: the pages say the cluster does not answer, and the snapshot
+            # loop keeps asking until it does.
+            log.warning("console: no broker of %s answers yet: %s", config.bootstrap, e)
         await snapshots.start()
         for service in ctx.services:
             await service.start()

@@ -86,6 +86,7 @@ class ConsoleContext:
                 "nav": NAV if self.config.read_only else (*NAV, ("/actions", "Actions")),
                 "read_only": self.config.read_only,
                 "bootstrap": self.config.bootstrap,
+                "snapshot_error": self.snapshots.error,
                 **values,
             },
             status_code=status_code,

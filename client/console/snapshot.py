@@ -213,6 +213,9 @@ class SnapshotCache:
         # How long the last refreshes took, for the footer and the benchmark.
         self.refresh_took_s = 0.0
         self.logs_took_s = 0.0
+        # Why the last refresh failed ("" when it did not), shown while there is no
+        # snapshot at all (the cluster has not answered since the console started).
+        self.error = ""
         self._seen: dict[int, BrokerInfo] = {}
         self._min_isr: dict[str, int] = {}
         self._bytes_out = BytesOutMeter(metrics or {})
@@ -247,11 +250,12 @@ class SnapshotCache:
             )
         except Exception as e:  # noqa: BLE001 - any failure keeps the last good view
             log.warning("console snapshot failed: %s", e)
-            if self.latest is not None:
-                snap = replace(self.latest, error=str(e) or type(e).__name__)
-            else:
+            self.error = str(e) or type(e).__name__
+            if self.latest is None:
                 return None
+            snap = replace(self.latest, error=self.error)
         else:
+            self.error = ""
             self._seen.update((b.node_id, b) for b in snap.cluster.brokers)
             self.history.append(
                 HealthSample(snap.taken_at, snap.under_replicated, snap.offline, snap.under_min_isr)
