@@ -14,7 +14,8 @@ offset for each from outside (Admin.alter_group_offsets: a group with no members
 - ``snapshot``: how long the console's last fast refresh (DescribeCluster, Metadata,
   ListGroups, a connection probe) and its last log pass (DescribeLogDirs to every
   leader) took, as it reports them;
-- ``console``: its peak resident set and CPU seconds over the run.
+- ``console``: its peak resident set, and the CPU it spends keeping the snapshot fresh
+  with nobody looking (``idle_cpu_percent`` of one core, over ``--idle-s`` seconds).
 
     python benchmarks/console_bench.py                  # 1,000 x 10 partitions, 1,000 groups
     python benchmarks/console_bench.py --brokers 3      # the same over three brokers
@@ -132,6 +133,9 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         "/groups": "/groups",
     }
     requests = {name: measure(base + path, args.requests) for name, path in paths.items()}
+    cpu_idle0, t_idle0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(args.idle_s)  # nothing asks: only the refresh loops run
+    idle_cpu = (cpu_seconds(pid) - cpu_idle0) / (time.monotonic() - t_idle0)
     with urllib.request.urlopen(base + "/overview/history.json", timeout=60) as r:
         history = json.loads(r.read())
     return {
@@ -154,6 +158,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         "console": {
             "peak_rss_mb": peak_rss_mb(pid),
             "cpu_s": round(cpu_seconds(pid) - cpu0, 1),
+            "idle_cpu_percent": round(100 * idle_cpu, 1),
         },
     }
 
@@ -166,6 +171,7 @@ def main() -> None:
     parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--requests", type=int, default=50, help="GETs per page measured")
     parser.add_argument("--refresh", type=float, default=2.0, help="the console's --refresh")
+    parser.add_argument("--idle-s", type=float, default=20.0, help="the idle CPU window")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rillet-console-") as tmp:
         cluster = LocalCluster(Path(tmp), controllers=1, brokers=args.brokers, ephemeral_ports=True)

@@ -73,7 +73,9 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             "hx-request" in request.headers and "hx-history-restore-request" not in request.headers
         )
         template = "topics/_table.html" if partial else "topics/list.html"
-        return ctx.render(request, template, page=page, query=query, columns=COLUMNS)
+        return ctx.render(
+            request, template, page=page, query=query, columns=COLUMNS, partial=partial
+        )
 
     async def topic(request: Request) -> Response:
         name = request.path_params["name"]
