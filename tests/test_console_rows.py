@@ -3,11 +3,14 @@ paging, sorting, filtering helpers and the metrics endpoint parsing (no cluster)
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import pytest
 
 from rillet.client.admin import ClusterDescription, TopicDescription
 from rillet.client.console.format import human_bytes, human_rate
-from rillet.client.console.metrics import bytes_out_total, parse_targets
+from rillet.client.console.metrics import BytesOutMeter, bytes_out_total, parse_targets
 from rillet.client.console.rows import (
     FENCED,
     MISSING,
@@ -119,3 +122,42 @@ def test_metrics_targets_and_bytes_out() -> None:
     )
     assert bytes_out_total(text) == 42.0
     assert bytes_out_total("") is None
+
+
+class _Exposition(http.server.BaseHTTPRequestHandler):
+    """A /metrics whose all-topics bytes-out counter grows by 1,000 per scrape."""
+
+    scrapes = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the handler's name
+        type(self).scrapes += 1
+        body = (
+            "# TYPE kafka_server_brokertopicmetrics_bytesout counter\n"
+            f"kafka_server_brokertopicmetrics_bytesout_total {1000.0 * type(self).scrapes}\n"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_bytes_out_is_the_counters_growth_between_scrapes() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        meter = BytesOutMeter({1: f"http://127.0.0.1:{port}/metrics", 2: "http://127.0.0.1:1/"})
+        await meter.scrape()
+        assert meter.rates == {}  # one scrape: no rate yet
+        await meter.scrape()
+        assert set(meter.rates) == {1}  # broker 2's endpoint refuses: unknown, not zero
+        assert meter.rates[1] > 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

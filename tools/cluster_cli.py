@@ -199,10 +199,17 @@ def _start_console(args: argparse.Namespace, cluster: LocalCluster) -> str | Non
     if port is None:
         port = 0 if args.ephemeral_ports else DEFAULT_CONSOLE_PORT
     try:
-        return cluster.start_console(port)
+        return cluster.start_console(port, extra=_metrics_flag(cluster))
     except ClusterError as e:
         _say(args, f"warning: no web console: {e}")
         return None
+
+
+def _metrics_flag(cluster: LocalCluster) -> list[str]:
+    """``--metrics`` naming each broker's /metrics (bytes out per broker on the console's
+    overview), for the brokers that serve one."""
+    pairs = [f"{n.node_id}={n.metrics}" for n in cluster.brokers() if getattr(n, "metrics", None)]
+    return ["--metrics", ",".join(pairs)] if pairs else []
 
 
 def _interrupt(signum: int, frame: object) -> None:
