@@ -24,9 +24,11 @@ pytestmark = pytest.mark.cluster
 # after its session timeout and shrinks the ISRs it was in; a loaded CI box is slower.
 SEEN_S = 30
 MS = 1000
-TOPICS = [NewTopic("orders", 6, 3, configs={"min.insync.replicas": "2"})] + [
-    NewTopic(f"events-{i}", 1, 1) for i in range(7)
-]
+TOPICS = [
+    NewTopic("orders", 6, 3, configs={"min.insync.replicas": "2"}),
+    # Every replica needed: one broker down puts it under min ISR.
+    NewTopic("payments", 1, 3, configs={"min.insync.replicas": "3"}),
+] + [NewTopic(f"events-{i}", 1, 1) for i in range(7)]
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +46,13 @@ def console_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
             admin.create_topics(TOPICS)
             wait_until(
                 lambda: all(
-                    len(p.isr) == 3 for p in admin.describe_topics(["orders"])[0].partitions
+                    len(p.isr) == 3
+                    for t in admin.describe_topics(["orders", "payments"])
+                    for p in t.partitions
                 ),
                 timeout=60,
                 interval=0.2,
-                message="orders fully replicated",
+                message="orders and payments fully replicated",
             )
         with SyncProducer(bootstrap=cluster.bootstrap, acks="all") as producer:
             producer.send_many("orders", [f"order {i}".encode() for i in range(300)])
@@ -174,6 +178,8 @@ def test_a_killed_broker_and_the_urp_count_turn_red_and_back(
         expect(page.locator("#urp")).to_have_class(re.compile(r"\bbad\b"), timeout=SEEN_S * MS)
         assert int(page.locator("#urp b").inner_text()) > 0
         expect(page.locator("#urp")).to_have_css("color", "rgb(198, 40, 40)")
+        expect(page.locator("#under-min-isr")).to_have_class(re.compile(r"\bbad\b"))
+        expect(page.locator("#under-min-isr b")).to_have_text(re.compile(r"^[1-9]"))  # payments
         # The chart has drawn the new point too.
         chart = page.locator("#health-chart")
         expect(chart).to_have_attribute(
@@ -186,3 +192,4 @@ def test_a_killed_broker_and_the_urp_count_turn_red_and_back(
     expect(row).not_to_have_class(re.compile(r"\bbad\b"))
     expect(page.locator("#urp b")).to_have_text("0", timeout=60 * MS)
     expect(page.locator("#urp")).not_to_have_class(re.compile(r"\bbad\b"))
+    expect(page.locator("#under-min-isr b")).to_have_text("0")
