@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -48,3 +50,15 @@ def test_a_topic_page_explains_why_it_cannot_show_the_topic(console_without_clus
     assert "This topic cannot be shown" in body and "Traceback" not in body
     status, history = get(console_without_cluster + "/overview/history.json")
     assert status == 200 and json.loads(history)["t"] == []  # no sample without a snapshot
+
+
+def test_a_malformed_metrics_list_is_refused_before_serving() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rillet.client.cli", "console", "--port", "0"]
+        + ["--metrics", "127.0.0.1:9401"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "--metrics wants BROKER_ID=HOST:PORT" in proc.stderr
