@@ -5,7 +5,9 @@ filter, sort) and a topic's detail. Screenshots of each page go to the test arti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from browser import artifacts_dir, start_console
 from helpers import ServerProcess, wait_until
 
 from rillet.client.admin import Admin, NewTopic
-from rillet.client.sync import SyncAdmin, SyncProducer
+from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
 from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -28,6 +30,7 @@ TOPICS = [
     NewTopic("orders", 6, 3, configs={"min.insync.replicas": "2"}),
     # Every replica needed: one broker down puts it under min ISR.
     NewTopic("payments", 1, 3, configs={"min.insync.replicas": "3"}),
+    NewTopic("clicks", 3, 3),  # background traffic
 ] + [NewTopic(f"events-{i}", 1, 1) for i in range(7)]
 
 
@@ -70,7 +73,9 @@ async def commit_offsets(bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def console(console_cluster: LocalCluster) -> Iterator[str]:
-    server: ServerProcess = start_console(console_cluster.bootstrap)
+    # Each broker's /metrics, as `cluster up` gives them: bytes out per broker.
+    metrics = ",".join(f"{n.node_id}={n.metrics}" for n in console_cluster.brokers())
+    server: ServerProcess = start_console(console_cluster.bootstrap, "--metrics", metrics)
     try:
         yield f"http://127.0.0.1:{server.port}"
     finally:
@@ -100,7 +105,73 @@ def test_overview_lists_the_three_brokers(console: str, page: Any) -> None:
     active = page.locator("#active-controller").inner_text()
     assert active in {"101", "102", "103"}
     expect(page.locator(f'tr[data-voter="{active}"] td').nth(1)).to_have_text("active")
-    screenshot(page, "overview")
+    # Rates are known once two log passes (and two scrapes of /metrics) are in.
+    for broker in ("1", "2", "3"):
+        cells = page.locator(f'tr[data-broker="{broker}"] td')
+        expect(cells.nth(7)).to_have_text(re.compile(r"B/s$"), timeout=SEEN_S * MS)  # in
+        expect(cells.nth(9)).to_have_text(re.compile(r"B/s$"), timeout=SEEN_S * MS)  # out
+
+
+@contextlib.contextmanager
+def traffic(bootstrap: str) -> Iterator[None]:
+    """Produce to and consume from ``clicks`` in the background until the block ends (a
+    batch every 50 ms: traffic, not a load test)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with SyncProducer(bootstrap=bootstrap, acks="all") as producer:
+                while not stop.wait(0.05):
+                    producer.send_many("clicks", [b"x" * 200] * 50)
+                    producer.flush()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def consume() -> None:
+        try:
+            with SyncConsumer("clicks", bootstrap=bootstrap, from_beginning=True) as consumer:
+                while not stop.is_set():
+                    consumer.poll(200)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (produce, consume)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+
+
+def test_bytes_in_and_out_show_the_traffic(
+    console: str, console_cluster: LocalCluster, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    with SyncAdmin(console_cluster.bootstrap) as admin:
+        leaders = {p.leader for p in admin.describe_topics(["clicks"])[0].partitions}
+    page.goto(console + "/")
+    nonzero = re.compile(r"^[1-9]|^0\.[0-9]*[1-9]")  # "0 B/s" is no traffic
+    with traffic(console_cluster.bootstrap):
+        # The leaders of clicks take its records in and serve them out.
+        for broker in sorted(leaders):
+            cells = page.locator(f'tr[data-broker="{broker}"] td')
+            expect(cells.nth(7)).to_have_text(nonzero, timeout=SEEN_S * MS)  # bytes in
+            expect(cells.nth(8)).to_have_text(nonzero, timeout=SEEN_S * MS)  # records in
+            expect(cells.nth(9)).to_have_text(nonzero, timeout=SEEN_S * MS)  # bytes out
+        screenshot(page, "overview")
+        page.goto(console + "/topics?sort=records_in&dir=desc")
+        expect(page.locator("table.topics tbody tr").first).to_have_attribute(
+            "data-topic", "clicks"
+        )
+        row = page.locator("tr[data-topic='clicks'] td")
+        expect(row.nth(7)).to_have_text(nonzero, timeout=SEEN_S * MS)
+        screenshot(page, "topics")
 
 
 def test_topics_list_pages_filters_and_sorts(console: str, page: Any) -> None:
@@ -135,8 +206,6 @@ def test_topics_list_pages_filters_and_sorts(console: str, page: Any) -> None:
     )
     page.locator("input[name=internal]").uncheck()
     expect(page.locator("tr[data-topic='__consumer_offsets']")).to_have_count(0)
-    page.goto(console + "/topics")
-    screenshot(page, "topics")
 
 
 def test_topic_detail_shows_partitions_and_offsets(console: str, page: Any) -> None:
