@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_until
-from test_cluster_cli import UP_TIMEOUT_S, Foreground, data_dir, rillet  # noqa: F401
+from test_cluster_cli import UP_TIMEOUT_S, Foreground, data_dir, rillet, status  # noqa: F401
 
 from rillet.tools.local_cluster import process_is
 
@@ -41,6 +41,12 @@ def test_cluster_up_serves_the_console_and_down_stops_it(data_dir: Path) -> None
     assert state is not None and state["url"] == url
     pid, start_time = state["pid"], state["start_time"]
     assert process_is(pid, start_time)
+    # It reads the broker's /metrics (bytes out), at the address the broker reported.
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    broker = next(n for n in status(data_dir)["nodes"] if n["node_id"] == 1)
+    assert argv[argv.index(b"--metrics") + 1].decode() == "1=" + broker["metrics"].removeprefix(
+        "http://"
+    ).removesuffix("/metrics")
 
     rillet("cluster", "down", "--data-dir", d)
     assert not process_is(pid, start_time)

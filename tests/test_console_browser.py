@@ -255,6 +255,12 @@ def test_a_killed_broker_and_the_urp_count_turn_red_and_back(
             "data-last-under-replicated", re.compile(r"^[1-9]"), timeout=SEEN_S * MS
         )
         screenshot(page, "overview-broker-down")
+        # The topic's page marks the partitions that lost the broker's replica.
+        page.goto(console + "/topics/orders")
+        short = page.locator("table.partitions tbody tr.bad")
+        expect(short).to_have_count(6)  # every partition had a replica on broker 3
+        expect(short.first.locator(".tag")).to_have_text("under-replicated")
+        page.goto(console + "/")
     finally:
         console_cluster.start_node(3)
     expect(row).to_have_attribute("data-state", "up", timeout=SEEN_S * MS)
