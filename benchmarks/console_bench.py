@@ -5,7 +5,7 @@ of ``--partitions`` partitions each (RF=1: the console's cost is per partition, 
 replica, and RF=1 keeps the set-up short), and ``--groups`` groups by committing an
 offset for each from outside (Admin.alter_group_offsets: a group with no members, as
 `rillet group reset-offsets` makes one). Then it starts ``rillet console`` the way
-`rillet cluster up` does and prints one JSON object:
+`rillet cluster up` does (with the brokers' /metrics) and prints one JSON object:
 
 - ``requests``: p50/p99/max latency in ms of each page (``--requests`` sequential GETs
   each, after the console's first complete snapshot): the overview, the topics list, a
@@ -117,7 +117,10 @@ def wait_for_full_snapshot(base: str, topics: int, timeout_s: float) -> dict[str
 
 def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     setup = asyncio.run(populate(cluster.bootstrap, args.topics, args.partitions, args.groups))
-    base = cluster.start_console(0, extra=["--refresh", str(args.refresh)], timeout_s=120)
+    # As `cluster up` starts it: with each broker's /metrics for bytes out.
+    metrics = ",".join(f"{n.node_id}={n.metrics}" for n in cluster.brokers() if n.metrics)
+    extra = ["--refresh", str(args.refresh)] + (["--metrics", metrics] if metrics else [])
+    base = cluster.start_console(0, extra=extra, timeout_s=120)
     pid = cluster.console.pid if cluster.console is not None else None
     cpu0 = cpu_seconds(pid)
     first = time.monotonic()
