@@ -40,18 +40,22 @@ def parse_targets(spec: str) -> dict[int, str]:
 
 def bytes_out_total(text: str) -> float | None:
     """The all-topics bytes-out counter of one exposition (no ``topic`` label)."""
+    # A broker with 1,000 topics exposes tens of thousands of lines: only the ones of
+    # this counter are worth parsing.
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(BYTES_OUT))
     # Matched by sample name: how the parser groups a counter's samples into families
     # depends on the TYPE line, which exporters spell either way.
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(wanted + "\n"):
         for sample in family.samples:
             if sample.name == BYTES_OUT + "_total" and "topic" not in sample.labels:
                 return float(sample.value)
     return None
 
 
-def _fetch(url: str) -> str:
+def _scrape(url: str) -> float | None:
+    """Fetch and parse in a worker thread: neither may hold the console's event loop."""
     with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:  # noqa: S310 - http only, given by the operator
-        return response.read(SCRAPE_LIMIT).decode("utf-8", "replace")
+        return bytes_out_total(response.read(SCRAPE_LIMIT).decode("utf-8", "replace"))
 
 
 class BytesOutMeter:
@@ -67,13 +71,13 @@ class BytesOutMeter:
         if not self.targets:
             return
         nodes = list(self.targets)
-        texts = await asyncio.gather(
-            *(asyncio.to_thread(_fetch, self.targets[n]) for n in nodes), return_exceptions=True
+        totals = await asyncio.gather(
+            *(asyncio.to_thread(_scrape, self.targets[n]) for n in nodes), return_exceptions=True
         )
         now = time.monotonic()
         rates: dict[int, float] = {}
-        for node, text in zip(nodes, texts, strict=True):
-            total = None if isinstance(text, BaseException) else bytes_out_total(text)
+        for node, answer in zip(nodes, totals, strict=True):
+            total = None if isinstance(answer, BaseException) else answer
             if total is None:
                 self._last.pop(node, None)
                 continue
