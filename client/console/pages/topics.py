@@ -4,18 +4,19 @@ topic's detail (its partitions, log offsets, configs, and the groups reading it)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from rillet.client.admin import EARLIEST, LATEST, AdminError, TopicDescription
+from rillet.client.admin import EARLIEST, LATEST, AdminError
 from rillet.client.console import format
 from rillet.client.console.context import ConsoleContext
 from rillet.client.console.live import Fragments
 from rillet.client.console.rows import TopicRow, int_param, paginate, sort_rows
+from rillet.client.metadata import PartitionInfo
 from rillet.client.wire.errors import RilletError
 
 PAGE_SIZE = 50
@@ -98,7 +99,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         offsets: dict[tuple[int, int], int] = {}
         try:
             offsets = await asyncio.wait_for(
-                partition_offsets(ctx, desc, [p.partition for p in page.rows]), OFFSETS_TIMEOUT_S
+                partition_offsets(ctx, desc.name, page.rows), OFFSETS_TIMEOUT_S
             )
         except (AdminError, RilletError, OSError, TimeoutError) as e:
             error = f"log offsets unavailable: {e or type(e).__name__}"
@@ -128,16 +129,16 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
 
 
 async def partition_offsets(
-    ctx: ConsoleContext, desc: TopicDescription, partitions: list[int]
+    ctx: ConsoleContext, topic: str, partitions: Sequence[PartitionInfo]
 ) -> dict[tuple[int, int], int]:
     """(partition, EARLIEST|LATEST) -> offset for the partitions shown, in one ListOffsets
     per leader for each end. A partition without a leader is left out."""
-    led = [p for p in partitions if desc.partitions[p].leader >= 0]
+    led = [p.partition for p in partitions if p.leader >= 0]
     if not led:
         return {}
     earliest, latest = await asyncio.gather(
-        ctx.admin.list_offsets({(desc.name, p): EARLIEST for p in led}),
-        ctx.admin.list_offsets({(desc.name, p): LATEST for p in led}),
+        ctx.admin.list_offsets({(topic, p): EARLIEST for p in led}),
+        ctx.admin.list_offsets({(topic, p): LATEST for p in led}),
     )
     out = {(p, EARLIEST): o for (_, p), o in earliest.items()}
     out.update({(p, LATEST): o for (_, p), o in latest.items()})
