@@ -12,9 +12,17 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_until
-from test_cluster_cli import UP_TIMEOUT_S, Foreground, data_dir, rillet, status  # noqa: F401
+from test_cluster_cli import (  # noqa: F401
+    UP_TIMEOUT_S,
+    Foreground,
+    data_dir,
+    rillet,
+    status,
+    up_args,
+)
 
-from rillet.tools.local_cluster import process_is
+from rillet.tools import cluster_cli
+from rillet.tools.local_cluster import LocalCluster, process_is
 
 pytestmark = pytest.mark.cluster
 
@@ -52,8 +60,11 @@ def test_cluster_up_serves_the_console_and_down_stops_it(data_dir: Path) -> None
     assert not process_is(pid, start_time)
     assert console_state(data_dir) is None
 
-    again = json.loads(rillet(*up, "--no-console").stdout)
-    assert again["console"] is None and console_state(data_dir) is None
+
+def test_no_console_starts_none(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "cluster", controllers=1, brokers=1)  # never started
+    assert cluster_cli._start_console(up_args("--no-console"), cluster) is None
+    assert cluster.console is None and not (tmp_path / "cluster").exists()
 
 
 def test_the_console_stops_when_the_foreground_command_is_killed(data_dir: Path) -> None:  # noqa: F811
