@@ -33,8 +33,7 @@ from rillet.client.console.rows import (
     log_stats,
     topic_rows,
 )
-from rillet.client.health import ClusterHealth, assess
-from rillet.client.health import _min_isr as min_isr_of  # batched DescribeConfigs
+from rillet.client.health import ClusterHealth, assess, describe_min_isr
 from rillet.client.metadata import BrokerInfo
 from rillet.client.wire.errors import RilletError
 
@@ -96,7 +95,8 @@ class HealthSample:
 
 async def describe_quorum(admin: Admin) -> QuorumDescription | None:
     try:
-        return await asyncio.wait_for(admin.describe_quorum(), QUORUM_TIMEOUT_S)
+        # No retry: without an active controller the answer is "none" this refresh.
+        return await asyncio.wait_for(admin.describe_quorum(retry=False), QUORUM_TIMEOUT_S)
     except (TimeoutError, RilletError, OSError):
         return None
 
@@ -278,7 +278,7 @@ class SnapshotCache:
         try:
             logs, min_isr, _ = await asyncio.gather(
                 self.admin.describe_logs(snap.topics),
-                min_isr_of(self.admin, [t.name for t in snap.topics]),
+                describe_min_isr(self.admin, [t.name for t in snap.topics]),
                 self._bytes_out.scrape(),
             )
         except Exception as e:  # noqa: BLE001 - sizes stay as last seen
