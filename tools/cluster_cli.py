@@ -208,7 +208,7 @@ def _start_console(args: argparse.Namespace, cluster: LocalCluster) -> str | Non
 def _metrics_flag(cluster: LocalCluster) -> list[str]:
     """``--metrics`` naming each broker's /metrics (bytes out per broker on the console's
     overview), for the brokers that serve one."""
-    pairs = [f"{n.node_id}={n.metrics}" for n in cluster.brokers() if getattr(n, "metrics", None)]
+    pairs = [f"{n.node_id}={n.metrics}" for n in cluster.brokers() if n.metrics]
     return ["--metrics", ",".join(pairs)] if pairs else []
 
 
