@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -421,11 +422,11 @@ async def incremental_alter_configs(
 def _alter_configs(
     ctl: QuorumController, f: m.IncrementalAlterConfigsRequest, image: MetadataImage
 ) -> tuple[list[MetadataRecord], list[m.AlterConfigsResourceResponse]]:
-    keys = [(r.resource_type, r.resource_name) for r in f.resources]
+    named = Counter((r.resource_type, r.resource_name) for r in f.resources)  # linear
     records: list[MetadataRecord] = []
     out = []
     for r in f.resources:
-        if keys.count((r.resource_type, r.resource_name)) > 1:
+        if named[r.resource_type, r.resource_name] > 1:
             recs, code, message = [], INVALID_REQUEST, "the resource is named twice"
         else:
             recs, code, message = _alter_resource(ctl, r, image)

@@ -46,3 +46,36 @@ def test_refused(ops: list, invalid_request: bool) -> None:
     with pytest.raises(ConfigOpError) as e:
         incremental_changes({}, ops)
     assert e.value.invalid_request is invalid_request
+
+
+class _CountedName(str):
+    """A resource name that counts how often it is compared, so the test can bound the
+    planning work without timing it."""
+
+    comparisons = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedName.comparisons += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_alter_configs_planning_is_linear_in_the_resources() -> None:
+    from rillet.client.wire import messages as m
+    from rillet.client.wire.errors import code_of
+    from rillet.controller.handlers import _alter_configs
+    from rillet.controller.metadata.image import EMPTY_IMAGE, RESOURCE_BROKER, RESOURCE_TOPIC
+    from rillet.controller.metadata.quorum import QuorumController
+
+    n = 4_000
+    resources = [
+        m.AlterConfigsResource(RESOURCE_BROKER, _CountedName(f"b{i}"), []) for i in range(n)
+    ]
+    twice = m.AlterConfigsResource(RESOURCE_TOPIC, _CountedName("t"), [])
+    request = m.IncrementalAlterConfigsRequest([*resources, twice, twice], validate_only=True)
+    _CountedName.comparisons = 0
+    records, out = _alter_configs(QuorumController(), request, EMPTY_IMAGE)
+    assert records == [] and len(out) == n + 2
+    assert [r.error_code for r in out[-2:]] == [code_of("INVALID_REQUEST")] * 2
+    assert _CountedName.comparisons <= 4 * n  # a name is not compared with every other
