@@ -67,6 +67,14 @@ CONTROLLER_KEYS = ConfigTable([
         "memory each, docs/broker.md)."),
     Key("controlled.shutdown.timeout.ms", int, 5000,
         "On SIGTERM, how long a leading controller waits for a leadership transfer."),
+    # The brokers' topic defaults the controller validates against (docs/controller.md,
+    # "Topic defaults"): same names, defaults and meaning as the brokers' keys.
+    Key("log.cleanup.policy", str, "delete",
+        "Topic default the brokers apply: set it as on the brokers."),
+    Key("log.retention.ms", int, 7 * 24 * 3600 * 1000,
+        "Topic default the brokers apply: set it as on the brokers."),
+    Key("log.retention.bytes", int, -1,
+        "Topic default the brokers apply: set it as on the brokers."),
 ])  # fmt: skip
 
 

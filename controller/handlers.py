@@ -445,7 +445,8 @@ def _alter_resource(
         return [], UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
     ops = [(c.name, c.config_operation, c.value) for c in r.configs]
     try:
-        changes = incremental_changes(image.topic_config(r.resource_name), ops)
+        overrides = image.topic_config(r.resource_name)
+        changes = incremental_changes(overrides, ops, ctl.config.topic_defaults)
     except ConfigOpError as e:
         return [], INVALID_REQUEST if e.invalid_request else INVALID_CONFIG, str(e)
     recs, result = ctl.alter_topic_configs(image, r.resource_name, changes)

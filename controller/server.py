@@ -43,6 +43,7 @@ from rillet.client.wire.errors import (
 from rillet.controller.config import parse_listeners, parse_voters, require_node_id
 from rillet.controller.metadata.image import MetadataImage, MetadataRecord, encode_snapshot
 from rillet.controller.metadata.quorum import ControllerConfig, PendingImages, QuorumController
+from rillet.controller.metadata.topic_config import topic_defaults_of
 from rillet.controller.metrics import ControllerMetrics, elects_leaders
 from rillet.controller.raft.core import RaftConfig, RaftNode, Role
 from rillet.controller.raft.driver import AsyncRaftLoop, RaftDriver, monotonic_ms
@@ -75,6 +76,7 @@ def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
         leader_imbalance_check_interval_ms=config["leader.imbalance.check.interval.ms"],
         max_partitions=config["max.partitions"],
         max_broker_partitions=config["max.broker.partitions"],
+        topic_defaults=topic_defaults_of(config),
     )
 
 

@@ -887,3 +887,15 @@ async def test_a_partition_twice_in_one_alter_partition_request_sees_its_first_c
     assert all(r.error_code == 0 for r in results)
     assert tuple(results[-1].isr) == p.isr[:1]
     assert results[-1].partition_epoch == p.partition_epoch + 2
+
+
+def test_tiering_checks_start_from_the_controllers_log_defaults() -> None:
+    c = Cluster(brokers=1, topic_defaults={"cleanup.policy": "compact", "retention.ms": "1000"})
+    refused = c.create("t", rf=1, configs={"remote.storage.enable": "true"})
+    assert refused.error_code == E("INVALID_CONFIG") and "compact" in refused.error_message
+    local = {"remote.storage.enable": "true", "cleanup.policy": "delete"}
+    too_long = c.create("u", rf=1, configs={**local, "local.retention.ms": "5000"})
+    assert (
+        too_long.error_code == E("INVALID_CONFIG") and "retention.ms=1000" in too_long.error_message
+    )
+    assert c.create("v", rf=1, configs=local).error_code == 0

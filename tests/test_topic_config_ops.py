@@ -79,3 +79,47 @@ def test_alter_configs_planning_is_linear_in_the_resources() -> None:
     assert records == [] and len(out) == n + 2
     assert [r.error_code for r in out[-2:]] == [code_of("INVALID_REQUEST")] * 2
     assert _CountedName.comparisons <= 4 * n  # a name is not compared with every other
+
+
+def test_append_starts_from_the_default_the_brokers_apply() -> None:
+    compact = {"cleanup.policy": "compact"}  # the cluster's log.cleanup.policy
+    appended = incremental_changes({}, [("cleanup.policy", OP_APPEND, "delete")], compact)
+    assert appended == {"cleanup.policy": "compact,delete"}
+    subtracted = incremental_changes({}, [("cleanup.policy", OP_SUBTRACT, "delete")], compact)
+    assert subtracted == {"cleanup.policy": "compact"}
+    # A topic's own value still wins over the default.
+    own = {"cleanup.policy": "delete"}
+    assert incremental_changes(own, [("cleanup.policy", OP_APPEND, "compact")], compact) == {
+        "cleanup.policy": "delete,compact"
+    }
+
+
+def test_the_controller_alters_against_its_log_defaults() -> None:
+    """Through the controller's handler: APPEND on a topic without its own cleanup.policy
+    starts from the cluster's log.cleanup.policy, and tiering a topic that is compacted
+    by that default is refused."""
+    from test_quorum_controller import Cluster
+
+    from rillet.client.wire import messages as m
+    from rillet.controller.config import controller_config_table
+    from rillet.controller.handlers import _alter_configs
+    from rillet.controller.metadata.image import RESOURCE_TOPIC
+    from rillet.controller.server import controller_config_of
+
+    config = controller_config_table().load(overrides=["log.cleanup.policy=compact"])
+    settings = controller_config_of(config)
+    assert settings.topic_defaults["cleanup.policy"] == "compact"
+    c = Cluster(brokers=1, topic_defaults=settings.topic_defaults)
+    c.create("t", rf=1)
+
+    def alter(*ops: tuple[str, int, str | None]) -> int:
+        configs = [m.AlterableConfig(*op) for op in ops]
+        req = m.IncrementalAlterConfigsRequest(
+            [m.AlterConfigsResource(RESOURCE_TOPIC, "t", configs)]
+        )
+        (out,) = c.run(_alter_configs(c.ctl, req, c.image))
+        return out.error_code
+
+    assert alter(("remote.storage.enable", OP_SET, "true")) != 0  # compacted by default
+    assert alter(("cleanup.policy", OP_APPEND, "delete")) == 0
+    assert c.image.topic_config("t") == {"cleanup.policy": "delete,compact"}  # canonical

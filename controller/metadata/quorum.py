@@ -145,6 +145,9 @@ class ControllerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_per_broker_percentage: int = 10
     leader_imbalance_check_interval_ms: int = 300_000
+    # The topic defaults brokers apply (their log.* keys, mirrored in the controller's
+    # config): tiering checks and APPEND/SUBTRACT start from these, not built-in ones.
+    topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
 
 class Result(NamedTuple):
@@ -652,7 +655,7 @@ class QuorumController:
         if clash:
             return fail(INVALID_TOPIC, f"{t.name!r} collides with {clash!r} ('.' vs '_')")
         configs, config_error = validate_topic_config(t.configs or {})
-        config_error = config_error or tiering_error(None, configs)
+        config_error = config_error or tiering_error(None, configs, self.config.topic_defaults)
         if config_error:
             return fail(INVALID_CONFIG, config_error)
         placed = self._assign(image, t)
@@ -747,7 +750,7 @@ class QuorumController:
             return Result([], TopicResult(name, INVALID_CONFIG, error or f"unknown {unknown}"))
         before = image.topic_config(name)
         after = {k: v for k, v in before.items() if k not in changes} | canonical_sets
-        error = tiering_error(before, after)
+        error = tiering_error(before, after, self.config.topic_defaults)
         if error:
             return Result([], TopicResult(name, INVALID_CONFIG, error))
         records: list[MetadataRecord] = [

@@ -47,6 +47,16 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
 
 _POLICIES = {"delete", "compact"}
 
+# The broker keys whose value is a topic key's default on every broker (``log.*``, as in
+# Kafka). The controller reads the same keys from its own config so the defaults it
+# validates against and computes APPEND/SUBTRACT from are the ones brokers apply (rule:
+# docs/controller.md, "Topic defaults"); a combined node reads them from one file.
+BROKER_DEFAULT_KEYS: dict[str, str] = {
+    "log.cleanup.policy": "cleanup.policy",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+}
+
 
 def _parse_int(d: ConfigDef, raw: str) -> int:
     value = int(raw.strip())
@@ -106,18 +116,38 @@ def validate_topic_config(configs: Mapping[str, Any]) -> tuple[dict[str, str], s
     return out, None
 
 
-def effective_topic_config(overrides: Mapping[str, str]) -> dict[str, Any]:
-    """Typed values of every key: the topic's overrides on top of the defaults."""
+def topic_defaults_of(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The topic defaults a node's ``log.*`` settings give (canonical strings; unset
+    keys are left out: their built-in default applies). Raises ValueError if invalid."""
+    out = {}
+    for broker_key, key in BROKER_DEFAULT_KEYS.items():
+        value = settings.get(broker_key)
+        if value is not None:
+            text = canonical(key, value) if isinstance(value, bool | int) else str(value)
+            out[key] = canonical(key, parse_value(key, text))
+    return out
+
+
+def effective_topic_config(
+    overrides: Mapping[str, str], defaults: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Typed values of every key: the topic's overrides on top of ``defaults`` (the
+    cluster's ``log.*`` ones), on top of the built-in defaults."""
     out = {k: d.default for k, d in TOPIC_CONFIGS.items()}
-    for key, raw in overrides.items():
+    for key, raw in {**(defaults or {}), **overrides}.items():
         if key in TOPIC_CONFIGS:
             out[key] = parse_value(key, raw)
     return out
 
 
-def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) -> str | None:
+def tiering_error(
+    before: Mapping[str, str] | None,
+    after: Mapping[str, str],
+    defaults: Mapping[str, str] | None = None,
+) -> str | None:
     """Why a topic's overrides ``after`` break KIP-405's rules for tiered topics, given
-    those it had ``before`` (None: the topic is being created); None when they hold.
+    those it had ``before`` (None: the topic is being created) and the cluster's topic
+    ``defaults`` that fill the keys it does not set; None when they hold.
 
     - A compacted topic cannot be tiered: a remote segment is immutable, so compaction
       could never reach it, and its keys' latest values would be spread over both tiers.
@@ -128,9 +158,11 @@ def tiering_error(before: Mapping[str, str] | None, after: Mapping[str, str]) ->
     - No unclean leader election: a leader from outside the ISR may lack records the
       remote log holds, or hold others at the same offsets; telling them apart needs
       remote segments indexed by leader epoch, which rillet's are not."""
-    cfg = effective_topic_config(after)
+    cfg = effective_topic_config(after, defaults)
     tiered = cfg["remote.storage.enable"]
-    was_tiered = before is not None and effective_topic_config(before)["remote.storage.enable"]
+    was_tiered = (
+        before is not None and effective_topic_config(before, defaults)["remote.storage.enable"]
+    )
     if was_tiered and not tiered:
         return (
             "remote.storage.enable cannot be turned off once on: the topic's remote "
@@ -181,12 +213,15 @@ class ConfigOpError(ValueError):
 
 
 def incremental_changes(
-    overrides: Mapping[str, str], ops: list[tuple[str, int, str | None]]
+    overrides: Mapping[str, str],
+    ops: list[tuple[str, int, str | None]],
+    defaults: Mapping[str, str] | None = None,
 ) -> dict[str, str | None]:
     """A topic's ``(name, operation, value)`` list as changes for the controller: a value
     sets a key, None deletes it (back to the default). APPEND and SUBTRACT work on the
-    key's current list (its override, else its default) and only on list keys; a key
-    named twice is refused, as Kafka does. Raises ConfigOpError."""
+    key's current list (its override, else the cluster's default from ``defaults``, else
+    the built-in one: the value brokers apply) and only on list keys; a key named twice
+    is refused, as Kafka does. Raises ConfigOpError."""
     changes: dict[str, str | None] = {}
     for name, op, value in ops:
         if name in changes:
@@ -206,7 +241,8 @@ def incremental_changes(
             raise ConfigOpError(f"unknown topic config {name!r}", invalid_request=False)
         if d.kind not in _LIST_KINDS:
             raise ConfigOpError(f"{name} is not a list: APPEND and SUBTRACT do not apply", True)
-        current = overrides.get(name, canonical(name, d.default)).split(",")
+        current = overrides.get(name) or (defaults or {}).get(name) or canonical(name, d.default)
+        current = current.split(",")
         given = [v.strip() for v in value.split(",") if v.strip()]
         if op == OP_APPEND:
             listed = current + [v for v in given if v not in current]
