@@ -7,10 +7,14 @@ garbage answered with 400 and closed, and still serving after it)."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Iterator
 
 import pytest
 import test_fetch_session_leader
+from helpers import wait_until_async
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
 from test_fetch_session_leader import Follower, Leader, settle_alter_partitions
 from test_replica_manager import batch
 
@@ -243,3 +247,88 @@ async def test_an_operation_is_timed_once_it_commits_and_an_election_counts() ->
     elections, commits = server.metrics.elections, server.metrics.commits
     assert (elections.count, elections.sum) == (1, 2000.0)  # planning to commit
     assert (commits.count, commits.sum) == (2, 3000.0)  # proposal to commit, twice
+
+
+# ---- the HTTP server's bounds --------------------------------------------------------------
+
+
+class _WideCollector:
+    """Few series with very long label values: a large exposition, quick to render."""
+
+    def __init__(self, series: int, label_bytes: int) -> None:
+        self.series, self.label_bytes = series, label_bytes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("big", "Series with long labels", labels=["topic"])
+        for i in range(self.series):
+            family.add_metric([f"{i:06d}" + "x" * self.label_bytes], i)
+        yield family
+
+
+def big_registry(series: int = 120, label_bytes: int = 100_000) -> CollectorRegistry:
+    """A registry whose exposition (~12 MB) is far more than the kernel buffers for an
+    unread socket (a few MB), so its answer cannot finish unless the client reads."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_WideCollector(series, label_bytes))
+    return registry
+
+
+def stalled_scraper(server: MetricsServer) -> socket.socket:
+    """A scraper that asks for /metrics and never reads the answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((server.host, server.port))
+    sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    return sock
+
+
+def drain_to_end(sock: socket.socket) -> None:
+    """Read what the server sent until it closed or reset the connection."""
+    sock.settimeout(30)  # a deadline: the server closes long before
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+
+
+async def test_a_scrape_that_is_never_read_is_closed_in_bounded_time() -> None:
+    server = MetricsServer([big_registry()], answer_timeout_s=0.5)
+    await server.start("127.0.0.1", -1)
+    try:
+        socks = [stalled_scraper(server) for _ in range(3)]
+        await wait_until_async(
+            lambda: server.answers_abandoned == 3, timeout=60, message="stalled scrapes dropped"
+        )
+        assert server.open_connections == 0
+        for sock in socks:  # each was reset (or closed) by the server
+            await asyncio.to_thread(drain_to_end, sock)
+        ok = await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200") and b"big{" in ok
+        # A node's shutdown does not wait for a scraper that stalls.
+        server.answer_timeout_s = 600
+        late = stalled_scraper(server)
+        await wait_until_async(lambda: server.open_connections == 1, timeout=30)
+    finally:
+        await asyncio.wait_for(server.stop(), 30)
+    assert server.open_connections == 0
+    late.close()
+
+
+async def test_connections_over_the_cap_are_refused_503_and_serving_goes_on() -> None:
+    server = MetricsServer([big_registry(1, 10)], head_timeout_s=60, max_connections=2)
+    await server.start("127.0.0.1", -1)
+    try:
+        held = [await asyncio.open_connection(server.host, server.port) for _ in range(2)]
+        await wait_until_async(lambda: server.open_connections == 2, timeout=30)
+        refused = await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert refused == b"" or refused.startswith(b"HTTP/1.1 503")
+        for _, writer in held:
+            writer.close()
+        await wait_until_async(lambda: server.open_connections == 0, timeout=30)
+        ok = await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200")
+    finally:
+        await server.stop()

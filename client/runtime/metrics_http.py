@@ -5,6 +5,11 @@ One request per connection, answered and closed: a scraper opens a connection pe
 anyway, and a server that never keeps a connection has no idle connections to bound.
 The request head is bounded in size and time, so a garbage or stalled client costs one
 small buffer for a few seconds; it gets a 400 (or nothing, when it stalls) and is closed.
+The answer is bounded in time too: the body (MBs on a large node) stays buffered until
+the client reads it, so a scraper that never reads would pin it, and a node's shutdown
+would wait on it; past ``answer_timeout_s`` the connection is reset and the buffer freed.
+At most ``max_connections`` are served at once (a scraper needs one); one more is
+answered 503 and closed, so many connections cannot multiply the buffered bodies.
 
 A combined node (broker and controller in one process) serves every registry it is given
 from one endpoint: each role keeps its own registry (two nodes in one process, as in the
@@ -25,6 +30,8 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD_BYTES = 8192
 REQUEST_HEAD_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 30.0  # a scraper reads a large node's MBs well within this
+MAX_CONNECTIONS = 16
 EPHEMERAL = -1  # metrics.port: let the OS pick a port (tests, local clusters)
 METRICS_PATH = "/metrics"
 
@@ -36,9 +43,15 @@ class MetricsServer:
         self,
         registries: Sequence[CollectorRegistry],
         head_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.registries = list(registries)
         self.head_timeout_s = head_timeout_s
+        self.answer_timeout_s = answer_timeout_s
+        self.max_connections = max_connections
+        self._open: set[asyncio.StreamWriter] = set()
+        self.answers_abandoned = 0  # answers dropped unread past answer_timeout_s
         self._server: asyncio.Server | None = None
         self.host: str | None = None
         self.port: int | None = None
@@ -54,9 +67,15 @@ class MetricsServer:
         )
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._open):  # wait_closed would wait for them
+                writer.transport.abort()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
@@ -65,6 +84,12 @@ class MetricsServer:
         return b"".join(generate_latest(r) for r in self.registries)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= self.max_connections:
+            # Written into the socket's empty buffer at once; closing does not wait on it.
+            writer.write(_head(503, b"too many connections\n", "text/plain"))
+            writer.close()
+            return
+        self._open.add(writer)
         try:
             try:
                 async with asyncio.timeout(self.head_timeout_s):
@@ -75,14 +100,18 @@ class MetricsServer:
                 await _answer(writer, 400, b"bad request\n")
                 return
             status, body, content_type = self._route(head)
-            await _answer(
-                writer, status, body, content_type, send_body=not head.startswith(b"HEAD ")
-            )
+            send_body = not head.startswith(b"HEAD ")
+            async with asyncio.timeout(self.answer_timeout_s):
+                await _answer(writer, status, body, content_type, send_body)
+        except TimeoutError:
+            self.answers_abandoned += 1
+            writer.transport.abort()  # never read: drop the buffered body now
         except (ConnectionError, OSError):
             pass  # the client went away
         except Exception:
             log.exception("metrics endpoint: request failed")
         finally:
+            self._open.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -101,7 +130,22 @@ class MetricsServer:
         return 200, self.exposition(), CONTENT_TYPE_LATEST
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+
+
+def _head(status: int, body: bytes, content_type: str) -> bytes:
+    return (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode("latin-1")
 
 
 async def _answer(
@@ -112,13 +156,7 @@ async def _answer(
     send_body: bool = True,
 ) -> None:
     """The whole answer; a HEAD request's without the body (its length still told)."""
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + (body if send_body else b""))
+    writer.write(_head(status, body, content_type) + (body if send_body else b""))
     await writer.drain()
 
 
