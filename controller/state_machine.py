@@ -106,19 +106,62 @@ Chunk = tuple[list[MetadataRecord], bytes]  # records and their encoding: one en
 
 def split_records(records: list[MetadataRecord], limits: EntryLimits) -> Iterator[Chunk]:
     """``records`` cut into consecutive entries, each within ``limits``, in order; lazily,
-    so a caller that yields between entries also spreads the encoding. A record larger
-    than ``limits.max_record_bytes`` raises PolicyViolationError (callers split every
+    so a caller that yields between entries also spreads the encoding.
+
+    An entry is only ever cut between units: a run of one resource's Config records is one
+    unit (every other record is a unit of its own), so a leader lost between entries
+    leaves each resource altered wholly or not at all, as IncrementalAlterConfigs
+    promises. A unit of more than ``limits.max_records`` records, or one record larger
+    than ``limits.max_record_bytes``, raises PolicyViolationError (callers split every
     entry before proposing the first, so nothing of such an operation is proposed)."""
-    step = limits.max_records
-    for start in range(0, max(len(records), 1), step):
-        out: list[Chunk] = []
-        _encode_within(records[start : start + step], limits, out)
-        yield from out
+    batch: list[list[MetadataRecord]] = []
+    size = 0
+    for unit in _units(records):
+        if len(unit) > limits.max_records:
+            raise PolicyViolationError(
+                f"{len(unit):,} config records of one resource are over the "
+                f"{limits.max_records:,}-record limit of one metadata log entry"
+            )
+        if size + len(unit) > limits.max_records:
+            yield from _encode_units(batch, limits)
+            batch, size = [], 0
+        batch.append(unit)
+        size += len(unit)
+    yield from _encode_units(batch, limits)
 
 
-def _encode_within(records: list[MetadataRecord], limits: EntryLimits, out: list[Chunk]) -> None:
+def _units(records: list[MetadataRecord]) -> Iterator[list[MetadataRecord]]:
+    """The units no entry boundary may cut: runs of one resource's Config records."""
+    unit: list[MetadataRecord] = []
+    for r in records:
+        if unit and not (isinstance(r, Config) and _same_resource(unit[-1], r)):
+            yield unit
+            unit = []
+        unit.append(r)
+    if unit:
+        yield unit
+
+
+def _same_resource(a: MetadataRecord, b: Config) -> bool:
+    return (
+        isinstance(a, Config)
+        and a.resource_type == b.resource_type
+        and a.resource_name == b.resource_name
+    )
+
+
+def _encode_units(units: list[list[MetadataRecord]], limits: EntryLimits) -> list[Chunk]:
+    out: list[Chunk] = []
+    _encode_within(units, limits, out)
+    return out
+
+
+def _encode_within(
+    units: list[list[MetadataRecord]], limits: EntryLimits, out: list[Chunk]
+) -> None:
+    records = [r for unit in units for r in unit]
     data = encode_records(records)
-    if len(data) <= limits.max_bytes or len(records) <= 1:
+    if len(data) <= limits.max_bytes or len(units) <= 1:
         if len(data) > limits.max_record_bytes:
             kind = type(records[0]).__name__
             raise PolicyViolationError(
@@ -127,9 +170,9 @@ def _encode_within(records: list[MetadataRecord], limits: EntryLimits, out: list
             )
         out.append((records, data))
         return
-    half = len(records) // 2  # rare (records of several KiB each): halve until they fit
-    _encode_within(records[:half], limits, out)
-    _encode_within(records[half:], limits, out)
+    half = len(units) // 2  # rare (records of several KiB each): halve until they fit
+    _encode_within(units[:half], limits, out)
+    _encode_within(units[half:], limits, out)
 
 
 class ControllerStateMachine:

@@ -15,8 +15,11 @@ import random
 import pytest
 from test_controller_state_machine import Quorum, register
 
+from rillet.client.wire.errors import PolicyViolationError
 from rillet.controller.metadata.image import (
     EMPTY_IMAGE,
+    RESOURCE_TOPIC,
+    Config,
     Endpoint,
     MetadataDelta,
     MetadataImage,
@@ -298,3 +301,60 @@ def test_changing_one_partition_of_a_wide_topic_copies_one_page_not_the_topic() 
         change.partition: after[change.partition],
     }
     assert list(after) == sorted(after) and list(after.values()) == [after[i] for i in after]
+
+
+def test_one_resource_is_never_split_across_metadata_log_entries() -> None:
+    """An IncrementalAlterConfigs whose records pass an entry's record limit: each
+    topic's Config records land in one entry, so a leader lost between entries leaves
+    every topic altered wholly or not at all (never a state tiering_error forbids)."""
+    from test_quorum_controller import Cluster
+
+    from rillet.client.wire import messages as m
+    from rillet.controller.handlers import _alter_configs
+    from rillet.controller.metadata.image import RESOURCE_TOPIC
+    from rillet.controller.metadata.topic_config import OP_DELETE, OP_SET, tiering_error
+
+    c = Cluster(brokers=1)
+    fillers = [f"f{i}" for i in range(999)]
+    c.run(c.ctl.create_topics(c.image, [(f, 1, 1, {}, None) for f in fillers]))
+    c.create("target", rf=1, configs={"unclean.leader.election.enable": "true"})
+    delete = [m.AlterableConfig("retention.ms", OP_DELETE, None)]
+    tier = [
+        m.AlterableConfig("remote.storage.enable", OP_SET, "true"),
+        m.AlterableConfig("unclean.leader.election.enable", OP_SET, "false"),
+    ]
+    resources = [m.AlterConfigsResource(RESOURCE_TOPIC, f, delete) for f in fillers]
+    request = m.IncrementalAlterConfigsRequest(
+        [*resources, m.AlterConfigsResource(RESOURCE_TOPIC, "target", tier)]
+    )
+    records, results = _alter_configs(c.ctl, request, c.image)
+    assert all(r.error_code == 0 for r in results) and len(records) == 1001
+    chunks = list(split_records(records, EntryLimits()))
+    assert len(chunks) == 2 and [r for part, _ in chunks for r in part] == records
+    # Replay only the first entry (the leader died before the second committed).
+    first = replay_records(c.image, chunks[0][0], c.image.offset + 1, 1)
+    assert tiering_error(None, first.topic_config("target")) is None
+
+
+def config_run(name: str, keys: int) -> list[MetadataRecord]:
+    return [Config(RESOURCE_TOPIC, name, f"k{i}", "v") for i in range(keys)]
+
+
+def test_entries_cut_between_resources_and_refuse_one_too_large_for_an_entry() -> None:
+    rng = random.Random(3)
+    records: list[MetadataRecord] = []
+    for i in range(300):
+        records += config_run(f"t{i}", rng.randint(1, 7))
+        if rng.random() < 0.3:
+            records.append(RemoveTopic(f"id{i}"))
+    for limits in (EntryLimits(max_records=7), EntryLimits(max_records=10, max_bytes=300)):
+        chunks = list(split_records(records, limits))
+        assert [r for part, _ in chunks for r in part] == records
+        seen: dict[str, int] = {}
+        for n, (part, _) in enumerate(chunks):
+            assert len(part) <= limits.max_records
+            for r in part:
+                if isinstance(r, Config):
+                    assert seen.setdefault(r.resource_name, n) == n, r.resource_name
+    with pytest.raises(PolicyViolationError):
+        list(split_records(config_run("wide", 8), EntryLimits(max_records=7)))
