@@ -52,6 +52,9 @@ UNKNOWN_TOPIC = errors.code_of("UNKNOWN_TOPIC_OR_PARTITION")
 INVALID_REQUEST = errors.code_of("INVALID_REQUEST")
 IMAGE_WAIT_MS = 5_000
 QUORUM_FORWARD_S = 5.0  # a controller failover takes a second or two
+# Distinct resources one DescribeConfigs may name (the Admin asks in batches of this many):
+# the answer is built on the loop, up to every key of each, so it is bounded per request.
+MAX_DESCRIBE_RESOURCES = 1000
 _SENSITIVE_WORDS = ("password", "secret")
 
 
@@ -148,6 +151,24 @@ def shows_changes(image: MetadataImage, resource: m.AlterConfigsResource) -> boo
     return True
 
 
+def distinct_resources(
+    resources: Iterable[m.DescribeConfigsResource],
+) -> list[m.DescribeConfigsResource]:
+    """Each (type, name) once, in first-seen order, with its key lists merged and
+    deduplicated (None, every key, wins): the answer grows with what is distinct."""
+    keys: dict[tuple[int, str], dict[str, None] | None] = {}
+    for r in resources:
+        at = (r.resource_type, r.resource_name)
+        if r.configuration_keys is None:
+            keys[at] = None
+        elif (merged := keys.setdefault(at, {})) is not None:
+            merged.update(dict.fromkeys(r.configuration_keys))
+    return [
+        m.DescribeConfigsResource(kind, name, None if wanted is None else list(wanted))
+        for (kind, name), wanted in keys.items()
+    ]
+
+
 class ConfigHandlers:
     def __init__(
         self,
@@ -163,9 +184,22 @@ class ConfigHandlers:
         self.defaults = topic_defaults(config)
 
     async def describe_configs(self, request: Request) -> Response:
+        """One result per distinct resource (a resource named twice is described once,
+        with the union of its key lists); a request naming more than
+        ``MAX_DESCRIBE_RESOURCES`` has each refused with INVALID_REQUEST."""
         req: m.DescribeConfigsRequest = request.message
+        resources = distinct_resources(req.resources)
+        if len(resources) > MAX_DESCRIBE_RESOURCES:
+            message = f"at most {MAX_DESCRIBE_RESOURCES} resources per DescribeConfigs request"
+            results = [
+                m.DescribeConfigsResult(
+                    INVALID_REQUEST, message, r.resource_type, r.resource_name, []
+                )
+                for r in resources
+            ]
+            return Response(m.DescribeConfigsResponse(results=results))
         image = self.image()
-        results = [self._describe(image, r, req.include_documentation) for r in req.resources]
+        results = [self._describe(image, r, req.include_documentation) for r in resources]
         return Response(m.DescribeConfigsResponse(results=results))
 
     def _describe(

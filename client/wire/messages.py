@@ -1092,7 +1092,8 @@ class DescribeConfigsResponse(NamedTuple):
 class DescribeConfigsRequest(NamedTuple):
     """DescribeConfigs request (key 32). Any broker answers for topics from its metadata image
     (keys without an override show the broker's default, `is_default`), and for itself as a
-    BROKER resource.
+    BROKER resource. A resource named twice is answered once (its key lists merged); a
+    request naming more than 1,000 distinct resources has each refused INVALID_REQUEST.
     """
 
     resources: list[DescribeConfigsResource]

@@ -1218,7 +1218,9 @@ DESCRIBE_CONFIGS = declare(
         ),
     ],
     doc="Any broker answers for topics from its metadata image (keys without an override "
-    "show the broker's default, `is_default`), and for itself as a BROKER resource.",
+    "show the broker's default, `is_default`), and for itself as a BROKER resource. A "
+    "resource named twice is answered once (its key lists merged); a request naming more "
+    "than 1,000 distinct resources has each refused INVALID_REQUEST.",
 )
 
 INCREMENTAL_ALTER_CONFIGS = declare(

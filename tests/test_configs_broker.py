@@ -1,0 +1,67 @@
+"""A broker's DescribeConfigs and IncrementalAlterConfigs handlers over a real metadata
+image (broker/handlers/configs.py): bounds, config sources, which resources it waits for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from test_quorum_controller import Cluster
+
+from rillet.broker.config import BrokerConfig, broker_config_table
+from rillet.broker.handlers.configs import (
+    MAX_DESCRIBE_RESOURCES,
+    ConfigHandlers,
+)
+from rillet.client.runtime.rpc_server import Request
+from rillet.client.wire import messages as m
+from rillet.client.wire.errors import code_of
+from rillet.controller.metadata.image import RESOURCE_TOPIC, MetadataImage
+from rillet.controller.metadata.topic_config import TOPIC_CONFIGS
+
+
+def request(message: Any) -> Request:
+    return Request(None, 0, 1, "test", {}, memoryview(b""), "peer", message)  # type: ignore[arg-type]
+
+
+def handlers(
+    image: Callable[[], MetadataImage],
+    *settings: str,
+    forward: Any = None,
+    wait_image: Any = None,
+) -> ConfigHandlers:
+    config = BrokerConfig.from_config(
+        broker_config_table().load(overrides=["node.id=1", *settings])
+    )
+    return ConfigHandlers(config, image, forward, wait_image)
+
+
+def describe(h: ConfigHandlers, *resources: m.DescribeConfigsResource) -> list:
+    msg = m.DescribeConfigsRequest(list(resources))
+    return asyncio.run(h.describe_configs(request(msg))).message.results
+
+
+def test_a_small_describe_configs_request_cannot_make_the_broker_build_tens_of_mb() -> None:
+    c = Cluster(brokers=1)
+    c.create("t", rf=1, configs={"retention.ms": "1000"})
+    h = handlers(lambda: c.image)
+    # The same resource 20,000 times (~100 KB on the wire): answered once.
+    results = describe(h, *[m.DescribeConfigsResource(RESOURCE_TOPIC, "t", None)] * 20_000)
+    assert len(results) == 1 and len(results[0].configs) == len(TOPIC_CONFIGS)
+    # A key named many times comes back once; a resource named twice gets both key lists.
+    keys = ["retention.ms"] * 50_000
+    (one,) = describe(
+        h,
+        m.DescribeConfigsResource(RESOURCE_TOPIC, "t", keys),
+        m.DescribeConfigsResource(RESOURCE_TOPIC, "t", ["segment.ms"]),
+    )
+    assert [c.name for c in one.configs] == ["retention.ms", "segment.ms"]
+    # More distinct resources than one request may name: each refused, nothing built.
+    many = [
+        m.DescribeConfigsResource(RESOURCE_TOPIC, f"t{i}", None)
+        for i in range(MAX_DESCRIBE_RESOURCES + 1)
+    ]
+    refused = describe(h, *many)
+    assert len(refused) == len(many)
+    assert all(r.error_code == code_of("INVALID_REQUEST") and not r.configs for r in refused)
