@@ -108,7 +108,7 @@ class ClusterHealth:
     topics: int
     partitions: int
     offline: int
-    under_replicated: int
+    under_replicated: int  # these two count only partitions with a leader
     under_min_isr: int
     problem_partitions: tuple[PartitionProblem, ...]
     problem_partitions_total: int
@@ -171,9 +171,10 @@ def assess(
             partitions += 1
             for r in p.replicas:
                 hosted[r] = hosted.get(r, 0) + 1
+            # An offline partition counts only as offline: its ISR is moot without a leader.
             offline = p.leader < 0
-            under_min = len(p.isr) < floor
-            under = len(p.isr) < len(p.replicas)
+            under_min = not offline and len(p.isr) < floor
+            under = not offline and len(p.isr) < len(p.replicas)
             if not offline:
                 leaders[p.leader] = leaders.get(p.leader, 0) + 1
                 if under:

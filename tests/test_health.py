@@ -61,13 +61,13 @@ def test_under_min_isr_and_offline_are_unhealthy_worst_first() -> None:
         {"a": 2},  # b: no min ISR known, 1 assumed
     )
     assert not h.healthy and h.status == "unhealthy"
-    assert (h.offline, h.under_min_isr, h.under_replicated) == (1, 2, 3)
+    assert (h.offline, h.under_min_isr, h.under_replicated) == (1, 1, 2)  # offline once
     assert [(p.topic, p.partition, p.problem) for p in h.problem_partitions] == [
         ("a", 1, OFFLINE),
         ("a", 0, UNDER_MIN_ISR),
         ("b", 0, UNDER_REPLICATED),
     ]
-    assert h.problems == ("1 offline partition(s)", "2 partition(s) under min ISR")
+    assert h.problems == ("1 offline partition(s)", "1 partition(s) under min ISR")
 
 
 def test_no_active_controller_is_unhealthy() -> None:
@@ -110,3 +110,13 @@ def test_the_view_shows_the_verdict_and_the_problem_partitions() -> None:
     console.print(health_view(healthy, now_ms=3000))
     text = console.export_text()
     assert "HEALTHY" in text and "leader" in text and "2.0 s ago" in text
+
+
+def test_an_offline_partition_is_counted_once() -> None:
+    """A leaderless partition is offline; counting it under min ISR and under-replicated
+    too would report one problem as three."""
+    offline = TopicDescription("t", (PartitionInfo("t", 0, -1, 0, (1, 2, 3), (1,)),))
+    h = assess(cluster(), QUORUM, [offline], {"t": 2})
+    assert (h.offline, h.under_min_isr, h.under_replicated) == (1, 0, 0)
+    assert h.problems == ("1 offline partition(s)",)
+    assert [p.problem for p in h.problem_partitions] == [OFFLINE]
