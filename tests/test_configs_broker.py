@@ -17,8 +17,8 @@ from rillet.broker.handlers.configs import (
 from rillet.client.runtime.rpc_server import Request
 from rillet.client.wire import messages as m
 from rillet.client.wire.errors import code_of
-from rillet.controller.metadata.image import RESOURCE_TOPIC, MetadataImage
-from rillet.controller.metadata.topic_config import TOPIC_CONFIGS
+from rillet.controller.metadata.image import RESOURCE_BROKER, RESOURCE_TOPIC, MetadataImage
+from rillet.controller.metadata.topic_config import OP_SET, TOPIC_CONFIGS
 
 
 def request(message: Any) -> Request:
@@ -65,3 +65,37 @@ def test_a_small_describe_configs_request_cannot_make_the_broker_build_tens_of_m
     refused = describe(h, *many)
     assert len(refused) == len(many)
     assert all(r.error_code == code_of("INVALID_REQUEST") and not r.configs for r in refused)
+
+
+def test_a_refused_resource_named_like_an_altered_topic_is_not_waited_for() -> None:
+    """The controller accepts topic "1" and refuses broker "1": the broker waits until
+    its image shows the topic's change, and not for the refused broker resource."""
+    c = Cluster(brokers=1)
+    c.create("1", rf=1)
+    c.run(c.ctl.alter_topic_configs(c.image, "1", {"retention.ms": "1000"}))  # applied
+    topic = m.AlterConfigsResource(
+        RESOURCE_TOPIC, "1", [m.AlterableConfig("retention.ms", OP_SET, "1000")]
+    )
+    broker = m.AlterConfigsResource(
+        RESOURCE_BROKER, "1", [m.AlterableConfig("segment.ms", OP_SET, "5")]
+    )
+    answer = m.IncrementalAlterConfigsResponse(
+        [
+            m.AlterConfigsResourceResponse(0, None, RESOURCE_TOPIC, "1"),
+            m.AlterConfigsResourceResponse(
+                code_of("INVALID_REQUEST"), "static", RESOURCE_BROKER, "1"
+            ),
+        ]
+    )
+    waited: list[bool] = []
+
+    async def forward(req: Any) -> Any:
+        return answer
+
+    async def wait_image(shows: Callable[[MetadataImage], bool], timeout_ms: int) -> None:
+        waited.append(shows(c.image))  # the image already holds the accepted change
+
+    h = handlers(lambda: c.image, forward=forward, wait_image=wait_image)
+    msg = m.IncrementalAlterConfigsRequest([topic, broker])
+    assert asyncio.run(h.incremental_alter_configs(request(msg))).message == answer
+    assert waited == [True]

@@ -226,8 +226,14 @@ class ConfigHandlers:
         req: m.IncrementalAlterConfigsRequest = request.message
         response: m.IncrementalAlterConfigsResponse = await self.forward(req)
         if not req.validate_only:
-            ok = {r.resource_name for r in response.responses if r.error_code == errors.NONE}
-            done = [r for r in req.resources if r.resource_name in ok]
+            # Only accepted topics change this broker's image; a refused resource of another
+            # type may share a topic's name, so both type and name pick what to wait for.
+            ok = {
+                (r.resource_type, r.resource_name)
+                for r in response.responses
+                if r.error_code == errors.NONE and r.resource_type == RESOURCE_TOPIC
+            }
+            done = [r for r in req.resources if (r.resource_type, r.resource_name) in ok]
             await self.wait_image(lambda im: all(shows_changes(im, r) for r in done), IMAGE_WAIT_MS)
         return Response(response)
 
