@@ -11,7 +11,10 @@ from test_quorum_controller import Cluster
 
 from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.broker.handlers.configs import (
+    DEFAULT_CONFIG,
     MAX_DESCRIBE_RESOURCES,
+    STATIC_BROKER_CONFIG,
+    TOPIC_CONFIG,
     ConfigHandlers,
 )
 from rillet.client.runtime.rpc_server import Request
@@ -99,3 +102,16 @@ def test_a_refused_resource_named_like_an_altered_topic_is_not_waited_for() -> N
     msg = m.IncrementalAlterConfigsRequest([topic, broker])
     assert asyncio.run(h.incremental_alter_configs(request(msg))).message == answer
     assert waited == [True]
+
+
+def test_a_broker_log_setting_is_reported_as_static_broker_config() -> None:
+    c = Cluster(brokers=1)
+    c.create("t", rf=1, configs={"retention.ms": "1000"})
+    h = handlers(lambda: c.image, "log.cleanup.policy=compact", "min.insync.replicas=2")
+    (result,) = describe(h, m.DescribeConfigsResource(RESOURCE_TOPIC, "t", None))
+    rows = {r.name: (r.value, r.config_source, r.is_default) for r in result.configs}
+    assert rows["cleanup.policy"] == ("compact", STATIC_BROKER_CONFIG, False)
+    assert rows["min.insync.replicas"] == ("2", STATIC_BROKER_CONFIG, False)
+    assert rows["retention.ms"] == ("1000", TOPIC_CONFIG, False)
+    assert rows["segment.ms"][1:] == (DEFAULT_CONFIG, True)  # no broker setting: built in
+    assert rows["max.message.bytes"][1:] == (DEFAULT_CONFIG, True)

@@ -2,9 +2,10 @@
 
 DescribeConfigs is answered from this broker's metadata image: a topic's own configs
 (its Config records) as TOPIC_CONFIG, every other key with the value this broker applies
-to the topic (its ``log.*`` and ``min.insync.replicas`` defaults, else the topic key's
-built-in one) as DEFAULT_CONFIG with ``is_default``: what a replica of the topic
-really runs with. A BROKER resource names this broker's id and lists its own static
+to the topic: what a replica of the topic really runs with. That is its ``log.*``,
+``min.insync.replicas`` or ``message.max.bytes`` setting as STATIC_BROKER_CONFIG where
+its file sets one, else the key's built-in default as DEFAULT_CONFIG with
+``is_default``. A BROKER resource names this broker's id and lists its own static
 configuration, read-only.
 
 IncrementalAlterConfigs is forwarded to the active controller, the only writer of the
@@ -21,10 +22,10 @@ one as long as other forwarded requests do.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from rillet.broker.config import BrokerConfig, broker_config_table
+from rillet.broker.config import LOG_DEFAULT_KEYS, BrokerConfig, broker_config_table
 from rillet.client.runtime.rpc_server import Request, Response
 from rillet.client.wire import errors
 from rillet.client.wire import messages as m
@@ -69,26 +70,51 @@ def topic_defaults(config: BrokerConfig) -> dict[str, str]:
     return out
 
 
+# The broker key that gives each topic key its default on this broker, where one does.
+_BROKER_KEY_OF = {topic_key: key for key, topic_key in LOG_DEFAULT_KEYS.items()} | {
+    "min.insync.replicas": "min.insync.replicas",
+    "max.message.bytes": "message.max.bytes",
+}
+
+
+def static_defaults(config: BrokerConfig) -> frozenset[str]:
+    """The topic keys whose default comes from a broker setting its file changes (a value
+    other than the key's declared default): Kafka's STATIC_BROKER_CONFIG source."""
+    table = broker_config_table().keys
+    return frozenset(
+        topic_key
+        for topic_key, key in _BROKER_KEY_OF.items()
+        if topic_key in TOPIC_CONFIGS and key in table and config[key] != table[key].default
+    )
+
+
 def describe_topic(
     overrides: Mapping[str, str],
     defaults: Mapping[str, str],
     keys: Iterable[str] | None,
     documentation: bool,
+    static: Collection[str] = frozenset(),
 ) -> list[m.DescribeConfigsResourceResult]:
     """One topic's configs (every key when ``keys`` is None; unknown keys are left out,
-    as Kafka does)."""
+    as Kafka does). A key the topic does not set shows this broker's default: sourced
+    STATIC_BROKER_CONFIG when in ``static`` (set in the broker's file), else
+    DEFAULT_CONFIG with ``is_default``."""
     wanted = TOPIC_CONFIGS if keys is None else [k for k in keys if k in TOPIC_CONFIGS]
     rows = []
     for key in wanted:
         d = TOPIC_CONFIGS[key]
         own = overrides.get(key)
+        if own is not None:
+            source = TOPIC_CONFIG
+        else:
+            source = STATIC_BROKER_CONFIG if key in static else DEFAULT_CONFIG
         rows.append(
             m.DescribeConfigsResourceResult(
                 name=key,
                 value=defaults[key] if own is None else own,
                 read_only=False,
-                is_default=own is None,
-                config_source=DEFAULT_CONFIG if own is None else TOPIC_CONFIG,
+                is_default=source == DEFAULT_CONFIG,
+                config_source=source,
                 is_sensitive=False,
                 config_type=CONFIG_TYPES[d.kind],
                 documentation=d.doc if documentation else None,
@@ -182,6 +208,7 @@ class ConfigHandlers:
         self.forward = forward
         self.wait_image = wait_image
         self.defaults = topic_defaults(config)
+        self.static_defaults = static_defaults(config)
 
     async def describe_configs(self, request: Request) -> Response:
         """One result per distinct resource (a resource named twice is described once,
@@ -213,7 +240,9 @@ class ConfigHandlers:
             if image.topic(r.resource_name) is None:
                 return fail(UNKNOWN_TOPIC, f"topic {r.resource_name!r} does not exist")
             overrides = image.topic_config(r.resource_name)
-            rows = describe_topic(overrides, self.defaults, keys, documentation)
+            rows = describe_topic(
+                overrides, self.defaults, keys, documentation, self.static_defaults
+            )
         elif r.resource_type == RESOURCE_BROKER:
             if r.resource_name not in ("", str(self.config.node_id)):
                 return fail(INVALID_REQUEST, f"broker {self.config.node_id} describes only itself")
