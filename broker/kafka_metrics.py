@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rillet.broker.group.manager import GroupManager
     from rillet.broker.metrics import BrokerMetrics
     from rillet.broker.replica_manager import ReplicaManager
+    from rillet.controller.metadata.image import MetadataDelta, MetadataImage
 
 TOPIC_METRICS = "kafka_server_brokertopicmetrics"
 REPLICA_MANAGER = "kafka_server_replicamanager"
@@ -96,9 +97,24 @@ class KafkaBrokerStats:
 
     def forget_topic(self, topic: str) -> None:
         """A deleted topic's series go, as Kafka removes its topic metrics."""
-        for counter in (self.bytes_in, self.messages_in, self.bytes_out):
+        for counter in self._topic_counters():
             counter.by_topic.pop(topic, None)
-        self.replication_bytes_out.by_topic.pop(topic, None)
+
+    def on_metadata(self, delta: MetadataDelta, image: MetadataImage) -> None:
+        """Forget the topics a metadata update removed. A delta over the empty image (a
+        snapshot load, or the first catch-up) names no deletions, only what exists: then
+        every series of a topic the image lacks goes (deleted while this broker was
+        behind), in one pass over the series, only on such loads."""
+        if delta.image.offset < 0:
+            for counter in self._topic_counters():
+                for topic in [t for t in counter.by_topic if t not in image.topics_by_name]:
+                    del counter.by_topic[topic]
+            return
+        for name in delta.deleted_topics.values():
+            self.forget_topic(name)
+
+    def _topic_counters(self) -> tuple[TopicCounter, ...]:
+        return (self.bytes_in, self.messages_in, self.bytes_out, self.replication_bytes_out)
 
 
 class BrokerCollector:

@@ -222,8 +222,7 @@ class BrokerServer:
         assert self.replicas is not None
         await self.replicas.on_metadata(delta, image)
         if self.metrics is not None:
-            for name in delta.deleted_topics.values():
-                self.metrics.kafka.forget_topic(name)
+            self.metrics.kafka.on_metadata(delta, image)
         if self.groups is not None:  # after the roles: it reads which offsets partitions lead
             self.groups.on_metadata(delta, image)
         if not self._caught_up.is_set():

@@ -332,3 +332,34 @@ async def test_connections_over_the_cap_are_refused_503_and_serving_goes_on() ->
         assert ok.startswith(b"HTTP/1.1 200")
     finally:
         await server.stop()
+
+
+def test_topics_deleted_while_a_broker_was_behind_leave_no_series() -> None:
+    """A delta that deletes a topic drops its series; a broker that loads a snapshot sees
+    no deletions, only the topics that remain, and the others' series must go then too."""
+    from test_quorum_controller import Cluster
+
+    from rillet.broker.kafka_metrics import KafkaBrokerStats
+    from rillet.broker.link.controller_client import snapshot_delta
+    from rillet.controller.metadata.image import encode_snapshot
+
+    c = Cluster(brokers=1)
+    for name in ("kept", "gone", "deleted"):
+        c.create(name, rf=1)
+    stats = KafkaBrokerStats()
+    for name in ("kept", "gone", "deleted"):
+        stats.record_in(name, 100, 1)
+        stats.record_out(name, 50, replication=True)
+    before = c.image
+    c.run(c.ctl.delete_topics(c.image, ["deleted"]))
+    delta = MetadataDelta(before)
+    delta.replay_all(c.last_records, c.image.offset, c.image.epoch)
+    stats.on_metadata(delta, delta.apply())
+    assert set(stats.bytes_in.by_topic) == {"kept", "gone"}
+    # Then the broker falls behind "gone"'s deletion and catches up from a snapshot.
+    c.run(c.ctl.delete_topics(c.image, ["gone"]))
+    delta = snapshot_delta(encode_snapshot(c.image))
+    stats.on_metadata(delta, delta.apply())
+    for counter in (stats.bytes_in, stats.messages_in, stats.replication_bytes_out):
+        assert set(counter.by_topic) == {"kept"}
+    assert stats.bytes_in.total == 300  # the all-topics total keeps what they counted
