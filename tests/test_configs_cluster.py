@@ -9,6 +9,7 @@ import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import run_cli, wait_until_async
@@ -17,20 +18,18 @@ from rillet.client.admin import Admin, AdminError, NewTopic
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
+from rillet.controller.metadata.image import RESOURCE_TOPIC
+from rillet.controller.metadata.topic_config import OP_APPEND
 from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Three combined nodes (broker and controller voter each), shared by the module."""
+def combined_nodes(path: Path, nodes: int, **options: Any) -> Iterator[LocalCluster]:
+    """A started cluster of combined nodes (broker and controller voter each), stopped
+    when the caller is done."""
     c = LocalCluster(
-        Path(tmp_path_factory.mktemp("configs")),
-        controllers=3,
-        brokers=3,
-        combined=True,
-        ephemeral_ports=True,
+        path, controllers=nodes, brokers=nodes, combined=True, ephemeral_ports=True, **options
     )
     try:
         c.start()
@@ -38,6 +37,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
     finally:
         c.stop(kill=True, timeout_s=20)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three combined nodes, shared by the module."""
+    yield from combined_nodes(tmp_path_factory.mktemp("configs"), 3)
 
 
 def run(coro):  # noqa: ANN001, ANN201
@@ -289,3 +294,40 @@ def test_cli_alter_configs_and_describe(cluster) -> None:  # noqa: ANN001
     assert "Traceback" not in bad.stderr
     missing = rillet(cluster, "topic", "alter", "nope", "--set", "retention.ms=1", ok=False)
     assert missing.returncode != 0 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr
+
+
+@pytest.fixture(scope="module")
+def compacting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One combined node whose file makes every topic compacted by default."""
+    yield from combined_nodes(
+        tmp_path_factory.mktemp("compacting"), 1, overrides={"log.cleanup.policy": "compact"}
+    )
+
+
+def test_append_starts_from_the_default_the_brokers_apply(compacting: LocalCluster) -> None:
+    """log.cleanup.policy=compact: the default shows as the broker's static setting, and
+    APPEND delete gives compact and delete (not delete alone, which would stop compaction
+    and let retention delete the keys' latest values)."""
+
+    def append(value: str) -> m.IncrementalAlterConfigsRequest:
+        op = m.AlterableConfig("cleanup.policy", OP_APPEND, value)
+        return m.IncrementalAlterConfigsRequest([m.AlterConfigsResource(RESOURCE_TOPIC, "c", [op])])
+
+    async def go() -> None:
+        async with Admin(compacting.bootstrap) as admin:
+            await admin.create_topics([NewTopic("c", 1, 1)])
+            policy = (await admin.describe_configs(["c"]))["c"]["cleanup.policy"]
+            assert (policy.value, policy.source, policy.is_default) == (
+                "compact",
+                "STATIC_BROKER_CONFIG",
+                False,
+            )
+            (answer,) = (await admin._request(append("delete"))).responses
+            assert answer.error_code == 0
+            policy = (await admin.describe_configs(["c"]))["c"]["cleanup.policy"]
+            assert (policy.value, policy.source) == ("delete,compact", "TOPIC_CONFIG")
+            with pytest.raises(AdminError) as refused:  # still compacted: cannot be tiered
+                await admin.incremental_alter_configs({"c": {"remote.storage.enable": "true"}})
+            assert refused.value.errors["c"].name == "INVALID_CONFIG"
+
+    run(go())
