@@ -66,6 +66,10 @@ NOT_CONTROLLER = code_of("NOT_CONTROLLER")
 
 
 def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
+    try:
+        topic_defaults = topic_defaults_of(config)
+    except ValueError as e:
+        raise InvalidConfigError(f"log.* (the brokers' topic defaults): {e}") from None
     return ControllerConfig(
         broker_session_timeout_ms=config["broker.session.timeout.ms"],
         broker_heartbeat_interval_ms=config["broker.heartbeat.interval.ms"],
@@ -76,7 +80,7 @@ def controller_config_of(config: Mapping[str, Any]) -> ControllerConfig:
         leader_imbalance_check_interval_ms=config["leader.imbalance.check.interval.ms"],
         max_partitions=config["max.partitions"],
         max_broker_partitions=config["max.broker.partitions"],
-        topic_defaults=topic_defaults_of(config),
+        topic_defaults=topic_defaults,
     )
 
 

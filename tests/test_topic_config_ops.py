@@ -123,3 +123,13 @@ def test_the_controller_alters_against_its_log_defaults() -> None:
     assert alter(("remote.storage.enable", OP_SET, "true")) != 0  # compacted by default
     assert alter(("cleanup.policy", OP_APPEND, "delete")) == 0
     assert c.image.topic_config("t") == {"cleanup.policy": "delete,compact"}  # canonical
+
+
+def test_a_bad_log_default_in_the_controllers_config_is_a_config_error() -> None:
+    from rillet.client.wire.errors import InvalidConfigError
+    from rillet.controller.config import controller_config_table
+    from rillet.controller.server import controller_config_of
+
+    config = controller_config_table().load(overrides=["log.cleanup.policy=shred"])
+    with pytest.raises(InvalidConfigError, match="log.cleanup.policy"):
+        controller_config_of(config)

@@ -124,7 +124,10 @@ def topic_defaults_of(settings: Mapping[str, Any]) -> dict[str, str]:
         value = settings.get(broker_key)
         if value is not None:
             text = canonical(key, value) if isinstance(value, bool | int) else str(value)
-            out[key] = canonical(key, parse_value(key, text))
+            try:
+                out[key] = canonical(key, parse_value(key, text))
+            except ValueError as e:
+                raise ValueError(f"{broker_key}: {e}") from None
     return out
 
 
