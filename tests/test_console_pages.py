@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from types import SimpleNamespace
 
 import pytest
 from starlette.datastructures import FormData
@@ -14,11 +15,20 @@ from starlette.requests import Request
 
 from rillet.client.admin import GroupDescription, GroupListing, GroupMember
 from rillet.client.cli import build_parser
+from rillet.client.cli.group import parse_datetime
 from rillet.client.console import browse
 from rillet.client.console.forms import paginate, same_origin
-from rillet.client.console.group_lag import summarize
+from rillet.client.console.group_lag import GroupRow, TopicLag, summarize
+from rillet.client.console.live import MAX_FRAGMENTS, Fragments
 from rillet.client.console.pages.actions import reset_command
-from rillet.client.console.pages.messages import parse_headers, produce_command
+from rillet.client.console.pages.groups import list_rows
+from rillet.client.console.pages.messages import (
+    KEY_SEPARATORS,
+    iso,
+    parse_headers,
+    produce_command,
+)
+from rillet.client.console.snapshot import ClusterSnapshot
 from rillet.client.consumer import ConsumerRecord
 
 W = browse.Window
@@ -51,14 +61,32 @@ def test_newest_and_oldest_anchors_and_paging() -> None:
     )
     assert oldest_desc == W(0, 10)
     # The older page of newest-first ends just before this one; the newer one after it.
-    older = browse.window(browse.DESC, browse.older_anchor("desc", newest_desc, n), start, end, n)
+    older = _page(browse.DESC, browse.older_page(newest_desc))
     assert older == W(80, 90)
-    assert browse.window(browse.DESC, browse.newer_anchor("desc", older, n), start, end, n) == W(
-        90, 100
-    )
+    assert _page(browse.DESC, browse.newer_page(older)) == W(90, 100)
     asc = W(20, 30)
-    assert browse.window(browse.ASC, browse.newer_anchor("asc", asc, n), start, end, n) == W(30, 40)
-    assert browse.window(browse.ASC, browse.older_anchor("asc", asc, n), start, end, n) == W(10, 20)
+    assert _page(browse.ASC, browse.newer_page(asc)) == W(30, 40)
+    assert _page(browse.ASC, browse.older_page(asc)) == W(10, 20)
+
+
+def _page(order: str, link: tuple[int, str]) -> browse.Window:
+    """The window a page link (anchor, side) opens in a log of 0..99, 10 a page."""
+    anchor, side = link
+    return browse.window(order, anchor, 0, 100, 10, side)
+
+
+def test_paging_toward_a_log_end_repeats_nothing() -> None:
+    start, end, n = 0, 100, 50
+    # Newest first from 60 shows 11..60; the newer page starts at 61, short of a page.
+    w = browse.window(browse.DESC, 60, start, end, n)
+    assert w == W(11, 61)
+    anchor, side = browse.newer_page(w)
+    assert browse.window(browse.DESC, anchor, start, end, n, side) == W(61, 100)
+    # Oldest first from 30 shows 30..79; the older page is 0..29.
+    w = browse.window(browse.ASC, 30, start, end, n)
+    assert w == W(30, 80)
+    anchor, side = browse.older_page(w)
+    assert browse.window(browse.ASC, anchor, start, end, n, side) == W(0, 30)
 
 
 def test_a_search_scans_a_bounded_stretch_in_the_order_shown() -> None:
@@ -75,6 +103,9 @@ def test_values_show_as_text_pretty_json_or_hex() -> None:
     assert browse.show(b"not json", browse.JSON) == ("not json", 0)
     assert browse.show(b"\x00\xff", browse.HEX) == ("00 ff", 0)
     assert browse.show(None, browse.TEXT) == ("", 0)
+    # Nested past the JSON parser's depth: shown as the text it is.
+    deep = b"[" * 4000 + b"]" * 4000
+    assert browse.show(deep, browse.JSON) == (deep.decode(), 0)
     big = b"x" * (browse.SHOWN_BYTES + 10)
     shown, hidden = browse.show(big, browse.TEXT)
     assert len(shown) == browse.SHOWN_BYTES and hidden == 10
@@ -181,3 +212,78 @@ def test_headers_are_name_value_lines() -> None:
     with pytest.raises(ValueError):
         parse_headers("no separator")
     assert json.dumps(parse_headers("")) == "[]"
+
+
+def test_a_key_holding_every_separator_has_no_cli_line() -> None:
+    assert produce_command("b:1", "t", KEY_SEPARATORS, "v", None) is None
+
+
+def test_times_past_what_a_datetime_holds_show_as_numbers() -> None:
+    assert iso(253_402_300_800_000) == "253402300800000 ms"  # year 10000
+    assert iso(0) == "1970-01-01T00:00:00.000+00:00"
+    assert iso(-1) == "-"
+
+
+def test_times_before_1970_are_refused() -> None:
+    # -1 and -2 mean latest and earliest to ListOffsets: no time may become them.
+    with pytest.raises(argparse.ArgumentTypeError, match="1970 or later"):
+        parse_datetime("1969-12-31T23:59:59.999Z")
+    with pytest.raises(argparse.ArgumentTypeError, match="ISO-8601|1970 or later"):
+        parse_datetime("0001-01-01T00:00:00")  # local time: may not even convert
+    assert parse_datetime("1970-01-01T00:00:00Z") == 0
+    form = FormData({"group": "g", "mode": "to-datetime", "value": "1960-01-01T00:00:00Z"})
+    with pytest.raises(ValueError, match="1970 or later"):
+        reset_command("b:1", form)
+
+
+def test_the_reset_offsets_cli_refuses_times_before_1970(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        _cli_args("rillet group reset-offsets g --all-topics --to-datetime 1969-01-01T00:00:00Z")
+    assert "1970 or later" in capsys.readouterr().err
+
+
+def test_a_stream_names_each_fragment_once_and_only_so_many() -> None:
+    fragments = Fragments()
+    fragments.add("a", lambda snap: "A")
+    fragments.add("b", lambda snap: "B")
+    assert fragments.wanted("a,b,a,,a") == ["a", "b"]
+    assert fragments.wanted(",".join(["a"] * 3000)) == ["a"]
+    for bad in ("", "a,nope", ",".join(f"x{i}" for i in range(MAX_FRAGMENTS + 1))):
+        with pytest.raises(ValueError):
+            fragments.wanted(bad)
+
+
+def test_a_fragment_renders_once_per_snapshot_for_every_stream() -> None:
+    calls: list[object] = []
+    fragments = Fragments()
+    fragments.add("a", lambda snap: calls.append(snap) or f"<p>{len(calls)}</p>")
+    first, second = _snapshot(), _snapshot()
+    # Three streams showing the same fragment, two refreshes.
+    assert {fragments.render("a", first) for _ in range(3)} == {"<p>1</p>"}
+    assert {fragments.render("a", second) for _ in range(3)} == {"<p>2</p>"}
+    assert calls == [first, second]
+
+
+def test_unknown_log_ends_are_counted_not_guessed() -> None:
+    listings = [GroupListing("g", "Empty", "consumer", "consumer", 1)]
+    committed = {"g": {("a", 0): 5, ("b", 0): 1}}
+    rows = summarize(listings, {}, committed, {("a", 0): 10}, {"a": 1, "b": 1})
+    g = rows["g"]
+    assert (g.partitions, g.lag, g.unknown) == (2, 5, 1)
+    assert g.topics["b"] == TopicLag(1, 0, 1)
+
+
+def test_the_group_list_follows_the_latest_listing() -> None:
+    listing = [GroupListing(g, "Empty", "consumer", "consumer", 1) for g in ("new", "old")]
+    cache = SimpleNamespace(rows={"old": GroupRow("old", "Empty", 1, 0, 1, 7)})
+    cache.rows["deleted"] = GroupRow("deleted", "Empty", 1, 0, 1, 3)
+    ctx = SimpleNamespace(snapshots=SimpleNamespace(latest=_snapshot(tuple(listing))))
+    rows = {r.group_id: r for r in list_rows(cache, ctx)}  # type: ignore[arg-type]
+    assert set(rows) == {"new", "old"}
+    assert rows["old"].lag == 7 and not rows["new"].computed
+
+
+def _snapshot(groups: tuple[GroupListing, ...] = ()) -> ClusterSnapshot:
+    return ClusterSnapshot(0.0, None, (), groups)  # type: ignore[arg-type]
