@@ -11,11 +11,14 @@ from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from rillet.client.admin import Admin
 from rillet.client.console.context import HERE, ConsoleConfig, ConsoleContext
+from rillet.client.console.forms import is_loopback
+from rillet.client.console.hostguard import LoopbackHostOnly
 from rillet.client.console.live import Fragments, events_route
 from rillet.client.console.pages import actions, groups, messages, overview, topics
 from rillet.client.console.snapshot import SnapshotCache
@@ -78,7 +81,9 @@ def create_app(config: ConsoleConfig, admin: Admin | None = None) -> Starlette:
             await snapshots.stop()
             await admin.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    # Bound to loopback, only loopback names may ask (hostguard.py: DNS rebinding).
+    guard = [Middleware(LoopbackHostOnly)] if is_loopback(config.host) else []
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=guard)
     app.state.ctx = ctx
     return app
 

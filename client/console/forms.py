@@ -47,6 +47,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_name(host_header: str) -> str:
+    """The name in a Host header, without its port (``[::1]:8080`` gives ``::1``)."""
+    try:
+        return urlsplit(f"//{host_header}").hostname or ""
+    except ValueError:  # a malformed bracket
+        return ""
+
+
 def same_origin(request: Request, bound_to: str = "127.0.0.1") -> bool:
     """True when the POST comes from a page the console served itself. A console bound
     to a loopback address also wants a loopback name in ``Host``: a page whose own name
@@ -55,7 +63,7 @@ def same_origin(request: Request, bound_to: str = "127.0.0.1") -> bool:
     source = request.headers.get("origin") or request.headers.get("referer")
     if not source or not host or urlsplit(source).netloc != host:
         return False
-    return not is_loopback(bound_to) or is_loopback(urlsplit(f"//{host}").hostname or "")
+    return not is_loopback(bound_to) or is_loopback(host_name(host))
 
 
 def error_text(e: BaseException) -> str:
