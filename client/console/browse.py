@@ -54,10 +54,21 @@ class Window:
         return self.hi <= self.lo
 
 
-def window(order: str, anchor: int, start: int, end: int, limit: int) -> Window:
-    """Oldest first: ``limit`` offsets from ``anchor`` on; newest first: ``limit``
-    offsets up to and including ``anchor``. Clamped into the log."""
-    if order == ASC:
+# Which end of a page its anchor is: the page runs from the anchor up, or up to and
+# including it. The order shown picks the default (oldest first: from; newest first:
+# to); the older/newer links name it, so the next page starts right past this one.
+FROM, TO = "from", "to"
+SIDES = (FROM, TO)
+
+
+def side_for(order: str, side: str = "") -> str:
+    return side if side in SIDES else (FROM if order == ASC else TO)
+
+
+def window(order: str, anchor: int, start: int, end: int, limit: int, side: str = "") -> Window:
+    """``limit`` offsets from ``anchor`` on, or up to and including it (by default
+    oldest first reads from it, newest first up to it). Clamped into the log."""
+    if side_for(order, side) == FROM:
         lo = max(anchor, start)
         return Window(lo, max(lo, min(end, lo + limit)))
     hi = min(end, anchor + 1)
@@ -72,12 +83,14 @@ def anchor_for(start_at: str, order: str, start: int, end: int, limit: int) -> i
     return end - 1 if order == DESC else max(start, end - limit)
 
 
-def older_anchor(order: str, w: Window, limit: int) -> int:
-    return w.lo - 1 if order == DESC else w.lo - limit
+def older_page(shown: Window) -> tuple[int, str]:
+    """The anchor and side of the page just before ``shown``: up to its first offset."""
+    return shown.lo - 1, TO
 
 
-def newer_anchor(order: str, w: Window, limit: int) -> int:
-    return w.hi if order == ASC else w.hi - 1 + limit
+def newer_page(shown: Window) -> tuple[int, str]:
+    """The anchor and side of the page just after ``shown``: from its end on."""
+    return shown.hi, FROM
 
 
 def scan_chunks(order: str, anchor: int, start: int, end: int, chunk: int) -> Iterable[Window]:
@@ -105,7 +118,7 @@ def show(data: bytes | None, fmt: str) -> tuple[str, int]:
     if fmt == JSON and not hidden:
         try:
             return json.dumps(json.loads(text), indent=2, ensure_ascii=False), 0
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             pass
     return text, hidden
 
@@ -127,13 +140,19 @@ def header_pairs(headers: Any) -> list[tuple[str, str]]:
 
 @dataclass(slots=True)
 class Read:
-    """What a bounded read returned: records in offset order, where the next read would
-    start, and whether the byte cap cut it short."""
+    """What a bounded read returned: records in offset order, the offsets it covered
+    [lo, next_offset) (all of them read, even where compaction left no record), and
+    whether the byte cap cut it short."""
 
     records: list[ConsumerRecord]
     next_offset: int
     nbytes: int = 0
     capped: bool = False
+    lo: int = 0
+
+    @property
+    def covered(self) -> Window:
+        return Window(self.lo, self.next_offset)
 
 
 class PartitionReader:
@@ -159,32 +178,72 @@ class PartitionReader:
             )
         return self._meta
 
-    async def read(self, topic: str, partition: int, w: Window, max_bytes: int) -> Read:
-        """The records of [w.lo, w.hi), at most ``max_bytes`` of batches fetched."""
+    async def read(
+        self, topic: str, partition: int, w: Window, max_bytes: int, side: str = FROM
+    ) -> Read:
+        """The records of [w.lo, w.hi), at most about ``max_bytes`` of batches fetched.
+        A cap keeps the anchored end: reading ``FROM`` keeps the oldest records, ``TO``
+        the newest; ``covered`` says which offsets were read."""
+        if side == TO:
+            return await self._read_down(topic, partition, w, max_bytes)
+        return await self._read_up(topic, partition, w, max_bytes)
+
+    async def _read_up(
+        self, topic: str, partition: int, w: Window, max_bytes: int, fetch_bytes: int = FETCH_BYTES
+    ) -> Read:
         out: list[ConsumerRecord] = []
         offset, fetched = w.lo, 0
         while offset < w.hi:
             if fetched >= max_bytes:
-                return Read(out, offset, fetched, capped=True)
+                return Read(out, offset, fetched, capped=True, lo=w.lo)
             recs, next_offset, nbytes = await self._fetch(
-                topic, partition, offset, min(FETCH_BYTES, max_bytes - fetched)
+                topic, partition, offset, min(fetch_bytes, max_bytes - fetched)
             )
             fetched += nbytes
             out += [r for r in recs if r.offset < w.hi]
             if next_offset <= offset:  # nothing more below the high watermark
                 break
             offset = next_offset
-        return Read(out, min(offset, w.hi), fetched)
+        return Read(out, min(offset, w.hi), fetched, lo=w.lo)
+
+    async def _read_down(self, topic: str, partition: int, w: Window, max_bytes: int) -> Read:
+        """Fetch only reads upward, so walk down from w.hi in steps, each sized by the
+        bytes per offset seen so far to fit what is left of the budget, and each fetch
+        asks for about that much (the first for one batch), not for what lies above the
+        step. A step the cap cuts short is dropped (it would leave a hole), unless it is
+        the only one."""
+        out: list[ConsumerRecord] = []
+        lo, fetched, step, per_offset = w.hi, 0, 1, 0
+        while lo > w.lo:
+            left = max_bytes - fetched
+            if left <= 0:
+                return Read(out, w.hi, fetched, capped=True, lo=lo)
+            part = Window(max(w.lo, lo - step), lo)
+            # A fetch always brings at least one whole batch, so 1 asks for just that.
+            ask = min(FETCH_BYTES, max(1, (part.hi - part.lo) * per_offset))
+            got = await self._read_up(topic, partition, part, left, ask)
+            fetched += got.nbytes
+            if got.next_offset < part.hi:  # cut short (or the log ended under us)
+                if out:
+                    return Read(out, w.hi, fetched, capped=True, lo=lo)
+                return Read(got.records, got.next_offset, fetched, capped=True, lo=part.lo)
+            out = got.records + out
+            lo = part.lo
+            per_offset = max(1, fetched // (w.hi - lo))
+            step = max(1, (max_bytes - fetched) * 3 // 4 // per_offset)
+        return Read(out, w.hi, fetched, lo=w.lo)
 
     async def scan(
-        self, topic: str, partition: int, chunks: Iterable[Window], max_bytes: int
+        self, topic: str, partition: int, order: str, chunks: Iterable[Window], max_bytes: int
     ) -> AsyncIterator[tuple[Window, Read]]:
-        """Read each window in turn while the byte budget lasts."""
+        """Read each window in turn while the byte budget lasts; newest first reads each
+        downward, so a cap stops the search at a point it can say."""
         left = max_bytes
+        side = side_for(order)
         for w in chunks:
             if left <= 0:
                 return
-            got = await self.read(topic, partition, w, left)
+            got = await self.read(topic, partition, w, left, side)
             left -= got.nbytes
             yield w, got
             if got.capped:

@@ -51,6 +51,7 @@ class Query:
     fmt: str = browse.TEXT
     q: str = ""
     limit: int = browse.PAGE_LIMIT
+    side: str = ""  # which end of the page ``offset`` is; the order's default when ""
 
     @classmethod
     def parse(cls, params: Any) -> Query:
@@ -68,6 +69,7 @@ class Query:
             fmt=pick("format", browse.FORMATS, browse.TEXT),
             q=params.get("q", ""),
             limit=int_param(params.get("limit"), browse.PAGE_LIMIT, 1, browse.MAX_LIMIT),
+            side=pick("side", browse.SIDES, ""),
         )
 
     def params(self) -> dict[str, Any]:
@@ -81,6 +83,7 @@ class Query:
             "format": self.fmt,
             "q": self.q or None,
             "limit": self.limit if self.limit != browse.PAGE_LIMIT else None,
+            "side": self.side if self.start_at == browse.OFFSET and self.side else None,
         }
 
 
@@ -100,9 +103,13 @@ class View:
 
 
 def iso(ms: int) -> str:
+    """The time in ISO-8601; past what a datetime holds (year 10000 on), the number."""
     if ms < 0:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):
+        return f"{ms} ms"
 
 
 def record_row(r: Any, fmt: str) -> dict[str, Any]:
@@ -154,15 +161,23 @@ class TestProducer:
             return self._producer
 
 
-def produce_command(bootstrap: str, topic: str, key: str, value: str, partition: int | None) -> str:
+KEY_SEPARATORS = ":|=#~^\t"
+
+
+def produce_command(
+    bootstrap: str, topic: str, key: str, value: str, partition: int | None
+) -> str | None:
     """The ``rillet produce`` line that sends the same record (headers aside: the CLI
-    takes none). The key separator is one character the key does not contain."""
+    takes none). The key separator is one character the key does not contain; None
+    when the key holds every one of them (the CLI cannot say that key)."""
     words: list[str | int] = ["rillet", "produce", topic, "--acks", "all"]
     if partition is not None:
         words += ["--partition", partition]
     line = value
     if key:
-        sep = next(c for c in ":|=#~^\t" if c not in key)
+        sep = next((c for c in KEY_SEPARATORS if c not in key), None)
+        if sep is None:
+            return None
         words += ["--key-separator", sep]
         line = f"{key}{sep}{value}"
     words += ["--bootstrap", bootstrap]
@@ -222,34 +237,36 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             return view
         if query.q:
             return await search(query, at, view)
-        w = browse.window(query.order, at, view.start, view.end, query.limit)
-        got = await reader.read(query.topic, query.partition, w, browse.PAGE_BYTES)
+        side = browse.side_for(query.order, query.side if query.start_at == browse.OFFSET else "")
+        w = browse.window(query.order, at, view.start, view.end, query.limit, side)
+        got = await reader.read(query.topic, query.partition, w, browse.PAGE_BYTES, side)
         recs = got.records if query.order == browse.ASC else list(reversed(got.records))
         view.rows = [record_row(r, query.fmt) for r in recs]
         view.capped = got.capped
         if w.empty:
             view.note = f"No records there: the log holds offsets {view.start}..{view.end - 1}."
+        # The links carry on from what was read, which a byte cap may have cut short.
+        shown = got.covered if not w.empty else w
         base = {**query.params(), "from": browse.OFFSET, "ts": None}
-        if w.lo > view.start:
-            view.older = link(
-                "/messages", base, offset=browse.older_anchor(query.order, w, query.limit)
-            )
-        if w.hi < view.end:
-            view.newer = link(
-                "/messages", base, offset=browse.newer_anchor(query.order, w, query.limit)
-            )
+        if shown.lo > view.start:
+            offset, older_side = browse.older_page(shown)
+            view.older = link("/messages", base, offset=offset, side=older_side)
+        if shown.hi < view.end:
+            offset, newer_side = browse.newer_page(shown)
+            view.newer = link("/messages", base, offset=offset, side=newer_side)
         return view
 
     async def search(query: Query, at: int, view: View) -> View:
         chunks = browse.scan_chunks(query.order, at, view.start, view.end, SEARCH_CHUNK)
         first = last = None
         found = []
-        async for w, got in reader.scan(query.topic, query.partition, chunks, browse.SCAN_BYTES):
+        scan = reader.scan(query.topic, query.partition, query.order, chunks, browse.SCAN_BYTES)
+        async for w, got in scan:
             recs = got.records if query.order == browse.ASC else list(reversed(got.records))
-            # The offsets this step covered, in the order shown.
+            # The offsets this step read (a byte cap may end it early), in the order shown.
             if first is None:
                 first = w.lo if query.order == browse.ASC else w.hi - 1
-            last = got.next_offset - 1 if query.order == browse.ASC else w.lo
+            last = got.next_offset - 1 if query.order == browse.ASC else got.lo
             for r in recs:
                 if browse.matches(r, query.q):
                     found.append(r)
@@ -269,7 +286,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             view.more = link(
                 "/messages",
                 query.params(),
-                **{"from": browse.OFFSET, "offset": carry_on, "ts": None},
+                **{"from": browse.OFFSET, "offset": carry_on, "ts": None, "side": None},
             )
         return view
 
@@ -312,6 +329,9 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
                 raise ValueError(f"a test message is at most {MAX_FIELD_BYTES} bytes")
             partition = int(partition_text) if partition_text else None
             headers = parse_headers(str(form.get("headers", "")))
+            # Everything that can fail is done before the send: an error after it would
+            # invite a retry, and so a duplicate.
+            cli = produce_command(ctx.config.bootstrap, topic, key, value, partition)
             p = await producer.get()
             meta = await p.send(
                 topic,
@@ -322,7 +342,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
             )
             values.update(
                 sent=meta,
-                command=produce_command(ctx.config.bootstrap, topic, key, value, partition),
+                command=cli,
                 headers=headers,
                 browse=link(
                     "/messages",
