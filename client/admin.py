@@ -1219,7 +1219,12 @@ class Admin:
             topics.update(mb.subscribed_topics, mb.assignment, mb.target)
         snap = await self._metadata(sorted(topics))
         keys = {(t, p.partition) for t in topics for p in snap.topics.get(t, ())}
-        ends = await self.list_offsets(dict.fromkeys(sorted(keys), LATEST)) if keys else {}
+        try:
+            ends = await self.list_offsets(dict.fromkeys(sorted(keys), LATEST)) if keys else {}
+        except AdminError as e:
+            # A partition without a leader has no log end to give: its lag is unknown
+            # (None), the others' still shown.
+            ends = e.found
         rows = [
             PartitionLag(
                 t,
@@ -1299,7 +1304,9 @@ class Admin:
             if not todo:
                 return out
             if time.monotonic() + self.retry_backoff_s >= deadline:
-                raise AdminError("list offsets", {f"{t}-{p}": e for (t, p), e in retry.items()})
+                # ``found``: the partitions that did answer, for callers that can use them.
+                errors = {f"{t}-{p}": e for (t, p), e in retry.items()}
+                raise AdminError("list offsets", errors, found=dict(out))
             await asyncio.sleep(self.retry_backoff_s)
             snap = await self._metadata(topics)
 

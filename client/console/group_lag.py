@@ -8,7 +8,9 @@ cluster snapshot, and pages read the result:
 - one ConsumerGroupDescribe and one OffsetFetch per coordinator name all its groups
   (``Admin.describe_groups`` and ``Admin.list_offsets_of_groups``: one FindCoordinator
   for every group, groups whose coordinator moved are asked again);
-- the log end offsets of every partition involved come from one ListOffsets per leader.
+- the log end offsets of every partition involved come from one ListOffsets per leader;
+  a partition without a leader has an unknown log end, and only it: the others' lag
+  is still computed, and the row counts the partitions it could not.
 
 ``summarize`` turns those answers into rows without I/O. Each refresh also appends one
 total-lag sample per group to a bounded history, which the group page draws.
@@ -44,12 +46,15 @@ MIN_INTERVAL_S = 3.0
 class TopicLag:
     partitions: int
     lag: int
+    unknown: int = 0  # committed partitions whose log end could not be had
 
 
 @dataclass(frozen=True, slots=True)
 class GroupRow:
     """One group as the list shows it. ``members`` is None when the describe failed;
-    ``lag`` counts only partitions with a commit and a known log end."""
+    ``lag`` counts only partitions with a commit and a known log end, ``unknown`` the
+    committed ones whose log end is not known; ``computed`` is False for a group listed
+    since the last lag refresh (no lag yet)."""
 
     group_id: str
     state: str
@@ -58,6 +63,8 @@ class GroupRow:
     partitions: int
     lag: int
     topics: Mapping[str, TopicLag] = field(default_factory=dict)
+    unknown: int = 0
+    computed: bool = True
 
 
 def summarize(
@@ -83,10 +90,11 @@ def summarize(
         for t, p in keys:
             c, e = offsets.get((t, p)), ends.get((t, p))
             lag = max(e - c, 0) if c is not None and e is not None else 0
-            acc = per_topic.setdefault(t, [0, 0])
+            acc = per_topic.setdefault(t, [0, 0, 0])
             acc[0] += 1
             acc[1] += lag
-        topics = {t: TopicLag(n, lag) for t, (n, lag) in sorted(per_topic.items())}
+            acc[2] += c is not None and e is None
+        topics = {t: TopicLag(*acc) for t, acc in sorted(per_topic.items())}
         rows[g.group_id] = GroupRow(
             g.group_id,
             desc.state if desc is not None else g.state,
@@ -95,6 +103,7 @@ def summarize(
             len(keys),
             sum(t.lag for t in topics.values()),
             topics,
+            sum(t.unknown for t in topics.values()),
         )
     return rows
 
@@ -150,7 +159,7 @@ class GroupLagCache:
                     wanted.update((t, p) for p in range(counts.get(t, 0)))
         # A commit of a deleted topic (or partition) has no log end to ask for.
         known = sorted(k for k in wanted if k[1] < counts.get(k[0], 0))
-        ends = await self.admin.list_offsets(dict.fromkeys(known, LATEST)) if known else {}
+        ends = await self._log_ends(known)
         rows = summarize(snap.groups, described, committed, ends, counts)
         now = time.time()
         for g, row in rows.items():
@@ -169,6 +178,22 @@ class GroupLagCache:
                 ids = [g for g in ids if g not in e.errors]
                 continue
             return {d.group_id: d for d in found}
+        return {}
+
+    async def _log_ends(self, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """The log end of every partition that has one now: a partition without a
+        leader is left out (its lag is unknown), as is a topic deleted since the
+        snapshot (then the others are asked again)."""
+        for _ in range(2):
+            if not keys:
+                return {}
+            try:
+                return await self.admin.list_offsets(dict.fromkeys(keys, LATEST))
+            except AdminError as e:
+                if e.found:
+                    return dict(e.found)
+                gone = set(e.errors)
+                keys = [k for k in keys if k[0] not in gone and f"{k[0]}-{k[1]}" not in gone]
         return {}
 
     async def _committed(self, ids: list[str]) -> dict[str, dict[TopicPartitionKey, int]]:

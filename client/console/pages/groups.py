@@ -32,13 +32,17 @@ MAX_PARTITION_ROWS = 1_000  # of one group's page; the rest is counted
 
 
 def list_rows(cache: GroupLagCache, ctx: ConsoleContext) -> list[GroupRow]:
-    """The cache's rows; before its first refresh, the snapshot's listing without lag."""
-    if cache.rows:
-        return list(cache.rows.values())
+    """The groups of the latest snapshot, each with the cache's lag where it has one: a
+    group created since the last lag refresh shows without lag, a deleted one goes,
+    even while the lag refresh fails."""
     snap = ctx.snapshots.latest
     if snap is None:
-        return []
-    return [GroupRow(g.group_id, g.state, g.coordinator, None, 0, 0) for g in snap.groups]
+        return list(cache.rows.values())
+    return [
+        cache.rows.get(g.group_id)
+        or GroupRow(g.group_id, g.state, g.coordinator, None, 0, 0, computed=False)
+        for g in snap.groups
+    ]
 
 
 def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
