@@ -192,7 +192,7 @@ def test_groups_are_listed_and_sorted_by_lag_with_a_detail_page(
     screenshot(page, "group-detail")
 
     # The topic page's fragment: the groups reading it, with their lag there.
-    page.goto(f"{console}/groups/by-topic/{TOPIC}")
+    page.goto(f"{console}/groups-data/by-topic/{TOPIC}")
     expect(page.locator("tr[data-group='lag-big'] td.lag")).to_have_text("18")
 
 
@@ -352,7 +352,7 @@ def test_read_only_console_has_no_actions(
     page.goto(f"{read_only_console}/groups/lag-read-only")
     expect(page.locator("#total-lag")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("a", has_text=re.compile("Reset offsets"))).to_have_count(0)
-    page.goto(f"{read_only_console}/groups/by-topic/{TOPIC}")
+    page.goto(f"{read_only_console}/groups-data/by-topic/{TOPIC}")
     expect(page.locator("a", has_text=re.compile("Actions"))).to_have_count(0)
     for path in ("/actions", "/actions/create-topic", "/actions/topic?topic=x"):
         assert page.request.get(read_only_console + path).status == 404

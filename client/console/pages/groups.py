@@ -101,9 +101,11 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         )
         return ctx.render(request, "groups/_by_topic.html", topic=topic, rows=rows, cache=cache)
 
+    # Any path under /groups/ is a group id (ids may hold "/" and "."), so the data the
+    # pages load lives under a prefix of its own.
     return [
         Route("/groups", groups, name="groups"),
-        Route("/groups/by-topic/{topic:path}", by_topic),
-        Route("/groups/lag.json", lag_json),
+        Route("/groups-data/by-topic/{topic:path}", by_topic),
+        Route("/groups-data/lag.json", lag_json),
         Route("/groups/{group:path}", detail),
     ]
