@@ -156,11 +156,16 @@ def parse_datetime(text: str) -> int:
     """ISO-8601 to ms since the epoch; without a zone it is local time, as in Kafka."""
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        seconds = moment.timestamp()
+    except (ValueError, OverflowError, OSError):  # OverflowError: a local time too far out
         raise argparse.ArgumentTypeError(
             f"--to-datetime expects ISO-8601 (e.g. 2026-01-31T12:00:00Z), got {text!r}"
         ) from None
-    return int(moment.timestamp() * 1000)
+    ms = int(seconds * 1000)
+    # ListOffsets reads -1 as latest and -2 as earliest: a time before 1970 is no time.
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"--to-datetime must be 1970 or later, got {text!r}")
+    return ms
 
 
 @dataclass(frozen=True, slots=True)
