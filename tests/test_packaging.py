@@ -110,6 +110,7 @@ USED_WITHOUT_IMPORT = {
     "ruff": "make lint / make format",
     "python-snappy": "kafka-python's snappy codec (tests/test_kafka_oracle.py)",
     "python-multipart": "Starlette's request.form() (the console's action forms)",
+    "httpx2": "Starlette's TestClient (tests/test_console_review.py)",
 }
 IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
 
