@@ -261,11 +261,11 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         first = last = None
         found = []
         scan = reader.scan(query.topic, query.partition, query.order, chunks, browse.SCAN_BYTES)
-        async for w, got in scan:
+        async for _, got in scan:
             recs = got.records if query.order == browse.ASC else list(reversed(got.records))
             # The offsets this step read (a byte cap may end it early), in the order shown.
             if first is None:
-                first = w.lo if query.order == browse.ASC else w.hi - 1
+                first = got.lo if query.order == browse.ASC else got.next_offset - 1
             last = got.next_offset - 1 if query.order == browse.ASC else got.lo
             for r in recs:
                 if browse.matches(r, query.q):
