@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
+.PHONY: install up test test-browser lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ format: install
 
 test: install lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The web console in a real headless Chromium (Debian's `chromium`; the tests skip and
+# print the install command without it). Kept out of `make test` for its time budget;
+# .ci/run installs Chromium and runs both.
+test-browser: install
+	$(BIN)/pytest -q -m browser $(PYTEST_ARGS)
 
 # Long deterministic-simulator runs, kept out of `make test`: SIM_SEEDS seeds of each of
 # the three simulators (about 0.3 s a seed for all three together on one core: ~25 min),

@@ -20,7 +20,7 @@ from rillet.client.admin import Admin, NewTopic
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer
 from rillet.tools.local_cluster import LocalCluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 # Generous: the console refreshes every second, the controller fences a dead broker
 # after its session timeout and shrinks the ISRs it was in; a loaded CI box is slower.

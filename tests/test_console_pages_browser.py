@@ -22,7 +22,7 @@ from rillet.client.admin import Admin, NewTopic
 from rillet.client.producer import Producer
 from rillet.tools.local_cluster import LocalCluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 T = TypeVar("T")
 TOPIC = "orders"
