@@ -9,6 +9,7 @@ override them per topic.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from rillet.client.runtime.config import (
     Key,
     merge_tables,
     node_keys,
+    parse_endpoints,
     parse_listeners,
     parse_voters,
 )
@@ -30,6 +32,10 @@ FETCH_MAX_BYTES = 55 * MIB  # Kafka's fetch.max.bytes default (KIP-541)
 BROKER_LISTENER = "BROKER"
 DEFAULT_BROKER_LISTENER = "BROKER://127.0.0.1:9092"
 CONTROLLER_LISTENER = "CONTROLLER"
+# Listener names that are Kafka security protocols: without a map entry a listener so
+# named speaks that protocol, and only PLAINTEXT is spoken here.
+SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 # (broker key, LogConfig's Kafka name): the broker-wide defaults of every partition log.
 LOG_DEFAULT_KEYS: dict[str, str] = {
@@ -53,6 +59,16 @@ BROKER_KEYS = ConfigTable(
         Key("log.dirs", str, "/tmp/rillet-logs",
             "Directory of this broker's partition logs (one directory)."),
         Key("broker.rack", str, "", "Rack id for rack-aware placement; empty = none."),
+        # Listeners: docs/broker.md, "Listeners".
+        Key("advertised.listeners", str, "",
+            "What each listener tells clients (`NAME://host:port,...`); a listener not "
+            "named here advertises where it is bound (every-interface hosts as this "
+            "machine's name; port 0 as the port bound)."),
+        Key("listener.security.protocol.map", str, "",
+            "`NAME:PROTOCOL,...`; only PLAINTEXT is supported (the default of every "
+            "listener)."),
+        Key("inter.broker.listener.name", str, BROKER_LISTENER,
+            "The listener brokers reach each other on (follower fetches)."),
         Key("auto.create.topics.enable", bool, False,
             "Create a topic a Metadata request names when the client allows it."),
         Key("min.insync.replicas", int, 1,
@@ -188,6 +204,10 @@ class BrokerConfig:
     rack: str | None
     log_defaults: LogConfig
     values: Config
+    # Advertised (host, port) of each broker listener (CONTROLLER excluded); port 0
+    # means the port bound, known once listening (``advertise``).
+    advertised: dict[str, tuple[str, int]]
+    inter_broker_listener: str
 
     @classmethod
     def from_config(cls, config: Config) -> BrokerConfig:
@@ -202,8 +222,15 @@ class BrokerConfig:
         if not 0 <= config["node.id"] <= 2**31 - 1:  # Kafka's int32; the controller refuses
             raise InvalidConfigError(f"node.id must be in 0..2147483647, not {config['node.id']}")
         listeners = parse_listeners(config["listeners"] or DEFAULT_BROKER_LISTENER)
-        if "broker" in roles and BROKER_LISTENER not in listeners:
-            raise InvalidConfigError(f"listeners: a broker needs a {BROKER_LISTENER}:// listener")
+        inter = config["inter.broker.listener.name"].strip().upper()
+        if "broker" in roles:
+            check_security_protocols(config["listener.security.protocol.map"], listeners)
+            if inter == CONTROLLER_LISTENER or inter not in listeners:
+                raise InvalidConfigError(
+                    f"inter.broker.listener.name: {inter} is not one of the broker's"
+                    f" listeners ({', '.join(n for n in listeners if n != CONTROLLER_LISTENER)})"
+                )
+        advertised = advertised_listeners(config["advertised.listeners"], listeners)
         for name, value in (
             ("num.partitions", 1),
             ("default.replication.factor", 1),
@@ -244,14 +271,77 @@ class BrokerConfig:
             rack=config["broker.rack"] or None,
             log_defaults=log_defaults(config),
             values=config,
+            advertised=advertised,
+            inter_broker_listener=inter,
         )
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     @property
+    def broker_listeners(self) -> dict[str, tuple[str, int]]:
+        """The listeners this node's broker binds: all but the controller's."""
+        return {n: a for n, a in self.listeners.items() if n != CONTROLLER_LISTENER}
+
+    @property
     def broker_address(self) -> tuple[str, int]:
-        return self.listeners[BROKER_LISTENER]
+        return self.listeners[self.inter_broker_listener]
+
+    def advertise(self, bound: dict[str, int]) -> list[tuple[str, str, int]]:
+        """The endpoints to register, ``(listener, host, port)``, given the port each
+        listener bound: an advertised port 0 is the bound one."""
+        return [(name, host, port or bound[name]) for name, (host, port) in self.advertised.items()]
+
+
+def check_security_protocols(text: str, listeners: dict[str, tuple[str, int]]) -> None:
+    """Accept ``listener.security.protocol.map`` entries that say PLAINTEXT (configs
+    written for Kafka carry them); refuse every other protocol, mapped or implied by
+    a listener's name, rather than serve plaintext where TLS or SASL was asked for."""
+    protocols: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, protocol = item.partition(":")
+        if not sep or not name.strip() or not protocol.strip():
+            raise InvalidConfigError(
+                f"listener.security.protocol.map: expected NAME:PROTOCOL, got {item!r}"
+            )
+        protocols[name.strip().upper()] = protocol.strip().upper()
+    for name in listeners:
+        protocol = protocols.get(name, name if name in SECURITY_PROTOCOLS else "PLAINTEXT")
+        if protocol != "PLAINTEXT":
+            raise InvalidConfigError(
+                f"listener {name}: security protocol {protocol} is not supported (only PLAINTEXT)"
+            )
+
+
+def advertised_listeners(
+    text: str, listeners: dict[str, tuple[str, int]]
+) -> dict[str, tuple[str, int]]:
+    """Each broker listener's advertised (host, port), in ``listeners`` order. A
+    listener bound to every interface advertises this machine's name (in a container,
+    the name its peers resolve), as an every-interface address means nothing to a
+    client; an explicit every-interface advertised host is refused, as Kafka does."""
+    explicit = parse_endpoints(text, "advertised.listeners", distinct_ports=False)
+    for name, (host, _) in explicit.items():
+        if name not in listeners or name == CONTROLLER_LISTENER:
+            raise InvalidConfigError(
+                f"advertised.listeners: {name} is not one of the broker's listeners"
+            )
+        if host in WILDCARD_HOSTS:
+            raise InvalidConfigError(
+                f"advertised.listeners: {name} must name a host clients can reach,"
+                f" not {host or 'an empty host'}"
+            )
+    out: dict[str, tuple[str, int]] = {}
+    for name, (host, port) in listeners.items():
+        if name == CONTROLLER_LISTENER:
+            continue
+        if name in explicit:
+            out[name] = explicit[name]
+        else:
+            out[name] = (socket.gethostname() if host in WILDCARD_HOSTS else host, port)
+    return out
 
 
 def log_defaults(config: Config) -> LogConfig:

@@ -4,12 +4,14 @@ Start-up order (``start``):
 
 1. open every partition log in ``log.dirs`` (``LogManager``: a log without its clean
    shutdown marker is recovered, batch by batch, from its recovery point);
-2. bind the ``BROKER`` listener (port 0 picks one) and serve requests: ApiVersions,
+2. bind every broker listener (all of ``listeners`` but CONTROLLER; port 0 picks one)
+   and serve requests: ApiVersions,
    Metadata, DescribeCluster, Produce, Fetch, ListOffsets, CreateTopics, DeleteTopics,
    and the consumer-group APIs (broker/handlers/group.py; the ``GroupManager`` of
    broker/group/manager.py coordinates the groups of the `__consumer_offsets`
    partitions this broker leads);
-3. register with the controller quorum with the port actually bound, heartbeat, and
+3. register with the controller quorum with every listener's advertised endpoint (port
+   0 advertised as the port actually bound), heartbeat, and
    follow the metadata log; each committed ``(delta, image)`` goes to the
    ``ReplicaManager``, which opens/creates, leads, follows or deletes partition logs
    (with the high watermarks of ``replication-offset-checkpoint``), and the
@@ -46,7 +48,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.config import BrokerConfig
 from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.group.manager import GroupManager
 from rillet.broker.handlers.configs import ConfigHandlers
@@ -163,8 +165,12 @@ class BrokerServer:
 
     @property
     def listeners(self) -> dict[str, str]:
-        """Bound listeners, for the readiness line: {"BROKER": "host:port"}."""
-        return {BROKER_LISTENER: f"{self.host}:{self.port}"}
+        """Bound listeners, for the readiness line: {"BROKER": "host:port", ...}."""
+        ports = self.rpc.ports if self.rpc is not None else {}
+        return {
+            name: f"{host}:{ports.get(name, port)}"
+            for name, (host, port) in self.config.broker_listeners.items()
+        }
 
     async def start(self) -> None:
         cfg = self.config
@@ -202,14 +208,18 @@ class BrokerServer:
         self.rpc = RpcServer(
             self._handlers(link), name=f"broker-{self.node_id}", **rpc_limits(cfg.values)
         )
-        await self.rpc.start(self.host, self.port)
-        assert self.rpc.port is not None
-        self.port = self.rpc.port
+        # The inter-broker listener first: its address is this broker's own (metrics).
+        own = cfg.inter_broker_listener
+        for name, (host, port) in sorted(
+            cfg.broker_listeners.items(), key=lambda item: item[0] != own
+        ):
+            await self.rpc.start(host, port, listener=name)
+        self.port = self.rpc.ports[own]
         self._tasks = self._start_background_tasks(self.replicas)
         on_caught_up = getattr(link, "on_caught_up", None)
         if on_caught_up is not None:
             on_caught_up(self.replicas.delete_strays)
-        await link.start([(BROKER_LISTENER, self.host, self.port)], self._on_metadata)
+        await link.start(cfg.advertise(self.rpc.ports), self._on_metadata)
         logger.info(
             "broker %d serving on %s:%d with %d log(s)",
             self.node_id,

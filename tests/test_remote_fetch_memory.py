@@ -161,7 +161,7 @@ async def test_remote_answers_not_yet_written_stay_within_the_bound(tmp_path: Pa
 
         # Consumers that do not read yet: their answers wait in the broker (sockets it
         # accepts take the listener's buffer size).
-        for sock in server.rpc._server.sockets:  # type: ignore[union-attr]
+        for sock in server.rpc.sockets:  # type: ignore[union-attr]
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_SOCKET_BUFFER)
         answered = count_answers(server)
         fetches = []

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.config import BrokerConfig
 from rillet.broker.group.coordinator import (
     NONE,
     DeleteGroupResponse,
@@ -107,14 +107,16 @@ class GroupHandlers:
             elif topic is None:
                 out.append(_no_coordinator(key, COORDINATOR_NOT_AVAILABLE, waiting))
             else:
-                out.append(self._coordinator(key, topic))
+                out.append(self._coordinator(key, topic, request.listener))
         return Response(m.FindCoordinatorResponse(coordinators=out))
 
-    def _coordinator(self, key: str, topic: TopicImage) -> m.Coordinator:
+    def _coordinator(self, key: str, topic: TopicImage, listener: str) -> m.Coordinator:
         index = partition_for(key, topic.partition_count or len(topic.partitions))
         p = topic.partitions.get(index)
         leader = -1 if p is None else p.leader
-        endpoint = self.manager.replicas.broker_endpoint(leader, BROKER_LISTENER)
+        # Where the coordinator serves the listener this request came in on.
+        listener = listener or self.config.inter_broker_listener
+        endpoint = self.manager.replicas.broker_endpoint(leader, listener)
         if leader < 0 or endpoint is None or not self.image.is_unfenced(leader):
             return _no_coordinator(key, COORDINATOR_NOT_AVAILABLE, f"partition {index}: no leader")
         host, port = endpoint

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from rillet.broker.config import BROKER_LISTENER, BrokerConfig
+from rillet.broker.config import BrokerConfig
 from rillet.broker.remote_plan import copy_lag
 from rillet.broker.replica_manager import ReplicaManager
 from rillet.client.runtime.rpc_server import Request, Response
@@ -131,10 +131,13 @@ class MetadataHandlers:
             tiered,
         )
 
-    def _cluster(self, include_fenced: bool = False) -> ClusterDescription:
+    def _cluster(self, request: Request, include_fenced: bool = False) -> ClusterDescription:
         # DescribeCluster lists fenced brokers too, flagged: tooling waits on that flag.
+        # Brokers are listed at their endpoints on the listener the request came in on,
+        # and those without that listener not at all (docs/broker.md, "Listeners").
+        listener = request.listener or self.config.inter_broker_listener
         return describe_cluster(
-            self.image, self.cluster_id, self.controller_id(), BROKER_LISTENER, include_fenced
+            self.image, self.cluster_id, self.controller_id(), listener, include_fenced
         )
 
     async def metadata(self, request: Request) -> Response:
@@ -153,7 +156,7 @@ class MetadataHandlers:
             m.MetadataResponse(
                 cluster_id=self.cluster_id,
                 controller_id=self.controller_id(),
-                brokers=metadata_brokers(self._cluster()),
+                brokers=metadata_brokers(self._cluster(request)),
                 topics=out,
             )
         )
@@ -190,7 +193,7 @@ class MetadataHandlers:
             m.DescribeClusterResponse(
                 cluster_id=self.cluster_id,
                 controller_id=self.controller_id(),
-                brokers=describe_cluster_brokers(self._cluster(include_fenced=True)),
+                brokers=describe_cluster_brokers(self._cluster(request, include_fenced=True)),
             )
         )
 

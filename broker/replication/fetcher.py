@@ -72,7 +72,6 @@ from rillet.controller.metadata.remote_log import remote_log_view
 
 logger = logging.getLogger(__name__)
 
-BROKER_LISTENER = "BROKER"
 RECONNECT_BACKOFF_MIN_S = 0.05
 RECONNECT_BACKOFF_MAX_S = 1.0
 # Brokers follow the metadata log independently, so after a leader change a follower
@@ -102,6 +101,7 @@ class FetcherConfig:
     partition_max_bytes: int = 1 << 20  # replica.fetch.max.bytes
     response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes
     backoff_ms: int = 1000  # replica.fetch.backoff.ms
+    listener: str = "BROKER"  # inter.broker.listener.name: where leaders are fetched from
 
     @classmethod
     def from_broker(cls, config: Any) -> FetcherConfig:
@@ -111,6 +111,7 @@ class FetcherConfig:
             partition_max_bytes=config["replica.fetch.max.bytes"],
             response_max_bytes=config["replica.fetch.response.max.bytes"],
             backoff_ms=config["replica.fetch.backoff.ms"],
+            listener=config.inter_broker_listener,
         )
 
 
@@ -416,10 +417,10 @@ class SourceFetcher:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._close()
-        address = self.manager.replicas.broker_endpoint(self.source_id, BROKER_LISTENER)
-        if address is None:
-            raise errors.NetworkError(f"no {BROKER_LISTENER} endpoint known for {self.source_id}")
         config = self.manager.config
+        address = self.manager.replicas.broker_endpoint(self.source_id, config.listener)
+        if address is None:
+            raise errors.NetworkError(f"no {config.listener} endpoint known for {self.source_id}")
         self._conn = await Connection.open(*address, client_id=f"replica-{config.broker_id}")
         return self._conn
 

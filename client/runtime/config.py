@@ -270,15 +270,34 @@ def _split_host_port(address: str, what: str, item: str) -> tuple[str, int]:
 def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
     """``BROKER://127.0.0.1:9092,CONTROLLER://:9093`` -> {NAME: (host, port)}; an empty
     host means every interface, as in Kafka."""
+    out = parse_endpoints(text, "listeners")
+    return {name: (host or "0.0.0.0", port) for name, (host, port) in out.items()}
+
+
+def parse_endpoints(
+    text: str, what: str, distinct_ports: bool = True
+) -> dict[str, tuple[str, int]]:
+    """``NAME://host:port,...`` -> {NAME: (host, port)} as written (the host may be
+    empty). Names must differ (one name meaning two addresses is a typo), and so must
+    the non-zero ports of sockets to bind; advertised ones may share a port (two hosts
+    behind one proxy port)."""
     out: dict[str, tuple[str, int]] = {}
+    ports: dict[int, str] = {}
     for item in (p.strip() for p in text.split(",")):
         if not item:
             continue
         name, sep, address = item.partition("://")
+        name = name.strip().upper()
         if not sep or not name:
-            raise InvalidConfigError(f"listeners: expected NAME://host:port, got {item!r}")
-        host, port = _split_host_port(address, "listeners", item)
-        out[name.upper()] = (host or "0.0.0.0", port)
+            raise InvalidConfigError(f"{what}: expected NAME://host:port, got {item!r}")
+        host, port = _split_host_port(address, what, item)
+        if name in out:
+            raise InvalidConfigError(f"{what}: listener name {name} appears twice")
+        if distinct_ports and port and port in ports:
+            raise InvalidConfigError(f"{what}: {ports[port]} and {name} both use port {port}")
+        out[name] = (host, port)
+        if port:
+            ports[port] = name
     return out
 
 

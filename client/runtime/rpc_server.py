@@ -148,6 +148,7 @@ class Request:
     payload: memoryview
     peer: str
     message: Any = None  # the typed request (client/wire/messages.py), validated
+    listener: str = ""  # the name of the listener it arrived on (a broker answers by it)
 
 
 Handler = Callable[[Request], Awaitable[Response | None]]
@@ -407,27 +408,38 @@ class RpcServer:
         self.connections: set[_ServerProtocol] = set()
         self.per_ip: dict[str, int] = {}
         self.warnings = PeerWarnings(log)
-        self._server: asyncio.AbstractServer | None = None
-        self.host: str | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self.host: str | None = None  # the first listener's
         self.port: int | None = None
+        self.ports: dict[str, int] = {}  # listener name -> port bound
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Listen; ``port`` 0 picks an ephemeral port, then available as ``self.port``."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0, listener: str = "") -> None:
+        """Listen; ``port`` 0 picks an ephemeral port, then available as ``self.port``.
+        Called again, listens on one more socket (a named listener: each request says
+        which it came in on); every socket shares the connection limits."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port)
-        sockname = self._server.sockets[0].getsockname()
-        self.host, self.port = sockname[0], sockname[1]
-        log.info("%s: listening on %s:%d", self.name, self.host, self.port)
+        server = await loop.create_server(lambda: _ServerProtocol(self, listener), host, port)
+        self._servers.append(server)
+        bound_host, bound_port = server.sockets[0].getsockname()[:2]
+        if self.port is None:
+            self.host, self.port = bound_host, bound_port
+        self.ports[listener] = bound_port
+        log.info("%s: listening on %s:%d %s", self.name, bound_host, bound_port, listener)
+
+    @property
+    def sockets(self) -> list[Any]:
+        """Every listening socket."""
+        return [sock for server in self._servers for sock in server.sockets]
 
     async def stop(self) -> None:
         """Stop listening, drop every connection and cancel handlers still running."""
-        if self._server is not None:
-            self._server.close()
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
         for conn in list(self.connections):
             conn.shutdown()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for server in servers:
+            await server.wait_closed()
 
     async def __aenter__(self) -> RpcServer:
         return self
@@ -447,8 +459,9 @@ class RpcServer:
 class _ServerProtocol(asyncio.Protocol):
     """One peer connection: decode, dispatch in order, answer in order."""
 
-    def __init__(self, server: RpcServer) -> None:
+    def __init__(self, server: RpcServer, listener: str = "") -> None:
         self.server = server
+        self.listener = listener
         self.decoder = FrameDecoder(server.max_request_bytes)
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
@@ -730,7 +743,15 @@ class _ServerProtocol(asyncio.Protocol):
         if len(payload) and not api.request_payload:
             raise InvalidRequestError(f"{api.name} requests carry no payload")
         return Request(
-            api, version, header["correlation_id"], client_id, header, payload, self.peer, message
+            api,
+            version,
+            header["correlation_id"],
+            client_id,
+            header,
+            payload,
+            self.peer,
+            message,
+            self.listener,
         )
 
     async def run(self, request: Request, slot: _Slot) -> Response | None:
