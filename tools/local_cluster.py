@@ -38,12 +38,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rillet.broker.config import broker_config_table, combined_config_table
+from rillet.broker.config import BROKER_LISTENER, broker_config_table, combined_config_table
 from rillet.client.runtime.config import ConfigTable
 from rillet.client.runtime.metrics_http import EPHEMERAL
 from rillet.client.runtime.shutdown import OWNER_ENV, owner_value, process_start_time
@@ -260,11 +260,18 @@ class LocalCluster:
         racks: Iterable[str | None] | None = None,
         python: str = sys.executable,
         s3: S3Tier | bool | None = None,
+        listeners: Sequence[str] = (BROKER_LISTENER,),
     ) -> None:
         """``s3``: the remote tier of every broker. True: an embedded S3 server on
         DEFAULT_S3_PORT (an ephemeral one with ``ephemeral_ports``); an S3Tier as given;
-        None or False: no remote tier."""
+        None or False: no remote tier. ``listeners``: the names of every broker's
+        listeners; the first binds the broker's port and is the one this tool talks to,
+        the others bind ephemeral ports (advertised.listeners and
+        inter.broker.listener.name go in ``overrides``)."""
         self.data_dir = Path(data_dir).resolve()
+        self.listener_names = [name.upper() for name in listeners]
+        if not self.listener_names or len(set(self.listener_names)) < len(listeners):
+            raise ClusterError(f"listeners: distinct names wanted, not {list(listeners)}")
         self.overrides = dict(overrides or {})
         unknown = sorted(set(self.overrides) - set(role_table(["broker", "controller"]).keys))
         if unknown:  # filtered per role below, so it would be dropped silently
@@ -337,7 +344,8 @@ class LocalCluster:
         if node.is_controller:
             listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
         if node.is_broker:
-            listeners.append(f"BROKER://127.0.0.1:{node.broker_port}")
+            listeners.append(f"{self.listener_names[0]}://127.0.0.1:{node.broker_port}")
+            listeners += [f"{name}://127.0.0.1:0" for name in self.listener_names[1:]]
         d = self.node_dir(node.node_id)
         values: dict[str, Any] = {
             "node.id": node.node_id,
@@ -373,6 +381,7 @@ class LocalCluster:
             "nodes": [asdict(n) for n in self.nodes.values()],
             "overrides": self.overrides,
             "node_overrides": {str(k): v for k, v in self.node_overrides.items()},
+            "listeners": self.listener_names,
             "python": self.python,
             "owner": self.owner,
             "s3": asdict(self.s3) if self.s3 is not None else None,
@@ -469,6 +478,7 @@ class LocalCluster:
             node_overrides={int(k): v for k, v in state.get("node_overrides", {}).items()},
             python=state.get("python", sys.executable),
             s3=S3Tier(**state["s3"]) if state.get("s3") else None,
+            listeners=state.get("listeners") or (BROKER_LISTENER,),
         )
         for raw in state["nodes"]:
             cluster._add(Node(**raw))
@@ -791,13 +801,19 @@ class LocalCluster:
 
     def broker_address(self, node_id: int) -> str:
         node = self._node(node_id)
-        if "BROKER" not in node.listeners:
+        if self.broker_listener not in node.listeners:
             raise ClusterError(f"node {node_id} has no known broker listener (not started?)")
-        return node.listeners["BROKER"]
+        return node.listeners[self.broker_listener]
+
+    @property
+    def broker_listener(self) -> str:
+        """The listener this tool (and ``bootstrap``) reaches the brokers on."""
+        return self.listener_names[0]
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(n.listeners["BROKER"] for n in self.brokers() if "BROKER" in n.listeners)
+        name = self.broker_listener
+        return ",".join(n.listeners[name] for n in self.brokers() if name in n.listeners)
 
     def describe(self, timeout_s: float = 5.0) -> m.DescribeClusterResponse | None:
         """DescribeCluster from the first live broker that answers, or None."""
@@ -840,9 +856,9 @@ class LocalCluster:
 
     async def _ask_any_broker(self, message: RequestMessage[R], timeout_s: float) -> R | None:
         for node in self.brokers():
-            if not self.is_running(node) or "BROKER" not in node.listeners:
+            if not self.is_running(node) or self.broker_listener not in node.listeners:
                 continue
-            host, port = parse_address(node.listeners["BROKER"])
+            host, port = parse_address(node.listeners[self.broker_listener])
             timeout_ms = int(timeout_s * 1000)
             try:
                 async with await Connection.open(
