@@ -237,8 +237,8 @@ def node_keys(default_roles: str) -> ConfigTable:
                 int,
                 0,
                 "HTTP port of the Prometheus endpoint /metrics, on the host of the node's"
-                " BROKER listener (a controller's: CONTROLLER); 0 disables it, -1 picks a"
-                " free port (the readiness line says which).",
+                " inter-broker listener (a controller's: CONTROLLER); 0 disables it, -1"
+                " picks a free port (the readiness line says which).",
             ),
             Key(
                 "event.loop.stall.warn.ms",
