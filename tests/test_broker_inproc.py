@@ -429,3 +429,45 @@ async def test_group_apis_are_served_and_answered(broker, conn) -> None:
     _, link = broker  # and the same connection still serves the rest
     await link.create_topic("after-groups")
     assert (await produce(conn, "after-groups", 0, batch(b"x")))[:3] == [0, 0, 0]
+
+
+async def test_each_listener_answers_with_its_own_endpoints(tmp_path: Path) -> None:
+    """Two listeners, EXTERNAL advertised under another host: Metadata, DescribeCluster
+    and FindCoordinator name the brokers on the listener asked, and leave out a broker
+    without it (docs/broker.md, "Listeners")."""
+    link = FakeLink(1)
+    config = broker_config(
+        tmp_path / "logs",
+        "listeners=INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0",
+        "inter.broker.listener.name=INTERNAL",
+        "advertised.listeners=EXTERNAL://localhost:0",
+    )
+    server = BrokerServer(config, link=link)
+    await server.start()
+    try:
+        ports = server.rpc.ports  # type: ignore[union-attr]
+        assert set(server.listeners) == {"INTERNAL", "EXTERNAL"}
+        assert server.port == ports["INTERNAL"]
+        assert link.image.brokers[1].endpoints == (
+            Endpoint("INTERNAL", "127.0.0.1", ports["INTERNAL"]),
+            Endpoint("EXTERNAL", "localhost", ports["EXTERNAL"]),
+        )
+        other = RegisterBroker(2, "b2", 1, (Endpoint("INTERNAL", "10.0.0.2", 9092),), None)
+        await link.commit([other, UnfenceBroker(2, 1)])
+        await link.create_topic("__consumer_offsets", 1)
+        expected = {
+            "INTERNAL": {(1, "127.0.0.1", ports["INTERNAL"]), (2, "10.0.0.2", 9092)},
+            "EXTERNAL": {(1, "localhost", ports["EXTERNAL"])},  # 2 has no EXTERNAL
+        }
+        for listener, brokers in expected.items():
+            async with await Connection.open("127.0.0.1", ports[listener]) as c:
+                meta, _ = await c.call(m.MetadataRequest(topics=None))
+                assert {(b.node_id, b.host, b.port) for b in meta.brokers} == brokers
+                desc, _ = await c.call(m.DescribeClusterRequest())
+                assert {(b.broker_id, b.host, b.port) for b in desc.brokers} == brokers
+                found, _ = await c.call(m.FindCoordinatorRequest(["g"]))
+                (coordinator,) = found.coordinators
+                assert (coordinator.node_id, coordinator.host, coordinator.port) in brokers
+                assert coordinator.node_id == 1
+    finally:
+        await server.stop()
