@@ -18,6 +18,20 @@ from rillet.tools.local_cluster import LocalCluster
 ClusterFactory = Callable[..., LocalCluster]
 
 
+def combined_nodes(path: Path, nodes: int, **options: Any) -> Iterator[LocalCluster]:
+    """A started cluster of combined nodes (broker and controller voter each), stopped
+    when the caller is done: for module-scoped fixtures (``yield from``)."""
+    c = LocalCluster(
+        path, controllers=nodes, brokers=nodes, combined=True, ephemeral_ports=True, **options
+    )
+    try:
+        c.start()
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop(kill=True, timeout_s=20)
+
+
 @pytest.fixture
 def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
     made: list[LocalCluster] = []

@@ -8,10 +8,9 @@ import asyncio
 import json
 import subprocess
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
+from cluster import combined_nodes
 from helpers import run_cli, wait_until_async
 
 from rillet.client.admin import Admin, AdminError, NewTopic
@@ -23,20 +22,6 @@ from rillet.controller.metadata.topic_config import OP_APPEND
 from rillet.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
-
-
-def combined_nodes(path: Path, nodes: int, **options: Any) -> Iterator[LocalCluster]:
-    """A started cluster of combined nodes (broker and controller voter each), stopped
-    when the caller is done."""
-    c = LocalCluster(
-        path, controllers=nodes, brokers=nodes, combined=True, ephemeral_ports=True, **options
-    )
-    try:
-        c.start()
-        c.wait_ready()
-        yield c
-    finally:
-        c.stop(kill=True, timeout_s=20)
 
 
 @pytest.fixture(scope="module")

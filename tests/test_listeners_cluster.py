@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster import combined_nodes
 from helpers import wait_until, wait_until_async
 
 from rillet.client.admin import Admin, NewTopic
@@ -33,12 +34,9 @@ ADVERTISED = {"INTERNAL": "127.0.0.1", "EXTERNAL": "localhost"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(
+    yield from combined_nodes(
         tmp_path_factory.mktemp("listeners"),
-        controllers=3,
-        brokers=3,
-        combined=True,
-        ephemeral_ports=True,
+        3,
         listeners=("INTERNAL", "EXTERNAL"),
         overrides={
             "inter.broker.listener.name": "INTERNAL",
@@ -50,12 +48,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             "replica.lag.time.max.ms": 3000,
         },
     )
-    try:
-        c.start()
-        c.wait_ready()
-        yield c
-    finally:
-        c.stop(kill=True, timeout_s=20)
 
 
 def bound(cluster: LocalCluster, listener: str) -> dict[int, int]:
