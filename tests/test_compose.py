@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rillet.broker.config import broker_config_table
+from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.client.runtime.config import parse_listeners, parse_voters
 from rillet.controller.config import controller_config_table
 
@@ -40,9 +40,31 @@ def node_config(service: dict):  # noqa: ANN201
 def test_every_node_command_is_a_valid_config(name: str) -> None:
     role, config = node_config(services()[name])
     listeners = parse_listeners(config["listeners"])
-    expected = "BROKER" if role == "broker" else "CONTROLLER"
-    assert set(listeners) == {expected}
-    assert listeners[expected][0] == services()[name]["hostname"]
+    hostname = services()[name]["hostname"]
+    if role == "controller":
+        assert set(listeners) == {"CONTROLLER"}
+        assert listeners["CONTROLLER"][0] == hostname
+        return
+    # A broker: INTERNAL on its service name between brokers, EXTERNAL for the host.
+    broker = BrokerConfig.from_config(config)
+    assert set(listeners) == {"INTERNAL", "EXTERNAL"}
+    assert broker.inter_broker_listener == "INTERNAL"
+    assert broker.advertised["INTERNAL"] == (hostname, 9092) == listeners["INTERNAL"]
+    published = {
+        (host, int(host_port)): int(container_port)
+        for host, host_port, container_port in (p.split(":") for p in services()[name]["ports"])
+    }
+    # The EXTERNAL address advertised is a host port published to EXTERNAL's port.
+    assert published[broker.advertised["EXTERNAL"]] == listeners["EXTERNAL"][1]
+
+
+def test_brokers_advertise_distinct_host_ports() -> None:
+    external = [
+        BrokerConfig.from_config(node_config(s)[1]).advertised["EXTERNAL"]
+        for s in services().values()
+        if s.get("command", [""])[0] == "broker"
+    ]
+    assert len(set(external)) == len(external) == 3
 
 
 def test_quorum_voters_are_the_controller_services() -> None:
