@@ -6,12 +6,14 @@ they contradict each other."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
 from rillet.broker.config import BrokerConfig, broker_config_table, combined_config_table
 from rillet.client.runtime.config import parse_listeners
 from rillet.client.wire.errors import InvalidConfigError
+from rillet.tools.local_cluster import ClusterError, LocalCluster
 
 TWO = "listeners=INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:9094"
 
@@ -100,3 +102,22 @@ def test_listener_names_and_ports_differ(text: str, match: str) -> None:
         parse_listeners(text)
     # Ephemeral ports never collide.
     assert parse_listeners("A://h:0,B://h:0") == {"A": ("h", 0), "B": ("h", 0)}
+
+
+def test_a_local_cluster_names_every_broker_listener(tmp_path: Path) -> None:
+    """LocalCluster's ``listeners``: the first binds the broker's port and is the tool's
+    own; the others bind ephemeral ports; the names survive a reload of the state."""
+    cluster = LocalCluster(
+        tmp_path / "c", controllers=1, brokers=1, combined=True, listeners=("inside", "OUTSIDE")
+    )
+    config = cluster.config_for(cluster.nodes[1])
+    node = cluster.nodes[1]
+    assert config["listeners"] == (
+        f"CONTROLLER://127.0.0.1:{node.controller_port},"
+        f"INSIDE://127.0.0.1:{node.broker_port},OUTSIDE://127.0.0.1:0"
+    )
+    assert cluster.broker_listener == "INSIDE"
+    cluster.save()
+    assert LocalCluster.load(tmp_path / "c").broker_listener == "INSIDE"
+    with pytest.raises(ClusterError, match="distinct names"):
+        LocalCluster(tmp_path / "d", controllers=1, brokers=1, listeners=("A", "a"))
