@@ -96,7 +96,7 @@ def test_acks_all_through_every_leader_on_the_external_listener(cluster: LocalCl
 
     async def go() -> None:
         async with Admin(external, timeout_ms=30_000) as admin:
-            await admin.create_topics([NewTopic(TOPIC, 3, 3, assignments=ASSIGNMENTS)])
+            await admin.create_topics([NewTopic(TOPIC, assignments=ASSIGNMENTS)])
 
             async def leaders() -> bool:
                 (topic,) = await admin.describe_topics([TOPIC])
@@ -163,7 +163,7 @@ def test_followers_replicate_over_the_inter_broker_listener(cluster: LocalCluste
 
     async def go() -> None:
         async with Admin(external, timeout_ms=30_000) as admin:
-            await admin.create_topics([NewTopic("replicated", 3, 3, assignments=ASSIGNMENTS)])
+            await admin.create_topics([NewTopic("replicated", assignments=ASSIGNMENTS)])
 
             async def full() -> bool:
                 return all(isr == set(NODES) for isr in (await isrs(admin)).values())
