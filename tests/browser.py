@@ -85,12 +85,12 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def console_cluster(data_dir: Path) -> Iterator[Any]:
-    """A 3-controller, 3-broker cluster on ephemeral ports for a console test module,
-    stopped (killed) on the way out whatever happened."""
+def console_cluster(data_dir: Path, controllers: int = 3, brokers: int = 3) -> Iterator[Any]:
+    """A cluster on ephemeral ports for a console test module (3 controllers and 3
+    brokers unless told), stopped (killed) on the way out whatever happened."""
     from rillet.tools.local_cluster import LocalCluster
 
-    cluster = LocalCluster(data_dir, controllers=3, brokers=3, ephemeral_ports=True)
+    cluster = LocalCluster(data_dir, controllers=controllers, brokers=brokers, ephemeral_ports=True)
     try:
         cluster.start()
         cluster.wait_ready()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from browser import artifacts_dir, start_console
+from browser import console_cluster as cluster_for_console
 from helpers import ServerProcess, wait_until
 
 from rillet.client.admin import Admin, NewTopic
@@ -36,15 +37,7 @@ TOPICS = [
 
 @pytest.fixture(scope="module")
 def console_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        Path(tmp_path_factory.mktemp("console")) / "cluster",
-        controllers=3,
-        brokers=3,
-        ephemeral_ports=True,
-    )
-    try:
-        cluster.start()
-        cluster.wait_ready()
+    with cluster_for_console(Path(tmp_path_factory.mktemp("console")) / "cluster") as cluster:
         with SyncAdmin(cluster.bootstrap) as admin:
             admin.create_topics(TOPICS)
             wait_until(
@@ -62,8 +55,6 @@ def console_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
             producer.flush()
         asyncio.run(commit_offsets(cluster.bootstrap))  # makes __consumer_offsets
         yield cluster
-    finally:
-        cluster.stop(kill=True, timeout_s=20)
 
 
 async def commit_offsets(bootstrap: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import console_cluster
 from helpers import wait_until, wait_until_async
 from starlette.testclient import TestClient
 
@@ -35,15 +36,8 @@ JSON_TOO_DEEP = b"[" * 4000 + b"]" * 4000
 
 @pytest.fixture(scope="module")
 def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        Path(tmp_path_factory.mktemp("console-review")) / "cluster",
-        controllers=1,
-        brokers=2,
-        ephemeral_ports=True,
-    )
-    try:
-        cluster.start()
-        cluster.wait_ready()
+    data_dir = Path(tmp_path_factory.mktemp("console-review")) / "cluster"
+    with console_cluster(data_dir, controllers=1, brokers=2) as cluster:
         a, b = (n.node_id for n in cluster.brokers())
         with SyncAdmin(cluster.bootstrap) as admin:
             admin.create_topics(
@@ -64,8 +58,6 @@ def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
                 for i in range(5):
                     producer.send(topic, b"x%d" % i)
         yield cluster
-    finally:
-        cluster.stop(kill=True, timeout_s=20)
 
 
 @pytest.fixture(scope="module")
