@@ -123,6 +123,13 @@ def test_cli_expected_errors_are_one_line(cluster) -> None:  # noqa: ANN001
     rillet(cluster, "topic", "create", "dup", "--partitions", "1", "--replication-factor", "1")
     dup = rillet(cluster, "topic", "create", "dup", "--partitions", "1", ok=False)
     assert dup.returncode == 1 and "TOPIC_ALREADY_EXISTS" in dup.stderr
+    # --if-not-exists (the compose file's init service runs it on every start).
+    again = rillet(cluster, "topic", "create", "dup", "--if-not-exists")
+    assert again.returncode == 0 and "exists already" in again.stdout, again.stdout
+    other = rillet(
+        cluster, "topic", "create", "bad", "--partitions", "0", "--if-not-exists", ok=False
+    )
+    assert other.returncode == 1 and "INVALID_PARTITIONS" in other.stderr, other.stderr
 
 
 def test_readme_python_example_runs(cluster, tmp_path) -> None:  # noqa: ANN001

@@ -25,6 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--partitions", type=int, default=-1, help="(broker default)")
     create.add_argument("--replication-factor", type=int, default=-1, help="(broker default)")
     create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    create.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="succeed when the topic exists already (its shape and configs are not compared)",
+    )
     add_bootstrap(create)
     create.set_defaults(func=cmd_create)
 
@@ -79,15 +84,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from rillet.client.admin import Admin, NewTopic
+    from rillet.client.admin import Admin, AdminError, NewTopic
+    from rillet.client.wire.errors import TopicAlreadyExistsError
 
     configs = parse_configs(args.config)
 
     async def main() -> int:
+        created = True
         async with Admin(args.bootstrap) as admin:
             topic = NewTopic(args.name, args.partitions, args.replication_factor, configs)
-            await admin.create_topics([topic])
-        if args.json:
+            try:
+                await admin.create_topics([topic])
+            except AdminError as e:
+                exists = isinstance(e.errors.get(args.name), TopicAlreadyExistsError)
+                if not (args.if_not_exists and exists):
+                    raise
+                created = False
+        if not created:
+            if args.json:
+                print_json({"exists": args.name})
+            else:
+                print(f"Topic {args.name} exists already.")
+        elif args.json:
             print_json(
                 {
                     "created": args.name,
