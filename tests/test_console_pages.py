@@ -17,6 +17,7 @@ from rillet.client.admin import GroupDescription, GroupListing, GroupMember
 from rillet.client.cli import build_parser
 from rillet.client.cli.group import parse_datetime
 from rillet.client.console import browse
+from rillet.client.console.context import ConsoleConfig
 from rillet.client.console.forms import paginate, same_origin
 from rillet.client.console.group_lag import GroupRow, TopicLag, summarize
 from rillet.client.console.live import MAX_FRAGMENTS, Fragments
@@ -169,12 +170,20 @@ def test_a_loopback_console_takes_posts_only_under_a_loopback_name() -> None:
     # DNS rebinding: a site's own name made to resolve to 127.0.0.1 sends matching Host
     # and Origin, but names no loopback host.
     rebound = {"host": "evil.test:8080", "origin": "http://evil.test:8080"}
-    assert not same_origin(_request(rebound), bound_to="127.0.0.1")
-    assert same_origin(_request(rebound), bound_to="0.0.0.0")  # bound wide: any name
+    assert not same_origin(_request(rebound), loopback_names=True)
+    assert same_origin(_request(rebound), loopback_names=False)  # bound wide: any name
     local = {"host": "localhost:8080", "origin": "http://localhost:8080"}
-    assert same_origin(_request(local), bound_to="127.0.0.1")
+    assert same_origin(_request(local), loopback_names=True)
     v6 = {"host": "[::1]:8080", "origin": "http://[::1]:8080"}
-    assert same_origin(_request(v6), bound_to="::1")
+    assert same_origin(_request(v6), loopback_names=True)
+
+
+def test_which_consoles_answer_only_loopback_names() -> None:
+    assert ConsoleConfig(host="127.0.0.1").loopback_names
+    assert ConsoleConfig(host="::1").loopback_names
+    assert not ConsoleConfig(host="0.0.0.0").loopback_names
+    # In a container: bound to every address there, published on the host's loopback.
+    assert ConsoleConfig(host="0.0.0.0", loopback_names_only=True).loopback_names
 
 
 def _cli_args(line: str) -> argparse.Namespace:

@@ -19,6 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     parser.add_argument(
+        "--loopback-names-only",
+        action="store_true",
+        help="answer only requests that name a loopback host (127.0.0.1, localhost), as a "
+        "console bound to loopback does, when bound wider: in a container published on "
+        "the host's loopback",
+    )
+    parser.add_argument(
         "--read-only", action="store_true", help="hide every action: browse and watch only"
     )
     parser.add_argument(
@@ -51,6 +58,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         read_only=args.read_only,
+        loopback_names_only=args.loopback_names_only,
         refresh_s=args.refresh,
         metrics=metrics,
     )

@@ -17,7 +17,6 @@ from starlette.staticfiles import StaticFiles
 
 from rillet.client.admin import Admin
 from rillet.client.console.context import HERE, ConsoleConfig, ConsoleContext
-from rillet.client.console.forms import is_loopback
 from rillet.client.console.hostguard import LoopbackHostOnly
 from rillet.client.console.live import Fragments, events_route
 from rillet.client.console.pages import actions, groups, messages, overview, topics
@@ -82,7 +81,7 @@ def create_app(config: ConsoleConfig, admin: Admin | None = None) -> Starlette:
             await admin.close()
 
     # Bound to loopback, only loopback names may ask (hostguard.py: DNS rebinding).
-    guard = [Middleware(LoopbackHostOnly)] if is_loopback(config.host) else []
+    guard = [Middleware(LoopbackHostOnly)] if config.loopback_names else []
     app = Starlette(routes=routes, lifespan=lifespan, middleware=guard)
     app.state.ctx = ctx
     return app

@@ -14,6 +14,7 @@ from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
 from rillet.client.admin import Admin
+from rillet.client.console.forms import is_loopback
 from rillet.client.console.snapshot import SnapshotCache
 
 HERE = Path(__file__).parent
@@ -53,6 +54,14 @@ class ConsoleConfig:
     logs_s: float | None = None
     # Broker id -> its Prometheus /metrics URL, for bytes out (optional; metrics.py).
     metrics: Mapping[int, str] = field(default_factory=dict)
+    # Answer only loopback Host names even when bound wider: a console in a container
+    # binds 0.0.0.0 there but is published on the host's loopback (hostguard.py).
+    loopback_names_only: bool = False
+
+    @property
+    def loopback_names(self) -> bool:
+        """Whether only loopback Host names are answered (hostguard.py)."""
+        return self.loopback_names_only or is_loopback(self.host)
 
 
 class Service(Protocol):

@@ -55,15 +55,16 @@ def host_name(host_header: str) -> str:
         return ""
 
 
-def same_origin(request: Request, bound_to: str = "127.0.0.1") -> bool:
-    """True when the POST comes from a page the console served itself. A console bound
-    to a loopback address also wants a loopback name in ``Host``: a page whose own name
-    was made to resolve to 127.0.0.1 (DNS rebinding) sends a matching Origin too."""
+def same_origin(request: Request, loopback_names: bool = True) -> bool:
+    """True when the POST comes from a page the console served itself. A console that
+    answers only loopback names (bound to loopback, or told so) also wants one in
+    ``Host``: a page whose own name was made to resolve to 127.0.0.1 (DNS rebinding)
+    sends a matching Origin too."""
     host = request.headers.get("host", "")
     source = request.headers.get("origin") or request.headers.get("referer")
     if not source or not host or urlsplit(source).netloc != host:
         return False
-    return not is_loopback(bound_to) or is_loopback(host_name(host))
+    return not loopback_names or is_loopback(host_name(host))
 
 
 def error_text(e: BaseException) -> str:

@@ -359,7 +359,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         action = ACTIONS.get(request.path_params["name"])
         if action is None:
             return PlainTextResponse("no such action", status_code=404)
-        if not same_origin(request, ctx.config.host):
+        if not same_origin(request, ctx.config.loopback_names):
             return PlainTextResponse("cross-site POST refused", status_code=403)
         fields = await request.form()
         if fields.get("step") == "execute":

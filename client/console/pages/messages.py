@@ -314,7 +314,7 @@ def routes(ctx: ConsoleContext, fragments: Fragments) -> list[BaseRoute]:
         )
 
     async def produce(request: Request) -> Response:
-        if not same_origin(request, ctx.config.host):
+        if not same_origin(request, ctx.config.loopback_names):
             return PlainTextResponse("cross-site POST refused", status_code=403)
         form = await request.form()
         topic = str(form.get("topic", "")).strip()
