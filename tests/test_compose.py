@@ -1,9 +1,12 @@
-"""docker-compose.yml cannot run here (no Docker engine), so check what can be checked:
-every node's command line is a config its own role accepts, and the quorum, listeners
-and ids agree with each other."""
+"""docker-compose.yml checked without a container engine (tests/test_compose_podman.py
+starts it for real under podman, in `make compose-test`): the file is valid against the
+compose-spec schema, every node's command line is a config its own role accepts, and
+the quorum, listeners, published ports and ids agree with each other."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ from rillet.broker.config import BrokerConfig, broker_config_table
 from rillet.client.runtime.config import parse_listeners, parse_voters
 from rillet.controller.config import controller_config_table
 
-COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
 
 
 def services() -> dict:
@@ -21,22 +25,57 @@ def services() -> dict:
 
 
 def node_config(service: dict):  # noqa: ANN201
+    """(role, config) as the node would load it: its --config file (bind-mounted from
+    the repository) under its --set overrides."""
     command = service["command"]
     role, args = command[0], command[1:]
-    overrides = [args[i + 1] for i in range(0, len(args), 2) if args[i] == "--set"]
-    assert len(overrides) * 2 == len(args), f"only --set pairs expected: {args}"
+    mounts = {
+        v["target"]: ROOT / v["source"] for v in service.get("volumes", []) if isinstance(v, dict)
+    }
+    path, overrides = None, []
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        if flag == "--config":
+            path = mounts[value]  # a config file the container does not have fails here
+        else:
+            assert flag == "--set", f"only --config and --set expected: {args}"
+            overrides.append(value)
     table = broker_config_table() if role == "broker" else controller_config_table()
-    return role, table.load(None, overrides)
+    return role, table.load(path, overrides)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        n
+def node_services() -> dict[str, dict]:
+    return {
+        n: s
         for n, s in services().items()
         if "command" in s and s["command"][0] in ("broker", "controller")
-    ],
-)
+    }
+
+
+def test_compose_file_follows_the_compose_spec() -> None:
+    # check-jsonschema ships the compose-spec schema (vendor.compose-spec).
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(COMPOSE),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_nothing_waits_on_a_healthcheck() -> None:
+    # podman-compose runs no healthchecks, so a condition on one would never be met.
+    for name, service in services().items():
+        depends = service.get("depends_on", [])
+        assert isinstance(depends, list), f"{name}: depends_on conditions are not run"
+
+
+@pytest.mark.parametrize("name", list(node_services()))
 def test_every_node_command_is_a_valid_config(name: str) -> None:
     role, config = node_config(services()[name])
     listeners = parse_listeners(config["listeners"])
@@ -56,6 +95,11 @@ def test_every_node_command_is_a_valid_config(name: str) -> None:
     }
     # The EXTERNAL address advertised is a host port published to EXTERNAL's port.
     assert published[broker.advertised["EXTERNAL"]] == listeners["EXTERNAL"][1]
+    assert config["broker.rack"], "rack-aware placement wants every broker's rack"
+    # The remote tier is the compose file's own S3 service.
+    assert config["remote.log.storage.system.enable"]
+    s3 = services()["s3"]
+    assert config["remote.log.storage.s3.endpoint.url"] == f"http://s3:{s3['command'][3]}"
 
 
 def test_brokers_advertise_distinct_host_ports() -> None:
@@ -65,14 +109,13 @@ def test_brokers_advertise_distinct_host_ports() -> None:
         if s.get("command", [""])[0] == "broker"
     ]
     assert len(set(external)) == len(external) == 3
+    # The CLI's default bootstrap (127.0.0.1:9092) is one of them: `rillet ...` on the
+    # host needs no --bootstrap.
+    assert ("127.0.0.1", 9092) in external
 
 
 def test_quorum_voters_are_the_controller_services() -> None:
-    nodes = [
-        node_config(s)
-        for s in services().values()
-        if s.get("command", [""])[0] in ("broker", "controller")
-    ]
+    nodes = [node_config(s) for s in node_services().values()]
     voter_sets = {config["controller.quorum.voters"] for _, config in nodes}
     assert len(voter_sets) == 1
     voters = parse_voters(voter_sets.pop())
@@ -86,14 +129,26 @@ def test_quorum_voters_are_the_controller_services() -> None:
     assert len(ids) == len(set(ids)) == 6
 
 
-def test_client_bootstrap_names_every_broker() -> None:
-    bootstrap = services()["client"]["environment"]["RILLET_BOOTSTRAP"].split(",")
+@pytest.mark.parametrize("name", ["client", "console", "init", "spark"])
+def test_in_network_clients_bootstrap_from_every_broker(name: str) -> None:
+    bootstrap = services()[name]["environment"]["RILLET_BOOTSTRAP"].split(",")
     brokers = {
         f"{s['hostname']}:9092"
         for s in services().values()
         if s.get("command", [""])[0] == "broker"
     }
     assert set(bootstrap) == brokers
+
+
+def test_prometheus_scrapes_every_node() -> None:
+    config = yaml.safe_load((ROOT / "containers" / "prometheus.yml").read_text())
+    targets = {
+        t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    }
+    nodes = node_services()
+    assert targets == {
+        f"{s['hostname']}:{node_config(s)[1]['metrics.port']}" for s in nodes.values()
+    }
 
 
 def test_image_build_copies_every_source_folder_the_package_maps() -> None:
