@@ -5,7 +5,8 @@
 #   base:       that venv on a clean base image, no compiler
 #   spark:      base + a Java runtime and the spark extra (`docker compose run spark ...`)
 #   prometheus: Debian's Prometheus, for the compose file's monitoring profile
-#   (last)      the node image: base as the non-root user `rillet`, data under /data
+#   (last)      the node image: base as the non-root user `rillet`, data in /data (mount a
+#               volume there: the compose file gives each node a named one)
 # Everything runs from /opt/venv, so the base image may be python:3.11-slim or a stand-in
 # built from Debian's packages whose own Python refuses system-wide pip installs
 # (containers/standin-base.sh).
@@ -52,8 +53,8 @@ RUN apt-get update \
 # The spark extra's own pins (pyproject.toml), from the index; rillet from its wheel.
 # (The node image's venv has no pip: ensurepip brings the one Python ships.)
 COPY --from=build /wheels /tmp/wheels
-RUN python -m ensurepip -q \
-    && pip install --no-cache-dir --find-links /tmp/wheels 'rillet[s3,spark]' \
+RUN python -m ensurepip >/dev/null \
+    && python -m pip install --no-cache-dir --find-links /tmp/wheels 'rillet[s3,spark]' \
     && rm -rf /tmp/wheels \
     && python -c "import pyspark, rillet.client.spark"
 USER rillet
@@ -70,6 +71,7 @@ ENTRYPOINT ["prometheus", "--storage.tsdb.path=/tmp/prometheus"]
 
 FROM base
 USER rillet
-VOLUME /data
+# No VOLUME here: it would give every container without a mount (the console, the CLI,
+# init) an anonymous volume that `compose down -v` leaves behind. Nodes mount /data.
 ENTRYPOINT ["rillet"]
 CMD ["--help"]

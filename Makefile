@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test test-browser lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
+.PHONY: install up test test-browser compose-test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,15 @@ test: install lint
 # .ci/run installs Chromium and runs both.
 test-browser: install
 	$(BIN)/pytest -q -m browser $(PYTEST_ARGS)
+
+# docker-compose.yml for real under podman (no Docker engine here): installs podman and
+# runc when missing, makes the Dockerfile's base image available (pulled, or a stand-in
+# built from Debian's packages), builds the images, starts the cluster and uses it from
+# this host, then tears it all down (tests/test_compose_podman.py, docs/containers.md).
+# Root is needed. .ci/run runs it after make test.
+compose-test: install
+	bash containers/podman-setup.sh
+	$(BIN)/pytest -q -s -m compose -p no:cacheprovider tests/test_compose_podman.py $(PYTEST_ARGS)
 
 # Long deterministic-simulator runs, kept out of `make test`: SIM_SEEDS seeds of each of
 # the three simulators (about 0.3 s a seed for all three together on one core: ~25 min),
