@@ -10,7 +10,9 @@
 # Everything runs from /opt/venv, so the base image may be python:3.11-slim or a stand-in
 # built from Debian's packages whose own Python refuses system-wide pip installs
 # (containers/standin-base.sh).
-ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim
+# Bookworm by name: plain 3.11-slim follows Debian's newest release, whose packages (the
+# Java runtime of the spark stage) differ, and the stand-in is bookworm.
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 # Python's headers: python:3.11-slim has them, Debian's python3 needs python3-dev.

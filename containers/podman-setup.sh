@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make this machine able to run docker-compose.yml without a Docker engine: podman and
 # runc from Debian's packages (podman-compose comes with the dev extra), the engine
-# settings podman needs here, and the Dockerfile's base image (containers/standin-base.sh).
+# settings podman needs here, the Dockerfile's base image (containers/standin-base.sh),
+# and the compose file's images, built from this checkout.
 # Run as root; each step is skipped when already done. (docs/containers.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,13 +11,16 @@ need=()
 for tool in podman runc; do
     command -v "$tool" >/dev/null || need+=("$tool")
 done
-# netavark's name server, so containers find each other by service name.
+# netavark and its name server (containers find each other by service name), and the
+# iptables netavark publishes ports with (no package of podman's depends on it).
+[ -x /usr/lib/podman/netavark ] || need+=(netavark)
 [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
+command -v iptables >/dev/null || need+=(iptables)
 if ((${#need[@]})); then
     echo "installing ${need[*]} from Debian's packages"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc aardvark-dns \
-        netavark slirp4netns uidmap fuse-overlayfs >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc netavark aardvark-dns \
+        iptables slirp4netns uidmap fuse-overlayfs >/dev/null
 fi
 
 # The open-file and process limits a broker wants (the default nofile is 1024), runc as
@@ -34,3 +38,11 @@ CONF
 
 image="$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)"
 bash containers/standin-base.sh "$image"
+
+# Every image of the compose file, one after another (podman-compose would build the node
+# image once per service naming it, all at once); layers are cached, so a build after no
+# change takes seconds.
+podman build -q -t rillet:latest . >/dev/null
+podman build -q --target spark -t rillet-spark:latest . >/dev/null
+podman build -q --target prometheus -t rillet-prometheus:latest . >/dev/null
+echo "built rillet:latest, rillet-spark:latest, rillet-prometheus:latest"

@@ -3,13 +3,13 @@
 # reaches Debian's archive but no container registry, build a stand-in from Debian's
 # packages and tag it with the same name (docs/containers.md, "The base image").
 #
-# The stand-in is Debian bookworm (what python:3.11-slim is built on) with its own
+# The stand-in is Debian bookworm (what python:3.11-slim-bookworm is built on) with its own
 # Python 3.11, a `python` command, and venv support: everything the Dockerfile asks of
 # its base. The host's extra CA certificates go into its trust store, and PIP_CERT names
 # that store, so a TLS-intercepting proxy that the host trusts is trusted in builds too.
 #   usage: containers/standin-base.sh [IMAGE]   (default: the Dockerfile's PYTHON_IMAGE)
 set -euo pipefail
-image="${1:-docker.io/library/python:3.11-slim}"
+image="${1:-docker.io/library/python:3.11-slim-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
 if podman image exists "$image"; then
@@ -24,8 +24,8 @@ command -v debootstrap >/dev/null || {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+work="$(mktemp -d -p /var/tmp)"  # /tmp may be a small or nodev tmpfs
+trap 'rm -rf --one-file-system "$work"' EXIT
 root="$work/root"
 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
     bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {

@@ -168,3 +168,23 @@ def test_image_build_copies_every_source_folder_the_package_maps() -> None:
     package_dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert set(package_dirs["package-dir"].values()) <= copied
     assert {"pyproject.toml", "setup.py", "README.md"} <= copied
+
+
+def test_topics_created_without_a_factor_take_acks_all_writes() -> None:
+    # The controllers fill in a CreateTopics without count or factor; a factor below the
+    # brokers' min.insync.replicas would refuse every acks=all write to such a topic.
+    controllers = [c for role, c in map(node_config, node_services().values()) if role != "broker"]
+    brokers = [c for role, c in map(node_config, node_services().values()) if role == "broker"]
+    for controller in controllers:
+        for broker in brokers:
+            assert controller["default.replication.factor"] > broker["min.insync.replicas"]
+            assert controller["default.replication.factor"] <= len(brokers)
+
+
+def test_only_loopback_addresses_are_published() -> None:
+    # Nothing here authenticates. The S3 server is not published at all: moto allows any
+    # web origin, so a page in a browser on the host could delete tiered segments.
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    assert "ports" not in services()["s3"]
