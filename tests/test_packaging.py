@@ -111,6 +111,10 @@ USED_WITHOUT_IMPORT = {
     "python-snappy": "kafka-python's snappy codec (tests/test_kafka_oracle.py)",
     "python-multipart": "Starlette's request.form() (the console's action forms)",
     "httpx2": "Starlette's TestClient (tests/test_console_review.py)",
+    "check-jsonschema": "run as a module by tests/test_compose.py (the compose-spec schema)",
+    "podman-compose": "run by name in tests/test_compose_podman.py (make compose-test)",
+    "flask": "moto's S3 server app (tools/local_s3.py), the s3 extra",
+    "flask-cors": "moto's S3 server app (tools/local_s3.py), the s3 extra",
 }
 IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
 
