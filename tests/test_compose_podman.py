@@ -120,7 +120,8 @@ def serving(topic: str = "demo", partitions: int = 6) -> bool:
     except Exception:  # noqa: BLE001 - not up yet, whatever the reason
         return False
     full = all(len(p.isr) == len(p.replicas) == 3 for p in desc.partitions)
-    return full and len(desc.partitions) == partitions and len(cluster.brokers) == 3
+    live = len(cluster.brokers) == 3 and not cluster.fenced
+    return full and live and len(desc.partitions) == partitions
 
 
 def tear_down(c: Compose) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
@@ -279,7 +280,10 @@ def test_writes_and_reads_go_on_with_a_broker_killed(compose: Compose) -> None:
 def test_a_crashed_broker_is_restarted_and_rejoins(compose: Compose) -> None:
     # A kill -9 of the process itself (not `podman kill`, which counts as a stop by the
     # user): the restart policy brings it back, and it catches up into the ISR.
-    before = int(compose.inspect("broker-3", ".RestartCount"))
+    def registrations() -> int:
+        return compose.logs("broker-3", tail=100_000).count("broker 3: registered with epoch")
+
+    before, registered = int(compose.inspect("broker-3", ".RestartCount")), registrations()
     pid = int(compose.inspect("broker-3", ".State.Pid"))
     assert pid > 0, "broker-3 is not running"  # os.kill(0) would signal our own group
     os.kill(pid, signal.SIGKILL)
@@ -289,6 +293,10 @@ def test_a_crashed_broker_is_restarted_and_rejoins(compose: Compose) -> None:
         interval=0.5,
         message="broker-3 restarted by its restart policy",
     )
+    # Back within the session timeout, it may never have left the ISR: until the new
+    # process registers, the controllers still count the old one as live. So wait for
+    # the registration, then for it to be unfenced (caught up) and in every ISR.
+    wait_until(lambda: registrations() > registered, timeout=60, interval=0.5)
     wait_until(lambda: serving("demo"), timeout=120, interval=0.5, message="demo's ISR full")
     # It leads again, or follows, and acks=all writes through it are read back.
     seen = produce_and_read_back("demo", 10_000, 6)
