@@ -7,8 +7,8 @@
 #   prometheus: Debian's Prometheus, for the compose file's monitoring profile
 #   (last)      the node image: base as the non-root user `rillet`, data in /data (mount a
 #               volume there: the compose file gives each node a named one)
-# Everything runs from /opt/venv, so the base image may be python:3.11-slim or a stand-in
-# built from Debian's packages whose own Python refuses system-wide pip installs
+# Everything runs from /opt/venv, so the base image may be python:3.11-slim-bookworm or a
+# stand-in built from Debian's packages whose own Python refuses system-wide pip installs
 # (containers/standin-base.sh).
 # Bookworm by name: plain 3.11-slim follows Debian's newest release, whose packages (the
 # Java runtime of the spark stage) differ, and the stand-in is bookworm.

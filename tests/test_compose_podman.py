@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,8 @@ PROMETHEUS_PORT = 9090
 NODES = ["controller-1", "controller-2", "controller-3", "broker-1", "broker-2", "broker-3"]
 SERVICES = [*NODES, "s3", "console", "init"]
 UP_TIMEOUT_S = 240.0
+# Every profile, so that builds, `run` and teardown cover the optional services too.
+PROFILES = ["--profile", "spark", "--profile", "monitoring"]
 FIGURES: dict[str, float] = {}
 
 
@@ -70,10 +72,7 @@ def port_taken(port: int) -> bool:
 
 @dataclass
 class Compose:
-    base: list[str]
-    started_at: float = 0.0
-    serving_after_s: float = 0.0
-    extra: list[str] = field(default_factory=list)
+    base: list[str]  # podman-compose with this project's name and file
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True):  # noqa: ANN204
         return run([*self.base, *args], timeout=timeout, check=check)
@@ -127,7 +126,7 @@ def serving(topic: str = "demo", partitions: int = 6) -> bool:
 def tear_down(c: Compose) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
     """`down -v` with every profile, orphans (a `run --rm` cut short) included, then
     whatever still carries the project's label, forcibly; and what was left after all."""
-    down = run([*c.base, *c.extra, "down", "-v", "--remove-orphans"], check=False, timeout=600)
+    down = run([*c.base, *PROFILES, "down", "-v", "--remove-orphans"], check=False, timeout=600)
     for kind, names in c.owned().items():
         remove = {"containers": ["rm", "-f", "-v"], "volumes": ["volume", "rm", "-f"]}
         for name in names:
@@ -143,7 +142,6 @@ def dump_logs(c: Compose) -> None:
 @pytest.fixture(scope="module")
 def compose(request: pytest.FixtureRequest) -> Iterator[Compose]:
     c = Compose(podman_compose_command())
-    c.extra = ["--profile", "spark", "--profile", "monitoring"]
     # Leftovers of an interrupted run of this module (never a user's own project).
     tear_down(c)
     taken = [p for p in [*HOST_PORTS.values(), PROMETHEUS_PORT] if port_taken(p)]
@@ -154,7 +152,7 @@ def compose(request: pytest.FixtureRequest) -> Iterator[Compose]:
         if run(["podman", "image", "exists", image], check=False).returncode != 0:
             pytest.fail(f"no image {image}: run `make compose-test`, which builds it")
     failed_before = request.session.testsfailed
-    c.started_at = time.monotonic()
+    started = time.monotonic()
     try:
         c("up", "-d", timeout=300)
         wait_until(serving, timeout=UP_TIMEOUT_S, interval=0.5, message="the cluster serving demo")
@@ -162,8 +160,7 @@ def compose(request: pytest.FixtureRequest) -> Iterator[Compose]:
         dump_logs(c)  # the cluster never served: the tests' failures will not show it
         tear_down(c)
         raise
-    c.serving_after_s = time.monotonic() - c.started_at
-    FIGURES["up_to_serving_s"] = round(c.serving_after_s, 1)
+    FIGURES["up_to_serving_s"] = round(time.monotonic() - started, 1)
     yield c
     if request.session.testsfailed != failed_before:
         dump_logs(c)
@@ -333,7 +330,7 @@ def test_closed_segments_reach_s3(compose: Compose) -> None:
 def test_spark_load_and_verify_through_the_spark_profile(compose: Compose) -> None:
     def spark(*args: str) -> dict:
         # `docker compose run --rm spark ...`: Spark in local mode inside the network.
-        proc = compose(*compose.extra, "run", "--rm", "spark", *args, "--json", timeout=600)
+        proc = compose(*PROFILES, "run", "--rm", "spark", *args, "--json", timeout=600)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     started = time.monotonic()
@@ -359,7 +356,7 @@ def test_spark_load_and_verify_through_the_spark_profile(compose: Compose) -> No
 
 
 def test_prometheus_scrapes_every_node(compose: Compose) -> None:
-    compose(*compose.extra, "up", "-d", "prometheus", timeout=300)
+    compose(*PROFILES, "up", "-d", "prometheus", timeout=300)
     url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/targets"
 
     def healthy() -> list[dict] | None:
