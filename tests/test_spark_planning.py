@@ -18,6 +18,7 @@ from rillet.client.cli.spark import format_report, spark_error_cause  # noqa: E4
 from rillet.client.spark.jobs import (  # noqa: E402
     LoadShapeError,
     VerifyReport,
+    acked_counts,
     load_shape,
     make_value,
     parse_conf,
@@ -167,6 +168,10 @@ def test_report_names_each_violation_with_examples() -> None:
     assert "after seq 7 of the same task" in text
     assert text.endswith("FAIL: the log lost, duplicated, reordered or corrupted data")
     assert format_report(VerifyReport("t", 1, 1, 1)).endswith("PASS")
+    # After an at-least-once (streamed) load, duplicates are reported but pass.
+    dup = VerifyReport("t", 10, 10, 11, duplicates=1, duplicates_allowed=True)
+    text = format_report(dup)
+    assert dup.ok and "duplicates" in text and text.endswith("PASS")
 
 
 def test_spark_errors_are_reduced_to_their_python_cause() -> None:
@@ -196,7 +201,7 @@ def test_without_pyspark_the_cli_says_what_to_install() -> None:
 def test_the_load_shape_comes_from_the_manifest_and_is_never_guessed() -> None:
     committed = {"records": 300, "tasks": 2, "status": "committed", "per_task": []}
     shape = load_shape("t", [committed], 300, None)
-    assert (shape.records, shape.tasks, shape.acked_tasks) == (300, 2, None)
+    assert (shape.records, shape.tasks, shape.acked) == (300, 2, None)
     assert load_shape("t", [committed], None, None).tasks == 2
     assert load_shape("t", [], 10, 1).source == "given"  # told both: no manifest needed
     with pytest.raises(LoadShapeError, match="no load manifest"):
@@ -205,7 +210,16 @@ def test_the_load_shape_comes_from_the_manifest_and_is_never_guessed() -> None:
         load_shape("t", [committed], 300, 4)
     with pytest.raises(LoadShapeError, match="different shapes"):
         load_shape("t", [committed, {**committed, "tasks": 3}], None, None)
-    aborted = {**committed, "status": "aborted", "per_task": [{"task": 1}]}
-    assert load_shape("t", [aborted], None, None).acked_tasks == {1}
+    aborted = {**committed, "status": "aborted", "per_task": [{"task": 1, "records": 150}]}
+    assert load_shape("t", [aborted], None, None).acked == {1: 150}
     # The same load twice (its records then show as duplicates): committed once is all.
-    assert load_shape("t", [aborted, committed], None, None).acked_tasks is None
+    assert load_shape("t", [aborted, committed], None, None).acked is None
+    # A streamed load acknowledges a prefix of each task, and is at-least-once.
+    streamed = {**aborted, "mode": "stream", "per_task": [{"task": 0, "records": 7}]}
+    shape = load_shape("t", [streamed], None, None)
+    assert shape.acked == {0: 7} and shape.at_least_once
+    assert load_shape("t", [streamed, aborted], None, None).acked == {0: 7, 1: 150}
+    # A file manifest given with the topic's narrows it (min per task).
+    assert load_shape("t", [streamed], None, None, {0: 5, 1: 3}).acked == {0: 5}
+    assert acked_counts(300, 2, {0: 7}) == {0: 7, 1: 0}
+    assert acked_counts(301, 2, None) == {0: 151, 1: 150}

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from rillet.client.spark.source import register
+from rillet.client.spark.tracker import task_records
 
 try:
     from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -69,11 +70,6 @@ MAX_EXAMPLES = 5
 MB = 1024 * 1024  # as `rillet perf` and Kafka's perf tools count it
 
 # --- the record format (pure Python: tests and the manual checks use it) -----------
-
-
-def task_records(records: int, tasks: int, task: int) -> int:
-    """How many records producer task ``task`` writes."""
-    return records // tasks + (1 if task < records % tasks else 0)
 
 
 def payload_for(task: int, seq: int, size: int) -> bytes:
@@ -185,15 +181,20 @@ def load_frame(spark: SparkSession, records: int, tasks: int, record_size: int) 
         raise ValueError("need tasks >= 1 and records >= tasks")
     if record_size < HEADER_BYTES:
         raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    seeds = spark.range(0, tasks, 1, tasks).withColumnRenamed("id", "task")
+    seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
+    return load_values(seeds.select("task", F.explode(seqs).alias("seq")), record_size)
+
+
+def load_values(rows: DataFrame, record_size: int) -> DataFrame:
+    """(task, seq) rows -> the (key, value) records the load sends, in the same order.
+    Shared by the batch load and the streaming one (client/spark/streaming.py)."""
     ids = F.concat(F.lpad(F.hex(F.col("task")), 8, "0"), F.lpad(F.hex(F.col("seq")), 16, "0"))
     crc_of = F.crc32(F.concat(F.unhex(F.col("ids")), F.col("payload")))
     crc = F.unhex(F.lpad(F.hex(crc_of), 8, "0"))
-    seeds = spark.range(0, tasks, 1, tasks).withColumnRenamed("id", "task")
-    seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
     # Binary rpad repeats the pattern in one call: half the cost of string repeat/substr.
     return (
-        seeds.select("task", F.explode(seqs).alias("seq"))
-        .select("task", ids.alias("ids"))
+        rows.select("task", ids.alias("ids"))
         .withColumn("payload", _payload(F.col("ids"), F.lit(record_size - HEADER_BYTES)))
         .select(
             F.encode(F.col("task").cast("string"), "UTF-8").alias("key"),
@@ -272,20 +273,22 @@ def run_load(
     result = _load_result(topic, records, tasks, record_size, acks, elapsed, report)
     if manifest:
         Path(manifest).write_text(json.dumps(result.to_json(), indent=2))
-    write_topic_manifest(bootstrap, topic, result, failed=error is not None)
+    write_topic_manifest(bootstrap, topic, result.to_json(), failed=error is not None)
     if error is not None:
         raise error
     return result
 
 
-def write_topic_manifest(bootstrap: str, topic: str, result: LoadResult, failed: bool) -> None:
-    """The load's manifest as a record of the topic, where verify finds it by default.
-    After a failed job this is best effort (the job's own error is the one to report);
-    after a committed one a manifest that cannot be written is an error, since verify
-    would then refuse the topic."""
+def write_topic_manifest(
+    bootstrap: str, topic: str, manifest: dict[str, Any], failed: bool
+) -> None:
+    """A load's manifest (its result as JSON) as a record of the topic, where verify
+    finds it by default. After a failed job this is best effort (the job's own error
+    is the one to report); after a committed one a manifest that cannot be written is
+    an error, since verify would then refuse the topic."""
     from rillet.client.sync import SyncProducer
 
-    value = json.dumps(result.to_json(), separators=(",", ":")).encode()
+    value = json.dumps(manifest, separators=(",", ":")).encode()
     try:
         with SyncProducer(bootstrap=bootstrap, acks="all") as producer:
             producer.send(topic, value, key=MANIFEST_KEY, headers=[(MANIFEST_HEADER, b"1")])
@@ -294,7 +297,8 @@ def write_topic_manifest(bootstrap: str, topic: str, result: LoadResult, failed:
             return
         raise LoadManifestError(
             f"every record was acknowledged, but the load manifest could not be written to "
-            f"{topic!r} ({e}); verify it with --records {result.records} --tasks {result.tasks}"
+            f"{topic!r} ({e}); verify it with --records {manifest['records']} "
+            f"--tasks {manifest['tasks']}"
         ) from e
 
 
@@ -363,10 +367,12 @@ class VerifyReport:
     phantom: int = 0
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    duplicates_allowed: bool = False  # the load was at-least-once (a streamed load)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicates or self.reordered or self.corrupt or self.phantom)
+        dups = self.duplicates and not self.duplicates_allowed
+        return not (self.lost or dups or self.reordered or self.corrupt or self.phantom)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -423,8 +429,13 @@ class LoadShapeError(ValueError):
 class LoadShape:
     records: int
     tasks: int
-    acked_tasks: set[int] | None  # None: every task was acknowledged
+    # task -> records acknowledged, counted from seq 0 (a batch load's finished task:
+    # all of them; a streamed load's: those of its committed micro-batches); None: all.
+    acked: dict[int, int] | None
     source: str  # where the shape came from, for the report
+    # A streamed load is at-least-once by design (a re-run micro-batch is sent again):
+    # its duplicates are reported, not failed.
+    at_least_once: bool = False
 
 
 def load_shape(
@@ -432,15 +443,15 @@ def load_shape(
     manifests: list[dict[str, Any]],
     records: int | None,
     tasks: int | None,
-    acked_tasks: set[int] | None = None,
+    acked: dict[int, int] | None = None,
 ) -> LoadShape:
     """The load's shape from the manifests found in the topic and what the caller gave.
 
-    Records and tasks both given: they are used (with ``acked_tasks``). Otherwise they
+    Records and tasks both given: they are used (with ``acked``). Otherwise they
     come from the topic's manifest, and a given one must agree with it; a topic with
     no manifest, or with manifests of loads of different shapes, is refused."""
     if records is not None and tasks is not None and not manifests:
-        return LoadShape(records, tasks, acked_tasks, "given")
+        return LoadShape(records, tasks, acked, "given", at_least_once=False)
     shapes = sorted({(m["records"], m["tasks"]) for m in manifests})
     if not shapes:
         raise LoadShapeError(
@@ -461,16 +472,23 @@ def load_shape(
                 f"--{name} {given} contradicts the load manifest in topic {topic!r} "
                 f"({m_records:,} records in {m_tasks} tasks)"
             )
-    acked: set[int] | None = set()
-    for m in manifests:
+    found: dict[int, int] | None = {}
+    for m in manifests:  # a record acknowledged by any load of this shape was sent
         got = acked_from_manifest(m)
-        acked = None if acked is None or got is None else acked | got
-    if acked_tasks is not None:  # the caller's file manifest is narrower than the topic's
-        acked = acked_tasks if acked is None else acked & acked_tasks
+        found = None if found is None or got is None else _merge(found, got, max)
+    if acked is not None:  # the caller's file manifest is narrower than the topic's
+        found = acked if found is None else _merge(found, acked, min)
     where = "the load manifest in the topic"
     if len(manifests) > 1:
         where = f"{len(manifests)} load manifests in the topic (one per load)"
-    return LoadShape(m_records, m_tasks, acked, where)
+    streamed = any(m.get("mode") == "stream" for m in manifests)
+    return LoadShape(m_records, m_tasks, found, where, at_least_once=streamed)
+
+
+def _merge(a: dict[int, int], b: dict[int, int], pick: Any) -> dict[int, int]:
+    if pick is min:
+        return {t: min(a[t], b[t]) for t in a.keys() & b.keys()}
+    return {t: max(a.get(t, 0), b.get(t, 0)) for t in a.keys() | b.keys()}
 
 
 def check_records(
@@ -480,7 +498,7 @@ def check_records(
     topic: str,
     records: int | None = None,
     tasks: int | None = None,
-    acked_tasks: set[int] | None = None,
+    acked: dict[int, int] | None = None,
 ) -> VerifyReport:
     """The Jepsen-style checks over a read-back frame (partition, offset, value,
     headers); the load's shape as `load_shape` finds it (LoadShapeError if it cannot)."""
@@ -488,12 +506,13 @@ def check_records(
     try:
         found = cached.filter("manifest").select("manifest_value").collect()
         manifests = [_manifest(r.manifest_value) for r in found]
-        shape = load_shape(topic, [m for m in manifests if m], records, tasks, acked_tasks)
+        shape = load_shape(topic, [m for m in manifests if m], records, tasks, acked)
         records, tasks = shape.records, shape.tasks
-        acked = set(range(tasks)) if shape.acked_tasks is None else shape.acked_tasks
-        n_acked = sum(task_records(records, tasks, t) for t in acked)
+        acked = acked_counts(records, tasks, shape.acked)
+        n_acked = sum(acked.values())
         parsed = cached.filter(~F.col("manifest"))
         report = VerifyReport(topic, records, n_acked, parsed.count())
+        report.duplicates_allowed = shape.at_least_once
         report.notes.append(f"{records:,} records in {tasks} tasks, from {shape.source}")
         bad = parsed.filter(~F.col("valid"))
         report.corrupt = _count_into(report, "corrupt", bad.select("partition", "offset"))
@@ -547,20 +566,22 @@ def _check_lost(
     sent: DataFrame,
     records: int,
     tasks: int,
-    acked: set[int],
+    acked: dict[int, int],
 ) -> None:
     seeds = spark.range(0, tasks, 1, min(tasks, 64)).withColumnRenamed("id", "task")
     seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
     expected = seeds.select("task", F.explode(seqs).alias("seq"))
     missing = expected.join(sent.select("task", "seq").distinct(), ["task", "seq"], "left_anti")
-    acked_list = sorted(acked) or [-1]
-    lost = missing.filter(F.col("task").isin(acked_list))
+    acked_df = spark.createDataFrame(sorted(acked.items()), "task long, acked long")
+    marked = missing.join(F.broadcast(acked_df), "task", "left")
+    is_acked = F.col("seq") < F.coalesce(F.col("acked"), F.lit(0))
+    lost = marked.filter(is_acked).select("task", "seq")
     rows = lost.orderBy("task", "seq").limit(MAX_EXAMPLES).collect()
     if rows:
         report.lost = lost.count()
         report.examples["lost"] = [r.asDict() for r in rows]
-    if len(acked) < tasks:
-        report.unacknowledged_missing = missing.filter(~F.col("task").isin(acked_list)).count()
+    if report.acknowledged < records:
+        report.unacknowledged_missing = marked.filter(~is_acked).count()
 
 
 def _check_order(report: VerifyReport, sent: DataFrame) -> None:
@@ -602,16 +623,29 @@ def run_verify(
     records: int | None = None,
     tasks: int | None = None,
     *,
-    acked_tasks: set[int] | None = None,
+    acked: dict[int, int] | None = None,
 ) -> VerifyReport:
     df = spark.read.format("rillet").option("bootstrap", bootstrap).option("topic", topic).load()
-    return check_records(
-        spark, df, topic=topic, records=records, tasks=tasks, acked_tasks=acked_tasks
-    )
+    return check_records(spark, df, topic=topic, records=records, tasks=tasks, acked=acked)
 
 
-def acked_from_manifest(manifest: dict[str, Any]) -> set[int] | None:
-    """Tasks whose every record was acknowledged; None means all of them."""
+def acked_from_manifest(manifest: dict[str, Any]) -> dict[int, int] | None:
+    """Task -> records acknowledged from seq 0; None means every record.
+
+    A committed load acknowledged everything. Otherwise each ``per_task`` entry says
+    how many records of its task were: a batch load lists only the tasks that
+    finished (all their records), a streamed load every task's committed prefix."""
     if manifest.get("status") == "committed":
         return None
-    return {t["task"] for t in manifest.get("per_task", [])}
+    return {int(t["task"]): int(t["records"]) for t in manifest.get("per_task", [])}
+
+
+def acked_counts(records: int, tasks: int, acked: dict[int, int] | None) -> dict[int, int]:
+    """``acked`` made concrete for every task, capped at what the task sends."""
+    return {
+        t: min(
+            task_records(records, tasks, t),
+            task_records(records, tasks, t) if acked is None else acked.get(t, 0),
+        )
+        for t in range(tasks)
+    }

@@ -16,13 +16,17 @@ object is built per record. Reads stop at the high watermark: only committed rec
 
 Writing: each task produces its rows through the rillet producer and returns a commit
 message only after ``flush()`` saw every send acknowledged; any failure fails the task.
+The streaming sink (``writeStream.format("rillet")``) does the same per micro-batch:
+at-least-once, since a retried task or a micro-batch re-run after a restart from its
+checkpoint sends its rows again (docs/spark.md, "Stream write").
 
 Streaming: the source offset is ``{"<partition>": next offset}`` (JSON keys are strings),
 so Spark's checkpoint records exactly where each partition stopped and a restarted
 query resumes there, skipping and repeating nothing.
 
-pyspark and pyarrow are the optional extra ``rillet[spark]``; importing this module
-without them raises ImportError saying what to install.
+pyspark (>= 4.1, for the Arrow stream writer) and pyarrow are the optional extra
+``rillet[spark]``; importing this module without them raises ImportError saying what
+to install.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from rillet.client.wire.errors import (
 )
 
 MISSING_SPARK = (
-    "the rillet Spark data source needs pyspark>=4.0 and pyarrow: "
+    "the rillet Spark data source needs pyspark>=4.1 and pyarrow: "
     "pip install 'rillet[spark]' (and Java 17 on the machine)"
 )
 try:
@@ -60,6 +64,7 @@ try:
         DataSource,
         DataSourceArrowWriter,
         DataSourceReader,
+        DataSourceStreamArrowWriter,
         DataSourceStreamReader,
         InputPartition,
         WriterCommitMessage,
@@ -642,14 +647,52 @@ class RilletWriter(DataSourceArrowWriter):
         write_report(self.options.report_path, "aborted", messages)
 
 
-def write_report(path: str | None, status: str, messages: list) -> None:
+def write_report(path: str | None, status: str, messages: list, **extra: Any) -> None:
     """The writer's commit messages as JSON, for jobs that want per-task figures."""
     if not path:
         return
     tasks = [asdict(m) for m in messages if isinstance(m, WriteReport)]
     tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"status": status, "tasks": tasks}))
+    body = {"status": status, "tasks": tasks, "at": time.time(), **extra}
+    tmp.write_text(json.dumps(body))
     tmp.replace(path)  # atomic: a reader never sees half a report
+
+
+class RilletStreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("rillet")``: each micro-batch's tasks produce as the batch
+    writer's do; ``commit`` and ``abort`` run on the driver's machine once per batch.
+
+    With ``reportPath`` (a directory here) each committed micro-batch leaves
+    ``batch-<id>.json`` with its tasks' figures, and each aborted one an
+    ``abort-<id>-<ms>.json``; a batch re-run after a restart from the checkpoint
+    rewrites its own file, so summing the files counts every acknowledged row once.
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+        return asyncio.run(produce_batches(self.options, iterator, _task_id()))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        if self.options.report_path:
+            path = Path(self.options.report_path) / f"batch-{batchId:012d}.json"
+            write_report(str(path), "committed", messages, batch=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        done = sum(1 for m in messages if m is not None)
+        log.error(
+            "rillet stream write to %s: micro-batch %d aborted (%d of %d tasks had every "
+            "record acknowledged); it is re-run from the checkpoint when the query restarts",
+            self.options.topic,
+            batchId,
+            done,
+            len(messages),
+        )
+        if self.options.report_path:
+            name = f"abort-{batchId:012d}-{int(time.time() * 1000)}.json"
+            path = Path(self.options.report_path) / name
+            write_report(str(path), "aborted", messages, batch=batchId)
 
 
 def _task_id() -> int:
@@ -733,7 +776,7 @@ async def _produce_batch(
 
 
 class RilletDataSource(DataSource):
-    """``format("rillet")``: batch read, batch write, and stream read of one topic."""
+    """``format("rillet")``: batch read and write, stream read and write of one topic."""
 
     @classmethod
     def name(cls) -> str:
@@ -749,12 +792,21 @@ class RilletDataSource(DataSource):
         return RilletStreamReader(SourceOptions.parse(dict(self.options), streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> RilletWriter:
-        names = [f.name for f in schema.fields]
-        if "value" not in names:
+        return RilletWriter(self._write_options(schema), [f.name for f in schema.fields])
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> RilletStreamWriter:  # noqa: N802
+        # Every output mode appends, as Spark's Kafka sink does: a log has no overwrite.
+        o = self._write_options(schema)
+        if o.report_path:
+            Path(o.report_path).mkdir(parents=True, exist_ok=True)
+        return RilletStreamWriter(o)
+
+    def _write_options(self, schema: StructType) -> SourceOptions:
+        if "value" not in [f.name for f in schema.fields]:
             raise ValueError("writing to rillet needs a 'value' column (binary or string)")
         o = SourceOptions.parse(dict(self.options))
         run_with_client(o.bootstrap, lambda m: topic_partitions(m, o.topic))  # fail fast
-        return RilletWriter(o, names)
+        return o
 
 
 def register(spark: Any) -> None:

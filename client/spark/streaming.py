@@ -1,0 +1,449 @@
+"""Streaming Spark jobs: a load at a steady rate, and a verifier that runs beside it.
+
+**Load** (``run_stream_load``). Spark's rate source emits ``value = 0, 1, 2, ...`` at
+``rate`` rows a second, split over ``tasks`` Spark partitions, partition ``p`` holding
+the values ``v`` with ``v % tasks == p``. Each row becomes the batch load's record for
+``task = v % tasks, seq = v // tasks`` (``jobs.load_values``), so task ``t`` sends
+``0, 1, 2, ...`` from Spark task ``t`` of every micro-batch, and the first
+``rate * duration`` values make exactly the records a batch load of that many records
+in that many tasks sends: the batch verifier checks a streamed load too. The rows go to
+the ``rillet`` streaming sink; the query ends when every one of them was acknowledged.
+
+What was acknowledged: the sink's ``commit`` writes one file per committed micro-batch
+with its tasks' record counts (``reportPath``). Micro-batches commit in order and each
+holds, for each task, the seqs that follow the previous one's, so the sum of a task's
+counts is how many of its records from seq 0 were acknowledged. A re-run micro-batch
+(after a restart from the checkpoint) rewrites its own file: nothing counts twice.
+The files live in the checkpoint directory, so a load restarted on its checkpoint
+keeps counting where it stopped. When the query ends (done, failed or interrupted) the
+load writes its manifest into the topic as the batch load does, with ``"mode":
+"stream"`` and each task's acknowledged count.
+
+**Verify** (``run_stream_verify``). A streaming query reads the topic from the start.
+Each micro-batch is parsed as the batch verifier does, cut into *runs* (per partition
+and task, records whose seqs go up by one) by Spark, and only the runs, the corrupt
+records and any manifest reach the driver, where ``tracker.SeqTracker`` keeps what was
+read. Once a manifest appears, the verifier asks for every partition's latest offset
+and stops when it has read that far: every record acknowledged before the manifest was
+written is below those offsets. The verdict has the batch verifier's counts and exit
+codes; after a streamed load, duplicates are reported but do not fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rillet.client.spark.jobs import (
+    HEADER_BYTES,
+    MB,
+    VerifyReport,
+    _manifest,
+    acked_counts,
+    load_shape,
+    load_values,
+    parse_frame,
+    write_topic_manifest,
+)
+from rillet.client.spark.source import EARLIEST, LATEST, list_offsets, run_with_client
+from rillet.client.spark.tracker import SeqTracker
+
+try:
+    from pyspark.sql import DataFrame, SparkSession, Window
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+except ImportError as e:  # pragma: no cover - source.py raised already
+    raise ImportError("pip install 'rillet[spark]'") from e
+
+log = logging.getLogger(__name__)
+PROGRESS_DIR = "rillet-progress"  # inside the checkpoint: survives with it
+Progress = Callable[[dict[str, Any]], None]
+
+# --- load ----------------------------------------------------------------------------
+
+
+def stream_load_frame(
+    spark: SparkSession, rate: int, tasks: int, record_size: int, total: int
+) -> DataFrame:
+    """The rate source's first ``total`` rows as the load's (key, value) records."""
+    if rate <= 0 or tasks <= 0 or total < tasks:
+        raise ValueError("need --rate >= 1, --tasks >= 1 and rate x duration >= tasks")
+    if record_size < HEADER_BYTES:
+        raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    rows = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rate)
+        .option("numPartitions", tasks)
+        .load()
+        .filter(F.col("value") < total)
+    )
+    task_seq = rows.select(
+        (F.col("value") % tasks).alias("task"), F.expr(f"value div {tasks}").alias("seq")
+    )
+    return load_values(task_seq, record_size)
+
+
+@dataclass
+class StreamLoadResult:
+    topic: str
+    records: int  # the load's shape: rate x duration records ...
+    tasks: int  # ... in this many tasks
+    record_size: int
+    acks: str
+    rate: int  # records/s asked for
+    duration_s: float  # asked for
+    status: str  # committed (every record acknowledged), failed or interrupted
+    acknowledged: int
+    batches: int  # micro-batches committed
+    aborted_batches: int
+    elapsed_s: float  # the query's life in this run
+    produce_s: float  # first micro-batch's start to the last one's commit
+    mode: str = "stream"
+    per_task: list[dict[str, int]] = field(default_factory=list)  # task, records acked
+    error: str | None = None
+
+    @property
+    def records_per_s(self) -> float:
+        return self.acknowledged / self.produce_s if self.produce_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["records_per_s"] = round(self.records_per_s, 1)
+        out["mb_per_s"] = round(self.records_per_s * self.record_size / MB, 3)
+        return out
+
+
+@dataclass
+class CommitLog:
+    """What the sink's per-batch files say (see the module docstring)."""
+
+    acked: dict[int, int]
+    batches: int
+    aborted: int
+    first_start: float | None
+    last_commit: float | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.acked.values())
+
+
+def read_commits(progress_dir: Path) -> CommitLog:
+    acked: dict[int, int] = {}
+    batches = aborted = 0
+    first: float | None = None
+    last: float | None = None
+    for path in sorted(progress_dir.glob("*.json")):
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):  # being replaced this instant: the next poll sees it
+            continue
+        if path.name.startswith("abort-"):
+            aborted += 1
+            continue
+        batches += 1
+        for t in body["tasks"]:
+            if t["records"]:
+                acked[t["task"]] = acked.get(t["task"], 0) + t["records"]
+                first = t["started_at"] if first is None else min(first, t["started_at"])
+        last = body["at"] if last is None else max(last, body["at"])
+    return CommitLog(acked, batches, aborted, first, last)
+
+
+def run_stream_load(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    *,
+    rate: int,
+    duration_s: float,
+    tasks: int,
+    record_size: int = 100,
+    acks: str = "all",
+    checkpoint: str | None = None,
+    writer_options: dict[str, str] | None = None,
+    progress: Progress | None = None,
+    interval_s: float = 5.0,
+    stop: threading.Event | None = None,
+) -> StreamLoadResult:
+    """Stream ``rate * duration_s`` records into ``topic`` and wait for every ack.
+
+    Returns when all were acknowledged, or ``stop`` was set (status "interrupted");
+    raises the query's error when it failed. Either way the manifest goes into the
+    topic first. ``progress`` gets a dict every ``interval_s`` seconds."""
+    total = int(rate * duration_s)
+    df = stream_load_frame(spark, rate, tasks, record_size, total)
+    own_checkpoint = checkpoint is None
+    ckpt = Path(checkpoint or tempfile.mkdtemp(prefix="rillet-stream-load-"))
+    progress_dir = ckpt / PROGRESS_DIR
+    progress_dir.mkdir(parents=True, exist_ok=True)
+    query = (
+        df.writeStream.format("rillet")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("acks", acks)
+        .option("reportPath", str(progress_dir))
+        .options(**(writer_options or {}))
+        .option("checkpointLocation", str(ckpt / "spark"))
+        .queryName(f"rillet-load-{topic}")
+        .start()
+    )
+    started = time.time()
+    status, error = "interrupted", None
+    try:
+        status = _watch_load(query, progress_dir, total, started, progress, interval_s, stop)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except Exception as e:
+        status, error = "failed", e
+    finally:
+        if query.isActive:
+            query.stop()
+        commits = read_commits(progress_dir)
+        result = _stream_result(
+            topic, total, tasks, record_size, acks, rate, duration_s, status, commits, started
+        )
+        if error is not None:
+            result.error = str(error).strip().splitlines()[0] if str(error).strip() else None
+        failed = result.status != "committed"
+        write_topic_manifest(bootstrap, topic, result.to_json(), failed=failed)
+        if own_checkpoint:
+            shutil.rmtree(ckpt, ignore_errors=True)
+    if error is not None:
+        raise error
+    return result
+
+
+def _watch_load(
+    query: Any,
+    progress_dir: Path,
+    total: int,
+    started: float,
+    progress: Progress | None,
+    interval_s: float,
+    stop: threading.Event | None,
+) -> str:
+    """Poll the commit files until every record was acknowledged; the status."""
+    last_total, last_at = 0, started
+    next_report = started + interval_s
+    while True:
+        if query.awaitTermination(0.2):  # ended on its own: failed (raises) or stopped
+            err = query.exception()
+            if err is not None:
+                raise RuntimeError(f"the streaming load failed: {err.desc}") from None
+            return "interrupted"
+        commits = read_commits(progress_dir)
+        now = time.time()
+        if commits.total >= total:
+            return "committed"
+        if stop is not None and stop.is_set():
+            return "interrupted"
+        if progress is not None and now >= next_report:
+            rate_now = (commits.total - last_total) / max(now - last_at, 1e-9)
+            progress(
+                {
+                    "elapsed_s": round(now - started, 1),
+                    "acknowledged": commits.total,
+                    "records": total,
+                    "records_per_s": round(rate_now, 1),
+                    "batches": commits.batches,
+                    "aborted_batches": commits.aborted,
+                }
+            )
+            last_total, last_at, next_report = commits.total, now, now + interval_s
+
+
+def _stream_result(
+    topic: str,
+    total: int,
+    tasks: int,
+    record_size: int,
+    acks: str,
+    rate: int,
+    duration_s: float,
+    status: str,
+    commits: CommitLog,
+    started: float,
+) -> StreamLoadResult:
+    acked = acked_counts(total, tasks, commits.acked)
+    if commits.acked and any(commits.acked[t] > acked.get(t, 0) for t in commits.acked):
+        log.warning("commit files count more records than the load sends: %s", commits.acked)
+    span = 0.0
+    if commits.first_start is not None and commits.last_commit is not None:
+        span = commits.last_commit - commits.first_start
+    return StreamLoadResult(
+        topic=topic,
+        records=total,
+        tasks=tasks,
+        record_size=record_size,
+        acks=acks,
+        rate=rate,
+        duration_s=duration_s,
+        status="committed" if sum(acked.values()) >= total else status,
+        acknowledged=sum(acked.values()),
+        batches=commits.batches,
+        aborted_batches=commits.aborted,
+        elapsed_s=round(time.time() - started, 3),
+        produce_s=round(span, 3),
+        per_task=[{"task": t, "records": n} for t, n in sorted(acked.items())],
+    )
+
+
+# --- verify --------------------------------------------------------------------------
+
+
+def batch_runs(parsed: DataFrame) -> DataFrame:
+    """(partition, task, start, end, offset) per run: per partition and task, rows at
+    rising offsets whose seqs go up by one; a healthy micro-batch has one per task."""
+    good = parsed.filter("valid and not manifest").select("partition", "task", "seq", "offset")
+    w = Window.partitionBy("partition", "task").orderBy("offset")
+    breaks = F.coalesce(F.col("seq") != F.lag("seq").over(w) + 1, F.lit(True)).cast("int")
+    numbered = good.withColumn("run", F.sum(breaks).over(w))
+    return numbered.groupBy("partition", "task", "run").agg(
+        F.min("offset").alias("offset"), F.min("seq").alias("start"), F.max("seq").alias("end")
+    )
+
+
+@dataclass
+class StreamVerifyState:
+    """The driver's side of a streaming verification: tracker, offsets, manifests."""
+
+    tracker: SeqTracker = field(default_factory=SeqTracker)
+    consumed: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    target: dict[int, int] | None = None  # latest offsets once a manifest was read
+    batches: int = 0
+
+    def add_batch(self, runs: list[Any], corrupt: list[Any], ends: list[Any]) -> None:
+        for r in sorted(runs, key=lambda r: (r.partition, r.offset)):
+            self.tracker.add_run(r.partition, r.task, r.start, r.end, r.offset)
+        for c in sorted(corrupt, key=lambda c: (c.partition, c.offset)):
+            self.tracker.add_corrupt(c.partition, c.offset)
+        for e in ends:
+            self.consumed[e.partition] = max(self.consumed.get(e.partition, 0), e.next)
+        self.batches += 1
+
+    @property
+    def done(self) -> bool:
+        if self.target is None:
+            return False
+        return all(self.consumed.get(p, 0) >= off for p, off in self.target.items())
+
+
+def run_stream_verify(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    records: int | None = None,
+    tasks: int | None = None,
+    *,
+    progress: Progress | None = None,
+    interval_s: float = 5.0,
+    timeout_s: float | None = None,
+    stop: threading.Event | None = None,
+) -> VerifyReport:
+    """Read ``topic`` as it is written until the load's manifest (and everything
+    acknowledged before it) was read, then the verdict. Without a manifest by
+    ``timeout_s`` (or ``stop``), the verdict needs ``records`` and ``tasks``
+    (``LoadShapeError`` otherwise)."""
+    state = StreamVerifyState()
+    earliest = run_with_client(bootstrap, lambda m: list_offsets(m, topic, EARLIEST))
+    state.consumed.update(earliest)
+    lock = threading.Lock()
+
+    def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+        parsed = parse_frame(batch_df).persist()
+        try:
+            runs = batch_runs(parsed).collect()
+            corrupt = (
+                parsed.filter("not valid and not manifest").select("partition", "offset").collect()
+            )
+            ends = parsed.groupBy("partition").agg((F.max("offset") + 1).alias("next")).collect()
+            found = parsed.filter("manifest").select("manifest_value").collect()
+        finally:
+            parsed.unpersist()
+        manifests = [m for m in (_manifest(r.manifest_value) for r in found) if m]
+        target = None
+        if manifests and state.target is None:
+            target = run_with_client(bootstrap, lambda m: list_offsets(m, topic, LATEST))
+        with lock:
+            state.add_batch(runs, corrupt, ends)
+            state.manifests.extend(manifests)
+            if target is not None:
+                state.target = target
+
+    stream = (
+        spark.readStream.format("rillet")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    ckpt = tempfile.mkdtemp(prefix="rillet-stream-verify-")  # a rerun reads from the start
+    query = (
+        stream.writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", ckpt)
+        .queryName(f"rillet-verify-{topic}")
+        .start()
+    )
+    started = time.time()
+    next_report = started + interval_s
+    try:
+        while True:
+            if query.awaitTermination(0.2):
+                err = query.exception()
+                why = err.desc if err else "it was stopped"
+                raise RuntimeError(f"the streaming verifier failed: {why}")
+            with lock:
+                if state.done:
+                    break
+                live = {**state.tracker.live(), "batches": state.batches}
+            now = time.time()
+            if stop is not None and stop.is_set():
+                break
+            if timeout_s is not None and now - started > timeout_s:
+                break
+            if progress is not None and now >= next_report:
+                progress({"elapsed_s": round(now - started, 1), **live})
+                next_report = now + interval_s
+    finally:
+        if query.isActive:
+            query.stop()
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return stream_verdict(topic, state, records, tasks)
+
+
+def stream_verdict(
+    topic: str, state: StreamVerifyState, records: int | None, tasks: int | None
+) -> VerifyReport:
+    """The batch verifier's report from what the streaming one read."""
+    shape = load_shape(topic, state.manifests, records, tasks)
+    acked = acked_counts(shape.records, shape.tasks, shape.acked)
+    v = state.tracker.verdict(shape.records, shape.tasks, acked)
+    report = VerifyReport(
+        topic,
+        v.expected,
+        v.acknowledged,
+        v.read,
+        lost=v.lost,
+        unacknowledged_missing=v.unacknowledged_missing,
+        duplicates=v.duplicates,
+        reordered=v.reordered,
+        corrupt=v.corrupt,
+        phantom=v.phantom,
+        examples=v.examples,
+        duplicates_allowed=shape.at_least_once,
+    )
+    report.notes.append(f"{shape.records:,} records in {shape.tasks} tasks, from {shape.source}")
+    report.notes.append(f"read as a stream in {state.batches} micro-batches")
+    if not state.done:
+        report.notes.append("stopped before the load's manifest (and all before it) was read")
+    return report
