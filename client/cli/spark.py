@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("load", help="produce generated records from Spark tasks")
     p.add_argument("--topic", required=True)
-    p.add_argument("--records", type=int, required=True, help="records in total")
+    p.add_argument("--records", type=int, help="records in total (a batch load)")
     p.add_argument("--record-size", type=int, default=100, help="bytes per value (>= 20)")
     p.add_argument("--tasks", type=int, default=4, help="Spark tasks producing in parallel")
     p.add_argument("--acks", default="all", choices=["0", "1", "-1", "all"])
@@ -42,6 +42,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="one request in flight per partition, so producer retries cannot reorder records",
     )
+    st = p.add_argument_group("streaming load (instead of --records)")
+    st.add_argument(
+        "--stream",
+        action="store_true",
+        help="a Spark streaming query at a steady rate: --rate records/s for --duration s",
+    )
+    st.add_argument("--rate", type=int, help="records per second, over all tasks")
+    st.add_argument("--duration", type=float, help="seconds of load (records = rate x duration)")
+    st.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="Spark checkpoint directory (local); run again with it to resume a stopped load",
+    )
+    _add_interval(st)
     _add_spark_options(p)
     p.set_defaults(func=cmd_load)
 
@@ -59,8 +73,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the load job's --manifest file (by default verify reads the manifest the "
         "load job writes into the topic)",
     )
+    vs = v.add_argument_group("streaming verification")
+    vs.add_argument(
+        "--stream",
+        action="store_true",
+        help="read the topic as it is written, report live, and finish once the load's "
+        "manifest and every record acknowledged before it were read",
+    )
+    vs.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --stream: give the verdict after this long even without a manifest",
+    )
+    _add_interval(vs)
     _add_spark_options(v)
     v.set_defaults(func=cmd_verify)
+
+
+def _add_interval(p: Any) -> None:
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --stream: print progress this often (default 5, to stderr)",
+    )
 
 
 def _add_spark_options(p: argparse.ArgumentParser) -> None:
@@ -117,9 +155,24 @@ def cmd_load(args: argparse.Namespace) -> int:
     return _guard(lambda: _load(args))
 
 
+def _check_load_args(args: argparse.Namespace) -> None:
+    if args.stream:
+        if args.records is not None:
+            raise CliError("--stream takes --rate and --duration, not --records")
+        if not args.rate or args.rate <= 0 or not args.duration or args.duration <= 0:
+            raise CliError("--stream needs --rate R (records/s) and --duration D (seconds) > 0")
+    elif args.records is None:
+        raise CliError("give --records N, or --stream --rate R --duration D")
+    elif args.rate is not None or args.duration is not None or args.checkpoint:
+        raise CliError("--rate, --duration and --checkpoint go with --stream")
+
+
 def _load(args: argparse.Namespace) -> int:
+    _check_load_args(args)
     _jobs()
     _ensure_topic(args)
+    if args.stream:
+        return _stream_load(args)
     jobs, spark = _session(args, "rillet-spark-load")
     acks = "all" if args.acks in ("all", "-1") else args.acks
     try:
@@ -141,6 +194,56 @@ def _load(args: argparse.Namespace) -> int:
     else:
         print_load(result)
     return 0
+
+
+def _stream_load(args: argparse.Namespace) -> int:
+    from rillet.client.spark import streaming
+
+    _, spark = _session(args, "rillet-spark-load-stream")
+    result = streaming.run_stream_load(
+        spark,
+        args.bootstrap,
+        args.topic,
+        rate=args.rate,
+        duration_s=args.duration,
+        tasks=args.tasks,
+        record_size=args.record_size,
+        acks="all" if args.acks in ("all", "-1") else args.acks,
+        checkpoint=args.checkpoint,
+        writer_options=_writer_options(args),
+        progress=_print_load_progress,
+        interval_s=args.interval,
+    )
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print_stream_load(result)
+    return 0 if result.status == "committed" else 1
+
+
+def _print_load_progress(p: dict[str, Any]) -> None:
+    print(
+        f"{p['elapsed_s']:>7.1f} s  acknowledged {p['acknowledged']:,} of {p['records']:,}"
+        f"  {p['records_per_s']:,.0f} records/s  batches {p['batches']}"
+        f"  aborted {p['aborted_batches']}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def print_stream_load(r: Any) -> None:
+    print(
+        f"spark load --stream -> {r.topic}: {r.acknowledged:,} of {r.records:,} records "
+        f"acknowledged ({r.tasks} tasks, acks={r.acks}, asked {r.rate:,}/s for "
+        f"{r.duration_s:g} s)"
+    )
+    print(
+        f"  held {r.records_per_s:,.0f} records/s over {r.produce_s:.1f} s in {r.batches} "
+        f"micro-batches, {r.aborted_batches} aborted; {r.elapsed_s:.1f} s in all"
+    )
+    print(f"Every record acknowledged: {'yes' if r.status == 'committed' else 'no'}")
+    if r.error:
+        print(f"error: {r.error}", file=sys.stderr)
 
 
 def _writer_options(args: argparse.Namespace) -> dict[str, str]:
@@ -189,13 +292,29 @@ def _verify(args: argparse.Namespace) -> int:
         manifest = json.loads(Path(args.manifest).read_text())
         records = records or manifest["records"]
         tasks = tasks or manifest["tasks"]
+    if args.stream and args.manifest:
+        raise CliError("--stream reads the load's manifest from the topic: drop --manifest")
+    if args.timeout is not None and not args.stream:
+        raise CliError("--timeout goes with --stream")
     jobs, spark = _session(args, "rillet-spark-verify")
     if args.manifest:
         acked = jobs.acked_from_manifest(manifest)
     try:
-        report = jobs.run_verify(
-            spark, args.bootstrap, args.topic, records, tasks, acked=acked
-        )
+        if args.stream:
+            from rillet.client.spark import streaming
+
+            report = streaming.run_stream_verify(
+                spark,
+                args.bootstrap,
+                args.topic,
+                records,
+                tasks,
+                progress=_print_verify_progress,
+                interval_s=args.interval,
+                timeout_s=args.timeout,
+            )
+        else:
+            report = jobs.run_verify(spark, args.bootstrap, args.topic, records, tasks, acked=acked)
     except jobs.LoadShapeError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_SHAPE_UNKNOWN
@@ -204,6 +323,16 @@ def _verify(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0 if report.ok else EXIT_VIOLATIONS
+
+
+def _print_verify_progress(p: dict[str, Any]) -> None:
+    print(
+        f"{p['elapsed_s']:>7.1f} s  read {p['read']:,} ({p['contiguous']:,} contiguous from "
+        f"seq 0 over {p['tasks']} tasks)  gaps {p['gaps']:,}  duplicates {p['duplicates']:,}"
+        f"  reordered {p['reordered']:,}  corrupt {p['corrupt']:,}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 VIOLATIONS = [

@@ -1,8 +1,9 @@
 """Streaming Spark jobs: a load at a steady rate, and a verifier that runs beside it.
 
-**Load** (``run_stream_load``). Spark's rate source emits ``value = 0, 1, 2, ...`` at
-``rate`` rows a second, split over ``tasks`` Spark partitions, partition ``p`` holding
-the values ``v`` with ``v % tasks == p``. Each row becomes the batch load's record for
+**Load** (``run_stream_load``). Spark's ``rate-micro-batch`` source emits ``value = 0,
+1, 2, ...``, ``rate`` rows per micro-batch with one micro-batch a second, split over
+``tasks`` Spark partitions, partition ``p`` holding the values ``v`` with
+``v % tasks == p``. Each row becomes the batch load's record for
 ``task = v % tasks, seq = v // tasks`` (``jobs.load_values``), so task ``t`` sends
 ``0, 1, 2, ...`` from Spark task ``t`` of every micro-batch, and the first
 ``rate * duration`` values make exactly the records a batch load of that many records
@@ -64,6 +65,7 @@ except ImportError as e:  # pragma: no cover - source.py raised already
 
 log = logging.getLogger(__name__)
 PROGRESS_DIR = "rillet-progress"  # inside the checkpoint: survives with it
+TRIGGER_S = 1.0  # the load's micro-batch interval
 Progress = Callable[[dict[str, Any]], None]
 
 # --- load ----------------------------------------------------------------------------
@@ -77,9 +79,12 @@ def stream_load_frame(
         raise ValueError("need --rate >= 1, --tasks >= 1 and rate x duration >= tasks")
     if record_size < HEADER_BYTES:
         raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    # "rate-micro-batch" gives every micro-batch the same number of rows, where "rate"
+    # sizes a batch by the time since the last one (the first batch would carry all
+    # of Spark's start-up); with a trigger every TRIGGER_S, rate rows a second.
     rows = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", rate)
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", max(1, round(rate * TRIGGER_S)))
         .option("numPartitions", tasks)
         .load()
         .filter(F.col("value") < total)
@@ -193,15 +198,15 @@ def run_stream_load(
         .options(**(writer_options or {}))
         .option("checkpointLocation", str(ckpt / "spark"))
         .queryName(f"rillet-load-{topic}")
+        .trigger(processingTime=f"{int(TRIGGER_S * 1000)} milliseconds")
         .start()
     )
     started = time.time()
     status, error = "interrupted", None
     try:
         status = _watch_load(query, progress_dir, total, started, progress, interval_s, stop)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: stop, then say what was acknowledged
         status = "interrupted"
-        raise
     except Exception as e:
         status, error = "failed", e
     finally:
@@ -238,7 +243,7 @@ def _watch_load(
         if query.awaitTermination(0.2):  # ended on its own: failed (raises) or stopped
             err = query.exception()
             if err is not None:
-                raise RuntimeError(f"the streaming load failed: {err.desc}") from None
+                raise err  # Spark's StreamingQueryException, with the task's error in it
             return "interrupted"
         commits = read_commits(progress_dir)
         now = time.time()
@@ -395,30 +400,46 @@ def run_stream_verify(
         .start()
     )
     started = time.time()
-    next_report = started + interval_s
     try:
-        while True:
-            if query.awaitTermination(0.2):
-                err = query.exception()
-                why = err.desc if err else "it was stopped"
-                raise RuntimeError(f"the streaming verifier failed: {why}")
-            with lock:
-                if state.done:
-                    break
-                live = {**state.tracker.live(), "batches": state.batches}
-            now = time.time()
-            if stop is not None and stop.is_set():
-                break
-            if timeout_s is not None and now - started > timeout_s:
-                break
-            if progress is not None and now >= next_report:
-                progress({"elapsed_s": round(now - started, 1), **live})
-                next_report = now + interval_s
+        _watch_verify(query, state, lock, started, progress, interval_s, timeout_s, stop)
+    except KeyboardInterrupt:  # Ctrl-C: the verdict on what was read so far
+        pass
     finally:
         if query.isActive:
             query.stop()
         shutil.rmtree(ckpt, ignore_errors=True)
     return stream_verdict(topic, state, records, tasks)
+
+
+def _watch_verify(
+    query: Any,
+    state: StreamVerifyState,
+    lock: threading.Lock,
+    started: float,
+    progress: Progress | None,
+    interval_s: float,
+    timeout_s: float | None,
+    stop: threading.Event | None,
+) -> None:
+    next_report = started + interval_s
+    while True:
+        if query.awaitTermination(0.2):
+            err = query.exception()
+            if err is not None:
+                raise err
+            break  # stopped from outside: the verdict on what was read
+        with lock:
+            if state.done:
+                break
+            live = {**state.tracker.live(), "batches": state.batches}
+        now = time.time()
+        if stop is not None and stop.is_set():
+            break
+        if timeout_s is not None and now - started > timeout_s:
+            break
+        if progress is not None and now >= next_report:
+            progress({"elapsed_s": round(now - started, 1), **live})
+            next_report = now + interval_s
 
 
 def stream_verdict(
