@@ -24,9 +24,11 @@ load writes its manifest into the topic as the batch load does, with ``"mode":
 Each micro-batch is parsed as the batch verifier does, cut into *runs* (per partition
 and task, records whose seqs go up by one) by Spark, and only the runs, the corrupt
 records and any manifest reach the driver, where ``tracker.SeqTracker`` keeps what was
-read. Once a manifest appears, the verifier asks for every partition's latest offset
-and stops when it has read that far: every record acknowledged before the manifest was
-written is below those offsets. The verdict has the batch verifier's counts and exit
+read. Once the manifest of a finished load appears, the verifier asks for every
+partition's latest offset and stops when it has read that far: every record
+acknowledged before the manifest was written is below those offsets. (The manifest of
+a streamed load that stopped short, interrupted or failed, does not end it: that load
+can resume from its checkpoint.) The verdict has the batch verifier's counts and exit
 codes; after a streamed load, duplicates are reported but do not fail it.
 """
 
@@ -317,6 +319,12 @@ def batch_runs(parsed: DataFrame) -> DataFrame:
     )
 
 
+def final(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest ends the load: a streamed load that stopped short (failed or
+    interrupted) can resume from its checkpoint, so the verifier reads on."""
+    return manifest.get("mode") != "stream" or manifest.get("status") == "committed"
+
+
 @dataclass
 class StreamVerifyState:
     """The driver's side of a streaming verification: tracker, offsets, manifests."""
@@ -377,7 +385,7 @@ def run_stream_verify(
             parsed.unpersist()
         manifests = [m for m in (_manifest(r.manifest_value) for r in found) if m]
         target = None
-        if manifests and state.target is None:
+        if any(final(m) for m in manifests) and state.target is None:
             target = run_with_client(bootstrap, lambda m: list_offsets(m, topic, LATEST))
         with lock:
             state.add_batch(runs, corrupt, ends)
