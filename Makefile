@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test test-browser compose-test lint format sim-long chaos fuzz-long fuzz-codec bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
+.PHONY: install up test test-browser compose-test lint format sim-long chaos fuzz-long fuzz-codec spark-soak bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,13 @@ sim-long: install
 # failing seed's node logs stay in /tmp/rillet-chaos until the next run.
 chaos: install
 	$(BIN)/pytest -q -s -m slow --basetemp=/tmp/rillet-chaos tests/test_chaos.py
+
+# A streaming Spark load (rillet spark load --stream) for SPARK_SOAK_SECONDS against 3
+# controllers + 3 brokers while brokers are killed and restarted, verified live by
+# `rillet spark verify --stream` (tests/test_spark_soak.py, docs/spark.md); prints figures.
+SPARK_SOAK_SECONDS ?= 180
+spark-soak: install
+	RILLET_SPARK_SOAK_SECONDS=$(SPARK_SOAK_SECONDS) $(BIN)/pytest -q -s -m slow -p no:cacheprovider tests/test_spark_soak.py
 
 # A million malformed, truncated, oversized, slow and hostile frames at a live broker and
 # controller while a good client produces (acks=all) and fetches (~10 min); prints the

@@ -799,6 +799,15 @@ class LocalCluster:
 
     # --- addresses and probes -----------------------------------------------------
 
+    def keep_broker_ports(self) -> None:
+        """From now on, a restarted broker binds the port it bound first, as a broker
+        with a configured port does: a bootstrap list taken once (a client process
+        outliving a restart) stays good. Ephemeral ports otherwise change per start."""
+        with self.locked():
+            for node in self.brokers():
+                if node.broker_port == 0 and self.broker_listener in node.listeners:
+                    node.broker_port = parse_address(node.listeners[self.broker_listener])[1]
+
     def broker_address(self, node_id: int) -> str:
         node = self._node(node_id)
         if self.broker_listener not in node.listeners:
