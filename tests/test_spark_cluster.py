@@ -1,8 +1,8 @@
 """The rillet Spark data source and jobs against a real local cluster.
 
-One SparkSession serves the whole module (it costs ~6-13 s to start); each test gets a
-small cluster of its own (1 controller + 3 brokers) from the shared fixture, and its
-topics are replicated three ways, written with acks=all.
+One SparkSession serves the whole module (it costs ~6-13 s to start), and so does one
+cluster of three combined nodes (broker and controller each); each test has topics of
+its own, replicated three ways, written with acks=all.
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster import combined_nodes
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
@@ -39,9 +41,11 @@ def spark() -> Any:
     session.stop()
 
 
-@pytest.fixture
-def bootstrap(cluster_factory: Any) -> str:
-    return cluster_factory(controllers=1, brokers=3).bootstrap
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Three combined nodes shared by the module (each test has its own topics)."""
+    for cluster in combined_nodes(tmp_path_factory.mktemp("spark-batch"), 3):
+        yield cluster.bootstrap
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

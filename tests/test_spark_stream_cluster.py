@@ -1,5 +1,5 @@
 """The rillet streaming sink, the streaming load and the streaming verifier against a
-real local cluster (1 controller + 3 brokers per test, topics at RF 3, acks=all).
+real local cluster (three combined nodes shared by the module, topics at RF 3, acks=all).
 
 The module's SparkSession runs ``local[2,3]``: in local mode the master string, not
 ``spark.task.maxFailures``, sets how often a task may be tried, and a sink task that
@@ -12,10 +12,12 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster import combined_nodes
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
@@ -51,9 +53,11 @@ def spark() -> Any:
     session.stop()
 
 
-@pytest.fixture
-def bootstrap(cluster_factory: Any) -> str:
-    return cluster_factory(controllers=1, brokers=3).bootstrap
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Three combined nodes shared by the module (each test has its own topics)."""
+    for cluster in combined_nodes(tmp_path_factory.mktemp("spark-stream"), 3):
+        yield cluster.bootstrap
 
 
 def create_topics(bootstrap: str, **partitions: int) -> None:
