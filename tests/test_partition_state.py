@@ -222,6 +222,31 @@ def test_expansion_waits_for_the_leader_epoch_start_offset() -> None:
     assert c.log.records == a.log.records
 
 
+def test_a_new_leaders_latest_offset_is_unavailable_until_its_hw_reaches_the_epoch_start() -> None:
+    # b leads with the HW it knew as a follower (1) while m1, m2 were committed (a's HW
+    # 3): "latest" must not answer 1, or a reader would miss acknowledged records.
+    a, b, c = trio(lag_ms=100)
+    a.append(["m0"])
+    for r in (b, c, b, c):
+        r.fetch_from(a, now_ms=1)
+    a.append(["m1", "m2"], now_ms=2)
+    b.fetch_from(a, now_ms=3)
+    c.fetch_from(a, now_ms=4)
+    for follower in (2, 3):  # their next fetches move a's HW; the answers are lost
+        a.state.on_follower_fetch(follower, 3, 1, now_ms=5, current_leader_epoch=1)
+    assert a.state.high_watermark == 3 and b.state.high_watermark == 1
+    assert not a.state.high_watermark_behind_epoch_start
+    b.apply(b.state.become_leader(2, 3, (1, 2, 3), (1, 2, 3), now_ms=300))
+    for r in (a, c):
+        r.apply(r.state.become_follower(2, 2, 3, (1, 2, 3), (1, 2, 3)))
+    assert b.state.high_watermark_behind_epoch_start
+    assert not c.state.high_watermark_behind_epoch_start  # followers answer nothing
+    for r in (a, c, a, c):
+        r.fetch_from(b, now_ms=301)
+    assert b.state.high_watermark >= 3
+    assert not b.state.high_watermark_behind_epoch_start
+
+
 def test_only_one_alter_partition_in_flight() -> None:
     a, b, c = trio(lag_ms=100, isr=(1, 2))
     a.append(["m0"])

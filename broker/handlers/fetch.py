@@ -57,6 +57,7 @@ from rillet.storage.remote.store import RemoteStorageError
 
 NONE = errors.NONE
 NOT_LEADER_OR_FOLLOWER = errors.code_of("NOT_LEADER_OR_FOLLOWER")
+OFFSET_NOT_AVAILABLE = errors.code_of("OFFSET_NOT_AVAILABLE")
 CONSUMER = -1
 EARLIEST = -2
 LATEST = -1
@@ -203,7 +204,8 @@ Lookup = m.ListOffsetsPartitionResult | Coroutine[Any, Any, m.ListOffsetsPartiti
 
 class ListOffsetsHandler:
     """Earliest (-2) is the log start (the remote one when the tier holds older
-    records), earliest local (-4) the local log start, latest (-1) the high watermark,
+    records), earliest local (-4) the local log start, latest (-1) the high watermark
+    (OFFSET_NOT_AVAILABLE while a new leader's HW is behind its epoch start),
     anything else the first record whose timestamp is at or after it (below the HW), or
     offset -1. Only a timestamp lookup in the remote tier awaits (its partitions at once)."""
 
@@ -246,6 +248,8 @@ class ListOffsetsHandler:
         if ts == EARLIEST_LOCAL:
             return result(partition, NONE, -1, local_start, state.leader_epoch)
         if ts == LATEST:
+            if state.high_watermark_behind_epoch_start:  # retriable: the HW catches up
+                return result(partition, OFFSET_NOT_AVAILABLE, -1, -1, -1)
             return result(partition, NONE, -1, hw, state.leader_epoch)
         if tier is not None and view is not None and view.log_start_offset < local_start:
             return self._remote_lookup(tier, replica.topic_id, topic, partition, view, ts)

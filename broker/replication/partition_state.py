@@ -216,6 +216,15 @@ class PartitionState:
         return self._pending
 
     @property
+    def high_watermark_behind_epoch_start(self) -> bool:
+        """A new leader's HW is the one it knew as a follower, which can sit below
+        records the previous leader had already committed, until the followers fetch
+        again. Meanwhile the HW answered as the "latest offset" would go backwards (a
+        reader taking it as "everything acknowledged so far" would miss acknowledged
+        records), so ListOffsets latest answers OFFSET_NOT_AVAILABLE, as Kafka does."""
+        return self.is_leader and self.high_watermark < self.leader_epoch_start_offset
+
+    @property
     def pending_produce_count(self) -> int:
         return len(self._purgatory)
 

@@ -82,6 +82,7 @@ _TABLE: list[tuple[int, str, bool, str]] = [
     (74, "FENCED_LEADER_EPOCH", True, "The request's leader epoch is older than the broker's."),
     (75, "UNKNOWN_LEADER_EPOCH", True, "The request's leader epoch is newer than the broker's."),
     (77, "STALE_BROKER_EPOCH", False, "The broker epoch is not current."),
+    (78, "OFFSET_NOT_AVAILABLE", True, "The leader's high watermark has not caught up yet."),
     (79, "MEMBER_ID_REQUIRED", False, "The member must rejoin with a member id."),
     (80, "PREFERRED_LEADER_NOT_AVAILABLE", True, "The preferred leader is not live and in sync."),
     (81, "GROUP_MAX_SIZE_REACHED", False, "The group has reached its maximum size."),
