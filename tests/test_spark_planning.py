@@ -6,8 +6,11 @@ since the planning lives next to the data source classes).
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,7 @@ from rillet.client.cli.spark import format_report, spark_error_cause  # noqa: E4
 from rillet.client.spark.jobs import (  # noqa: E402
     LoadShapeError,
     VerifyReport,
+    _manifest,
     acked_counts,
     load_shape,
     make_value,
@@ -35,7 +39,13 @@ from rillet.client.spark.source import (  # noqa: E402
     stream_offset,
     to_arrow,
 )
-from rillet.client.wire import records
+from rillet.client.spark.streaming import (  # noqa: E402
+    PLAN_FILE,
+    CommitReader,
+    final,
+    rows_per_batch,
+)
+from rillet.client.wire import records  # noqa: E402
 from rillet.client.wire.errors import OffsetOutOfRangeError  # noqa: E402
 
 EARLIEST = {0: 0, 1: 5, 2: 0}
@@ -223,3 +233,63 @@ def test_the_load_shape_comes_from_the_manifest_and_is_never_guessed() -> None:
     assert load_shape("t", [streamed], None, None, {0: 5, 1: 3}).acked == {0: 5}
     assert acked_counts(300, 2, {0: 7}) == {0: 7, 1: 0}
     assert acked_counts(301, 2, None) == {0: 151, 1: 150}
+
+
+def test_stream_load_batches_are_multiples_of_the_task_count() -> None:
+    # Spark partition p of a micro-batch starting at row b holds rows b + p + k * tasks:
+    # task p's rows only when b is a multiple of tasks, so every batch size must be.
+    assert rows_per_batch(3000, 2) == 3000
+    assert rows_per_batch(10, 3) == 12
+    assert rows_per_batch(1, 4) == 4
+    for rate, tasks in ((7, 3), (20_001, 4), (5, 5)):
+        assert rows_per_batch(rate, tasks) % tasks == 0 and rows_per_batch(rate, tasks) >= rate
+
+
+def test_a_manifest_must_be_well_formed_to_count() -> None:
+    good = {
+        "records": 10,
+        "tasks": 2,
+        "status": "committed",
+        "per_task": [{"task": 0, "records": 5}],
+    }
+    assert _manifest(json.dumps(good).encode()) == good
+    for bad in (
+        {**good, "tasks": 0},
+        {**good, "records": 1},  # fewer records than tasks
+        {**good, "tasks": True},
+        {**good, "per_task": [{"task": "0", "records": 5}]},
+        {**good, "per_task": [{"task": 0}]},
+        {**good, "per_task": {"0": 5}},
+        [good],
+    ):
+        assert _manifest(json.dumps(bad).encode()) is None, bad
+    assert _manifest(b"not json") is None
+
+
+def test_which_manifests_end_a_streaming_verification() -> None:
+    stream = {"records": 10, "tasks": 2, "mode": "stream"}
+    assert final({**stream, "status": "committed", "resumable": True})
+    assert final({**stream, "status": "interrupted", "resumable": False})  # cannot resume
+    assert not final({**stream, "status": "failed", "resumable": True})  # may resume
+    assert final({"records": 10, "tasks": 2, "status": "aborted"})  # a batch load
+
+
+def test_commit_reader_sums_each_batch_once_and_sees_rewrites(tmp_path: Path) -> None:
+    def batch(name: str, tasks: list[tuple[int, int]], at: float) -> None:
+        rows = [{"task": t, "records": n, "started_at": at - 1} for t, n in tasks]
+        (tmp_path / name).write_text(json.dumps({"status": "committed", "tasks": rows, "at": at}))
+
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"topic": "t"}))  # not a batch
+    batch("batch-000000000000.json", [(0, 5), (1, 5)], 10.0)
+    batch("batch-000000000001.json", [(0, 5), (1, 0)], 11.0)
+    (tmp_path / "abort-000000000002-1.json").write_text('{"status": "aborted", "tasks": []}')
+    reader = CommitReader(tmp_path)
+    log = reader.read()
+    assert (log.acked, log.batches, log.aborted, log.total) == ({0: 10, 1: 5}, 2, 1, 15)
+    assert (log.first_start, log.last_commit) == (9.0, 11.0)
+    batch("batch-000000000002.json", [(0, 5), (1, 5)], 12.0)
+    assert reader.read().acked == {0: 15, 1: 10}
+    # A batch re-run after a restart rewrites its own file: counted once, as rewritten.
+    batch("batch-000000000001.json", [(0, 5), (1, 5)], 13.0)
+    os.utime(tmp_path / "batch-000000000001.json", ns=(1, 2))  # a surely different mtime
+    assert reader.read().acked == {0: 15, 1: 15}

@@ -271,6 +271,16 @@ def test_a_load_stopped_and_restarted_from_its_checkpoint_loses_nothing_while_ve
 
     # The batch verifier agrees, from the two manifests in the topic.
     assert rillet_main(["spark", "verify", "--topic", "live", "--bootstrap", bootstrap]) == 0
+    capsys.readouterr()
+
+    # One topic per load: a new load on it is refused, and so is this load's checkpoint
+    # for other options; both before any Spark query starts.
+    again = ["spark", "load", "--stream", "--topic", "live", "--rate", "3000", "--tasks", "2"]
+    again += ["--record-size", "64", "--bootstrap", bootstrap]
+    assert rillet_main([*again, "--duration", "6"]) == 1
+    assert "already holds records" in capsys.readouterr().err
+    assert rillet_main([*again, "--duration", "7", "--checkpoint", str(checkpoint)]) == 1
+    assert "the checkpoint belongs to another load" in capsys.readouterr().err
 
 
 def test_the_stream_verifier_finds_a_gap_a_duplicate_a_reordering_and_corruption(
@@ -319,3 +329,52 @@ def test_the_stream_verifier_finds_a_gap_a_duplicate_a_reordering_and_corruption
     assert report["examples"]["duplicate"][0]["seq"] == 20
     assert report["examples"]["reordered"][0]["seq"] == 30
     assert not report["duplicates_allowed"]  # a batch-style manifest: copies fail
+
+
+def test_every_task_stays_in_its_spark_partition_when_the_rate_is_not_a_multiple(
+    spark: Any, tmp_path: Path
+) -> None:
+    # 10 records/s over 3 tasks: batches of 12 rows, so every batch starts at a
+    # multiple of 3 and Spark partition p holds exactly task p's rows, in seq order.
+    seen: list[tuple[int, int, int, int]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        pid = F.spark_partition_id().alias("pid")
+        key = F.col("key").cast("string").cast("int").alias("task")
+        seen.extend(
+            (batch_id, r.pid, r.task, r.n)
+            for r in df.select(pid, key)
+            .groupBy("pid", "task")
+            .agg(F.count("*").alias("n"))
+            .collect()
+        )
+
+    frame = streaming.stream_load_frame(spark, 10, 3, 64, total=40)
+    for _ in range(4):  # one micro-batch per run, on the same checkpoint
+        q = (
+            frame.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(once=True)
+            .start()
+        )
+        q.awaitTermination()
+    assert {(pid, task) for _, pid, task, _ in seen} == {(0, 0), (1, 1), (2, 2)}
+    assert sum(n for *_, n in seen) == 40  # the first rate x duration rows, no more
+    assert len({b for b, *_ in seen}) >= 3
+
+
+def test_a_stream_verification_stopped_early_gives_no_verdict_on_loss(
+    spark: Any, bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    create_topics(bootstrap, unfinished=1)
+    with SyncProducer(bootstrap=bootstrap, acks="all") as p:
+        for s in range(10):  # half of a load that never finishes (no manifest)
+            p.send("unfinished", make_value(0, s, 64), key=b"0")
+        p.flush()
+    code = rillet_main(
+        ["spark", "verify", "--topic", "unfinished", "--stream", "--records", "20"]
+        + ["--tasks", "1", "--timeout", "5", "--bootstrap", bootstrap]
+    )
+    out = capsys.readouterr().out
+    assert code == 4, out  # inconclusive: records 10-19 may just not be written yet
+    assert "INCONCLUSIVE" in out and "no verdict on loss" in out

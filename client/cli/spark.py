@@ -21,6 +21,9 @@ MB = 1024 * 1024
 # and tasks) is unknown or contradicted: verify refuses rather than guess it.
 EXIT_VIOLATIONS = 2
 EXIT_SHAPE_UNKNOWN = 3
+# verify --stream stopped (--timeout, Ctrl-C) before it had surely read every
+# acknowledged record, with no other violation: no verdict.
+EXIT_INCONCLUSIVE = 4
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -322,7 +325,9 @@ def _verify(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         print(format_report(report))
-    return 0 if report.ok else EXIT_VIOLATIONS
+    if not report.ok:
+        return EXIT_VIOLATIONS
+    return 0 if report.complete else EXIT_INCONCLUSIVE
 
 
 def _print_verify_progress(p: dict[str, Any]) -> None:
@@ -368,7 +373,12 @@ def format_report(r: Any) -> str:
             "at-least-once (a re-run micro-batch is sent again)"
         )
     lines.extend(f"  note: {n}" for n in r.notes)
-    lines.append("PASS" if r.ok else "FAIL: the log lost, duplicated, reordered or corrupted data")
+    if not r.ok:
+        lines.append("FAIL: the log lost, duplicated, reordered or corrupted data")
+    elif not r.complete:
+        lines.append("INCONCLUSIVE: stopped before every acknowledged record could be read")
+    else:
+        lines.append("PASS")
     return "\n".join(lines)
 
 

@@ -368,6 +368,9 @@ class VerifyReport:
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     duplicates_allowed: bool = False  # the load was at-least-once (a streamed load)
+    # False: a streaming verification stopped (timeout, Ctrl-C) before it had surely
+    # read every acknowledged record, so loss is not judged (the rest is).
+    complete: bool = True
 
     @property
     def ok(self) -> bool:
@@ -608,12 +611,24 @@ def _manifest(value: bytes | None) -> dict[str, Any] | None:
         m = json.loads(bytes(value or b""))
     except ValueError:
         return None
+    if not isinstance(m, dict):
+        return None
+    records, tasks, per_task = m.get("records"), m.get("tasks"), m.get("per_task", [])
     ok = (
-        isinstance(m, dict)
-        and isinstance(m.get("records"), int)
-        and isinstance(m.get("tasks"), int)
+        _is_int(records)
+        and _is_int(tasks)
+        and 1 <= tasks <= records
+        and isinstance(per_task, list)
+        and all(
+            isinstance(t, dict) and _is_int(t.get("task")) and _is_int(t.get("records"))
+            for t in per_task
+        )
     )
     return m if ok else None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def run_verify(

@@ -47,6 +47,7 @@ from typing import Any
 
 from rillet.client.spark.jobs import (
     HEADER_BYTES,
+    MAX_EXAMPLES,
     MB,
     VerifyReport,
     _manifest,
@@ -86,7 +87,7 @@ def stream_load_frame(
     # of Spark's start-up); with a trigger every TRIGGER_S, rate rows a second.
     rows = (
         spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", max(1, round(rate * TRIGGER_S)))
+        .option("rowsPerBatch", rows_per_batch(rate, tasks))
         .option("numPartitions", tasks)
         .load()
         .filter(F.col("value") < total)
@@ -95,6 +96,16 @@ def stream_load_frame(
         (F.col("value") % tasks).alias("task"), F.expr(f"value div {tasks}").alias("seq")
     )
     return load_values(task_seq, record_size)
+
+
+def rows_per_batch(rate: int, tasks: int) -> int:
+    """``rate * TRIGGER_S`` rounded up to a multiple of ``tasks``. The source hands
+    Spark partition ``p`` the rows ``start + p + k * tasks`` of a micro-batch starting
+    at row ``start``: only when every batch starts at a multiple of ``tasks`` does
+    partition ``p`` hold task ``p``'s rows (and the sink's per-partition counts count
+    per task)."""
+    wanted = max(1, round(rate * TRIGGER_S))
+    return -(-wanted // tasks) * tasks
 
 
 @dataclass
@@ -115,6 +126,7 @@ class StreamLoadResult:
     mode: str = "stream"
     per_task: list[dict[str, int]] = field(default_factory=list)  # task, records acked
     error: str | None = None
+    resumable: bool = False  # ran on a checkpoint of the user's: can be run again
 
     @property
     def records_per_s(self) -> float:
@@ -142,26 +154,82 @@ class CommitLog:
         return sum(self.acked.values())
 
 
-def read_commits(progress_dir: Path) -> CommitLog:
-    acked: dict[int, int] = {}
-    batches = aborted = 0
-    first: float | None = None
-    last: float | None = None
-    for path in sorted(progress_dir.glob("*.json")):
+class CommitReader:
+    """Sums the sink's per-batch files, reading each file once (a committed batch's
+    file does not change while this run lives; a re-run after a restart is read by
+    that run's reader), so polling stays cheap however long the load runs."""
+
+    def __init__(self, progress_dir: Path) -> None:
+        self.dir = progress_dir
+        self._seen: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def read(self) -> CommitLog:
+        acked: dict[int, int] = {}
+        batches = aborted = 0
+        first: float | None = None
+        last: float | None = None
+        for path in sorted(self.dir.glob("*.json")):
+            body = self._body(path)
+            if body is None or path.name == PLAN_FILE:
+                continue
+            if path.name.startswith("abort-"):
+                aborted += 1
+                continue
+            batches += 1
+            for t in body["tasks"]:
+                if t["records"]:
+                    acked[t["task"]] = acked.get(t["task"], 0) + t["records"]
+                    first = t["started_at"] if first is None else min(first, t["started_at"])
+            last = body["at"] if last is None else max(last, body["at"])
+        return CommitLog(acked, batches, aborted, first, last)
+
+    def _body(self, path: Path) -> dict[str, Any] | None:
         try:
+            mtime = path.stat().st_mtime_ns
+            cached = self._seen.get(path.name)
+            if cached is not None and cached[0] == mtime:
+                return cached[1]
             body = json.loads(path.read_text())
         except (OSError, ValueError):  # being replaced this instant: the next poll sees it
-            continue
-        if path.name.startswith("abort-"):
-            aborted += 1
-            continue
-        batches += 1
-        for t in body["tasks"]:
-            if t["records"]:
-                acked[t["task"]] = acked.get(t["task"], 0) + t["records"]
-                first = t["started_at"] if first is None else min(first, t["started_at"])
-        last = body["at"] if last is None else max(last, body["at"])
-    return CommitLog(acked, batches, aborted, first, last)
+            return None
+        self._seen[path.name] = (mtime, body)
+        return body
+
+
+def read_commits(progress_dir: Path) -> CommitLog:
+    return CommitReader(progress_dir).read()
+
+
+PLAN_FILE = "load.json"  # the load's parameters, beside its commit files
+
+
+def check_plan(bootstrap: str, progress_dir: Path, plan: dict[str, Any]) -> bool:
+    """Whether this run resumes a load (its checkpoint holds the same plan); a fresh
+    load needs an empty topic. Refuses (ValueError) a checkpoint of another load, and
+    a fresh load on a topic that already holds records: the verifier could not tell
+    two loads' records and manifests apart."""
+    path = progress_dir / PLAN_FILE
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != plan:
+            diff = {k: (before.get(k), v) for k, v in plan.items() if before.get(k) != v}
+            raise ValueError(
+                f"the checkpoint belongs to another load ({diff}, as (then, now)): resume "
+                "it with the same topic and options, or give a new --checkpoint"
+            )
+        return True
+    topic = plan["topic"]
+    earliest = run_with_client(bootstrap, lambda m: list_offsets(m, topic, EARLIEST))
+    latest = run_with_client(bootstrap, lambda m: list_offsets(m, topic, LATEST))
+    if any(latest[p] > earliest[p] for p in latest):
+        raise ValueError(
+            f"topic {topic!r} already holds records: a streamed load needs a topic of its "
+            "own (to resume a stopped one, give its --checkpoint)"
+        )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan))
+    tmp.replace(path)
+    return False
 
 
 def run_stream_load(
@@ -182,15 +250,52 @@ def run_stream_load(
 ) -> StreamLoadResult:
     """Stream ``rate * duration_s`` records into ``topic`` and wait for every ack.
 
-    Returns when all were acknowledged, or ``stop`` was set (status "interrupted");
-    raises the query's error when it failed. Either way the manifest goes into the
-    topic first. ``progress`` gets a dict every ``interval_s`` seconds."""
+    Returns when all were acknowledged, or ``stop`` was set or Ctrl-C pressed (status
+    "interrupted"); raises the query's error when it failed. Either way the manifest
+    goes into the topic first. ``progress`` gets a dict every ``interval_s`` seconds.
+    With ``checkpoint`` the load can be resumed by running it again with the same
+    arguments; without, it uses a temporary one, removed at the end."""
     total = int(rate * duration_s)
+    plan = {
+        "topic": topic,
+        "records": total,
+        "tasks": tasks,
+        "record_size": record_size,
+        "rows_per_batch": rows_per_batch(rate, tasks),
+    }
     df = stream_load_frame(spark, rate, tasks, record_size, total)
-    own_checkpoint = checkpoint is None
     ckpt = Path(checkpoint or tempfile.mkdtemp(prefix="rillet-stream-load-"))
+    try:
+        progress_dir = ckpt / PROGRESS_DIR
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        check_plan(bootstrap, progress_dir, plan)
+        return _run_load(
+            df, bootstrap, plan, rate, duration_s, acks, ckpt, writer_options,
+            progress, interval_s, stop, resumable=checkpoint is not None,
+        )  # fmt: skip
+    finally:
+        if checkpoint is None:
+            shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def _run_load(
+    df: DataFrame,
+    bootstrap: str,
+    plan: dict[str, Any],
+    rate: int,
+    duration_s: float,
+    acks: str,
+    ckpt: Path,
+    writer_options: dict[str, str] | None,
+    progress: Progress | None,
+    interval_s: float,
+    stop: threading.Event | None,
+    *,
+    resumable: bool,
+) -> StreamLoadResult:
+    topic, total, tasks = plan["topic"], plan["records"], plan["tasks"]
     progress_dir = ckpt / PROGRESS_DIR
-    progress_dir.mkdir(parents=True, exist_ok=True)
+    reader = CommitReader(progress_dir)
     query = (
         df.writeStream.format("rillet")
         .option("bootstrap", bootstrap)
@@ -206,7 +311,7 @@ def run_stream_load(
     started = time.time()
     status, error = "interrupted", None
     try:
-        status = _watch_load(query, progress_dir, total, started, progress, interval_s, stop)
+        status = _watch_load(query, reader, total, started, progress, interval_s, stop)
     except KeyboardInterrupt:  # Ctrl-C: stop, then say what was acknowledged
         status = "interrupted"
     except Exception as e:
@@ -214,16 +319,15 @@ def run_stream_load(
     finally:
         if query.isActive:
             query.stop()
-        commits = read_commits(progress_dir)
-        result = _stream_result(
-            topic, total, tasks, record_size, acks, rate, duration_s, status, commits, started
-        )
-        if error is not None:
-            result.error = str(error).strip().splitlines()[0] if str(error).strip() else None
-        failed = result.status != "committed"
-        write_topic_manifest(bootstrap, topic, result.to_json(), failed=failed)
-        if own_checkpoint:
-            shutil.rmtree(ckpt, ignore_errors=True)
+    result = _stream_result(
+        topic, total, tasks, plan["record_size"], acks, rate, duration_s, status,
+        reader.read(), started,
+    )  # fmt: skip
+    result.resumable = resumable
+    if error is not None:
+        result.error = str(error).strip().splitlines()[0] if str(error).strip() else None
+    failed = result.status != "committed"
+    write_topic_manifest(bootstrap, topic, result.to_json(), failed=failed)
     if error is not None:
         raise error
     return result
@@ -231,7 +335,7 @@ def run_stream_load(
 
 def _watch_load(
     query: Any,
-    progress_dir: Path,
+    reader: CommitReader,
     total: int,
     started: float,
     progress: Progress | None,
@@ -247,7 +351,7 @@ def _watch_load(
             if err is not None:
                 raise err  # Spark's StreamingQueryException, with the task's error in it
             return "interrupted"
-        commits = read_commits(progress_dir)
+        commits = reader.read()
         now = time.time()
         if commits.total >= total:
             return "committed"
@@ -321,8 +425,10 @@ def batch_runs(parsed: DataFrame) -> DataFrame:
 
 def final(manifest: dict[str, Any]) -> bool:
     """Whether a manifest ends the load: a streamed load that stopped short (failed or
-    interrupted) can resume from its checkpoint, so the verifier reads on."""
-    return manifest.get("mode") != "stream" or manifest.get("status") == "committed"
+    interrupted) on a checkpoint of the user's can be resumed, so the verifier reads on."""
+    if manifest.get("mode") != "stream" or manifest.get("status") == "committed":
+        return True
+    return not manifest.get("resumable", False)
 
 
 @dataclass
@@ -335,11 +441,15 @@ class StreamVerifyState:
     target: dict[int, int] | None = None  # latest offsets once a manifest was read
     batches: int = 0
 
-    def add_batch(self, runs: list[Any], corrupt: list[Any], ends: list[Any]) -> None:
+    def add_batch(self, runs: list[Any], ends: list[Any], corrupt_examples: list[Any]) -> None:
+        """``runs`` as ``batch_runs`` makes them; ``ends`` per partition the next offset
+        and the corrupt records' count; a few corrupt (partition, offset) examples."""
         for r in sorted(runs, key=lambda r: (r.partition, r.offset)):
             self.tracker.add_run(r.partition, r.task, r.start, r.end, r.offset)
-        for c in sorted(corrupt, key=lambda c: (c.partition, c.offset)):
-            self.tracker.add_corrupt(c.partition, c.offset)
+        corrupt = sum(e.corrupt for e in ends)
+        if corrupt:
+            examples = sorted((c.partition, c.offset) for c in corrupt_examples)
+            self.tracker.add_corrupt(corrupt, examples)
         for e in ends:
             self.consumed[e.partition] = max(self.consumed.get(e.partition, 0), e.next)
         self.batches += 1
@@ -373,13 +483,21 @@ def run_stream_verify(
     lock = threading.Lock()
 
     def on_batch(batch_df: DataFrame, batch_id: int) -> None:
+        # Only aggregates and a few examples leave Spark: the driver's memory follows
+        # the anomalies, not the records (a topic of foreign data is all "corrupt").
         parsed = parse_frame(batch_df).persist()
         try:
             runs = batch_runs(parsed).collect()
-            corrupt = (
-                parsed.filter("not valid and not manifest").select("partition", "offset").collect()
+            is_corrupt = (~F.col("valid") & ~F.col("manifest")).cast("long")
+            ends = (
+                parsed.groupBy("partition")
+                .agg((F.max("offset") + 1).alias("next"), F.sum(is_corrupt).alias("corrupt"))
+                .collect()
             )
-            ends = parsed.groupBy("partition").agg((F.max("offset") + 1).alias("next")).collect()
+            examples = []
+            if any(e.corrupt for e in ends):
+                bad = parsed.filter("not valid and not manifest").select("partition", "offset")
+                examples = bad.orderBy("partition", "offset").limit(MAX_EXAMPLES).collect()
             found = parsed.filter("manifest").select("manifest_value").collect()
         finally:
             parsed.unpersist()
@@ -388,7 +506,7 @@ def run_stream_verify(
         if any(final(m) for m in manifests) and state.target is None:
             target = run_with_client(bootstrap, lambda m: list_offsets(m, topic, LATEST))
         with lock:
-            state.add_batch(runs, corrupt, ends)
+            state.add_batch(runs, ends, examples)
             state.manifests.extend(manifests)
             if target is not None:
                 state.target = target
@@ -401,19 +519,19 @@ def run_stream_verify(
         .load()
     )
     ckpt = tempfile.mkdtemp(prefix="rillet-stream-verify-")  # a rerun reads from the start
-    query = (
-        stream.writeStream.foreachBatch(on_batch)
-        .option("checkpointLocation", ckpt)
-        .queryName(f"rillet-verify-{topic}")
-        .start()
-    )
-    started = time.time()
+    query = None
     try:
-        _watch_verify(query, state, lock, started, progress, interval_s, timeout_s, stop)
-    except KeyboardInterrupt:  # Ctrl-C: the verdict on what was read so far
+        query = (
+            stream.writeStream.foreachBatch(on_batch)
+            .option("checkpointLocation", ckpt)
+            .queryName(f"rillet-verify-{topic}")
+            .start()
+        )
+        _watch_verify(query, state, lock, time.time(), progress, interval_s, timeout_s, stop)
+    except KeyboardInterrupt:  # Ctrl-C: the counts so far, without a verdict on loss
         pass
     finally:
-        if query.isActive:
+        if query is not None and query.isActive:
             query.stop()
         shutil.rmtree(ckpt, ignore_errors=True)
     return stream_verdict(topic, state, records, tasks)
@@ -474,5 +592,16 @@ def stream_verdict(
     report.notes.append(f"{shape.records:,} records in {shape.tasks} tasks, from {shape.source}")
     report.notes.append(f"read as a stream in {state.batches} micro-batches")
     if not state.done:
-        report.notes.append("stopped before the load's manifest (and all before it) was read")
+        # Stopped (timeout, Ctrl-C) before everything acknowledged was surely read: an
+        # acknowledged record not read yet is not lost. The other counts stand.
+        report.complete = False
+        if report.lost:
+            report.notes.append(
+                f"{report.lost:,} acknowledged records not read (yet): no verdict on loss"
+            )
+            report.lost = 0
+            report.examples.pop("lost", None)
+        report.notes.append(
+            "stopped before a finished load's manifest, and everything before it, was read"
+        )
     return report

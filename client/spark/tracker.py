@@ -155,10 +155,12 @@ class SeqTracker:
         if len(kept) < MAX_EXAMPLES:
             kept.append(ex)
 
-    def add_corrupt(self, partition: int, offset: int) -> None:
-        self.read += 1
-        self.corrupt += 1
-        self._example("corrupt", {"partition": partition, "offset": offset})
+    def add_corrupt(self, count: int, examples: list[tuple[int, int]]) -> None:
+        """``count`` corrupt records, a few of them as (partition, offset)."""
+        self.read += count
+        self.corrupt += count
+        for partition, offset in examples:
+            self._example("corrupt", {"partition": partition, "offset": offset})
 
     def add_run(self, partition: int, task: int, start: int, end: int, offset: int) -> None:
         """Records of ``task`` with seqs ``start..end`` (consecutive), the first at
