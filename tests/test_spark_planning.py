@@ -7,7 +7,6 @@ since the planning lives next to the data source classes).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -289,7 +288,7 @@ def test_commit_reader_sums_each_batch_once_and_sees_rewrites(tmp_path: Path) ->
     assert (log.first_start, log.last_commit) == (9.0, 11.0)
     batch("batch-000000000002.json", [(0, 5), (1, 5)], 12.0)
     assert reader.read().acked == {0: 15, 1: 10}
-    # A batch re-run after a restart rewrites its own file: counted once, as rewritten.
+    # A batch re-run after a restart rewrites its own file; the restarted run's reader
+    # counts it once, as rewritten.
     batch("batch-000000000001.json", [(0, 5), (1, 5)], 13.0)
-    os.utime(tmp_path / "batch-000000000001.json", ns=(1, 2))  # a surely different mtime
-    assert reader.read().acked == {0: 15, 1: 15}
+    assert CommitReader(tmp_path).read().acked == {0: 15, 1: 15}

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -155,24 +156,25 @@ class CommitLog:
 
 
 class CommitReader:
-    """Sums the sink's per-batch files, reading each file once (a committed batch's
-    file does not change while this run lives; a re-run after a restart is read by
-    that run's reader), so polling stays cheap however long the load runs."""
+    """Sums the sink's per-batch files, reading each file once: within one run of
+    the query a committed batch's file never changes (a batch is re-run, rewriting
+    its file, only by a later run, whose reader is a new one), so a poll costs a
+    directory listing however long the load has run."""
 
     def __init__(self, progress_dir: Path) -> None:
         self.dir = progress_dir
-        self._seen: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._seen: dict[str, dict[str, Any]] = {}
 
     def read(self) -> CommitLog:
         acked: dict[int, int] = {}
         batches = aborted = 0
         first: float | None = None
         last: float | None = None
-        for path in sorted(self.dir.glob("*.json")):
-            body = self._body(path)
-            if body is None or path.name == PLAN_FILE:
+        for name in sorted(e.name for e in os.scandir(self.dir) if e.name.endswith(".json")):
+            body = self._body(name)
+            if body is None or name == PLAN_FILE:
                 continue
-            if path.name.startswith("abort-"):
+            if name.startswith("abort-"):
                 aborted += 1
                 continue
             batches += 1
@@ -183,16 +185,14 @@ class CommitReader:
             last = body["at"] if last is None else max(last, body["at"])
         return CommitLog(acked, batches, aborted, first, last)
 
-    def _body(self, path: Path) -> dict[str, Any] | None:
-        try:
-            mtime = path.stat().st_mtime_ns
-            cached = self._seen.get(path.name)
-            if cached is not None and cached[0] == mtime:
-                return cached[1]
-            body = json.loads(path.read_text())
-        except (OSError, ValueError):  # being replaced this instant: the next poll sees it
-            return None
-        self._seen[path.name] = (mtime, body)
+    def _body(self, name: str) -> dict[str, Any] | None:
+        body = self._seen.get(name)
+        if body is None:
+            try:
+                body = json.loads((self.dir / name).read_text())
+            except (OSError, ValueError):  # being replaced this instant: the next poll
+                return None
+            self._seen[name] = body
         return body
 
 
@@ -346,7 +346,7 @@ def _watch_load(
     last_total, last_at = 0, started
     next_report = started + interval_s
     while True:
-        if query.awaitTermination(0.2):  # ended on its own: failed (raises) or stopped
+        if query.awaitTermination(0.5):  # ended on its own: failed (raises) or stopped
             err = query.exception()
             if err is not None:
                 raise err  # Spark's StreamingQueryException, with the task's error in it
