@@ -43,6 +43,7 @@ from rillet.client.spark.streaming import (  # noqa: E402
     CommitReader,
     final,
     rows_per_batch,
+    trigger_ms,
 )
 from rillet.client.wire import records  # noqa: E402
 from rillet.client.wire.errors import OffsetOutOfRangeError  # noqa: E402
@@ -242,6 +243,8 @@ def test_stream_load_batches_are_multiples_of_the_task_count() -> None:
     assert rows_per_batch(1, 4) == 4
     for rate, tasks in ((7, 3), (20_001, 4), (5, 5)):
         assert rows_per_batch(rate, tasks) % tasks == 0 and rows_per_batch(rate, tasks) >= rate
+    # ... and the interval stretches with the batch, so the rate asked for holds.
+    assert (trigger_ms(3000, 2), trigger_ms(10, 3), trigger_ms(1, 4)) == (1000, 1200, 4000)
 
 
 def test_a_manifest_must_be_well_formed_to_count() -> None:

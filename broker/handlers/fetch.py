@@ -263,6 +263,8 @@ class ListOffsetsHandler:
         state = replica.state
         found = replica.log.offset_for_timestamp(ts)
         if found is None or found.offset >= state.high_watermark:
+            if state.high_watermark_behind_epoch_start:  # "none yet" may be below the old HW
+                return result(partition, OFFSET_NOT_AVAILABLE, -1, -1, -1)
             return result(partition, NONE, -1, -1, -1)
         return result(partition, NONE, found.timestamp, found.offset, state.leader_epoch)
 

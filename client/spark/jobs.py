@@ -373,12 +373,21 @@ class VerifyReport:
     complete: bool = True
 
     @property
-    def ok(self) -> bool:
+    def violated(self) -> bool:
         dups = self.duplicates and not self.duplicates_allowed
-        return not (self.lost or dups or self.reordered or self.corrupt or self.phantom)
+        return bool(self.lost or dups or self.reordered or self.corrupt or self.phantom)
+
+    @property
+    def ok(self) -> bool:
+        """A pass: no violation, and (streaming) everything acknowledged was read."""
+        return self.complete and not self.violated
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.violated else "PASS" if self.complete else "INCONCLUSIVE"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "ok": self.ok, "verdict": self.verdict}
 
 
 def parse_frame(df: DataFrame) -> DataFrame:

@@ -86,6 +86,8 @@ LATEST = -1
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 TOPIC_WAIT_MS = 15_000  # a topic must exist (with leaders) within this long
 REQUEST_DEADLINE_S = 60.0  # how long one range read keeps retrying leader changes
+RETRY_BACKOFF_S = 0.05  # the first pause before a retry, doubled up to the max
+RETRY_BACKOFF_MAX_S = 1.0
 
 HEADER_TYPE = pa.struct([("key", pa.string()), ("value", pa.binary())])
 ARROW_SCHEMA = pa.schema(
@@ -306,6 +308,7 @@ async def leader_request(
     """
     meta.add_topics([topic])
     deadline = time.monotonic() + deadline_s
+    backoff = RETRY_BACKOFF_S
     while True:
         try:
             snap = await meta.refresh()
@@ -325,6 +328,10 @@ async def leader_request(
             if not e.retriable or time.monotonic() > deadline:
                 raise
             meta.request_update()
+            # A leader whose answer is "not yet" (OFFSET_NOT_AVAILABLE, a new leader's
+            # HW catching up) answers at once: without a pause this would be a busy loop.
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
 
 async def topic_partitions(meta: MetadataClient, topic: str) -> dict[str, tuple]:

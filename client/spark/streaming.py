@@ -34,6 +34,7 @@ codes; after a streamed load, duplicates are reported but do not fail it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -58,7 +59,13 @@ from rillet.client.spark.jobs import (
     parse_frame,
     write_topic_manifest,
 )
-from rillet.client.spark.source import EARLIEST, LATEST, list_offsets, run_with_client
+from rillet.client.spark.source import (
+    EARLIEST,
+    LATEST,
+    list_offsets,
+    run_with_client,
+    topic_partitions,
+)
 from rillet.client.spark.tracker import SeqTracker
 
 try:
@@ -104,9 +111,15 @@ def rows_per_batch(rate: int, tasks: int) -> int:
     Spark partition ``p`` the rows ``start + p + k * tasks`` of a micro-batch starting
     at row ``start``: only when every batch starts at a multiple of ``tasks`` does
     partition ``p`` hold task ``p``'s rows (and the sink's per-partition counts count
-    per task)."""
+    per task). ``trigger_ms`` stretches the interval to match, keeping the rate."""
     wanted = max(1, round(rate * TRIGGER_S))
     return -(-wanted // tasks) * tasks
+
+
+def trigger_ms(rate: int, tasks: int) -> int:
+    """The micro-batch interval that sends ``rate`` records/s in batches of
+    ``rows_per_batch``: TRIGGER_S, or a little more when the batch was rounded up."""
+    return max(1, round(1000 * rows_per_batch(rate, tasks) / rate))
 
 
 @dataclass
@@ -156,44 +169,40 @@ class CommitLog:
 
 
 class CommitReader:
-    """Sums the sink's per-batch files, reading each file once: within one run of
-    the query a committed batch's file never changes (a batch is re-run, rewriting
-    its file, only by a later run, whose reader is a new one), so a poll costs a
-    directory listing however long the load has run."""
+    """Sums the sink's per-batch files, reading each new file once and keeping running
+    totals: within one run of the query a committed batch's file never changes (a
+    batch is re-run, rewriting its file, only by a later run, whose reader is a new
+    one), so a poll costs a directory listing however long the load has run."""
 
     def __init__(self, progress_dir: Path) -> None:
         self.dir = progress_dir
-        self._seen: dict[str, dict[str, Any]] = {}
+        self._seen: set[str] = set()
+        self._log = CommitLog({}, 0, 0, None, None)
 
     def read(self) -> CommitLog:
-        acked: dict[int, int] = {}
-        batches = aborted = 0
-        first: float | None = None
-        last: float | None = None
-        for name in sorted(e.name for e in os.scandir(self.dir) if e.name.endswith(".json")):
-            body = self._body(name)
-            if body is None or name == PLAN_FILE:
-                continue
-            if name.startswith("abort-"):
-                aborted += 1
-                continue
-            batches += 1
-            for t in body["tasks"]:
-                if t["records"]:
-                    acked[t["task"]] = acked.get(t["task"], 0) + t["records"]
-                    first = t["started_at"] if first is None else min(first, t["started_at"])
-            last = body["at"] if last is None else max(last, body["at"])
-        return CommitLog(acked, batches, aborted, first, last)
-
-    def _body(self, name: str) -> dict[str, Any] | None:
-        body = self._seen.get(name)
-        if body is None:
+        new = [e.name for e in os.scandir(self.dir) if e.name.endswith(".json")]
+        for name in sorted(n for n in new if n not in self._seen and n != PLAN_FILE):
             try:
                 body = json.loads((self.dir / name).read_text())
             except (OSError, ValueError):  # being replaced this instant: the next poll
-                return None
-            self._seen[name] = body
-        return body
+                continue
+            self._seen.add(name)
+            self._add(name, body)
+        return dataclasses.replace(self._log, acked=dict(self._log.acked))  # a snapshot
+
+    def _add(self, name: str, body: dict[str, Any]) -> None:
+        log = self._log
+        if name.startswith("abort-"):
+            log.aborted += 1
+            return
+        log.batches += 1
+        for t in body["tasks"]:
+            if t["records"]:
+                log.acked[t["task"]] = log.acked.get(t["task"], 0) + t["records"]
+                start = t["started_at"]
+                log.first_start = start if log.first_start is None else min(log.first_start, start)
+        at = body["at"]
+        log.last_commit = at if log.last_commit is None else max(log.last_commit, at)
 
 
 def read_commits(progress_dir: Path) -> CommitLog:
@@ -208,6 +217,8 @@ def check_plan(bootstrap: str, progress_dir: Path, plan: dict[str, Any]) -> bool
     load needs an empty topic. Refuses (ValueError) a checkpoint of another load, and
     a fresh load on a topic that already holds records: the verifier could not tell
     two loads' records and manifests apart."""
+    topic = plan["topic"]
+    plan = {**plan, **run_with_client(bootstrap, lambda m: _identity(m, topic))}
     path = progress_dir / PLAN_FILE
     if path.exists():
         before = json.loads(path.read_text())
@@ -215,10 +226,15 @@ def check_plan(bootstrap: str, progress_dir: Path, plan: dict[str, Any]) -> bool
             diff = {k: (before.get(k), v) for k, v in plan.items() if before.get(k) != v}
             raise ValueError(
                 f"the checkpoint belongs to another load ({diff}, as (then, now)): resume "
-                "it with the same topic and options, or give a new --checkpoint"
+                "it with the same topic (not re-created) on the same cluster with the same "
+                "options, or give a new --checkpoint"
             )
         return True
-    topic = plan["topic"]
+    if any(progress_dir.glob("batch-*.json")):
+        raise ValueError(
+            f"the checkpoint {progress_dir.parent} holds committed batches but no load plan "
+            "(an older rillet wrote it): it cannot be resumed; give a new --checkpoint"
+        )
     earliest = run_with_client(bootstrap, lambda m: list_offsets(m, topic, EARLIEST))
     latest = run_with_client(bootstrap, lambda m: list_offsets(m, topic, LATEST))
     if any(latest[p] > earliest[p] for p in latest):
@@ -230,6 +246,14 @@ def check_plan(bootstrap: str, progress_dir: Path, plan: dict[str, Any]) -> bool
     tmp.write_text(json.dumps(plan))
     tmp.replace(path)
     return False
+
+
+async def _identity(meta: Any, topic: str) -> dict[str, Any]:
+    """The cluster's and the topic's ids: a checkpoint resumes only the load it made,
+    not a load of a re-created topic of the same name, nor on another cluster."""
+    await topic_partitions(meta, topic)
+    snap = meta.snapshot
+    return {"cluster_id": snap.cluster_id, "topic_id": snap.topic_ids.get(topic)}
 
 
 def run_stream_load(
@@ -305,7 +329,7 @@ def _run_load(
         .options(**(writer_options or {}))
         .option("checkpointLocation", str(ckpt / "spark"))
         .queryName(f"rillet-load-{topic}")
-        .trigger(processingTime=f"{int(TRIGGER_S * 1000)} milliseconds")
+        .trigger(processingTime=f"{trigger_ms(rate, tasks)} milliseconds")
         .start()
     )
     started = time.time()
