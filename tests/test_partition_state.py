@@ -6,9 +6,12 @@ the way a broker driver would, and names the Kafka behaviour it pins down.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from test_replication_fakes import FakeLog, Replica, batches_of
 
+from rillet.broker.handlers.fetch import ListOffsetsHandler
 from rillet.broker.replication.partition_state import PartitionState, Role
 from rillet.broker.replication.types import (
     AlterPartitionResponse,
@@ -26,6 +29,7 @@ from rillet.broker.replication.types import (
     UpdateHighWatermark,
 )
 from rillet.client.wire import errors
+from rillet.controller.metadata.image import TopicPartition
 
 NONE = errors.NONE
 E = errors.code_of
@@ -222,9 +226,9 @@ def test_expansion_waits_for_the_leader_epoch_start_offset() -> None:
     assert c.log.records == a.log.records
 
 
-def test_a_new_leaders_latest_offset_is_unavailable_until_its_hw_reaches_the_epoch_start() -> None:
-    # b leads with the HW it knew as a follower (1) while m1, m2 were committed (a's HW
-    # 3): "latest" must not answer 1, or a reader would miss acknowledged records.
+def lagging_new_leader() -> tuple[Replica, Replica, Replica]:
+    """b leads epoch 2 with the HW it knew as a follower (1) while m1, m2 were
+    committed under a (HW 3); a and c follow b."""
     a, b, c = trio(lag_ms=100)
     a.append(["m0"])
     for r in (b, c, b, c):
@@ -239,12 +243,40 @@ def test_a_new_leaders_latest_offset_is_unavailable_until_its_hw_reaches_the_epo
     b.apply(b.state.become_leader(2, 3, (1, 2, 3), (1, 2, 3), now_ms=300))
     for r in (a, c):
         r.apply(r.state.become_follower(2, 2, 3, (1, 2, 3), (1, 2, 3)))
+    return a, b, c
+
+
+def test_a_new_leaders_latest_offset_is_unavailable_until_its_hw_reaches_the_epoch_start() -> None:
+    # "latest" must not answer b's HW 1, or a reader would miss acknowledged m1, m2.
+    a, b, c = lagging_new_leader()
     assert b.state.high_watermark_behind_epoch_start
     assert not c.state.high_watermark_behind_epoch_start  # followers answer nothing
     for r in (a, c, a, c):
         r.fetch_from(b, now_ms=301)
     assert b.state.high_watermark >= 3
     assert not b.state.high_watermark_behind_epoch_start
+
+
+def test_list_offsets_on_a_lagging_new_leader_says_not_yet() -> None:
+    a, b, c = lagging_new_leader()
+    log = SimpleNamespace(log_start_offset=0, offset_for_timestamp=lambda ts: None)
+    replica = SimpleNamespace(state=b.state, log=log, is_leader=True, topic_id="t-id")
+    manager = SimpleNamespace(replicas={TopicPartition("t", 0): replica}, remote=None)
+    handler = ListOffsetsHandler(manager)  # type: ignore[arg-type]
+
+    def ask(ts: int) -> tuple[int, int]:
+        r = handler.lookup("t", 0, -1, ts)
+        return r.error_code, r.offset
+
+    not_yet = E("OFFSET_NOT_AVAILABLE")
+    assert ask(-1) == (not_yet, -1)  # latest
+    assert ask(1_700_000_000_000) == (not_yet, -1)  # a time with no record below the HW
+    assert ask(-2) == (NONE, 0)  # earliest is safe to answer
+    assert errors.is_retriable(not_yet)
+    for r in (a, c, a, c):
+        r.fetch_from(b, now_ms=301)
+    assert ask(-1) == (NONE, b.state.high_watermark)
+    assert ask(1_700_000_000_000) == (NONE, -1)
 
 
 def test_only_one_alter_partition_in_flight() -> None:
