@@ -52,8 +52,10 @@ QUICK_SEEDS = 24
 # records from a leader that had not applied the delete yet (14); compaction dropped the
 # superseded first batch of a leader epoch, so a follower of the compacted leader
 # recorded the epoch as starting at its next batch and, elected, let a returning deposed
-# leader keep its own records there below the HW (3582).
-REGRESSION_SEEDS = (14, 232, 395, 677, 3582)
+# leader keep its own records there below the HW (3582); a new leader answered
+# ListOffsets latest with the HW it knew as a follower, below records already committed
+# (83; 62 and 67 too).
+REGRESSION_SEEDS = (14, 83, 232, 395, 677, 3582)
 FD_CACHE_QUICK_SEEDS = 6
 
 

@@ -1066,6 +1066,7 @@ class ReplicationInvariants:
                 )
             if state.is_leader:
                 self.commit_up_to(broker, hw)
+                self.check_latest(broker)
             self.check_prefix(broker, min(hw, self.committed_end), "below its HW")
         for offset, value in list(self.unverified.items()):
             if offset < self.committed_end:
@@ -1073,6 +1074,25 @@ class ReplicationInvariants:
                 if held is None or held[1] != value:
                     self.cluster.fail(f"acknowledged {value!r} at {offset}, committed {held} there")
                 del self.unverified[offset]
+
+    def check_latest(self, leader: BrokerActor) -> None:
+        """What the leader would answer ListOffsets latest with covers every committed
+        record: a reader taking it as "everything acknowledged so far" misses none. A
+        new leader whose HW (the one it knew as a follower) is behind its epoch start
+        answers OFFSET_NOT_AVAILABLE instead, until its followers catch up. Only the
+        controller's current leader is held to it: a deposed leader that has not heard
+        yet (partitioned away) answers from its old epoch, and a client that knows the
+        new epoch is refused there (FENCED_LEADER_EPOCH)."""
+        state = leader.replica.state
+        if state.high_watermark_behind_epoch_start or leader.hw_may_fall_to is not None:
+            return
+        if not self.recognized_leader(leader):
+            return
+        if state.high_watermark < self.committed_end:
+            self.cluster.fail(
+                f"leader {leader.actor_id} would answer latest = {state.high_watermark}, "
+                f"below the committed end {self.committed_end}"
+            )
 
     def on_leader_hw(self, leader: BrokerActor, hw: int) -> None:
         replica = leader.replica
