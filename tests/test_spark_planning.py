@@ -285,6 +285,7 @@ def test_commit_reader_sums_each_batch_once_and_sees_rewrites(tmp_path: Path) ->
     batch("batch-000000000000.json", [(0, 5), (1, 5)], 10.0)
     batch("batch-000000000001.json", [(0, 5), (1, 0)], 11.0)
     (tmp_path / "abort-000000000002-1.json").write_text('{"status": "aborted", "tasks": []}')
+    assert CommitReader(tmp_path / "not-yet").read().total == 0  # before the query starts
     reader = CommitReader(tmp_path)
     log = reader.read()
     assert (log.acked, log.batches, log.aborted, log.total) == ({0: 10, 1: 5}, 2, 1, 15)

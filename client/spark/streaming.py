@@ -180,8 +180,11 @@ class CommitReader:
         self._log = CommitLog({}, 0, 0, None, None)
 
     def read(self) -> CommitLog:
-        new = [e.name for e in os.scandir(self.dir) if e.name.endswith(".json")]
-        for name in sorted(n for n in new if n not in self._seen and n != PLAN_FILE):
+        try:
+            names = [e.name for e in os.scandir(self.dir) if e.name.endswith(".json")]
+        except FileNotFoundError:  # the sink makes it when the query starts
+            names = []
+        for name in sorted(n for n in names if n not in self._seen and n != PLAN_FILE):
             try:
                 body = json.loads((self.dir / name).read_text())
             except (OSError, ValueError):  # being replaced this instant: the next poll
