@@ -36,6 +36,10 @@ CONTROLLER_KEYS = ConfigTable([
         "Connect and write timeout of the Raft transport towards another voter."),
     Key("quorum.heartbeat.interval.ms", int, 100,
         "Raft leader heartbeat (empty append) interval; must be below the election timeout."),
+    Key("quorum.prevote.on.leader.loss.enable", bool, True,
+        "A follower whose leader's address refuses connections (its process is gone) "
+        "starts a pre-vote within two heartbeat intervals instead of waiting out the "
+        "election timeout."),
     Key("quorum.tick.interval.ms", int, 20, "How often the driver ticks the Raft core."),
     Key("broker.session.timeout.ms", int, 3000,
         "A broker without a heartbeat for this long is fenced (Kafka: 9000)."),

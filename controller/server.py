@@ -169,6 +169,7 @@ class ControllerServer:
             voters=tuple(sorted(self.voters)),
             election_timeout_ms=self.config["quorum.election.timeout.ms"],
             heartbeat_interval_ms=self.config["quorum.heartbeat.interval.ms"],
+            prevote_on_leader_loss=self.config["quorum.prevote.on.leader.loss.enable"],
         )
         self.node = RaftNode(raft_config, state, rng=random.Random(), now_ms=self.clock())
         self.transport = RaftTransport(
@@ -176,6 +177,7 @@ class ControllerServer:
             self.voters,
             self._on_raft_message,
             timeout_ms=self.config["quorum.fetch.timeout.ms"],
+            on_unreachable=self._on_voter_unreachable,
         )
         self.transport.cluster_id = self.cluster_id
         self.driver = RaftDriver(self.node, self.store, self.transport, self.machine, self.clock)
@@ -315,6 +317,9 @@ class ControllerServer:
 
     def _on_raft_message(self, msg: Any) -> None:
         self.driver.step(msg)
+
+    def _on_voter_unreachable(self, node_id: int) -> None:
+        self.driver.peer_unreachable(node_id)
 
     def _on_cluster_id(self, cluster_id: str) -> None:
         if hasattr(self, "transport"):  # not yet when restoring the stored snapshot

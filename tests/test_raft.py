@@ -209,6 +209,55 @@ def test_prevote_partitioned_node_does_not_disrupt_leader() -> None:
     assert h.nodes[3].leader_id == 1
 
 
+def test_followers_told_their_leader_is_gone_elect_a_new_one_before_the_timeout() -> None:
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    h.isolate(1)  # the leader's process dies: nothing reaches it or comes from it
+    gone_at = h.now_ms
+    for follower in (2, 3):
+        h.drivers[follower].peer_unreachable(1)  # its address refused a connection
+    h.run(3 * 100)  # a few heartbeat intervals, well below the election timeout T
+    new = [i for i in (2, 3) if h.nodes[i].role is Role.LEADER]
+    assert len(new) == 1 and h.nodes[new[0]].term == 2
+    assert h.now_ms - gone_at < T_MS
+    assert "leader 1 of term 1 is gone (connection refused)" in " ".join(h.events)
+
+
+def test_a_wrong_unreachable_report_cannot_depose_a_live_leader() -> None:
+    # One follower is told its leader is gone while it is not (in production only a
+    # refused connection reports, which a live process does not give; here the report
+    # is wrong on purpose): the other follower still hears the leader and refuses the
+    # pre-vote, so the term stays and the leader keeps its lease.
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    h.drivers[2].peer_unreachable(1)
+    h.run(3 * 100)
+    assert h.leader() == 1 and h.nodes[1].term == 1
+    assert {h.nodes[2].term, h.nodes[3].term} == {1}
+    assert h.nodes[1].is_leader_with_lease(h.now_ms)
+
+
+def test_unreachable_reports_that_change_nothing() -> None:
+    h = Harness(prevote_on_leader_loss=False)
+    h.elect(1)
+    h.run(200)
+    h.isolate(1)
+    for follower in (2, 3):
+        h.drivers[follower].peer_unreachable(1)
+    h.run(3 * 100)  # switched off: the followers wait out the election timeout
+    assert all(h.nodes[i].role is Role.FOLLOWER for i in (2, 3))
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    deadlines = {i: h.nodes[i].election_deadline_ms for i in (1, 2, 3)}
+    h.drivers[2].peer_unreachable(3)  # not its leader
+    h.drivers[1].peer_unreachable(2)  # a leader has no leader to lose
+    assert {i: h.nodes[i].election_deadline_ms for i in (1, 2, 3)} == deadlines
+    assert "is gone" not in " ".join(h.events)
+
+
 def test_follower_in_lease_ignores_vote_for_higher_term() -> None:
     h = Harness()
     h.elect(1)

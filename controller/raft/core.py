@@ -160,6 +160,9 @@ class RaftConfig:
     election_timeout_ms: int = 1000  # Kafka quorum.election.timeout.ms; randomized in [T, 2T)
     heartbeat_interval_ms: int = 100
     pre_vote: bool = True
+    # A follower whose leader's process is gone (its address refuses connections:
+    # `peer_unreachable`) campaigns at once instead of waiting out the election timeout.
+    prevote_on_leader_loss: bool = True
     check_quorum: bool = True
     # The lease is shortened by this much to cover clock-rate drift between nodes.
     max_clock_drift_ms: int = 100
@@ -618,6 +621,37 @@ class RaftNode:
             self.tick_leader()
         elif self.now_ms >= self.election_deadline_ms:
             self.handle_election_timeout()
+
+    def peer_unreachable(self, peer: int, now_ms: int) -> None:
+        """The driver found nothing listening at ``peer``'s address: a refused
+        connection, so its process is gone (a stopped or cut-off process times out
+        instead, and is not reported). A follower of that peer need not wait out the
+        election timeout: it forgets when it last heard from it, so its leader
+        stickiness no longer refuses others' (pre-)votes, and campaigns after a short
+        random delay (the other followers notice at about the same moment; the spread
+        keeps their campaigns apart). A dead leader serves nothing, so forgetting its
+        lease is safe; a live one is never reported. With pre-vote, a node that still
+        hears a live leader refuses, so a wrong report cannot depose one."""
+        if now_ms < self.now_ms:
+            raise RaftUsageError(f"clock went back from {self.now_ms} to {now_ms}")
+        self.now_ms = now_ms
+        if (
+            not self.config.prevote_on_leader_loss
+            or self.role is not Role.FOLLOWER
+            or peer != self.leader_id
+            or not self.in_leader_lease()
+        ):
+            return
+        self.emit(
+            "leader_unreachable",
+            f"leader {peer} of term {self.term} is gone (connection refused): campaigning "
+            "without waiting out the election timeout",
+        )
+        self.leader_contact_ms = NEVER_MS
+        spread_ms = 2 * self.config.heartbeat_interval_ms
+        self.election_deadline_ms = min(
+            self.election_deadline_ms, self.now_ms + self.rng.randrange(spread_ms)
+        )
 
     def propose(self, data: bytes) -> int:
         """Append `data` to the log as leader; returns its index. Commit shows in a Ready."""

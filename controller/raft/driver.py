@@ -113,6 +113,11 @@ class RaftDriver:
         self.node.step(msg, self.clock())
         self.wake()
 
+    def peer_unreachable(self, peer: int) -> None:
+        """The transport found nothing listening at ``peer`` (see RaftNode)."""
+        self.node.peer_unreachable(peer, self.clock())
+        self.wake()
+
     def propose(self, data: bytes) -> int:
         """Raises NotLeader / TooManyUncommitted from the core."""
         index = self.node.propose(data)

@@ -113,6 +113,8 @@ class _Peer:
                 log.debug(
                     "raft transport: voter %d at %s:%d: %s", self.node_id, self.host, self.port, e
                 )
+                if _refused(e):  # nothing listens there: the voter's process is gone
+                    self.transport.on_unreachable(self.node_id)
             except Exception:
                 # Policy restart: a bug here must not silently cut us off from one voter.
                 log.exception(
@@ -135,10 +137,24 @@ class _Peer:
             await asyncio.wait_for(self.wake.wait(), (backoff_ms - BACKOFF_MIN_MS) / 1000)
 
     async def pump(self, conn: Connection) -> None:
+        closed = asyncio.ensure_future(conn.wait_closed())
+        try:
+            await self._pump(conn, closed)
+        finally:
+            closed.cancel()
+
+    async def _pump(self, conn: Connection, closed: asyncio.Future[None]) -> None:
         while True:
             while not self.queue:
                 self.wake.clear()
-                await self.wake.wait()
+                woken = asyncio.ensure_future(self.wake.wait())
+                # Also wake when the peer closes the connection with nothing to send (a
+                # follower sends only in reply): reconnecting at once is how a dead
+                # leader is noticed (refused) without waiting out the election timeout.
+                await asyncio.wait([woken, closed], return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if closed.done():
+                    raise NetworkError(f"connection to voter {self.node_id} closed")
             if conn.closed:  # noticed only now: the peer restarted while we had nothing
                 raise NetworkError(f"connection to voter {self.node_id} closed")
             header = m.RaftMessageRequest(
@@ -154,8 +170,16 @@ class _Peer:
                 await conn.drain()
 
 
+def _refused(error: BaseException) -> bool:
+    """A connect that found no listener (the error or the one it wraps)."""
+    return isinstance(error, ConnectionRefusedError) or isinstance(
+        error.__cause__, ConnectionRefusedError
+    )
+
+
 class RaftTransport:
-    """Sends the core's messages to peers; hands received ones to ``on_message``."""
+    """Sends the core's messages to peers; hands received ones to ``on_message``, and
+    tells ``on_unreachable`` of a voter whose address refuses connections."""
 
     def __init__(
         self,
@@ -164,9 +188,11 @@ class RaftTransport:
         on_message: Callable[[Message], None],
         *,
         timeout_ms: int = 2000,
+        on_unreachable: Callable[[int], None] = lambda node_id: None,
     ) -> None:
         self.node_id = node_id
         self.on_message = on_message
+        self.on_unreachable = on_unreachable
         self.timeout_ms = timeout_ms
         self.cluster_id: str | None = None  # set once known; mismatching senders are dropped
         self.peers = {n: _Peer(self, n, a) for n, a in peers.items() if n != node_id}
