@@ -928,7 +928,12 @@ class RaftNode:
 
     def handle_election_timeout(self) -> None:
         timeout_ms = self.now_ms - self.leader_contact_ms
-        if self.role is Role.FOLLOWER and self.leader_id is not None:
+        if self.leader_contact_ms == NEVER_MS and self.role is Role.FOLLOWER:
+            self.emit(
+                "election_timeout",
+                f"campaigning: leader {self.leader_id} is gone (term {self.term})",
+            )
+        elif self.role is Role.FOLLOWER and self.leader_id is not None:
             self.emit(
                 "election_timeout",
                 f"election timeout: no heartbeat from leader "

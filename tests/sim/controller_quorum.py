@@ -432,6 +432,7 @@ class ControllerQuorum:
             max_entries_per_append=rng.choice([1, 8, 64]),
             snapshot_every_records=rng.choice([10, 50, 1000]),
             controller_config=controller_config,
+            refusals=False,  # see SimOptions.refusals
         )
         self.invariants = RaftInvariants(fail)
         self.actors = {i: ControllerActor(self, i, clocks[i]) for i in CONTROLLER_IDS}

@@ -302,6 +302,7 @@ class RaftActor:
         self.draining = False  # handling the backlog: the Ready loop waits until done
         # Snapshot encoding latency: its own stream, so pinned seeds replay as before.
         self.encode_rng = random.Random((cluster.options.seed << 8) ^ node_id)
+        self.refusal_rng = random.Random((cluster.options.seed << 9) ^ node_id)
 
     # -- lifecycle ------------------------------------------------------
 
@@ -381,6 +382,41 @@ class RaftActor:
         self.cluster.trace.add(self.cluster.clock.now_ms, f"node {self.actor_id} crashes ({why})")
         self.node = self.machine = self.driver = None
         self.reset_loop()
+        self.refuse_connections()
+
+    def refuse_connections(self) -> None:
+        """The process is gone, so its address refuses connections: each voter's
+        transport notices a little later (the connection closes, the reconnect is
+        refused) and tells its driver (`peer_unreachable`), unless the link is cut (a
+        cut link times out instead of refusing) or the node restarted meanwhile. The
+        delays come from a stream of their own, so the other choices of a pinned seed
+        stay as they were."""
+        if not self.cluster.options.refusals:
+            return
+        incarnation = self.incarnation
+        for peer in self.config.voters:
+            other = self.cluster.network.actors.get(peer)
+            if peer == self.actor_id or not isinstance(other, RaftActor):
+                continue
+            delay_ms = self.refusal_rng.randint(1, 80)
+
+            def notice(other: RaftActor = other) -> None:
+                if self.incarnation != incarnation or self.node is not None:
+                    return  # restarted: the reconnect succeeds
+                if (other.actor_id, self.actor_id) in self.cluster.network.blocked:
+                    return
+                other.refused_by(self.actor_id)
+
+            self.cluster.scheduler.after(delay_ms, notice, f"refused {peer}->{self.actor_id}")
+
+    def refused_by(self, peer: int) -> None:
+        if self.driver is None:
+            return
+        if self.stalled:
+            self.backlog.append(lambda: self.refused_by(peer))
+            return
+        self.driver.peer_unreachable(peer)
+        self.run_ready()
 
     def schedule_tick(self) -> None:
         incarnation = self.incarnation
@@ -693,6 +729,11 @@ class SimOptions:
     # A snapshot's bytes come back this long after it is asked for (the server encodes on
     # a worker thread); (0, 0): at once.
     snapshot_encode_ms: tuple[int, int] = (0, 0)
+    # A crashed node's address refuses connections and its peers' transports report it
+    # (`RaftActor.refuse_connections`). The replication and group simulators' quorums
+    # leave it off: their pinned seeds (and the mutants each must catch) were found on
+    # the schedules without it, and how fast a controller fails over is not theirs to check.
+    refusals: bool = True
 
     @classmethod
     def for_seed(cls, seed: int, echo_trace: bool = False) -> SimOptions:
@@ -1015,6 +1056,38 @@ class RaftCluster:
         return all(
             a.machine is not None and a.machine.image.offset >= index for a in self.actors.values()
         )
+
+
+def leader_crash_failover_ms(seed: int, refusals: bool = True) -> int:
+    """Simulated ms from a kill of the leader of a settled quorum (no other fault) to a
+    new leader, every invariant checked on the way. The leader dies at a random point
+    between two heartbeats; its peers learn of it only as the options say (a refused
+    reconnect with ``refusals``, else the election timeout)."""
+    options = SimOptions.for_seed(seed)
+    options.refusals = refusals
+    cluster = RaftCluster(options)
+    cluster.chaos = False
+    cluster.network.faults = LinkFaults(min_delay_ms=1, max_delay_ms=2)
+    for actor in cluster.actors.values():
+        actor.start()
+    step_ms = 10
+    while not cluster.leaders() or cluster.clock.now_ms < 3 * options.election_timeout_ms:
+        cluster.scheduler.run_until(cluster.clock.now_ms + step_ms, cluster.check_all)
+    cluster.scheduler.run_until(
+        cluster.clock.now_ms + cluster.rng.randint(0, options.heartbeat_interval_ms),
+        cluster.check_all,
+    )
+    (leader,) = cluster.leaders()
+    term = leader.node.term  # type: ignore[union-attr]
+    crashed_at = cluster.clock.now_ms
+    leader.crash("the failover measurement")
+    deadline = crashed_at + 10 * options.election_timeout_ms
+    while cluster.clock.now_ms < deadline:
+        cluster.scheduler.run_until(cluster.clock.now_ms + 1, cluster.check_all)
+        new = [a for a in cluster.leaders() if a.node.term > term]  # type: ignore[union-attr]
+        if new:
+            return cluster.clock.now_ms - crashed_at
+    cluster.fail("no new leader within 10 election timeouts of the leader's crash")
 
 
 def run_seed(seed: int, echo_trace: bool = False) -> RaftCluster:
