@@ -5,6 +5,9 @@
 - ``failover_ms``: kill -9 of the active controller -> first write committed by the new
   one, over ``--trials`` trials (probes every 10 ms to each survivor directly, so client
   backoff does not count). The killed node restarts and catches up between trials.
+  ``failover_ms_waiting_out_the_timeout``: the same on a second quorum with
+  ``quorum.prevote.on.leader.loss.enable=false`` (followers wait out the election
+  timeout, as before it existed), and ``failover_median_ratio`` the two medians' ratio.
 - ``rss_mib``: resident memory of each controller with an image of ``--partitions``
   partitions (3 fake brokers, rf 3).
 - ``follower_catch_up_ms``: a broker-side MetadataFollower starting empty, loading the
@@ -49,7 +52,13 @@ def free_ports(n: int) -> list[int]:
 
 
 class Quorum:
-    def __init__(self, root: Path, election_timeout_ms: int, snapshot_records: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        election_timeout_ms: int,
+        snapshot_records: int,
+        extra: dict[str, object] | None = None,
+    ) -> None:
         self.root = root
         self.ports = dict(zip((1, 2, 3), free_ports(3), strict=True))
         self.voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.ports.items())
@@ -57,6 +66,7 @@ class Quorum:
             "quorum.election.timeout.ms": election_timeout_ms,
             "metadata.snapshot.max.records": snapshot_records,
             "log.level": "WARNING",
+            **(extra or {}),
         }
         self.procs: dict[int, subprocess.Popen[str]] = {}
 
@@ -257,6 +267,21 @@ async def main(args: argparse.Namespace) -> dict:
                 await item.stop()
         finally:
             q.stop_all()
+        # The same trials with the followers waiting out the election timeout (the
+        # behaviour before quorum.prevote.on.leader.loss.enable), in the same run.
+        off = Quorum(
+            Path(tmp) / "without",
+            args.election_timeout_ms,
+            args.snapshot_records,
+            {"quorum.prevote.on.leader.loss.enable": "false"},
+        )
+        try:
+            for node in (1, 2, 3):
+                off.start(node)
+            await active(off)
+            trials_off = [await one_failover(off, t) for t in range(args.trials)]
+        finally:
+            off.stop_all()
     return {
         "writes_per_s": writes,
         "in_flight": args.in_flight,
@@ -266,6 +291,15 @@ async def main(args: argparse.Namespace) -> dict:
             "min": min(trials),
             "trials": trials,
         },
+        "failover_ms_waiting_out_the_timeout": {
+            "median": statistics.median(trials_off),
+            "max": max(trials_off),
+            "min": min(trials_off),
+            "trials": trials_off,
+        },
+        "failover_median_ratio": round(
+            statistics.median(trials) / statistics.median(trials_off), 3
+        ),
         "election_timeout_ms": args.election_timeout_ms,
         "rss_mib": rss,
         "rss_leader_mib": rss[str(leader)],
