@@ -1,0 +1,61 @@
+"""The Raft transport's report of a voter whose process is gone, on real sockets.
+
+A refused connection (nothing listens at the voter's address) is reported to
+``on_unreachable``; a peer that closes an idle connection is noticed without anything
+to send, so its death is reported within a reconnect, not at the next message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from helpers import wait_until_async
+
+from rillet.controller.raft.transport import RaftTransport
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_voter_with_nothing_listening_is_reported() -> None:
+    reported: list[int] = []
+    port = free_port()  # closed again: connecting there is refused
+    transport = RaftTransport(
+        1, {2: ("127.0.0.1", port)}, lambda msg: None, on_unreachable=reported.append
+    )
+    transport.start()
+    try:
+        await wait_until_async(lambda: len(reported) >= 2, timeout=10)  # while it stays down
+        assert set(reported) == {2}
+    finally:
+        await transport.stop()
+
+
+async def test_a_peer_closing_an_idle_connection_is_noticed_and_reported() -> None:
+    reported: list[int] = []
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = RaftTransport(
+        1, {2: ("127.0.0.1", port)}, lambda msg: None, on_unreachable=reported.append
+    )
+    transport.start()
+    try:
+        await wait_until_async(lambda: bool(accepted), timeout=10)
+        assert reported == []  # connected, nothing to send: nothing to report
+        server.close()  # the voter's process dies: its listener and connections close
+        for writer in accepted:
+            writer.close()
+        await server.wait_closed()
+        await wait_until_async(lambda: reported, timeout=10)
+        assert set(reported) == {2}
+    finally:
+        await transport.stop()
