@@ -178,6 +178,7 @@ class ControllerServer:
             self._on_raft_message,
             timeout_ms=self.config["quorum.fetch.timeout.ms"],
             on_unreachable=self._on_voter_unreachable,
+            clock=self.clock,
         )
         self.transport.cluster_id = self.cluster_id
         self.driver = RaftDriver(self.node, self.store, self.transport, self.machine, self.clock)
@@ -318,8 +319,8 @@ class ControllerServer:
     def _on_raft_message(self, msg: Any) -> None:
         self.driver.step(msg)
 
-    def _on_voter_unreachable(self, node_id: int) -> None:
-        self.driver.peer_unreachable(node_id)
+    def _on_voter_unreachable(self, node_id: int, since_ms: int) -> None:
+        self.driver.peer_unreachable(node_id, since_ms)
 
     def _on_cluster_id(self, cluster_id: str) -> None:
         if hasattr(self, "transport"):  # not yet when restoring the stored snapshot

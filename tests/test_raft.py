@@ -228,7 +228,7 @@ def test_a_wrong_unreachable_report_cannot_depose_a_live_leader() -> None:
     # One follower is told its leader is gone while it is not (in production only a
     # refused connection reports, which a live process does not give; here the report
     # is wrong on purpose): the other follower still hears the leader and refuses the
-    # pre-vote, so the term stays and the leader keeps its lease.
+    # pre-vote, so the term stays.
     h = Harness()
     h.elect(1)
     h.run(200)
@@ -236,7 +236,36 @@ def test_a_wrong_unreachable_report_cannot_depose_a_live_leader() -> None:
     h.run(3 * 100)
     assert h.leader() == 1 and h.nodes[1].term == 1
     assert {h.nodes[2].term, h.nodes[3].term} == {1}
-    assert h.nodes[1].is_leader_with_lease(h.now_ms)
+
+
+def test_with_the_early_pre_vote_no_leader_lease_is_offered() -> None:
+    # A live leader can be reported to every follower (its listener closed before it
+    # stopped leading, a firewall rejecting connections to it): they forget the promise
+    # a lease rests on and may elect a new leader while it still counts on it. So with
+    # the early pre-vote on, the core never claims a lease; a lease read is refused.
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    leader = h.nodes[1]
+    assert leader.commit_index >= 1  # a quorum answers: it would have had a lease
+    assert not leader.is_leader_with_lease(h.now_ms)
+    with pytest.raises(NotLeader, match="no leader lease"):
+        leader.read_index(h.now_ms)
+    off = Harness(prevote_on_leader_loss=False)
+    off.elect(1)
+    off.run(200)
+    assert off.nodes[1].is_leader_with_lease(off.now_ms)
+
+
+def test_a_report_older_than_the_leaders_last_contact_is_ignored() -> None:
+    h = Harness()
+    h.elect(1)
+    h.run(200)
+    contact = h.nodes[2].leader_contact_ms
+    deadline = h.nodes[2].election_deadline_ms
+    h.drivers[2].peer_unreachable(1, since_ms=contact - 5)  # a restarted leader answered since
+    assert h.nodes[2].leader_contact_ms == contact
+    assert h.nodes[2].election_deadline_ms == deadline
 
 
 def test_unreachable_reports_that_change_nothing() -> None:
@@ -278,7 +307,7 @@ def test_leader_steps_down_without_quorum() -> None:
 
 
 def test_leader_lease_holds_with_quorum_and_lapses_when_isolated() -> None:
-    h = Harness()
+    h = Harness(prevote_on_leader_loss=False)  # the lease and the early pre-vote exclude
     h.elect(1)
     h.run(200)
     leader = h.nodes[1]
@@ -296,7 +325,7 @@ def test_a_follower_handling_appends_after_a_stall_dates_the_contact_by_then() -
     appends (answering them renews the leader's lease) before its overdue tick: its
     election deadline counts from when it handled them, so that tick starts no election
     the leader's lease forbids (the driver hands the core the time with each message)."""
-    h = Harness()
+    h = Harness(prevote_on_leader_loss=False)  # so that the leader claims a lease
     h.elect(1)
     h.run(200)
     queued: list[Message] = []

@@ -25,7 +25,10 @@ async def test_a_voter_with_nothing_listening_is_reported() -> None:
     reported: list[int] = []
     port = free_port()  # closed again: connecting there is refused
     transport = RaftTransport(
-        1, {2: ("127.0.0.1", port)}, lambda msg: None, on_unreachable=reported.append
+        1,
+        {2: ("127.0.0.1", port)},
+        lambda msg: None,
+        on_unreachable=lambda node, since_ms: reported.append(node),
     )
     transport.start()
     try:
@@ -45,7 +48,10 @@ async def test_a_peer_closing_an_idle_connection_is_noticed_and_reported() -> No
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     transport = RaftTransport(
-        1, {2: ("127.0.0.1", port)}, lambda msg: None, on_unreachable=reported.append
+        1,
+        {2: ("127.0.0.1", port)},
+        lambda msg: None,
+        on_unreachable=lambda node, since_ms: reported.append(node),
     )
     transport.start()
     try:

@@ -593,7 +593,14 @@ class RaftNode:
 
         A majority answered appends this leader sent at or after `lease start`; each of
         them ignores vote requests for election_timeout_ms after hearing from it.
+
+        Never with `prevote_on_leader_loss`: a follower that finds the leader's address
+        refusing connections forgets that promise, and a refused connection does not
+        prove the leader dead (a listener closed before the leader stops leading, a
+        firewall that rejects), so a lease would not be safe. Both cannot be had.
         """
+        if self.config.prevote_on_leader_loss:
+            return False
         if self.role is not Role.LEADER or self.transfer_target is not None:
             return False
         sent = sorted([now_ms] + [p.lease_sent_ms for p in self.progress.values()], reverse=True)
@@ -622,16 +629,20 @@ class RaftNode:
         elif self.now_ms >= self.election_deadline_ms:
             self.handle_election_timeout()
 
-    def peer_unreachable(self, peer: int, now_ms: int) -> None:
+    def peer_unreachable(self, peer: int, now_ms: int, since_ms: int | None = None) -> None:
         """The driver found nothing listening at ``peer``'s address: a refused
         connection, so its process is gone (a stopped or cut-off process times out
         instead, and is not reported). A follower of that peer need not wait out the
         election timeout: it forgets when it last heard from it, so its leader
         stickiness no longer refuses others' (pre-)votes, and campaigns after a short
         random delay (the other followers notice at about the same moment; the spread
-        keeps their campaigns apart). A dead leader serves nothing, so forgetting its
-        lease is safe; a live one is never reported. With pre-vote, a node that still
-        hears a live leader refuses, so a wrong report cannot depose one."""
+        keeps their campaigns apart). A refused connection is strong evidence, not
+        proof: a leader whose listener closed before it stopped leading, or behind a
+        firewall that rejects, is reported while alive; then it is deposed early (it
+        could not hear its followers' answers anyway), and that is why this setting and
+        the leader lease exclude each other (`is_leader_with_lease`). ``since_ms``, when
+        the failed connect was started: a report older than the leader's last contact
+        (a restarted node that already leads again) is ignored."""
         if now_ms < self.now_ms:
             raise RaftUsageError(f"clock went back from {self.now_ms} to {now_ms}")
         self.now_ms = now_ms
@@ -640,6 +651,7 @@ class RaftNode:
             or self.role is not Role.FOLLOWER
             or peer != self.leader_id
             or not self.in_leader_lease()
+            or (since_ms is not None and self.leader_contact_ms > since_ms)
         ):
             return
         self.emit(

@@ -113,9 +113,10 @@ class RaftDriver:
         self.node.step(msg, self.clock())
         self.wake()
 
-    def peer_unreachable(self, peer: int) -> None:
-        """The transport found nothing listening at ``peer`` (see RaftNode)."""
-        self.node.peer_unreachable(peer, self.clock())
+    def peer_unreachable(self, peer: int, since_ms: int | None = None) -> None:
+        """The transport found nothing listening at ``peer`` on a connect started at
+        ``since_ms`` (this driver's clock; see RaftNode.peer_unreachable)."""
+        self.node.peer_unreachable(peer, self.clock(), since_ms)
         self.wake()
 
     def propose(self, data: bytes) -> int:

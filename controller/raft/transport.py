@@ -30,11 +30,15 @@ from rillet.client.wire import messages as m
 from rillet.client.wire.connection import Connection
 from rillet.client.wire.errors import NetworkError, RilletError
 from rillet.controller.raft.core import Message, message_from_dict
+from rillet.controller.raft.driver import monotonic_ms
 
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_MS = 50
 BACKOFF_MAX_MS = 1000
+# A connection that lasted this long resets the backoff; one a peer accepts and closes
+# at once (over its connection limit, a stranger on a reused port) does not.
+HEALTHY_CONNECTION_MS = 1000
 MAX_QUEUED = 512
 
 
@@ -99,6 +103,7 @@ class _Peer:
     async def run(self) -> None:
         backoff_ms = BACKOFF_MIN_MS
         while True:
+            attempt_ms = self.transport.clock()
             try:
                 self.conn = await Connection.open(
                     self.host,
@@ -107,14 +112,13 @@ class _Peer:
                     connect_timeout_ms=self.transport.timeout_ms,
                 )
                 log.debug("raft transport: connected to voter %d", self.node_id)
-                backoff_ms = BACKOFF_MIN_MS
                 await self.pump(self.conn)
             except (RilletError, OSError) as e:
                 log.debug(
                     "raft transport: voter %d at %s:%d: %s", self.node_id, self.host, self.port, e
                 )
                 if _refused(e):  # nothing listens there: the voter's process is gone
-                    self.transport.on_unreachable(self.node_id)
+                    self.transport.on_unreachable(self.node_id, attempt_ms)
             except Exception:
                 # Policy restart: a bug here must not silently cut us off from one voter.
                 log.exception(
@@ -124,6 +128,8 @@ class _Peer:
                 if self.conn is not None:
                     self.conn.close()
                     self.conn = None
+            if self.transport.clock() - attempt_ms >= HEALTHY_CONNECTION_MS:
+                backoff_ms = BACKOFF_MIN_MS  # it worked a while: the peer is back
             await self.back_off(backoff_ms)
             backoff_ms = min(BACKOFF_MAX_MS, backoff_ms * 2)
 
@@ -151,8 +157,10 @@ class _Peer:
                 # Also wake when the peer closes the connection with nothing to send (a
                 # follower sends only in reply): reconnecting at once is how a dead
                 # leader is noticed (refused) without waiting out the election timeout.
-                await asyncio.wait([woken, closed], return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
+                try:
+                    await asyncio.wait([woken, closed], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
                 if closed.done():
                     raise NetworkError(f"connection to voter {self.node_id} closed")
             if conn.closed:  # noticed only now: the peer restarted while we had nothing
@@ -188,11 +196,13 @@ class RaftTransport:
         on_message: Callable[[Message], None],
         *,
         timeout_ms: int = 2000,
-        on_unreachable: Callable[[int], None] = lambda node_id: None,
+        on_unreachable: Callable[[int, int], None] = lambda node_id, since_ms: None,
+        clock: Callable[[], int] = monotonic_ms,
     ) -> None:
         self.node_id = node_id
         self.on_message = on_message
-        self.on_unreachable = on_unreachable
+        self.on_unreachable = on_unreachable  # (voter, when the refused connect started)
+        self.clock = clock
         self.timeout_ms = timeout_ms
         self.cluster_id: str | None = None  # set once known; mismatching senders are dropped
         self.peers = {n: _Peer(self, n, a) for n, a in peers.items() if n != node_id}
