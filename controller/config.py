@@ -38,7 +38,8 @@ CONTROLLER_KEYS = ConfigTable([
         "Raft leader heartbeat (empty append) interval; must be below the election timeout."),
     Key("quorum.prevote.on.leader.loss.enable", bool, True,
         "A follower whose leader's address refuses connections (its process is gone) "
-        "starts a pre-vote within two heartbeat intervals instead of waiting out the "
+        "starts a pre-vote at once (the followers taking turns a heartbeat interval apart) "
+        "instead of waiting out the "
         "election timeout."),
     Key("quorum.tick.interval.ms", int, 20, "How often the driver ticks the Raft core."),
     Key("broker.session.timeout.ms", int, 3000,

@@ -635,8 +635,8 @@ class RaftNode:
         instead, and is not reported). A follower of that peer need not wait out the
         election timeout: it forgets when it last heard from it, so its leader
         stickiness no longer refuses others' (pre-)votes, and campaigns after a short
-        random delay (the other followers notice at about the same moment; the spread
-        keeps their campaigns apart). A refused connection is strong evidence, not
+        delay (the other followers notice at about the same moment; they take turns by
+        node id, so their campaigns stay apart). A refused connection is strong evidence, not
         proof: a leader whose listener closed before it stopped leading, or behind a
         firewall that rejects, is reported while alive; then it is deposed early (it
         could not hear its followers' answers anyway), and that is why this setting and
@@ -660,10 +660,13 @@ class RaftNode:
             "without waiting out the election timeout",
         )
         self.leader_contact_ms = NEVER_MS
-        spread_ms = 2 * self.config.heartbeat_interval_ms
-        self.election_deadline_ms = min(
-            self.election_deadline_ms, self.now_ms + self.rng.randrange(spread_ms)
-        )
+        # The followers notice at about the same moment: they take turns by node id, a
+        # heartbeat interval apart (jittered within the first half), so two campaigns
+        # rarely split the vote (random delays alone did in a third of kills).
+        rank = sorted(v for v in self.config.voters if v != peer).index(self.node_id)
+        interval = self.config.heartbeat_interval_ms
+        delay_ms = rank * interval + self.rng.randrange(max(1, interval // 2))
+        self.election_deadline_ms = min(self.election_deadline_ms, self.now_ms + delay_ms)
 
     def propose(self, data: bytes) -> int:
         """Append `data` to the log as leader; returns its index. Commit shows in a Ready."""
