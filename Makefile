@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up test test-browser compose-test lint format sim-long chaos fuzz-long fuzz-codec spark-soak bench bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
+.PHONY: install up test test-browser compose-test lint format sim-long chaos fuzz-long fuzz-codec spark-soak bench bench-peers bench-group bench-tiered bench-scale-50k bench-console vendor-console clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -90,6 +90,12 @@ fuzz-codec: install
 # Benchmarks print JSON; each measures its own baseline in the same run.
 bench: install
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# rillet next to Redis Streams and NATS JetStream on the same work (also part of
+# `bench`). The peers need Debian's redis-server and nats-server and the peers extra:
+#   apt-get install redis-server nats-server && .venv/bin/pip install -e '.[peers]'
+bench-peers: install
+	$(BIN)/python benchmarks/peers_bench.py
 
 # Consumer groups alone (also part of `bench`): a one-member group consumer against a
 # plain consumer, and rebalance times when a member joins and when one is killed -9.
