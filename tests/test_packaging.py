@@ -116,7 +116,12 @@ USED_WITHOUT_IMPORT = {
     "flask": "moto's S3 server app (tools/local_s3.py), the s3 extra",
     "flask-cors": "moto's S3 server app (tools/local_s3.py), the s3 extra",
 }
-IMPORT_NAMES = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "kafka-python": "kafka"}
+IMPORT_NAMES = {
+    "prometheus-client": "prometheus_client",
+    "pyyaml": "yaml",
+    "kafka-python": "kafka",
+    "nats-py": "nats",
+}
 
 
 def test_every_declared_dependency_is_used() -> None:
