@@ -21,9 +21,14 @@ stopped here. Records are ``--record-size`` bytes. The work:
   replication; it runs with ``appendonly yes`` and ``appendfsync everysec`` (the
   closest it comes to not losing acknowledged writes on one machine).
 
-Latency is each record's time from send to acknowledgement during the throughput run
-(a saturated producer, so it is queueing as much as service): p50 and p99. The ratios
-divide rillet's records/s by each peer's.
+Latency, two ways. In the throughput runs, each record's time from send to
+acknowledgement (a saturated producer, so it is queueing as much as service, and the
+queues differ: rillet's producer keeps its buffer in flight, the peers' clients
+``--batch`` records). And ``at_rate``: the durable writes again at a fixed
+``--latency-rate`` records/s for ``--latency-seconds``, one send call per record
+without waiting for answers (rillet's producer with ``linger_ms=1``, Redis's asyncio
+client, JetStream publishes), each record's latency counted from when it was due:
+the like-for-like figure. The ratios divide rillet's records/s by each peer's.
 
     python benchmarks/peers_bench.py [--records 200000] [--rillet-records 1000000]
 """
@@ -41,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +68,33 @@ def free_port() -> int:
 def percentiles(latencies_s: list[float]) -> dict[str, float]:
     qs = statistics.quantiles(latencies_s, n=100, method="inclusive")
     return {"p50": round(qs[49] * 1000, 2), "p99": round(qs[98] * 1000, 2)}
+
+
+async def paced(send: Callable[[], Awaitable[Any]], rate: int, seconds: float) -> dict[str, float]:
+    """Send ``rate`` records a second for ``seconds``, one call each, without waiting
+    for answers; each record's latency runs from when it was due (not when it was
+    sent), so a sender that falls behind shows it. p50/p99 in ms, and the rate held."""
+    latencies: list[float] = []
+    pending: set[asyncio.Future[None]] = set()
+
+    async def one(due: float) -> None:
+        await send()
+        latencies.append(time.perf_counter() - due)
+
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    sent = 0
+    while sent < total:
+        now = time.perf_counter()
+        while sent < total and start + sent / rate <= now:
+            task = asyncio.ensure_future(one(start + sent / rate))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent += 1
+        await asyncio.sleep(0.0005)
+    await asyncio.gather(*pending)
+    held = total / (time.perf_counter() - start)
+    return {"rate": rate, "held_records_per_s": round(held), **_ms(latencies)}
 
 
 def wait_port(port: int, timeout_s: float = 20.0) -> None:
@@ -142,9 +174,22 @@ def bench_rillet(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     "all",
                 )
                 out["replicated"] = _perf(produce)
+                create_topic(boot, "paced", 1, 3, "min.insync.replicas=2")
+                out["replicated"]["at_rate"] = asyncio.run(_rillet_paced(boot, args))
         finally:
             cluster.stop(kill=True, timeout_s=20)
     return out
+
+
+async def _rillet_paced(boot: str, args: argparse.Namespace) -> dict[str, float]:
+    from rillet.client.producer import Producer
+
+    value = b"x" * args.record_size
+    async with Producer(bootstrap=boot, acks="all", linger_ms=1) as producer:
+        await producer.send("paced", value)  # metadata and connections first
+        return await paced(
+            lambda: producer.send("paced", value), args.latency_rate, args.latency_seconds
+        )
 
 
 def _perf(result: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +233,7 @@ def bench_redis(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 out["consume"] = {"records_per_s": round(_redis_consume(r, args))}
             else:
                 out["replicated"] = {**result, "note": "appendfsync everysec, not replicated"}
+                out["replicated"]["at_rate"] = asyncio.run(_redis_paced(port, args))
             r.close()
     return out
 
@@ -206,6 +252,19 @@ def _redis_produce(r: Any, value: bytes, records: int, batch: int) -> tuple[floa
         latencies.extend([time.perf_counter() - t0] * k)  # every record of the batch
         sent += k
     return records / (time.perf_counter() - start), latencies
+
+
+async def _redis_paced(port: int, args: argparse.Namespace) -> dict[str, float]:
+    import redis.asyncio as aredis
+
+    value = {"v": b"x" * args.record_size}
+    pool = aredis.BlockingConnectionPool(host=HOST, port=port, max_connections=64)
+    r = aredis.Redis(connection_pool=pool)  # waits for a free connection, never refuses
+    try:
+        await r.xadd("paced", value)
+        return await paced(lambda: r.xadd("paced", value), args.latency_rate, args.latency_seconds)
+    finally:
+        await r.aclose()
 
 
 def _redis_consume(r: Any, args: argparse.Namespace) -> float:
@@ -307,6 +366,10 @@ async def _nats_run(
             "records_per_s": round(args.records / (time.perf_counter() - start)),
             **_ms(latencies),
         }
+        if replicas == 3:
+            produce["at_rate"] = await paced(
+                lambda: js.publish("bench", value), args.latency_rate, args.latency_seconds
+            )
         consumed: dict[str, Any] = {}
         if consume:
             # AckAll: acknowledging a batch's last message acknowledges the batch (with
@@ -354,6 +417,10 @@ def main() -> None:
     parser.add_argument("--rillet-records", type=int, default=1_000_000)
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000, help="peers' pipeline/fetch size")
+    parser.add_argument(
+        "--latency-rate", type=int, default=5000, help="records/s of the paced durable writes"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=5.0)
     args = parser.parse_args()
     result: dict[str, Any] = {
         "record_size": args.record_size,
