@@ -1,7 +1,8 @@
 """Streaming Spark jobs: a load at a steady rate, and a verifier that runs beside it.
 
 **Load** (``run_stream_load``). Spark's ``rate-micro-batch`` source emits ``value = 0,
-1, 2, ...``, ``rate`` rows per micro-batch with one micro-batch a second, split over
+1, 2, ...``, ``rate`` rows per micro-batch with one micro-batch a second (rounded up to a
+multiple of ``tasks``, the interval stretched to match: ``rows_per_batch``), split over
 ``tasks`` Spark partitions, partition ``p`` holding the values ``v`` with
 ``v % tasks == p``. Each row becomes the batch load's record for
 ``task = v % tasks, seq = v // tasks`` (``jobs.load_values``), so task ``t`` sends
@@ -27,9 +28,10 @@ records and any manifest reach the driver, where ``tracker.SeqTracker`` keeps wh
 read. Once the manifest of a finished load appears, the verifier asks for every
 partition's latest offset and stops when it has read that far: every record
 acknowledged before the manifest was written is below those offsets. (The manifest of
-a streamed load that stopped short, interrupted or failed, does not end it: that load
-can resume from its checkpoint.) The verdict has the batch verifier's counts and exit
-codes; after a streamed load, duplicates are reported but do not fail it.
+a streamed load that stopped short on a checkpoint of the user's does not end it: that
+load can be resumed.) The verdict has the batch verifier's counts and exit codes; after
+a streamed load, duplicates are reported but do not fail it; stopped early (timeout,
+Ctrl-C), it judges no loss and is INCONCLUSIVE.
 """
 
 from __future__ import annotations
