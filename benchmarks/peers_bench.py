@@ -54,15 +54,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_bench import create_topic, rillet  # noqa: E402 - the same rillet steps
 
-from rillet.tools.local_cluster import LocalCluster  # noqa: E402
+from rillet.tools.local_cluster import LocalCluster, free_port  # noqa: E402
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def percentiles(latencies_s: list[float]) -> dict[str, float]:
@@ -142,38 +136,12 @@ def bench_rillet(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             boot = cluster.bootstrap
             if brokers == 1:
                 create_topic(boot, "bench", 1, 1)
-                produce = rillet(
-                    boot,
-                    "perf",
-                    "produce",
-                    "--topic",
-                    "bench",
-                    "--num-records",
-                    n,
-                    "--record-size",
-                    size,
-                    "--acks",
-                    "1",
-                )
+                out["produce"] = _perf_produce(boot, n, size, "1")
                 consume = rillet(boot, "perf", "consume", "--topic", "bench", "--num-records", n)
-                out["produce"] = _perf(produce)
                 out["consume"] = {"records_per_s": consume["records_per_s"]}
             else:
                 create_topic(boot, "bench", 1, 3, "min.insync.replicas=2")
-                produce = rillet(
-                    boot,
-                    "perf",
-                    "produce",
-                    "--topic",
-                    "bench",
-                    "--num-records",
-                    n,
-                    "--record-size",
-                    size,
-                    "--acks",
-                    "all",
-                )
-                out["replicated"] = _perf(produce)
+                out["replicated"] = _perf_produce(boot, n, size, "all")
                 create_topic(boot, "paced", 1, 3, "min.insync.replicas=2")
                 out["replicated"]["at_rate"] = asyncio.run(_rillet_paced(boot, args))
         finally:
@@ -192,7 +160,9 @@ async def _rillet_paced(boot: str, args: argparse.Namespace) -> dict[str, float]
         )
 
 
-def _perf(result: dict[str, Any]) -> dict[str, Any]:
+def _perf_produce(boot: str, records: str, size: str, acks: str) -> dict[str, Any]:
+    result = rillet(boot, "perf", "produce", "--topic", "bench", "--num-records", records,
+                    "--record-size", size, "--acks", acks)  # fmt: skip
     lat = result["latency_ms"]
     return {"records_per_s": result["records_per_s"], "p50_ms": lat["p50"], "p99_ms": lat["p99"]}
 

@@ -8,7 +8,6 @@ to send, so its death is reported within a reconnect, not at the next message.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from helpers import wait_until_async
 
@@ -17,12 +16,7 @@ from rillet.controller.raft.transport import (
     HEALTHY_CONNECTION_MS,
     RaftTransport,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rillet.tools.local_cluster import free_port
 
 
 async def test_a_voter_with_nothing_listening_is_reported() -> None:

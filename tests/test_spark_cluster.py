@@ -8,14 +8,12 @@ its own, replicated three ways, written with acks=all.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import combined_nodes
+from spark_support import NEEDS_JAVA, module_cluster
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
@@ -25,13 +23,7 @@ from rillet.client.cli import main as rillet_main  # noqa: E402
 from rillet.client.spark.jobs import make_value, spark_session  # noqa: E402
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
-        reason="Spark needs Java 17 (apt-get install openjdk-17-jre-headless)",
-    ),
-]
+pytestmark = [pytest.mark.cluster, NEEDS_JAVA]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +35,7 @@ def spark() -> Any:
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Three combined nodes shared by the module (each test has its own topics)."""
-    for cluster in combined_nodes(tmp_path_factory.mktemp("spark-batch"), 3):
-        yield cluster.bootstrap
+    yield from module_cluster(tmp_path_factory, "spark-batch")
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import combined_nodes
+from spark_support import NEEDS_JAVA, module_cluster
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
@@ -37,13 +36,7 @@ from rillet.client.spark.jobs import (  # noqa: E402
 )
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
-        reason="Spark needs Java 17 (apt-get install openjdk-17-jre-headless)",
-    ),
-]
+pytestmark = [pytest.mark.cluster, NEEDS_JAVA]
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +48,27 @@ def spark() -> Any:
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Three combined nodes shared by the module (each test has its own topics)."""
-    for cluster in combined_nodes(tmp_path_factory.mktemp("spark-stream"), 3):
-        yield cluster.bootstrap
+    yield from module_cluster(tmp_path_factory, "spark-stream")
 
 
 def create_topics(bootstrap: str, **partitions: int) -> None:
     with SyncAdmin(bootstrap) as admin:
         admin.create_topics([NewTopic(t, n, 3) for t, n in partitions.items()])
+
+
+def start_stream_verify(bootstrap: str, topic: str, into: dict[str, Any]) -> threading.Thread:
+    """`rillet spark verify --stream --json` in a thread; its exit code lands in
+    ``into["code"]`` (its JSON on the captured stdout)."""
+
+    def verify() -> None:
+        into["code"] = rillet_main(
+            ["spark", "verify", "--topic", topic, "--stream", "--json", "--interval", "1"]
+            + ["--bootstrap", bootstrap, "--timeout", "240"]
+        )
+
+    verifier = threading.Thread(target=verify)
+    verifier.start()
+    return verifier
 
 
 def read_all(bootstrap: str, topic: str, partitions: int) -> list[Any]:
@@ -214,15 +220,7 @@ def test_a_load_stopped_and_restarted_from_its_checkpoint_loses_nothing_while_ve
     create_topics(bootstrap, live=2)
     checkpoint = tmp_path / "load-checkpoint"
     verdict: dict[str, Any] = {}
-
-    def verify() -> None:
-        verdict["code"] = rillet_main(
-            ["spark", "verify", "--topic", "live", "--stream", "--json", "--interval", "1"]
-            + ["--bootstrap", bootstrap, "--timeout", "240"]
-        )
-
-    verifier = threading.Thread(target=verify)
-    verifier.start()
+    verifier = start_stream_verify(bootstrap, "live", verdict)
     stop = threading.Event()
     seen: list[dict[str, Any]] = []
 
@@ -288,15 +286,8 @@ def test_the_stream_verifier_finds_a_gap_a_duplicate_a_reordering_and_corruption
 ) -> None:
     create_topics(bootstrap, damaged=2)
     result: dict[str, Any] = {}
-
-    def verify() -> None:
-        result["code"] = rillet_main(
-            ["spark", "verify", "--topic", "damaged", "--stream", "--json", "--interval", "1"]
-            + ["--bootstrap", bootstrap, "--timeout", "240"]
-        )
-
-    verifier = threading.Thread(target=verify)
-    verifier.start()  # reading before anything is written, as beside a running load
+    # Reading before anything is written, as beside a running load.
+    verifier = start_stream_verify(bootstrap, "damaged", result)
     task0 = [s for s in range(50) if s != 10]  # seq 10 lost
     task0.insert(task0.index(20) + 1, 20)  # seq 20 twice
     i = task0.index(30)

@@ -604,20 +604,8 @@ def stream_verdict(
     shape = load_shape(topic, state.manifests, records, tasks)
     acked = acked_counts(shape.records, shape.tasks, shape.acked)
     v = state.tracker.verdict(shape.records, shape.tasks, acked)
-    report = VerifyReport(
-        topic,
-        v.expected,
-        v.acknowledged,
-        v.read,
-        lost=v.lost,
-        unacknowledged_missing=v.unacknowledged_missing,
-        duplicates=v.duplicates,
-        reordered=v.reordered,
-        corrupt=v.corrupt,
-        phantom=v.phantom,
-        examples=v.examples,
-        duplicates_allowed=shape.at_least_once,
-    )
+    # Verdict's fields are VerifyReport's own, by name.
+    report = VerifyReport(topic, **asdict(v), duplicates_allowed=shape.at_least_once)
     report.notes.append(f"{shape.records:,} records in {shape.tasks} tasks, from {shape.source}")
     report.notes.append(f"read as a stream in {state.batches} micro-batches")
     if not state.done:
