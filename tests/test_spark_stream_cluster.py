@@ -8,6 +8,7 @@ dies must be retried here.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -229,7 +230,9 @@ def test_a_load_stopped_and_restarted_from_its_checkpoint_loses_nothing_while_ve
         if p["batches"] >= 2:
             stop.set()  # stop the load with batches still to come
 
-    first = streaming.run_stream_load(
+    # The same load both times: the second run resumes it from its checkpoint.
+    load = functools.partial(
+        streaming.run_stream_load,
         spark,
         bootstrap,
         "live",
@@ -239,24 +242,11 @@ def test_a_load_stopped_and_restarted_from_its_checkpoint_loses_nothing_while_ve
         record_size=64,
         checkpoint=str(checkpoint),
         writer_options={"maxInFlightPerPartition": "1"},
-        progress=progress,
-        interval_s=0.5,
-        stop=stop,
     )
+    first = load(progress=progress, interval_s=0.5, stop=stop)
     assert first.status == "interrupted" and 0 < first.acknowledged < 18000
     assert seen and seen[-1]["acknowledged"] <= first.acknowledged
-    # The same load again on its checkpoint: it continues where the first run stopped.
-    second = streaming.run_stream_load(
-        spark,
-        bootstrap,
-        "live",
-        rate=3000,
-        duration_s=6,
-        tasks=2,
-        record_size=64,
-        checkpoint=str(checkpoint),
-        writer_options={"maxInFlightPerPartition": "1"},
-    )
+    second = load()  # it continues where the first run stopped
     assert second.status == "committed" and second.acknowledged == 18000
     assert second.batches > first.batches  # the commit files carried over
     verifier.join(300)
