@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 
 from rillet.broker.config import broker_config_table
 from rillet.client.admin import Admin
+from rillet.client.cli.perf import weighted_percentiles
 from rillet.client.consumer import Consumer
 from rillet.client.producer import Producer
 from rillet.client.wire.errors import RilletError
@@ -90,7 +92,7 @@ def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "e2e-producer":  # the paced producer child
-        asyncio.run(e2e_producer(sys.argv[2], sys.argv[3], *map(float, sys.argv[4:7])))
+        asyncio.run(e2e_producer(sys.argv[2], sys.argv[3], *map(float, sys.argv[4:8])))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-records", type=int, default=1_000_000)
@@ -101,7 +103,19 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64 * 1024)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--controllers", type=int, default=3)
-    parser.add_argument("--e2e-rate", type=float, default=10_000, help="records/s")
+    parser.add_argument(
+        "--e2e-rate",
+        type=float,
+        default=0,
+        help="records/s (default 0: half the RF=3 acks=all rate measured in this run)",
+    )
+    parser.add_argument(
+        "--e2e-linger-ms",
+        type=float,
+        nargs="+",
+        default=[5, 1],
+        help="one end-to-end run per producer linger (5: the producer's default)",
+    )
     parser.add_argument("--e2e-seconds", type=float, default=10)
     parser.add_argument("--failover-trials", type=int, default=10)
     parser.add_argument(
@@ -159,7 +173,10 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     if "replication" not in args.skip:
         result["replication"] = replication_cost(cluster, args)
     if "e2e" not in args.skip:
-        result["end_to_end"] = asyncio.run(end_to_end(cluster, args))
+        rate = e2e_rate(args, result)
+        result["end_to_end"] = [
+            asyncio.run(end_to_end(cluster, args, rate, linger)) for linger in args.e2e_linger_ms
+        ]
     broker_defaults = defaults(broker_config_table())
     result["broker_peak_rss_mb"] = {n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()}
     result["follower_fetch_bounds"] = {
@@ -245,29 +262,95 @@ def replication_cost(cluster: LocalCluster, args: argparse.Namespace) -> dict[st
 # --- end-to-end latency -------------------------------------------------------------------
 
 
-async def e2e_producer(boot: str, topic: str, rate: float, seconds: float, size: float) -> None:
-    """Child process: ``rate`` records/s for ``seconds``, acks=all, each value starting
-    with its send time. Paced in 1 ms steps, so a step sends ``rate / 1000`` records."""
+async def e2e_producer(
+    boot: str, topic: str, rate: float, seconds: float, size: float, linger_ms: float
+) -> None:
+    """Child process: ``rate`` records/s for ``seconds``, acks=all, one ``produce()`` per
+    record. Each value starts with the wall-clock time the record was *due* (start +
+    i / rate), so a producer that falls behind its schedule shows in the latency, not in
+    a lower rate. Prints one JSON line: the batches' open-to-acknowledged latency (the
+    producer's share: linger, the request, the followers' fetches before acks=all
+    answers), how far behind schedule the loop fell at worst, and its collections."""
     pad = b"x" * max(0, int(size) - STAMP.size)
     total = int(rate * seconds)
-    async with Producer(bootstrap=boot, acks="all") as producer:
-        start = time.monotonic()
-        sent = 0
+    acked: list[tuple[float, int]] = []
+    gc_pauses = GcPauses()
+    async with Producer(bootstrap=boot, acks="all", linger_ms=linger_ms) as producer:
+        producer.on_batch_done = lambda n, s: acked.append((s, n))
+        await producer.partitions_for(topic)
+        produce, pack = producer.produce, STAMP.pack
+        wall0, mono0 = time.time(), time.monotonic()
+        sent, behind = 0, 0.0
         while sent < total:
-            due = min(total, int((time.monotonic() - start) * rate) + 1)
-            for _ in range(due - sent):
-                await producer.produce(topic, STAMP.pack(time.time()) + pad)
+            now = time.monotonic() - mono0
+            due = min(total, int(now * rate) + 1)
+            behind = max(behind, now - sent / rate)
+            for i in range(sent, due):
+                await produce(topic, pack(wall0 + i / rate) + pad)
             sent = due
             await asyncio.sleep(0.001)
         await producer.flush()
+    p50, p99, pmax = weighted_percentiles(acked, [0.5, 0.99, 1.0])
+    print(
+        json.dumps(
+            {
+                "batch_open_to_ack_ms": {
+                    "p50": round(p50 * 1000, 2),
+                    "p99": round(p99 * 1000, 2),
+                    "max": round(pmax * 1000, 2),
+                },
+                "records_per_batch": round(total / max(1, len(acked)), 1),
+                "max_behind_schedule_ms": round(behind * 1000, 2),
+                "gc": gc_pauses.summary(),
+            }
+        ),
+        flush=True,
+    )
 
 
-async def end_to_end(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+class GcPauses:
+    """Times every cyclic collection in this process (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._t0)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "collections": len(self.pauses),
+            "total_ms": round(sum(self.pauses) * 1000, 1),
+            "max_ms": round(max(self.pauses, default=0.0) * 1000, 2),
+        }
+
+
+def e2e_rate(args: argparse.Namespace, result: dict[str, Any]) -> float:
+    """``--e2e-rate``, or half of the RF=3 acks=all rate measured earlier in this run."""
+    if args.e2e_rate > 0:
+        return args.e2e_rate
+    rf3 = result.get("replication", {}).get("rf3_acks_all")
+    if rf3 is None:
+        raise SystemExit("--e2e-rate 0 (half the maximum) needs the replication run")
+    return round(rf3["records_per_s"] / 2)
+
+
+async def end_to_end(
+    cluster: LocalCluster, args: argparse.Namespace, rate: float, linger_ms: float
+) -> dict[str, Any]:
+    """One paced producer child against this process's consumer, on a fresh topic."""
     boot = cluster.bootstrap
-    topic = "e2e"
+    topic = f"e2e-linger-{linger_ms:g}"
     create_topic(boot, topic, args.partitions, 3, "min.insync.replicas=2")
-    total = int(args.e2e_rate * args.e2e_seconds)
+    total = int(rate * args.e2e_seconds)
     latencies: list[float] = []
+    lag_before = await brokers_loop_lag_max(cluster)
+    gc_pauses = GcPauses()
     async with Consumer(topic, bootstrap=boot, from_beginning=True) as consumer:
         child = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -275,33 +358,60 @@ async def end_to_end(cluster: LocalCluster, args: argparse.Namespace) -> dict[st
             "e2e-producer",
             boot,
             topic,
-            str(args.e2e_rate),
+            str(rate),
             str(args.e2e_seconds),
             str(args.record_size),
+            str(linger_ms),
+            stdout=asyncio.subprocess.PIPE,
         )
+        unpack = STAMP.unpack_from
         idle_deadline = time.monotonic() + 30
         while len(latencies) < total and time.monotonic() < idle_deadline:
             batch = await consumer.getmany(timeout_ms=100)
             now = time.time()
             for recs in batch.values():
-                latencies.extend(now - STAMP.unpack_from(r.value)[0] for r in recs)
+                latencies.extend([now - unpack(r.value)[0] for r in recs])
                 idle_deadline = time.monotonic() + 30
-        await child.wait()
+        out, _ = await child.communicate()
+    gc.callbacks.remove(gc_pauses._on_gc)
+    lag_after = await brokers_loop_lag_max(cluster)
     latencies.sort()
 
     def pct(q: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
 
     return {
-        "rate_records_per_sec": args.e2e_rate,
+        "rate_records_per_sec": rate,
         "seconds": args.e2e_seconds,
         "acks": "all",
         "replication_factor": 3,
-        "producer_linger_ms": 5,
+        "producer_linger_ms": linger_ms,
         "records_received": len(latencies),
         "records_sent": total,
-        "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
+        "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "p999": pct(0.999), "max": pct(1.0)},
+        "producer": json.loads(out.decode().splitlines()[-1]),
+        "consumer_gc": gc_pauses.summary(),
+        # The brokers' largest event-loop stall since they started: a rise during this run
+        # is a stall of this run.
+        "broker_loop_lag_max_ms": {"before": lag_before, "after": lag_after},
     }
+
+
+async def brokers_loop_lag_max(cluster: LocalCluster) -> dict[int, float]:
+    """Each broker's ``rillet_broker_event_loop_lag_max_ms`` from its /metrics."""
+    out: dict[int, float] = {}
+    for node in cluster.brokers():
+        if not node.metrics:
+            continue
+        host, port = node.metrics.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        body = (await reader.read()).decode()
+        writer.close()
+        for line in body.splitlines():
+            if line.startswith("rillet_broker_event_loop_lag_max_ms "):
+                out[node.node_id] = round(float(line.split()[1]), 1)
+    return out
 
 
 # --- failover ----------------------------------------------------------------------------------

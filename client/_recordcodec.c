@@ -1111,6 +1111,9 @@ static PyObject *decode_records(PyObject *module, PyObject *const *args, Py_ssiz
              ((PyTypeObject *)cls)->tp_basicsize == PyTuple_Type.tp_basicsize &&
              ((PyTypeObject *)cls)->tp_itemsize == PyTuple_Type.tp_itemsize;
 #endif
+    /* The caller's topic and partition go into every record: only objects the collector
+     * never tracks (a str and an int) leave a record of atomic fields. */
+    int atomic_args = !PyObject_IS_GC(topic) && !PyObject_IS_GC(partition);
     if (too_many(&w) < 0)
         goto fail;
     if ((out = PyList_New(w.count)) == NULL)
@@ -1139,6 +1142,12 @@ static PyObject *decode_records(PyObject *module, PyObject *const *args, Py_ssiz
                 if (t != NULL) {
                     for (int k = 0; k < 7; k++)
                         PyTuple_SET_ITEM(t, k, items[k]);
+                    /* Without headers every item is atomic (str, int, bytes, None): the
+                     * record can be in no cycle. The collector untracks only exact tuples
+                     * by itself; a tracked record a consumer still holds would be walked
+                     * by every full collection, and push the next one closer. */
+                    if (!rec.nh && atomic_args)
+                        PyObject_GC_UnTrack(t);
                     PyList_SET_ITEM(out, kept++, t);
                     continue;
                 }

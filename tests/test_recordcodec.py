@@ -11,6 +11,7 @@ damaged section (the same exception type, or the same result).
 from __future__ import annotations
 
 import array
+import gc
 import shutil
 import sysconfig
 import zlib
@@ -312,6 +313,25 @@ def test_decode_records_builds_the_consumers_record_type(name: str) -> None:
     assert type(recs[0]) is WithDict and recs == [("t", 0, 1, 1000, None, b"b", None)]
     with pytest.raises(TypeError):
         m.decode_records(sec, 2, 0, 1000, None, list, "t", 0, 0)
+
+
+def test_records_of_atomic_fields_are_left_out_of_the_cyclic_collector() -> None:
+    """A record whose fields are all atomic (str, int, bytes, None) can be in no reference
+    cycle, so the C codec untracks it. Left tracked, the records a consumer holds (up to
+    ``fetch_max_bytes`` of them) survived into the oldest generation and every full
+    collection walked them: CPython untracks exact tuples on its own, never a NamedTuple.
+    Records with headers hold a list, and stay tracked."""
+    m, _ = both()
+    sec = section_of(build(m, [b"a", b"b"], headers=[None, [("h", b"v")]]))
+    plain, with_headers = m.decode_records(sec, 2, 0, 1000, None, ConsumerRecord, "t", 0, 0)
+    assert not gc.is_tracked(plain) and gc.is_tracked(with_headers)
+
+    class WithDict(tuple):  # the general path: an instance may point anywhere
+        pass
+
+    recs = m.decode_records(sec, 2, 0, 1000, None, WithDict, "t", 0, 0)
+    recs[0].loop = recs
+    assert gc.is_tracked(recs[0])
 
 
 @pytest.mark.parametrize("name", IMPLS)
