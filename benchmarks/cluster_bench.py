@@ -27,6 +27,7 @@ prints one JSON object:
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import gc
 import json
@@ -78,6 +79,10 @@ def brokers_cpu_seconds(cluster: LocalCluster) -> float:
     return sum(cpu_seconds(n.pid) for n in cluster.brokers())
 
 
+def controllers_cpu_seconds(cluster: LocalCluster) -> float:
+    return sum(cpu_seconds(n.pid) for n in cluster.controllers() if not n.is_broker)
+
+
 def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "rillet.client.cli", *args, "--bootstrap", bootstrap, "--json"],
@@ -92,7 +97,7 @@ def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "e2e-producer":  # the paced producer child
-        asyncio.run(e2e_producer(sys.argv[2], sys.argv[3], *map(float, sys.argv[4:8])))
+        asyncio.run(e2e_producer(sys.argv[2], sys.argv[3], *map(float, sys.argv[4:8]), sys.argv[8]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-records", type=int, default=1_000_000)
@@ -106,8 +111,10 @@ def main() -> None:
     parser.add_argument(
         "--e2e-rate",
         type=float,
-        default=0,
-        help="records/s (default 0: half the RF=3 acks=all rate measured in this run)",
+        nargs="+",
+        default=[0.5],
+        help="records/s; a value up to 1 is a share of the RF=3 acks=all rate measured in "
+        "this run (default 0.5: half the maximum)",
     )
     parser.add_argument(
         "--e2e-linger-ms",
@@ -115,6 +122,13 @@ def main() -> None:
         nargs="+",
         default=[5, 1],
         help="one end-to-end run per producer linger (5: the producer's default)",
+    )
+    parser.add_argument(
+        "--e2e-producer-calls",
+        nargs="+",
+        choices=["send_many", "produce"],
+        default=["send_many"],
+        help="how the paced producer hands records over (one end-to-end run per choice)",
     )
     parser.add_argument("--e2e-seconds", type=float, default=10)
     parser.add_argument("--failover-trials", type=int, default=10)
@@ -173,9 +187,11 @@ def run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     if "replication" not in args.skip:
         result["replication"] = replication_cost(cluster, args)
     if "e2e" not in args.skip:
-        rate = e2e_rate(args, result)
         result["end_to_end"] = [
-            asyncio.run(end_to_end(cluster, args, rate, linger)) for linger in args.e2e_linger_ms
+            asyncio.run(end_to_end(cluster, args, rate, linger, mode))
+            for rate in e2e_rates(args, result)
+            for mode in args.e2e_producer_calls
+            for linger in args.e2e_linger_ms
         ]
     broker_defaults = defaults(broker_config_table())
     result["broker_peak_rss_mb"] = {n.node_id: peak_rss_mb(n.pid) for n in cluster.brokers()}
@@ -263,14 +279,16 @@ def replication_cost(cluster: LocalCluster, args: argparse.Namespace) -> dict[st
 
 
 async def e2e_producer(
-    boot: str, topic: str, rate: float, seconds: float, size: float, linger_ms: float
+    boot: str, topic: str, rate: float, seconds: float, size: float, linger_ms: float, mode: str
 ) -> None:
-    """Child process: ``rate`` records/s for ``seconds``, acks=all, one ``produce()`` per
-    record. Each value starts with the wall-clock time the record was *due* (start +
-    i / rate), so a producer that falls behind its schedule shows in the latency, not in
-    a lower rate. Prints one JSON line: the batches' open-to-acknowledged latency (the
-    producer's share: linger, the request, the followers' fetches before acks=all
-    answers), how far behind schedule the loop fell at worst, and its collections."""
+    """Child process: ``rate`` records/s for ``seconds``, acks=all: in 1 ms steps, the
+    records due in a step go out with one ``produce()`` each (``mode`` "produce") or in
+    one ``send_many`` call ("send_many", a third of the producer's CPU). Each value
+    starts with the wall-clock time the record was *due* (start + i / rate), so a producer
+    that falls behind its schedule shows in the latency, not in a lower rate. Prints one
+    JSON line: the batches' open-to-acknowledged latency (the producer's share: linger,
+    the request, the followers' fetches before acks=all answers), how far behind schedule
+    the loop fell at worst, its collections and its CPU time."""
     pad = b"x" * max(0, int(size) - STAMP.size)
     total = int(rate * seconds)
     acked: list[tuple[float, int]] = []
@@ -278,15 +296,19 @@ async def e2e_producer(
     async with Producer(bootstrap=boot, acks="all", linger_ms=linger_ms) as producer:
         producer.on_batch_done = lambda n, s: acked.append((s, n))
         await producer.partitions_for(topic)
-        produce, pack = producer.produce, STAMP.pack
+        produce, send_many, pack = producer.produce, producer.send_many, STAMP.pack
+        bulk = mode == "send_many"
         wall0, mono0 = time.time(), time.monotonic()
         sent, behind = 0, 0.0
         while sent < total:
             now = time.monotonic() - mono0
             due = min(total, int(now * rate) + 1)
             behind = max(behind, now - sent / rate)
-            for i in range(sent, due):
-                await produce(topic, pack(wall0 + i / rate) + pad)
+            if bulk:
+                await send_many(topic, [pack(wall0 + i / rate) + pad for i in range(sent, due)])
+            else:
+                for i in range(sent, due):
+                    await produce(topic, pack(wall0 + i / rate) + pad)
             sent = due
             await asyncio.sleep(0.001)
         await producer.flush()
@@ -301,7 +323,8 @@ async def e2e_producer(
                 },
                 "records_per_batch": round(total / max(1, len(acked)), 1),
                 "max_behind_schedule_ms": round(behind * 1000, 2),
-                "gc": gc_pauses.summary(),
+                "gc": gc_pauses.stop(),
+                "cpu_s": round(time.process_time(), 2),
             }
         ),
         flush=True,
@@ -309,47 +332,62 @@ async def e2e_producer(
 
 
 class GcPauses:
-    """Times every cyclic collection in this process (``gc.callbacks``)."""
+    """Times every cyclic collection in this process (``gc.callbacks``): wall clock, and
+    the thread's CPU time, since on a saturated machine a collection's wall time also
+    counts the time the process waited for a core."""
 
     def __init__(self) -> None:
-        self.pauses: list[float] = []
-        self._t0 = 0.0
+        self.pauses: list[tuple[float, float, int]] = []  # (wall, cpu, generation)
+        self._t0 = (0.0, 0.0)
         gc.callbacks.append(self._on_gc)
 
-    def _on_gc(self, phase: str, _info: dict[str, int]) -> None:
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0 = (time.perf_counter(), time.thread_time())
         else:
-            self.pauses.append(time.perf_counter() - self._t0)
+            wall, cpu = time.perf_counter() - self._t0[0], time.thread_time() - self._t0[1]
+            self.pauses.append((wall, cpu, info["generation"]))
 
-    def summary(self) -> dict[str, float]:
+    def stop(self) -> dict[str, Any]:
+        gc.callbacks.remove(self._on_gc)
         return {
-            "collections": len(self.pauses),
-            "total_ms": round(sum(self.pauses) * 1000, 1),
-            "max_ms": round(max(self.pauses, default=0.0) * 1000, 2),
+            "collections": [sum(1 for *_, g in self.pauses if g == gen) for gen in range(3)],
+            "cpu_total_ms": round(sum(c for _, c, _ in self.pauses) * 1000, 1),
+            "cpu_max_ms": round(max((c for _, c, _ in self.pauses), default=0.0) * 1000, 2),
+            "wall_max_ms": round(max((w for w, _, _ in self.pauses), default=0.0) * 1000, 2),
         }
 
 
-def e2e_rate(args: argparse.Namespace, result: dict[str, Any]) -> float:
-    """``--e2e-rate``, or half of the RF=3 acks=all rate measured earlier in this run."""
-    if args.e2e_rate > 0:
-        return args.e2e_rate
+def e2e_rates(args: argparse.Namespace, result: dict[str, Any]) -> list[float]:
+    """``--e2e-rate`` in records/s: a value up to 1 is a share of the RF=3 acks=all rate
+    measured earlier in this run."""
     rf3 = result.get("replication", {}).get("rf3_acks_all")
-    if rf3 is None:
-        raise SystemExit("--e2e-rate 0 (half the maximum) needs the replication run")
-    return round(rf3["records_per_s"] / 2)
+    rates = []
+    for r in args.e2e_rate:
+        if r > 1:
+            rates.append(r)
+        elif rf3 is None:
+            raise SystemExit("an --e2e-rate share of the maximum needs the replication run")
+        else:
+            rates.append(round(rf3["records_per_s"] * r))
+    return rates
 
 
 async def end_to_end(
-    cluster: LocalCluster, args: argparse.Namespace, rate: float, linger_ms: float
+    cluster: LocalCluster, args: argparse.Namespace, rate: float, linger_ms: float, mode: str
 ) -> dict[str, Any]:
     """One paced producer child against this process's consumer, on a fresh topic."""
     boot = cluster.bootstrap
-    topic = f"e2e-linger-{linger_ms:g}"
+    topic = f"e2e-{rate:g}-{mode}-linger-{linger_ms:g}"
     create_topic(boot, topic, args.partitions, 3, "min.insync.replicas=2")
     total = int(rate * args.e2e_seconds)
-    latencies: list[float] = []
-    lag_before = await brokers_loop_lag_max(cluster)
+    # An array, not a list: the cyclic collector walks every item of a list on each full
+    # collection, which with millions of latencies was the consumer's longest pause.
+    latencies = array.array("d")
+    metrics_before = await brokers_metrics(cluster)
+    wall0 = time.monotonic()
+    brokers_cpu, controllers_cpu = brokers_cpu_seconds(cluster), controllers_cpu_seconds(cluster)
+    consumer_cpu = time.process_time()
     gc_pauses = GcPauses()
     async with Consumer(topic, bootstrap=boot, from_beginning=True) as consumer:
         child = await asyncio.create_subprocess_exec(
@@ -362,6 +400,7 @@ async def end_to_end(
             str(args.e2e_seconds),
             str(args.record_size),
             str(linger_ms),
+            mode,
             stdout=asyncio.subprocess.PIPE,
         )
         unpack = STAMP.unpack_from
@@ -373,12 +412,18 @@ async def end_to_end(
                 latencies.extend([now - unpack(r.value)[0] for r in recs])
                 idle_deadline = time.monotonic() + 30
         out, _ = await child.communicate()
-    gc.callbacks.remove(gc_pauses._on_gc)
-    lag_after = await brokers_loop_lag_max(cluster)
-    latencies.sort()
+    consumer_gc = gc_pauses.stop()
+    cpu = {
+        "consumer": round(time.process_time() - consumer_cpu, 2),
+        "brokers": round(brokers_cpu_seconds(cluster) - brokers_cpu, 2),
+        "controllers": round(controllers_cpu_seconds(cluster) - controllers_cpu, 2),
+    }
+    metrics_after = await brokers_metrics(cluster)
+    wall = time.monotonic() - wall0
+    ordered = sorted(latencies)
 
     def pct(q: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
 
     return {
         "rate_records_per_sec": rate,
@@ -386,20 +431,29 @@ async def end_to_end(
         "acks": "all",
         "replication_factor": 3,
         "producer_linger_ms": linger_ms,
+        "producer_calls": mode,
         "records_received": len(latencies),
         "records_sent": total,
         "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "p999": pct(0.999), "max": pct(1.0)},
         "producer": json.loads(out.decode().splitlines()[-1]),
-        "consumer_gc": gc_pauses.summary(),
+        "consumer_gc": consumer_gc,
+        # CPU seconds over the run (the producer's are in "producer"); the machine has
+        # os.cpu_count() * seconds to give.
+        "cpu_s": cpu,
+        "broker_requests_per_s": requests_per_s(metrics_before, metrics_after, wall),
         # The brokers' largest event-loop stall since they started: a rise during this run
         # is a stall of this run.
-        "broker_loop_lag_max_ms": {"before": lag_before, "after": lag_after},
+        "broker_loop_lag_max_ms": {
+            "before": {n: m.get("loop_lag_max_ms") for n, m in metrics_before.items()},
+            "after": {n: m.get("loop_lag_max_ms") for n, m in metrics_after.items()},
+        },
     }
 
 
-async def brokers_loop_lag_max(cluster: LocalCluster) -> dict[int, float]:
-    """Each broker's ``rillet_broker_event_loop_lag_max_ms`` from its /metrics."""
-    out: dict[int, float] = {}
+async def brokers_metrics(cluster: LocalCluster) -> dict[int, dict[str, float]]:
+    """Each broker's largest event-loop lag since start and its request counts per API,
+    from its /metrics."""
+    out: dict[int, dict[str, float]] = {}
     for node in cluster.brokers():
         if not node.metrics:
             continue
@@ -408,10 +462,26 @@ async def brokers_loop_lag_max(cluster: LocalCluster) -> dict[int, float]:
         writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
         body = (await reader.read()).decode()
         writer.close()
+        mine = out[node.node_id] = {}
         for line in body.splitlines():
             if line.startswith("rillet_broker_event_loop_lag_max_ms "):
-                out[node.node_id] = round(float(line.split()[1]), 1)
+                mine["loop_lag_max_ms"] = round(float(line.split()[1]), 1)
+            elif line.startswith("rillet_broker_request_latency_seconds_count{"):
+                api = line.split('api="', 1)[1].split('"', 1)[0]
+                mine[api] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def requests_per_s(
+    before: dict[int, dict[str, float]], after: dict[int, dict[str, float]], seconds: float
+) -> dict[str, int]:
+    """Requests a second over all brokers, per API, between two ``brokers_metrics``."""
+    rates: dict[str, float] = {}
+    for node, now in after.items():
+        for api, count in now.items():
+            if api != "loop_lag_max_ms":
+                rates[api] = rates.get(api, 0.0) + (count - before[node].get(api, 0.0)) / seconds
+    return {api: round(r) for api, r in sorted(rates.items()) if r >= 1}
 
 
 # --- failover ----------------------------------------------------------------------------------
