@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -73,6 +74,21 @@ def cpu_seconds(pid: int | None) -> float:
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait_seconds(pids: list[int | None]) -> float:
+    """Time the processes' threads spent runnable but waiting for a core, so far (the
+    second field of /proc/PID/task/TID/schedstat): CPU contention, as a latency."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 def brokers_cpu_seconds(cluster: LocalCluster) -> float:
@@ -325,6 +341,7 @@ async def e2e_producer(
                 "max_behind_schedule_ms": round(behind * 1000, 2),
                 "gc": gc_pauses.stop(),
                 "cpu_s": round(time.process_time(), 2),
+                "runqueue_wait_s": round(runqueue_wait_seconds([os.getpid()]), 2),
             }
         ),
         flush=True,
@@ -388,6 +405,12 @@ async def end_to_end(
     wall0 = time.monotonic()
     brokers_cpu, controllers_cpu = brokers_cpu_seconds(cluster), controllers_cpu_seconds(cluster)
     consumer_cpu = time.process_time()
+    groups = {
+        "brokers": [n.pid for n in cluster.brokers()],
+        "controllers": [n.pid for n in cluster.controllers() if not n.is_broker],
+        "consumer": [os.getpid()],
+    }
+    waits = {g: runqueue_wait_seconds(pids) for g, pids in groups.items()}
     gc_pauses = GcPauses()
     async with Consumer(topic, bootstrap=boot, from_beginning=True) as consumer:
         child = await asyncio.create_subprocess_exec(
@@ -413,6 +436,7 @@ async def end_to_end(
                 idle_deadline = time.monotonic() + 30
         out, _ = await child.communicate()
     consumer_gc = gc_pauses.stop()
+    waits = {g: round(runqueue_wait_seconds(groups[g]) - w, 2) for g, w in waits.items()}
     cpu = {
         "consumer": round(time.process_time() - consumer_cpu, 2),
         "brokers": round(brokers_cpu_seconds(cluster) - brokers_cpu, 2),
@@ -440,6 +464,8 @@ async def end_to_end(
         # CPU seconds over the run (the producer's are in "producer"); the machine has
         # os.cpu_count() * seconds to give.
         "cpu_s": cpu,
+        # Seconds the processes' threads were ready to run but waited for a core.
+        "runqueue_wait_s": waits,
         "broker_requests_per_s": requests_per_s(metrics_before, metrics_after, wall),
         # The brokers' largest event-loop stall since they started: a rise during this run
         # is a stall of this run.
