@@ -96,6 +96,7 @@ def test_cli_topic_produce_consume_perf(cluster) -> None:  # noqa: ANN001
         )
     )
     assert perf["records"] == 20000 and perf["records_per_s"] > 0
+    assert perf["finished_at"] - perf["started_at"] == pytest.approx(perf["seconds"], abs=0.002)
     assert perf["latency_ms"]["p50"] <= perf["latency_ms"]["p99"] <= perf["latency_ms"]["max"]
     got = json_out(
         rillet(cluster, "perf", "consume", "--topic", "cli", "--num-records", "20050", "--json")
