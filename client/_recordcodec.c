@@ -1365,6 +1365,130 @@ fail:
     return NULL;
 }
 
+/* --- rillet's load-test values (client/spark/jobs.py: make_value, make_values) --------
+ *
+ * Not part of Kafka's format: the values `rillet spark load` sends, built here because
+ * building them was most of a load's CPU (Spark SQL in the JVM spent about 1.4 CPU
+ * seconds per million records, a Python loop 0.8; here it is a few stores and a CRC).
+ * The layout is jobs.py's docstring: "RLT1" | task u32 | seq u64 | crc u32 | payload,
+ * the payload the 25 ASCII bytes "%08X%016X;" % (task, seq) repeated and cut, and the
+ * CRC zlib's CRC-32 over bytes 4..16 then the payload. CRC-32 by slicing-by-8: eight
+ * tables built at import, eight bytes per step. */
+
+static uint32_t crc32_tables[8][256];
+
+static void crc32_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        crc32_tables[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = crc32_tables[t - 1][i];
+            crc32_tables[t][i] = (c >> 8) ^ crc32_tables[0][c & 0xFF];
+        }
+}
+
+/* zlib's crc32(data, crc): the running value goes in and comes out un-inverted. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                             (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                      (uint32_t)p[7] << 24;
+        crc = crc32_tables[7][lo & 0xFF] ^ crc32_tables[6][(lo >> 8) & 0xFF] ^
+              crc32_tables[5][(lo >> 16) & 0xFF] ^ crc32_tables[4][lo >> 24] ^
+              crc32_tables[3][hi & 0xFF] ^ crc32_tables[2][(hi >> 8) & 0xFF] ^
+              crc32_tables[1][(hi >> 16) & 0xFF] ^ crc32_tables[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc32_tables[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+#define LOAD_HEADER 20
+#define LOAD_PATTERN 25
+
+static void put_hex(unsigned char *p, uint64_t v, int digits) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (int i = digits - 1; i >= 0; i--, v >>= 4)
+        p[i] = (unsigned char)hex[v & 0xF];
+}
+
+PyDoc_STRVAR(make_values_doc,
+"make_values(task, first_seq, count, size) -> list[bytes]\n"
+"--\n\n"
+"make_value(task, seq, size) for seq in first_seq .. first_seq + count - 1.");
+
+static PyObject *make_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "make_values takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    unsigned long long task = PyLong_AsUnsignedLongLong(args[0]);
+    if (task == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long first = PyLong_AsUnsignedLongLong(args[1]);
+    if (first == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[3]);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (task > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "task does not fit 32 bits");
+        return NULL;
+    }
+    if (count < 0 || size < LOAD_HEADER) {
+        PyErr_Format(PyExc_ValueError, "need count >= 0 and size >= %d", LOAD_HEADER);
+        return NULL;
+    }
+    if (count > 0 && first + (unsigned long long)(count - 1) < first) {
+        PyErr_SetString(PyExc_OverflowError, "seq does not fit 64 bits");
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    unsigned char pattern[LOAD_PATTERN];
+    put_hex(pattern, task, 8);
+    pattern[LOAD_PATTERN - 1] = ';';
+    Py_ssize_t pad = size - LOAD_HEADER;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t seq = first + (uint64_t)i;
+        PyObject *v = PyBytes_FromStringAndSize(NULL, size);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(v);
+        memcpy(p, "RLT1", 4);
+        put_u32(p + 4, (uint32_t)task);
+        put_u64(p + 8, seq);
+        put_hex(pattern + 8, seq, 16);
+        unsigned char *q = p + LOAD_HEADER;
+        Py_ssize_t left = pad;
+        while (left > 0) {
+            Py_ssize_t n = left < LOAD_PATTERN ? left : LOAD_PATTERN;
+            memcpy(q, pattern, (size_t)n);
+            q += n;
+            left -= n;
+        }
+        uint32_t crc = crc32_update(crc32_update(0, p + 4, 12), p + LOAD_HEADER, (size_t)pad);
+        put_u32(p + 16, crc);
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 /* --- the module --------------------------------------------------------------------- */
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data) -> int\n--\n\n"
@@ -1390,6 +1514,7 @@ static PyMethodDef methods[] = {
     {"decode_arrow", FASTCALL(decode_arrow), decode_arrow_doc},
     {"check_records", FASTCALL(check_records), check_records_doc},
     {"crc32c", crc32c_of, METH_O, crc32c_doc},
+    {"make_values", FASTCALL(make_values), make_values_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1401,6 +1526,7 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__recordcodec(void) {
     crc_level = crc32c_hw_init();
+    crc32_init();
     PyObject *crc32c = PyImport_ImportModule("crc32c");
     if (crc32c == NULL)
         return NULL;

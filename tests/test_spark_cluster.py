@@ -18,16 +18,9 @@ from spark_support import NEEDS_JAVA, module_cluster
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
 
-from pyspark.sql import functions as F  # noqa: E402
-
 from rillet.client.admin import NewTopic  # noqa: E402
 from rillet.client.cli import main as rillet_main  # noqa: E402
-from rillet.client.spark.jobs import (  # noqa: E402
-    load_frame,
-    make_value,
-    spark_session,
-    task_records,
-)
+from rillet.client.spark.jobs import make_value, spark_session  # noqa: E402
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, NEEDS_JAVA]
@@ -243,23 +236,6 @@ def test_stream_picks_up_new_records_and_resumes_after_restart(
     for part in (0, 1):
         offsets = [o for p_, o, _ in seen if p_ == part]
         assert offsets == list(range(len(offsets)))  # each partition contiguous, in order
-
-
-@pytest.mark.parametrize(("records", "tasks", "size"), [(10, 4, 40), (7, 3, 64), (5, 1, 20)])
-def test_load_frame_builds_each_tasks_values_in_its_own_spark_partition(
-    spark: Any, records: int, tasks: int, size: int
-) -> None:
-    """What `spark load` sends, built in the JVM: task t's records, and only those, in
-    Spark partition t, seq 0.. in order, each value and key as ``make_value`` says."""
-    df = load_frame(spark, records, tasks, size)
-    assert df.rdd.getNumPartitions() == tasks
-    rows = df.select(F.spark_partition_id().alias("part"), "key", "value").collect()
-    for t in range(tasks):
-        mine = [r for r in rows if r.part == t]
-        assert [bytes(r.key) for r in mine] == [str(t).encode()] * task_records(records, tasks, t)
-        assert [bytes(r.value) for r in mine] == [
-            make_value(t, seq, size) for seq in range(task_records(records, tasks, t))
-        ]
 
 
 def test_spark_load_then_verify_pass(

@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install 'rillet[spark]'")
 pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rillet[spark]'")
 
 from rillet.client.cli.spark import format_report, spark_error_cause  # noqa: E402
+from rillet.client.spark import jobs  # noqa: E402
 from rillet.client.spark.jobs import (  # noqa: E402
     LoadShapeError,
     VerifyReport,
@@ -24,6 +27,7 @@ from rillet.client.spark.jobs import (  # noqa: E402
     acked_counts,
     load_shape,
     make_value,
+    make_values,
     parse_conf,
     parse_value,
     task_records,
@@ -152,6 +156,43 @@ def test_load_values_round_trip_and_every_byte_is_checked() -> None:
         damaged[i] ^= 0x01
         assert parse_value(bytes(damaged)) is None, i
     assert parse_value(None) is None and parse_value(b"RLT1") is None
+
+
+@given(
+    task=st.integers(0, 2**32 - 1),
+    first=st.integers(0, 2**64 - 1),
+    count=st.integers(0, 5),
+    size=st.integers(20, 300),
+)
+def test_make_values_in_c_are_make_value_byte_for_byte(
+    task: int, first: int, count: int, size: int
+) -> None:
+    """The load task's C generator against the format's Python definition, at the edges
+    of task and seq (the last seqs) and for sizes that cut the payload pattern anywhere."""
+    count = min(count, 2**64 - first)
+    want = [make_value(task, seq, size) for seq in range(first, first + count)]
+    assert make_values(task, first, count, size) == want
+    assert all(parse_value(v) == (task, first + i) for i, v in enumerate(want))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_make_values_refuses_what_the_format_cannot_hold(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native:  # the Python twin, as where the codec was not built
+        monkeypatch.setattr(jobs, "_native_make_values", None)
+        assert make_values(3, 7, 2, 64) == [make_value(3, 7, 64), make_value(3, 8, 64)]
+    elif jobs._native_make_values is None:
+        pytest.skip("the C extension was not built here")
+    for task, first, count, size, error in [
+        (2**32, 0, 1, 40, OverflowError),
+        (-1, 0, 1, 40, OverflowError),
+        (0, 2**64 - 1, 2, 40, OverflowError),
+        (0, 0, 1, 19, ValueError),
+        (0, 0, -1, 40, ValueError),
+    ]:
+        with pytest.raises(error):
+            make_values(task, first, count, size)
 
 
 def test_task_record_counts_cover_all_records() -> None:

@@ -9,9 +9,16 @@ key ``str(t)``, so one task's records land in one partition, in order. Each valu
 (big-endian; zlib's CRC-32 over bytes 4-16 and the payload), where the payload is the
 25 ASCII bytes ``f"{task:08X}{seq:016X};"`` repeated and cut to ``record_size - 20``
 bytes, so every byte of a value follows from ``(task, seq)`` and no payload byte is
-zero (a zeroed page cannot pass for data). Values are computed by
-Spark SQL expressions in the JVM (``crc32`` there is java.util.zip.CRC32, the same
-function as ``zlib.crc32``), then handed to the data source writer as Arrow batches.
+zero (a zeroed page cannot pass for data).
+
+Spark runs the K tasks; each builds its own values in its Python worker
+(``make_values``: the C codec's ``make_values``, 66 ns a record, with ``make_value`` as
+its Python twin) and sends them in chunks with ``send_many`` to its partition. Building
+them with Spark SQL in the JVM and handing them to the data source writer as Arrow
+batches, as this job first did, cost 3 to 4 CPU seconds per million records (the
+expressions, JIT compiling each new plan, garbage collection), more than the brokers
+spent storing and replicating them; the streaming load still does so
+(``load_values``), since its rows come from Spark's rate source.
 
 The verifier reads the topic back through the data source and, like Jepsen's Kafka
 checker, reports: lost writes (an acknowledged record absent), duplicates (one
@@ -19,10 +26,11 @@ checker, reports: lost writes (an acknowledged record absent), duplicates (one
 occurrences must have increasing ``seq`` by offset), corrupt values (bad magic, length,
 checksum or payload) and phantoms (a well-formed record that was never sent).
 
-What counts as acknowledged: the writer returns a task's commit message only after the
-producer's ``flush()`` saw every send of that task acknowledged, and the load job writes
-those messages to a manifest (``--manifest``). If the job committed, all N records were
-acknowledged. If it aborted, only the tasks with a commit message were; records of the
+What counts as acknowledged: a task reports (through a Spark accumulator, which keeps
+the reports of the tasks that finished even when the job fails) only after its
+producer's ``flush()`` saw every send acknowledged, and the load job writes those
+reports to a manifest (``--manifest``). If the job committed, all N records were
+acknowledged. If it aborted, only the tasks with a report were; records of the
 other tasks may or may not be present, and their absence is reported but is not a
 violation. Without a manifest the verifier assumes the load job succeeded. Spark
 retries of a failed write task re-send its records and show up as duplicates, which is
@@ -42,7 +50,10 @@ and ``--tasks``; values that contradict the manifest are refused too.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -52,14 +63,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rillet.client.spark.source import register
+from rillet.client.metadata import MetadataClient
+from rillet.client.partitioner import partition_for_key
+from rillet.client.producer import Producer
+from rillet.client.spark.source import (
+    SourceOptions,
+    WriteReport,
+    register,
+    run_with_client,
+    task_id,
+    topic_partitions,
+)
 from rillet.client.spark.tracker import task_records
 
 try:
+    from rillet.client._recordcodec import make_values as _native_make_values
+except ImportError:  # built without a C compiler: the Python twin runs
+    _native_make_values = None
+
+try:
+    from pyspark import AccumulatorParam
     from pyspark.sql import Column, DataFrame, SparkSession, Window
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 except ImportError as e:  # pragma: no cover - spark_source raised already
     raise ImportError("pip install 'rillet[spark]'") from e
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"RLT1"
 HEADER_BYTES = 20
@@ -85,6 +114,18 @@ def make_value(task: int, seq: int, size: int) -> bytes:
     payload = payload_for(task, seq, size)
     ids = task.to_bytes(4, "big") + seq.to_bytes(8, "big")
     return MAGIC + ids + zlib.crc32(ids + payload).to_bytes(4, "big") + payload
+
+
+def make_values(task: int, first_seq: int, count: int, size: int) -> list[bytes]:
+    """``make_value(task, seq, size)`` for ``count`` seqs from ``first_seq``: in C when the
+    codec was built (the load task's hot loop), else in Python."""
+    if _native_make_values is not None:
+        return _native_make_values(task, first_seq, count, size)
+    if not 0 <= task < 2**32 or first_seq < 0 or first_seq + count > 2**64:
+        raise OverflowError("task must fit 32 bits and seqs 64")
+    if count < 0 or size < HEADER_BYTES:
+        raise ValueError(f"need count >= 0 and size >= {HEADER_BYTES}")
+    return [make_value(task, seq, size) for seq in range(first_seq, first_seq + count)]
 
 
 def parse_value(value: bytes | None) -> tuple[int, int] | None:
@@ -171,19 +212,56 @@ def _task_count(records: int, tasks: int) -> Column:
     return F.lit(records // tasks) + F.when(F.col("task") < records % tasks, 1).otherwise(0)
 
 
-def load_frame(spark: SparkSession, records: int, tasks: int, record_size: int) -> DataFrame:
-    """N generated records as (key, value), task ``t``'s all in Spark partition ``t``.
+LOAD_CHUNK = 10_000  # records per send_many call of a load task
+# A load task writes one partition, so each produce request carries one batch of it; at
+# the producer's 64 KiB the brokers' cost per request held a task near 400k records/s,
+# at 256 KiB it sends 580k (benchmarks/spark_bench.py). ``writer_options`` may override.
+LOAD_BATCH_BYTES = 256 * 1024
 
-    One seed row per task, each in its own Spark partition, exploded into the task's
-    sequence: a task's records stay in one Spark task, in order.
-    """
-    if tasks <= 0 or records < tasks:
-        raise ValueError("need tasks >= 1 and records >= tasks")
-    if record_size < HEADER_BYTES:
-        raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
-    seeds = spark.range(0, tasks, 1, tasks).withColumnRenamed("id", "task")
-    seqs = F.sequence(F.lit(0).cast("bigint"), _task_count(records, tasks).cast("bigint") - 1)
-    return load_values(seeds.select("task", F.explode(seqs).alias("seq")), record_size)
+
+async def produce_load(o: SourceOptions, task: int, count: int, size: int) -> WriteReport:
+    """Load task ``task``: seqs ``0 .. count - 1`` with key ``str(task)``, to the key's
+    partition, in order; flush, and report. Any failed send raises (fails the task)."""
+    started = time.time()
+    report = WriteReport(task, 0, 0, started, started)
+    meta = MetadataClient(o.bootstrap, client_id="rillet-spark-load")
+    try:
+        num_partitions = len((await topic_partitions(meta, o.topic))[o.topic])
+        key = str(task).encode()
+        partition = partition_for_key(key, num_partitions)
+        async with Producer(acks=o.acks, metadata=meta, **o.producer) as producer:
+            for first in range(0, count, LOAD_CHUNK):
+                n = min(LOAD_CHUNK, count - first)
+                values = make_values(task, first, n, size)
+                await producer.send_many(o.topic, values, [key] * n, partition=partition)
+                report.records += n
+                report.bytes += n * size
+            await producer.flush()  # raises DeliveryError unless every record was acked
+        report.partitions[partition] = count
+    finally:
+        await meta.close()
+    report.finished_at = time.time()
+    return report
+
+
+class _Reports(AccumulatorParam):
+    """The load tasks' reports, as a list: Spark merges a task's update when the task
+    succeeds, even if the job then fails, which is what an aborted load's manifest needs."""
+
+    def zero(self, value: list) -> list:
+        return []
+
+    def addInPlace(self, a: list, b: list) -> list:  # noqa: N802 - Spark's method name
+        a.extend(b)
+        return a
+
+
+def _load_task(
+    o: SourceOptions, records: int, tasks: int, size: int, reports: Any, _rows: Any
+) -> None:
+    task = task_id()
+    report = asyncio.run(produce_load(o, task, task_records(records, tasks, task), size))
+    reports.add([asdict(report)])
 
 
 def load_values(rows: DataFrame, record_size: int) -> DataFrame:
@@ -248,28 +326,35 @@ def run_load(
     manifest: str | None = None,
     writer_options: dict[str, str] | None = None,
 ) -> LoadResult:
-    """Produce the generated records through the data source writer; raise if any task
-    failed (after writing the manifest, which then says which tasks were acknowledged)."""
-    df = load_frame(spark, records, tasks, record_size)
-    with tempfile.TemporaryDirectory(prefix="rillet-load-") as tmp:
-        report_path = str(Path(tmp) / "report.json")
-        started = time.time()
-        error: Exception | None = None
-        try:
-            (
-                df.write.format("rillet")
-                .mode("append")
-                .option("bootstrap", bootstrap)
-                .option("topic", topic)
-                .option("acks", acks)
-                .option("reportPath", report_path)
-                .options(**(writer_options or {}))
-                .save()
-            )
-        except Exception as e:  # Spark wraps the task's error; report it after the manifest
-            error = e
-        elapsed = time.time() - started
-        report = _read_report(report_path)
+    """Produce the generated records, ``tasks`` Spark tasks each building and sending its
+    own; raise if any task failed (after writing the manifest, which then says which
+    tasks were acknowledged). ``writer_options`` are the data source writer's producer
+    options (e.g. ``maxInFlightPerPartition``)."""
+    if tasks <= 0 or records < tasks:
+        raise ValueError("need tasks >= 1 and records >= tasks")
+    if record_size < HEADER_BYTES:
+        raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
+    options = {"batchSize": str(LOAD_BATCH_BYTES), **(writer_options or {})}
+    o = SourceOptions.parse({**options, "bootstrap": bootstrap, "topic": topic, "acks": acks})
+    run_with_client(o.bootstrap, lambda m: topic_partitions(m, o.topic))  # fail fast
+    sc = spark.sparkContext
+    reports = sc.accumulator([], _Reports())
+    task = functools.partial(_load_task, o, records, tasks, record_size, reports)
+    started = time.time()
+    error: Exception | None = None
+    try:
+        sc.parallelize(range(tasks), tasks).foreachPartition(task)
+    except Exception as e:  # Spark wraps the task's error; report it after the manifest
+        error = e
+    elapsed = time.time() - started
+    report = {"status": "aborted" if error else "committed", "tasks": reports.value}
+    if error is not None:
+        log.error(
+            "rillet spark load to %s aborted: %d of %d tasks had every record acknowledged",
+            topic,
+            len(report["tasks"]),
+            tasks,
+        )
     result = _load_result(topic, records, tasks, record_size, acks, elapsed, report)
     if manifest:
         Path(manifest).write_text(json.dumps(result.to_json(), indent=2))
@@ -304,13 +389,6 @@ def write_topic_manifest(
 
 class LoadManifestError(RuntimeError):
     """The load committed but its manifest did not reach the topic."""
-
-
-def _read_report(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return {"status": "failed", "tasks": []}
 
 
 def _load_result(

@@ -637,7 +637,7 @@ class RilletWriter(DataSourceArrowWriter):
         self.columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        return asyncio.run(produce_batches(self.options, iterator, _task_id()))
+        return asyncio.run(produce_batches(self.options, iterator, task_id()))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         write_report(self.options.report_path, "committed", messages)
@@ -679,7 +679,7 @@ class RilletStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        return asyncio.run(produce_batches(self.options, iterator, _task_id()))
+        return asyncio.run(produce_batches(self.options, iterator, task_id()))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         if self.options.report_path:
@@ -702,7 +702,8 @@ class RilletStreamWriter(DataSourceStreamArrowWriter):
             write_report(str(path), "aborted", messages, batch=batchId)
 
 
-def _task_id() -> int:
+def task_id() -> int:
+    """This Spark task's partition id (-1 outside a task)."""
     try:
         from pyspark import TaskContext
 
