@@ -261,10 +261,11 @@ class MetadataClient:
             listener(snapshot)
 
     async def wait_for_topics(
-        self, topics: Iterable[str], timeout_ms: int
+        self, topics: Iterable[str], timeout_ms: int, *, leaders: bool = True
     ) -> dict[str, tuple[PartitionInfo, ...]]:
-        """Partitions of each topic once every one has a leader; UnknownTopicOrPartition
-        (or the last error) when that does not happen within ``timeout_ms``."""
+        """Partitions of each topic once every one has a leader (with ``leaders=False``:
+        once each topic is known, leaders or not); UnknownTopicOrPartition (or the last
+        error) when that does not happen within ``timeout_ms``."""
         topics = list(topics)
         self.add_topics(topics)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -272,7 +273,8 @@ class MetadataClient:
         while True:
             try:
                 snap = await self.refresh()
-                if not snap.missing_leaders(topics):
+                known = all(t in snap.topics for t in topics)
+                if known and not (leaders and snap.missing_leaders(topics)):
                     return {t: snap.topics[t] for t in topics}
             except RilletError as e:
                 if not e.retriable:

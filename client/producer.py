@@ -418,7 +418,11 @@ class Producer:
         self._sender.wakeup()
 
     async def _await_topic(self, topic: str) -> TopicQueues:
-        parts = (await self._meta.wait_for_topics([topic], self.max_block_ms))[topic]
+        # The topic's partitions, not every leader (as Kafka's producer waits): records for
+        # a partition with no leader wait in the accumulator for one, within the delivery
+        # timeout, and leave the rest of the topic writable.
+        waited = await self._meta.wait_for_topics([topic], self.max_block_ms, leaders=False)
+        parts = waited[topic]
         t = self._accumulator.add_topic(topic, len(parts))
         # Records held while the metadata was on its way go first, before anything the
         # caller appends once this returns, so the topic's order is the call order.

@@ -222,6 +222,26 @@ async def test_topic_created_after_first_send_is_delivered(fake: FakeCluster) ->
         assert (await h).offset == 0
 
 
+async def test_a_partition_without_a_leader_does_not_hold_up_the_others(
+    fake: FakeCluster,
+) -> None:
+    """The first send to a topic waits for its partitions, not for every leader (as
+    Kafka's producer does): a partition whose only replica is down leaves the rest of
+    the topic writable, and its own records wait for a leader within the delivery
+    timeout. Waiting for every leader held a whole topic for max_block_ms, then failed."""
+    fake.topics["t"][2].leader = -1
+    async with Producer(
+        fake.bootstrap, max_block_ms=60_000, delivery_timeout_ms=60_000, retry_backoff_ms=5
+    ) as p:
+        healthy = p.send("t", b"a", partition=0)
+        orphan = p.send("t", b"b", partition=2)
+        assert (await asyncio.wait_for(healthy, 10)).offset == 0
+        assert not orphan.done()
+        fake.topics["t"][2].leader = 3  # a leader is elected
+        assert (await asyncio.wait_for(orphan, 10)).offset == 0
+    assert values_of(fake, "t", 2) == [b"b"]
+
+
 async def test_closed_producer_refuses_records(fake: FakeCluster) -> None:
     p = Producer(fake.bootstrap)
     await p.start()

@@ -20,8 +20,10 @@ pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rille
 
 from rillet.client.admin import NewTopic  # noqa: E402
 from rillet.client.cli import main as rillet_main  # noqa: E402
-from rillet.client.spark.jobs import make_value, spark_session  # noqa: E402
+from rillet.client.partitioner import partition_for_key  # noqa: E402
+from rillet.client.spark.jobs import make_value, run_load, spark_session  # noqa: E402
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
+from rillet.tools.local_cluster import LocalCluster  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, NEEDS_JAVA]
 
@@ -34,13 +36,18 @@ def spark() -> Any:
 
 
 @pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     yield from module_cluster(tmp_path_factory, "spark-batch")
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+@pytest.fixture(scope="module")
+def bootstrap(cluster: LocalCluster) -> str:
+    return cluster.bootstrap
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int = 3) -> None:
     with SyncAdmin(bootstrap) as admin:
-        admin.create_topics([NewTopic(topic, partitions, 3)])
+        admin.create_topics([NewTopic(topic, partitions, replication_factor)])
 
 
 def read_df(spark: Any, bootstrap: str, topic: str, **options: str) -> Any:
@@ -290,6 +297,46 @@ def test_spark_load_then_verify_pass(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "read 5,000 records" in out and out.rstrip().endswith("PASS")
+
+
+def test_a_load_with_a_failed_task_writes_an_aborted_manifest_of_the_tasks_that_finished(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A load task's report reaches the driver only once all its records were
+    acknowledged, and the reports of the tasks that finished survive the job's failure:
+    the manifest then says exactly which tasks' records verify must find."""
+    tasks, partitions = 3, 3
+    create_topic(cluster.bootstrap, "half", partitions, replication_factor=1)
+    with SyncAdmin(cluster.bootstrap) as admin:
+        (desc,) = admin.describe_topics(["half"])
+        leaders = {p.partition: p.leader for p in desc.partitions}
+    # Stop the broker leading task 0's partition: its only replica (RF=1).
+    down = leaders[partition_for_key(b"0", partitions)]
+    alive = [
+        t for t in range(tasks) if leaders[partition_for_key(str(t).encode(), partitions)] != down
+    ]
+    assert alive, leaders  # some task's partition stays up (task 0's does not)
+    manifest = tmp_path / "manifest.json"
+    cluster.stop_node(down)
+    try:
+        with pytest.raises(Exception, match="(?s)DeliveryError|timed out|Timeout"):
+            run_load(
+                spark,
+                cluster.bootstrap,
+                "half",
+                3000,
+                tasks,
+                40,
+                manifest=str(manifest),
+                writer_options={"deliveryTimeoutMs": "3000", "requestTimeoutMs": "1000"},
+            )
+    finally:
+        cluster.start_node(down)
+        cluster.wait_ready()
+    result = json.loads(manifest.read_text())
+    assert result["status"] == "aborted"
+    assert sorted(t["task"] for t in result["per_task"]) == alive
+    assert all(t["records"] == 1000 for t in result["per_task"])
 
 
 def test_verify_catches_lost_duplicated_reordered_corrupt_and_phantom_records(

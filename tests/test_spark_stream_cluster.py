@@ -49,7 +49,8 @@ def spark() -> Any:
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from module_cluster(tmp_path_factory, "spark-stream")
+    for cluster in module_cluster(tmp_path_factory, "spark-stream"):
+        yield cluster.bootstrap
 
 
 def create_topics(bootstrap: str, **partitions: int) -> None:

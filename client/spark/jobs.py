@@ -63,16 +63,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rillet.client.metadata import MetadataClient
 from rillet.client.partitioner import partition_for_key
 from rillet.client.producer import Producer
 from rillet.client.spark.source import (
     SourceOptions,
     WriteReport,
+    check_topic,
     register,
     run_with_client,
     task_id,
-    topic_partitions,
 )
 from rillet.client.spark.tracker import task_records
 
@@ -221,25 +220,21 @@ LOAD_BATCH_BYTES = 256 * 1024
 
 async def produce_load(o: SourceOptions, task: int, count: int, size: int) -> WriteReport:
     """Load task ``task``: seqs ``0 .. count - 1`` with key ``str(task)``, to the key's
-    partition, in order; flush, and report. Any failed send raises (fails the task)."""
+    partition, in order; flush, and report. Any failed send raises (fails the task).
+    Only this task's partition needs a leader: the others' may be down."""
     started = time.time()
     report = WriteReport(task, 0, 0, started, started)
-    meta = MetadataClient(o.bootstrap, client_id="rillet-spark-load")
-    try:
-        num_partitions = len((await topic_partitions(meta, o.topic))[o.topic])
-        key = str(task).encode()
-        partition = partition_for_key(key, num_partitions)
-        async with Producer(acks=o.acks, metadata=meta, **o.producer) as producer:
-            for first in range(0, count, LOAD_CHUNK):
-                n = min(LOAD_CHUNK, count - first)
-                values = make_values(task, first, n, size)
-                await producer.send_many(o.topic, values, [key] * n, partition=partition)
-                report.records += n
-                report.bytes += n * size
-            await producer.flush()  # raises DeliveryError unless every record was acked
-        report.partitions[partition] = count
-    finally:
-        await meta.close()
+    key = str(task).encode()
+    async with Producer(o.bootstrap, acks=o.acks, **o.producer) as producer:
+        partition = partition_for_key(key, await producer.partitions_for(o.topic))
+        for first in range(0, count, LOAD_CHUNK):
+            n = min(LOAD_CHUNK, count - first)
+            values = make_values(task, first, n, size)
+            await producer.send_many(o.topic, values, [key] * n, partition=partition)
+            report.records += n
+            report.bytes += n * size
+        await producer.flush()  # raises DeliveryError unless every record was acked
+    report.partitions[partition] = count
     report.finished_at = time.time()
     return report
 
@@ -336,7 +331,7 @@ def run_load(
         raise ValueError(f"record size must be at least {HEADER_BYTES} bytes")
     options = {"batchSize": str(LOAD_BATCH_BYTES), **(writer_options or {})}
     o = SourceOptions.parse({**options, "bootstrap": bootstrap, "topic": topic, "acks": acks})
-    run_with_client(o.bootstrap, lambda m: topic_partitions(m, o.topic))  # fail fast
+    run_with_client(o.bootstrap, lambda m: check_topic(m, o.topic))  # fail fast
     sc = spark.sparkContext
     reports = sc.accumulator([], _Reports())
     task = functools.partial(_load_task, o, records, tasks, record_size, reports)

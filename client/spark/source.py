@@ -334,13 +334,18 @@ async def leader_request(
             backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
 
-async def topic_partitions(meta: MetadataClient, topic: str) -> dict[str, tuple]:
-    """The topic's partitions once each has a leader; a missing topic fails at once
-    (rather than after a metadata wait) so a typo in an option is reported quickly."""
+async def check_topic(meta: MetadataClient, topic: str) -> None:
+    """A missing topic fails at once (rather than after a metadata wait), so a typo in
+    an option is reported quickly."""
     meta.add_topics([topic])
     snap = await meta.refresh(force=True)
     if snap.topic_errors.get(topic) == UnknownTopicOrPartitionError.code:
         raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+
+
+async def topic_partitions(meta: MetadataClient, topic: str) -> dict[str, tuple]:
+    """The topic's partitions once each has a leader (``check_topic`` first)."""
+    await check_topic(meta, topic)
     return await meta.wait_for_topics([topic], timeout_ms=TOPIC_WAIT_MS)
 
 
