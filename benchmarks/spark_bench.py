@@ -5,11 +5,12 @@ Starts 1 controller + 3 brokers on loopback, creates RF=3 topics and measures:
 - ``rillet perf produce --acks all`` as N concurrent processes (the baseline), and
 - ``rillet spark load --acks all`` with N Spark tasks (``--master local[4]``),
 
-for N in ``--tasks`` (2 and 4), then prints JSON with each run's records/s and the ratio
-of the two at the same parallelism, which shows what Spark adds (or costs) over plain
-producers. Spark figures are over the produce
-span (first task start to last acknowledgement); ``job_records_per_s`` also counts
-Spark's scheduling and Python worker start.
+for N in ``--tasks`` (2 and 4), then prints JSON with each run's records/s, the ratio
+of the two at the same parallelism, and the CPU seconds per million records of each
+part (perf's clients; Spark's JVM and Python workers; the brokers). The load runs again
+with perf produce's 64 KiB batches (``spark_load_64k_batches``) next to its own 256 KiB.
+Spark figures are over the produce span (first task start to last acknowledgement);
+``job_records_per_s`` also counts Spark's scheduling and Python worker start.
 
     .venv/bin/python benchmarks/spark_bench.py [--records 1000000] [--record-size 100]
 """
@@ -157,7 +158,7 @@ def run_all(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         return sum(_stat(n.pid)[1] for n in cluster.brokers() if n.pid and _stat(n.pid))
 
     runs = [int(t) for t in args.tasks]
-    topics = [f"{kind}{n}" for n in runs for kind in ("perf", "spark", "warmup")]
+    topics = [f"{kind}{n}" for n in runs for kind in ("perf", "spark", "spark64k", "warmup")]
     with SyncAdmin(bootstrap) as admin:
         admin.create_topics([NewTopic(t, args.partitions, 3) for t in topics])
     # local[4]: all 4 tasks run at once even on a 2-core machine (local[*] would run
@@ -199,6 +200,21 @@ def run_all(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
                 "cpu_s_per_million_records": cpu,
             },
             "ratio_to_perf_produce": round(load.records_per_s / perf["records_per_s"], 2),
+        }
+        # The load's producer at perf produce's 64 KiB batches instead of its 256 KiB: each
+        # task writes one partition, so a request carries one batch (perf's carry several).
+        small = run_load(
+            spark,
+            bootstrap,
+            f"spark64k{n}",
+            args.records,
+            n,
+            args.record_size,
+            writer_options={"batchSize": str(64 * 1024)},
+        )
+        result[f"{n}_tasks"]["spark_load_64k_batches"] = {
+            "records_per_s": round(small.records_per_s),
+            "ratio_to_perf_produce": round(small.records_per_s / perf["records_per_s"], 2),
         }
     spark.stop()
     return result
