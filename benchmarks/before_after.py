@@ -15,7 +15,8 @@ venv, so a cluster benchmark measures the older brokers and clients end to end.
 
 Which benchmarks: ``storage`` (storage_bench.py: append, read, recovery), ``cluster``
 (cluster_bench.py: perf produce per record and bulk, perf consume, brokers' CPU) and
-``codec`` (codec_bench.py, when present: per-record build and decode costs).
+``codec`` (codec_bench.py, when present: per-record build and decode costs); with
+``--only spark`` also ``spark`` (spark_bench.py: spark load against perf produce).
 """
 
 from __future__ import annotations
@@ -65,7 +66,25 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ],
     ),
     "codec": ("codec_bench.py", [], []),
+    # Only with --only spark (needs Java and the spark extra in both trees).
+    "spark": (
+        "spark_bench.py",
+        ["--tasks", "2", "4"],
+        [
+            f"{n}_tasks.{metric}"
+            for n in (2, 4)
+            for metric in (
+                "perf_produce.records_per_s",
+                "spark_load.records_per_s",
+                "ratio_to_perf_produce",
+                "spark_load.cpu_s_per_million_records.jvm",
+                "spark_load.cpu_s_per_million_records.python_workers",
+                "spark_load.cpu_s_per_million_records.brokers",
+            )
+        ],
+    ),
 }
+OPT_IN = {"spark"}
 
 
 def sh(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -86,7 +105,7 @@ def base_tree(ref: str, work: Path) -> tuple[str, Path]:
         if not tree.exists():
             sh("git", "worktree", "add", "--detach", tree, commit, cwd=ROOT)
         sh(sys.executable, "-m", "venv", tree / ".venv")
-        sh(python, "-m", "pip", "install", "-q", "-e", f"{tree}[dev]", cwd=tree)
+        sh(python, "-m", "pip", "install", "-q", "-e", f"{tree}[dev,spark]", cwd=tree)
     return commit, python
 
 
@@ -117,7 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     commit, base_python = base_tree(args.base, args.work)
     sides = {"before": base_python, "after": Path(sys.executable)}
-    names = args.only or [n for n in BENCHMARKS if (HERE / BENCHMARKS[n][0]).exists()]
+    names = args.only or [
+        n for n in BENCHMARKS if n not in OPT_IN and (HERE / BENCHMARKS[n][0]).exists()
+    ]
     report: dict[str, Any] = {"base": commit, "rounds": args.rounds, "benchmarks": {}}
     for name in names:
         script, script_args, metrics = BENCHMARKS[name]
