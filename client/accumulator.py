@@ -145,6 +145,10 @@ class TopicQueues:
         self.num_partitions = max(num_partitions, self.num_partitions)
 
 
+def _always_led(topic: str, partition: int) -> int:
+    return 0
+
+
 def _no_wakeup() -> None:
     return None
 
@@ -233,6 +237,9 @@ class RecordAccumulator:
         self._next_linger = math.inf  # no open batch lingers out before this
         self._queued: dict[PartitionQueue, None] = {}  # partitions with sealed batches
         self.wakeup: Callable[[], None] = _no_wakeup
+        # A partition's leader, < 0 for none (the producer's metadata): every partition
+        # counts as led until it is set.
+        self.leader_of: Callable[[str, int], int] = _always_led
         self.on_unknown_topic: Callable[[str, HeldRecord], None] = _unknown_topic
         self.not_full: Any = True
         self.when_full: Callable[[], Any] = bool  # bool() is False
@@ -411,10 +418,18 @@ class RecordAccumulator:
 
     def _stick(self, t: TopicQueues, previous: int) -> int:
         if previous < 0:
-            t.sticky = self._sticky.partition(t.name, t.num_partitions)
+            p = self._sticky.partition(t.name, t.num_partitions)
         else:
-            t.sticky = self._sticky.on_new_batch(t.name, t.num_partitions, previous)
-        return t.sticky
+            p = self._sticky.on_new_batch(t.name, t.num_partitions, previous)
+        leader_of = self.leader_of
+        if leader_of(t.name, p) < 0:
+            # As Kafka's partitioner: unkeyed records go to a partition with a leader
+            # while there is one, rather than wait out the delivery timeout on this one.
+            live = [q for q in range(t.num_partitions) if leader_of(t.name, q) >= 0]
+            if live:
+                p = self._sticky.among(t.name, live)
+        t.sticky = p
+        return p
 
     # --- sealing -------------------------------------------------------------------
 

@@ -273,7 +273,7 @@ class MetadataClient:
         while True:
             try:
                 snap = await self.refresh()
-                known = all(t in snap.topics for t in topics)
+                known = all(snap.topics.get(t) for t in topics)  # with partitions
                 if known and not (leaders and snap.missing_leaders(topics)):
                     return {t: snap.topics[t] for t in topics}
             except RilletError as e:

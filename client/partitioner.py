@@ -61,6 +61,12 @@ class StickyPartitioner:
             self._current[topic] = p
         return p
 
+    def among(self, topic: str, candidates: list[int]) -> int:
+        """Stick to one of ``candidates`` (the partitions that have a leader)."""
+        p = candidates[self._rng.randrange(len(candidates))]
+        self._current[topic] = p
+        return p
+
     def on_new_batch(self, topic: str, num_partitions: int, previous: int) -> int:
         """The batch for ``previous`` was closed: stick to a different partition now."""
         if num_partitions <= 1:

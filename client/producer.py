@@ -162,6 +162,7 @@ class Producer:
         )
         acc.closed = True  # until start()
         acc.on_unknown_topic = self._defer
+        acc.leader_of = lambda topic, partition: self._meta.snapshot.leader_for(topic, partition)
         self._sender = Sender(
             acc,
             self._meta,

@@ -242,6 +242,30 @@ async def test_a_partition_without_a_leader_does_not_hold_up_the_others(
     assert values_of(fake, "t", 2) == [b"b"]
 
 
+async def test_unkeyed_records_skip_partitions_without_a_leader(fake: FakeCluster) -> None:
+    """The sticky choice for unkeyed records is made among the partitions that have a
+    leader (as Kafka's partitioner does), so they are not left to expire on one that has
+    none while the rest of the topic is writable."""
+    fake.topics["t"][2].leader = -1
+    async with Producer(
+        fake.bootstrap, batch_size=1024, delivery_timeout_ms=60_000, retry_backoff_ms=5
+    ) as p:
+        for _ in range(3000):
+            await p.produce("t", b"v" * 50)
+        await asyncio.wait_for(p.flush(), 30)
+    assert values_of(fake, "t", 2) == []
+    assert sum(len(values_of(fake, "t", i)) for i in range(6)) == 3000
+
+
+async def test_a_topic_with_no_partitions_is_not_taken_as_known(fake: FakeCluster) -> None:
+    fake.create("empty", 0)
+    async with Producer(fake.bootstrap, max_block_ms=200) as p:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await p.send("empty", b"v")
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await p.partitions_for("empty")
+
+
 async def test_closed_producer_refuses_records(fake: FakeCluster) -> None:
     p = Producer(fake.bootstrap)
     await p.start()
