@@ -1145,7 +1145,10 @@ static PyObject *decode_records(PyObject *module, PyObject *const *args, Py_ssiz
                     /* Without headers every item is atomic (str, int, bytes, None): the
                      * record can be in no cycle. The collector untracks only exact tuples
                      * by itself; a tracked record a consumer still holds would be walked
-                     * by every full collection, and push the next one closer. */
+                     * by every full collection, and push the next one closer. (Its
+                     * reference to its class goes unseen too: a class that kept one of
+                     * its own records would never be collected. The record types are
+                     * module-level classes, alive for the process anyway.) */
                     if (!rec.nh && atomic_args)
                         PyObject_GC_UnTrack(t);
                     PyList_SET_ITEM(out, kept++, t);
@@ -1421,9 +1424,9 @@ static void put_hex(unsigned char *p, uint64_t v, int digits) {
 }
 
 PyDoc_STRVAR(make_values_doc,
-"make_values(task, first_seq, count, size) -> list[bytes]\n"
+"make_values(task, first_seq, count, size)\n"
 "--\n\n"
-"make_value(task, seq, size) for seq in first_seq .. first_seq + count - 1.");
+"[make_value(task, seq, size) for seq in first_seq .. first_seq + count - 1], as bytes.");
 
 static PyObject *make_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -1491,7 +1494,7 @@ static PyObject *make_values(PyObject *module, PyObject *const *args, Py_ssize_t
 
 /* --- the module --------------------------------------------------------------------- */
 
-PyDoc_STRVAR(crc32c_doc, "crc32c(data) -> int\n--\n\n"
+PyDoc_STRVAR(crc32c_doc, "crc32c(data)\n--\n\n"
 "CRC-32C of data as build_batch computes it; for tests against the crc32c package.");
 
 static PyObject *crc32c_of(PyObject *module, PyObject *data) {

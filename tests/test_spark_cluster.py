@@ -8,6 +8,8 @@ its own, replicated three ways, written with acks=all.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra: pip install 'rille
 from rillet.client.admin import NewTopic  # noqa: E402
 from rillet.client.cli import main as rillet_main  # noqa: E402
 from rillet.client.partitioner import partition_for_key  # noqa: E402
-from rillet.client.spark.jobs import make_value, run_load, spark_session  # noqa: E402
+from rillet.client.spark.jobs import make_value, spark_session  # noqa: E402
 from rillet.client.sync import SyncAdmin, SyncConsumer, SyncProducer  # noqa: E402
 from rillet.tools.local_cluster import LocalCluster  # noqa: E402
 
@@ -299,12 +301,24 @@ def test_spark_load_then_verify_pass(
     assert "read 5,000 records" in out and out.rstrip().endswith("PASS")
 
 
-def test_a_load_with_a_failed_task_writes_an_aborted_manifest_of_the_tasks_that_finished(
-    spark: Any, cluster: LocalCluster, tmp_path: Path
+# A load in its own driver process: local[3,2] lets Spark start a failed task again.
+RETRYING_LOAD = """
+import sys
+from rillet.client.spark.jobs import run_load, spark_session
+spark = spark_session("local[3,2]", app_name="rillet-retried-load")
+run_load(spark, sys.argv[1], "half", 3000, 3, 40, manifest=sys.argv[2],
+         writer_options={"deliveryTimeoutMs": "3000", "requestTimeoutMs": "1000"})
+"""
+
+
+def test_a_load_task_started_again_refuses_and_the_manifest_names_the_finished_ones(
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """A load task's report reaches the driver only once all its records were
-    acknowledged, and the reports of the tasks that finished survive the job's failure:
-    the manifest then says exactly which tasks' records verify must find."""
+    acknowledged, and the reports of the tasks that finished survive the job's failure.
+    A task Spark starts again (here a retry of a task whose partition has no leader)
+    refuses instead of sending its records twice: the manifest then says exactly which
+    tasks' records verify must find."""
     tasks, partitions = 3, 3
     create_topic(cluster.bootstrap, "half", partitions, replication_factor=1)
     with SyncAdmin(cluster.bootstrap) as admin:
@@ -319,20 +333,17 @@ def test_a_load_with_a_failed_task_writes_an_aborted_manifest_of_the_tasks_that_
     manifest = tmp_path / "manifest.json"
     cluster.stop_node(down)
     try:
-        with pytest.raises(Exception, match="(?s)DeliveryError|timed out|Timeout"):
-            run_load(
-                spark,
-                cluster.bootstrap,
-                "half",
-                3000,
-                tasks,
-                40,
-                manifest=str(manifest),
-                writer_options={"deliveryTimeoutMs": "3000", "requestTimeoutMs": "1000"},
-            )
+        run = subprocess.run(
+            [sys.executable, "-c", RETRYING_LOAD, cluster.bootstrap, str(manifest)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         cluster.start_node(down)
         cluster.wait_ready()
+    assert run.returncode != 0
+    assert "was started again (attempt 1)" in run.stderr, run.stderr[-3000:]
     result = json.loads(manifest.read_text())
     assert result["status"] == "aborted"
     assert sorted(t["task"] for t in result["per_task"]) == alive

@@ -188,6 +188,7 @@ def test_make_values_refuses_what_the_format_cannot_hold(
         (2**32, 0, 1, 40, OverflowError),
         (-1, 0, 1, 40, OverflowError),
         (0, 2**64 - 1, 2, 40, OverflowError),
+        (0, 2**64, 0, 40, OverflowError),
         (0, 0, 1, 19, ValueError),
         (0, 0, -1, 40, ValueError),
     ]:

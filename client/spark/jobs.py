@@ -32,10 +32,11 @@ producer's ``flush()`` saw every send acknowledged, and the load job writes thos
 reports to a manifest (``--manifest``). If the job committed, all N records were
 acknowledged. If it aborted, only the tasks with a report were; records of the
 other tasks may or may not be present, and their absence is reported but is not a
-violation. Without a manifest the verifier assumes the load job succeeded. Spark
-retries of a failed write task re-send its records and show up as duplicates, which is
-the truth about such a run (the load job sets ``spark.task.maxFailures=1`` so this only
-happens where a cluster's own settings override it).
+violation. Without a manifest the verifier assumes the load job succeeded. A task Spark
+starts a second time (a retry, a lost executor, a speculative copy) refuses to run, so
+the load never sends a record twice of its own accord: the job fails and its manifest
+names the tasks that finished (the session also sets ``spark.task.maxFailures=1`` and
+turns speculation off).
 
 The load's shape (records, tasks) decides which ``(task, seq)`` were sent, so the
 verifier must know it, not guess it: a wrong task count turns every record of the
@@ -71,7 +72,7 @@ from rillet.client.spark.source import (
     check_topic,
     register,
     run_with_client,
-    task_id,
+    task_attempt,
 )
 from rillet.client.spark.tracker import task_records
 
@@ -120,7 +121,7 @@ def make_values(task: int, first_seq: int, count: int, size: int) -> list[bytes]
     codec was built (the load task's hot loop), else in Python."""
     if _native_make_values is not None:
         return _native_make_values(task, first_seq, count, size)
-    if not 0 <= task < 2**32 or first_seq < 0 or first_seq + count > 2**64:
+    if not 0 <= task < 2**32 or not 0 <= first_seq < 2**64 or first_seq + count > 2**64:
         raise OverflowError("task must fit 32 bits and seqs 64")
     if count < 0 or size < HEADER_BYTES:
         raise ValueError(f"need count >= 0 and size >= {HEADER_BYTES}")
@@ -158,6 +159,7 @@ def spark_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "8",  # the verifier's groupings are small
         "spark.task.maxFailures": "1",  # a retried write task would duplicate records
+        "spark.speculation": "false",  # ... and so would a speculative copy
     }
     if not os.environ.get("SPARK_CONF_DIR"):  # the user's own log4j2.properties wins
         defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log4j2()}"
@@ -211,7 +213,8 @@ def _task_count(records: int, tasks: int) -> Column:
     return F.lit(records // tasks) + F.when(F.col("task") < records % tasks, 1).otherwise(0)
 
 
-LOAD_CHUNK = 10_000  # records per send_many call of a load task
+LOAD_CHUNK = 10_000  # records per send_many call of a load task, at most
+LOAD_CHUNK_BYTES = 8 << 20  # ... and at most this many bytes of values, whatever the size
 # A load task writes one partition, so each produce request carries one batch of it; at
 # the producer's 64 KiB the brokers' cost per request held a task near 400k records/s,
 # at 256 KiB it sends 580k (benchmarks/spark_bench.py). ``writer_options`` may override.
@@ -227,8 +230,9 @@ async def produce_load(o: SourceOptions, task: int, count: int, size: int) -> Wr
     key = str(task).encode()
     async with Producer(o.bootstrap, acks=o.acks, **o.producer) as producer:
         partition = partition_for_key(key, await producer.partitions_for(o.topic))
-        for first in range(0, count, LOAD_CHUNK):
-            n = min(LOAD_CHUNK, count - first)
+        chunk = max(1, min(LOAD_CHUNK, LOAD_CHUNK_BYTES // size))
+        for first in range(0, count, chunk):
+            n = min(chunk, count - first)
             values = make_values(task, first, n, size)
             await producer.send_many(o.topic, values, [key] * n, partition=partition)
             report.records += n
@@ -252,9 +256,20 @@ class _Reports(AccumulatorParam):
 
 
 def _load_task(
-    o: SourceOptions, records: int, tasks: int, size: int, reports: Any, _rows: Any
+    o: SourceOptions, records: int, tasks: int, size: int, reports: Any, rows: Any
 ) -> None:
-    task = task_id()
+    """One Spark task of the load: its row is its task index. A task Spark runs again
+    (a failed attempt retried, a lost executor, speculation) would send its records a
+    second time, and verify would report the load's own duplicates as the log's; so a
+    second attempt refuses, failing the job, whose manifest then names the tasks that
+    finished."""
+    (task,) = list(rows)  # read, so Spark can reuse the Python worker
+    attempt = task_attempt()
+    if attempt > 0:
+        raise RuntimeError(
+            f"load task {task} was started again (attempt {attempt}); it refuses, since "
+            f"sending its records twice would show as duplicates"
+        )
     report = asyncio.run(produce_load(o, task, task_records(records, tasks, task), size))
     reports.add([asdict(report)])
 
@@ -342,20 +357,24 @@ def run_load(
     except Exception as e:  # Spark wraps the task's error; report it after the manifest
         error = e
     elapsed = time.time() - started
-    report = {"status": "aborted" if error else "committed", "tasks": reports.value}
-    if error is not None:
+    done = sorted(m["task"] for m in reports.value)
+    committed = error is None and done == list(range(tasks))
+    report = {"status": "committed" if committed else "aborted", "tasks": reports.value}
+    if not committed:
         log.error(
             "rillet spark load to %s aborted: %d of %d tasks had every record acknowledged",
             topic,
-            len(report["tasks"]),
+            len(done),
             tasks,
         )
     result = _load_result(topic, records, tasks, record_size, acks, elapsed, report)
     if manifest:
         Path(manifest).write_text(json.dumps(result.to_json(), indent=2))
-    write_topic_manifest(bootstrap, topic, result.to_json(), failed=error is not None)
+    write_topic_manifest(bootstrap, topic, result.to_json(), failed=not committed)
     if error is not None:
         raise error
+    if not committed:
+        raise RuntimeError(f"load tasks {sorted(set(range(tasks)) - set(done))} did not report")
     return result
 
 
@@ -369,8 +388,11 @@ def write_topic_manifest(
     from rillet.client.sync import SyncProducer
 
     value = json.dumps(manifest, separators=(",", ":")).encode()
+    # Best effort after a failure: a few seconds, not the producer's two minutes, when
+    # the manifest's partition has no leader (the failure may be that very outage).
+    limits = {"max_block_ms": 10_000, "delivery_timeout_ms": 10_000} if failed else {}
     try:
-        with SyncProducer(bootstrap=bootstrap, acks="all") as producer:
+        with SyncProducer(bootstrap=bootstrap, acks="all", **limits) as producer:
             producer.send(topic, value, key=MANIFEST_KEY, headers=[(MANIFEST_HEADER, b"1")])
     except Exception as e:
         if failed:

@@ -707,6 +707,14 @@ class RilletStreamWriter(DataSourceStreamArrowWriter):
             write_report(str(path), "aborted", messages, batch=batchId)
 
 
+def task_attempt() -> int:
+    """This Spark task's attempt number (0 the first time; 0 outside a task)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.attemptNumber() if ctx is not None else 0
+
+
 def task_id() -> int:
     """This Spark task's partition id (-1 outside a task)."""
     try:
