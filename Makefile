@@ -34,7 +34,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 test: install lint
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=20 $(PYTEST_ARGS)
 
 # The web console in a real headless Chromium (Debian's `chromium`; the tests skip and
 # print the install command without it). Kept out of `make test` for its time budget;
