@@ -1424,7 +1424,7 @@ static void put_hex(unsigned char *p, uint64_t v, int digits) {
 }
 
 PyDoc_STRVAR(make_values_doc,
-"make_values(task, first_seq, count, size)\n"
+"make_values(task, first_seq, count, size, /)\n"
 "--\n\n"
 "[make_value(task, seq, size) for seq in first_seq .. first_seq + count - 1], as bytes.");
 
@@ -1494,7 +1494,7 @@ static PyObject *make_values(PyObject *module, PyObject *const *args, Py_ssize_t
 
 /* --- the module --------------------------------------------------------------------- */
 
-PyDoc_STRVAR(crc32c_doc, "crc32c(data)\n--\n\n"
+PyDoc_STRVAR(crc32c_doc, "crc32c(data, /)\n--\n\n"
 "CRC-32C of data as build_batch computes it; for tests against the crc32c package.");
 
 static PyObject *crc32c_of(PyObject *module, PyObject *data) {

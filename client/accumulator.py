@@ -427,7 +427,7 @@ class RecordAccumulator:
             # while there is one, rather than wait out the delivery timeout on this one.
             live = [q for q in range(t.num_partitions) if leader_of(t.name, q) >= 0]
             if live:
-                p = self._sticky.among(t.name, live)
+                p = self._sticky.among(t.name, live, previous)
         t.sticky = p
         return p
 

@@ -147,8 +147,8 @@ class ClusterMetadata:
     def missing_leaders(self, topics: Iterable[str]) -> bool:
         for t in topics:
             parts = self.topics.get(t)
-            if parts is None or any(p.leader not in self.brokers for p in parts):
-                return True
+            if not parts or any(p.leader not in self.brokers for p in parts):
+                return True  # no partitions yet counts too: the refresh backs off
         return False
 
 
@@ -289,6 +289,8 @@ class MetadataClient:
                 raise error_for(snap.topic_errors[t], f"topic {t!r}: cannot get metadata")
             if t not in snap.topics:
                 raise UnknownTopicOrPartitionError(f"topic {t!r} does not exist")
+            if not snap.topics[t]:
+                raise UnknownTopicOrPartitionError(f"topic {t!r} has no partitions")
         if last is not None:
             raise last
         raise UnknownTopicOrPartitionError(f"no leader for some partition of {topics}")

@@ -61,8 +61,11 @@ class StickyPartitioner:
             self._current[topic] = p
         return p
 
-    def among(self, topic: str, candidates: list[int]) -> int:
-        """Stick to one of ``candidates`` (the partitions that have a leader)."""
+    def among(self, topic: str, candidates: list[int], previous: int = -1) -> int:
+        """Stick to one of ``candidates`` (the partitions that have a leader), other than
+        ``previous`` (the partition whose batch just closed) while there is another."""
+        if previous in candidates and len(candidates) > 1:
+            candidates = [c for c in candidates if c != previous]
         p = candidates[self._rng.randrange(len(candidates))]
         self._current[topic] = p
         return p

@@ -132,6 +132,27 @@ def test_unkeyed_records_stick_to_one_partition_until_its_batch_seals() -> None:
     assert len(second) == 1
 
 
+def test_unkeyed_records_move_on_to_partitions_that_have_a_leader() -> None:
+    """Each new sticky choice is among the partitions with a leader, never the one whose
+    batch just closed while another is left; with no leader anywhere, any partition."""
+    size = 20 + RECORD_OVERHEAD_BYTES
+    acc = make(Clock(), batch_size=2 * size)
+    led = {0: 1, 1: -1, 2: -1, 3: 2}  # partitions 1 and 2 have no leader
+    acc.leader_of = lambda topic, p: led[p]
+    t = acc.topics["t"]
+
+    def partition_of(i: int) -> int:
+        return acc.append_record(t, b"%020d" % i, None, None, None, None)[0].partition
+
+    chosen = [partition_of(i) for i in range(40)]
+    assert set(chosen) <= {0, 3} and len(set(chosen)) == 2
+    runs = [p for i, p in enumerate(chosen) if i == 0 or chosen[i - 1] != p]
+    assert all(a != b for a, b in zip(runs, runs[1:], strict=False))  # it switches
+    led.update({0: -1, 3: -1})  # now none has a leader: the plain sticky choice
+    more = {partition_of(i) for i in range(40)}
+    assert len(more) > 1
+
+
 def test_drain_groups_batches_by_leader_one_per_partition() -> None:
     acc = make(Clock())
     for p in range(4):

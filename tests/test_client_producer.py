@@ -248,7 +248,7 @@ async def test_unkeyed_records_skip_partitions_without_a_leader(fake: FakeCluste
     none while the rest of the topic is writable."""
     fake.topics["t"][2].leader = -1
     async with Producer(
-        fake.bootstrap, batch_size=1024, delivery_timeout_ms=60_000, retry_backoff_ms=5
+        fake.bootstrap, batch_size=1024, delivery_timeout_ms=5_000, retry_backoff_ms=5
     ) as p:
         for _ in range(3000):
             await p.produce("t", b"v" * 50)

@@ -307,7 +307,7 @@ import sys
 from rillet.client.spark.jobs import run_load, spark_session
 spark = spark_session("local[3,2]", app_name="rillet-retried-load")
 run_load(spark, sys.argv[1], "half", 3000, 3, 40, manifest=sys.argv[2],
-         writer_options={"deliveryTimeoutMs": "3000", "requestTimeoutMs": "1000"})
+         writer_options={"deliveryTimeoutMs": "8000", "requestTimeoutMs": "1000"})
 """
 
 

@@ -263,7 +263,7 @@ def _load_task(
     second time, and verify would report the load's own duplicates as the log's; so a
     second attempt refuses, failing the job, whose manifest then names the tasks that
     finished."""
-    (task,) = list(rows)  # read, so Spark can reuse the Python worker
+    (task,) = list(rows)  # parallelize(range(tasks), tasks): partition t holds t
     attempt = task_attempt()
     if attempt > 0:
         raise RuntimeError(
@@ -388,8 +388,9 @@ def write_topic_manifest(
     from rillet.client.sync import SyncProducer
 
     value = json.dumps(manifest, separators=(",", ":")).encode()
-    # Best effort after a failure: a few seconds, not the producer's two minutes, when
-    # the manifest's partition has no leader (the failure may be that very outage).
+    # Best effort after a failure: seconds (10 s for metadata, 10 s for delivery), not
+    # the producer's minutes, when the manifest's partition has no leader (the failure
+    # may be that very outage).
     limits = {"max_block_ms": 10_000, "delivery_timeout_ms": 10_000} if failed else {}
     try:
         with SyncProducer(bootstrap=bootstrap, acks="all", **limits) as producer:
