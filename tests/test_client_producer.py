@@ -257,13 +257,27 @@ async def test_unkeyed_records_skip_partitions_without_a_leader(fake: FakeCluste
     assert sum(len(values_of(fake, "t", i)) for i in range(6)) == 3000
 
 
-async def test_a_topic_with_no_partitions_is_not_taken_as_known(fake: FakeCluster) -> None:
-    fake.create("empty", 0)
-    async with Producer(fake.bootstrap, max_block_ms=200) as p:
-        with pytest.raises(UnknownTopicOrPartitionError):
-            await p.send("empty", b"v")
-        with pytest.raises(UnknownTopicOrPartitionError):
-            await p.partitions_for("empty")
+async def test_a_topic_with_no_partitions_is_not_taken_as_known() -> None:
+    """Not known, and waited for with the metadata backoff, not in a tight loop."""
+
+    class Counting(FakeCluster):
+        metadata_requests = 0
+
+        def _metadata(self, node: int, request: Any) -> Any:
+            Counting.metadata_requests += 1
+            return super()._metadata(node, request)
+
+    fake = await Counting(1).start()
+    try:
+        fake.create("empty", 0)
+        async with Producer(fake.bootstrap, max_block_ms=1000) as p:
+            with pytest.raises(UnknownTopicOrPartitionError, match="no partitions"):
+                await p.send("empty", b"v")
+            with pytest.raises(UnknownTopicOrPartitionError):
+                await p.partitions_for("empty")
+    finally:
+        await fake.stop()
+    assert Counting.metadata_requests < 100  # about 2 s of 100 ms backoffs; unbounded before
 
 
 async def test_closed_producer_refuses_records(fake: FakeCluster) -> None:
