@@ -19,15 +19,20 @@ from rillet.controller.raft.transport import (
 from rillet.tools.local_cluster import free_port
 
 
-async def test_a_voter_with_nothing_listening_is_reported() -> None:
-    reported: list[int] = []
-    port = free_port()  # closed again: connecting there is refused
-    transport = RaftTransport(
+def reporting_transport(port: int, reported: list[int]) -> RaftTransport:
+    """Node 1's transport to voter 2 at ``port``, appending each unreachable report."""
+    return RaftTransport(
         1,
         {2: ("127.0.0.1", port)},
         lambda msg: None,
         on_unreachable=lambda node, since_ms: reported.append(node),
     )
+
+
+async def test_a_voter_with_nothing_listening_is_reported() -> None:
+    reported: list[int] = []
+    port = free_port()  # closed again: connecting there is refused
+    transport = reporting_transport(port, reported)
     transport.start()
     try:
         await wait_until_async(lambda: len(reported) >= 2, timeout=10)  # while it stays down
@@ -45,12 +50,7 @@ async def test_a_peer_closing_an_idle_connection_is_noticed_and_reported() -> No
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    transport = RaftTransport(
-        1,
-        {2: ("127.0.0.1", port)},
-        lambda msg: None,
-        on_unreachable=lambda node, since_ms: reported.append(node),
-    )
+    transport = reporting_transport(port, reported)
     transport.start()
     try:
         await wait_until_async(lambda: bool(accepted), timeout=10)
@@ -72,12 +72,7 @@ async def test_a_connection_that_worked_resets_the_backoff_and_a_flapping_one_do
     # that accepts and closes at once keeps the backoff growing instead.
     reported: list[int] = []
     port = free_port()
-    transport = RaftTransport(
-        1,
-        {2: ("127.0.0.1", port)},
-        lambda msg: None,
-        on_unreachable=lambda node, since_ms: reported.append(node),
-    )
+    transport = reporting_transport(port, reported)
     peer = transport.peers[2]
     transport.start()
     accepted: list[asyncio.StreamWriter] = []
