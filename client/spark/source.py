@@ -642,7 +642,7 @@ class RilletWriter(DataSourceArrowWriter):
         self.columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        return asyncio.run(produce_batches(self.options, iterator, task_id()))
+        return asyncio.run(produce_batches(self.options, iterator, _task_id()))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         write_report(self.options.report_path, "committed", messages)
@@ -684,7 +684,7 @@ class RilletStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        return asyncio.run(produce_batches(self.options, iterator, task_id()))
+        return asyncio.run(produce_batches(self.options, iterator, _task_id()))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         if self.options.report_path:
@@ -715,7 +715,7 @@ def task_attempt() -> int:
     return ctx.attemptNumber() if ctx is not None else 0
 
 
-def task_id() -> int:
+def _task_id() -> int:
     """This Spark task's partition id (-1 outside a task)."""
     try:
         from pyspark import TaskContext
