@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from cluster_bench import brokers_cpu_seconds
+
 from rillet.client.admin import NewTopic
 from rillet.client.spark.jobs import run_load, spark_session
 from rillet.client.sync import SyncAdmin
@@ -154,9 +156,6 @@ def main() -> None:
 def run_all(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = cluster.bootstrap
 
-    def cluster_cpu() -> float:
-        return sum(_stat(n.pid)[1] for n in cluster.brokers() if n.pid and _stat(n.pid))
-
     runs = [int(t) for t in args.tasks]
     topics = [f"{kind}{n}" for n in runs for kind in ("perf", "spark", "spark64k", "warmup")]
     with SyncAdmin(bootstrap) as admin:
@@ -178,19 +177,19 @@ def run_all(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         # code, Python workers started), so the runs compare steady states: a first run
         # spent 1.6 times the JVM CPU of the next one.
         run_load(spark, bootstrap, f"warmup{n}", args.records // 5, n, args.record_size)
-        brokers_cpu = cluster_cpu()
+        brokers_cpu = brokers_cpu_seconds(cluster)
         perf = perf_produce(bootstrap, f"perf{n}", args.records, args.record_size, n)
         perf["brokers_cpu_s_per_million_records"] = round(
-            (cluster_cpu() - brokers_cpu) * 1e6 / args.records, 2
+            (brokers_cpu_seconds(cluster) - brokers_cpu) * 1e6 / args.records, 2
         )
-        spark_cpu, brokers_cpu = spark_cpu_seconds(), cluster_cpu()
+        spark_cpu, brokers_cpu = spark_cpu_seconds(), brokers_cpu_seconds(cluster)
         load = run_load(spark, bootstrap, f"spark{n}", args.records, n, args.record_size)
         spark_cpu_after = spark_cpu_seconds()
         # Where the load's CPU went, in seconds per million records (the Spark job's whole
         # span, scheduling included; the Python workers include the rillet producer).
         per_m = 1e6 / args.records
         cpu = {k: round((spark_cpu_after[k] - v) * per_m, 2) for k, v in spark_cpu.items()}
-        cpu["brokers"] = round((cluster_cpu() - brokers_cpu) * per_m, 2)
+        cpu["brokers"] = round((brokers_cpu_seconds(cluster) - brokers_cpu) * per_m, 2)
         result[f"{n}_tasks"] = {
             "perf_produce": perf,
             "spark_load": {
