@@ -31,6 +31,7 @@ import array
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -428,9 +429,13 @@ async def end_to_end(
         )
         unpack = STAMP.unpack_from
         idle_deadline = time.monotonic() + 30
+        # (how many latencies came before, arrival time) per getmany: the tail second by
+        # second, for a transient (a start, a stall) hides in a run's one p99.
+        arrivals: list[tuple[int, float]] = []
         while len(latencies) < total and time.monotonic() < idle_deadline:
             batch = await consumer.getmany(timeout_ms=100)
             now = time.time()
+            arrivals.append((len(latencies), now))
             for recs in batch.values():
                 latencies.extend([now - unpack(r.value)[0] for r in recs])
                 idle_deadline = time.monotonic() + 30
@@ -459,6 +464,7 @@ async def end_to_end(
         "records_received": len(latencies),
         "records_sent": total,
         "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "p999": pct(0.999), "max": pct(1.0)},
+        "p99_ms_by_second": p99_by_second(latencies, arrivals),
         "producer": json.loads(out.decode().splitlines()[-1]),
         "consumer_gc": consumer_gc,
         # CPU seconds over the run (the producer's are in "producer"); the machine has
@@ -474,6 +480,24 @@ async def end_to_end(
             "after": {n: m.get("loop_lag_max_ms") for n, m in metrics_after.items()},
         },
     }
+
+
+def p99_by_second(latencies: array.array, arrivals: list[tuple[int, float]]) -> list[float | None]:
+    """The p99 of the records consumed in each second of the run (by arrival; None for a
+    second in which none arrived)."""
+    if not arrivals:
+        return []
+    t0 = arrivals[0][1]
+    cuts: list[int] = []  # where each second's latencies start
+    for first, at in arrivals:
+        while len(cuts) <= int(at - t0):
+            cuts.append(first)
+    cuts.append(len(latencies))
+    out: list[float | None] = []
+    for start, end in itertools.pairwise(cuts):
+        window = sorted(latencies[start:end])
+        out.append(round(window[int(0.99 * len(window))] * 1000, 1) if window else None)
+    return out
 
 
 async def brokers_metrics(cluster: LocalCluster) -> dict[int, dict[str, float]]:

@@ -739,11 +739,17 @@ class ReplicaManager:
             result = self._reader.read_all(params, wanted, False)
 
     def unwatch(self, sessions: Iterable[FetchSession]) -> None:
-        """Take closed sessions' watches off the replicas they read."""
+        """Take closed sessions' watches off the replicas they read, and end a closed
+        session's parked fetch now: nothing will mark it any more, and answers on a
+        connection go out in order, so the follower's next fetch (which closed it, after
+        abandoning it: broker/replication/fetcher.py) would wait out its long poll."""
         for session in sessions:
             watch = session.watch
             if not isinstance(watch, FetchWatch):
                 continue
+            waiter = watch.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
             for topic, partition in session.partitions:
                 replica = self.replicas.get(TopicPartition(topic, partition))
                 if replica is not None:

@@ -6,6 +6,10 @@ partitions that broker 2 follows through its real fetcher over a real socket.
   partition failed: logged at ERROR with the traceback, no longer fetched, counted; the
   other partition keeps replicating.
 - An unexpected error in the fetch loop itself restarts the loop; replication resumes.
+- A partition that becomes fetchable while the fetcher's long poll is parked at the
+  leader (added by new metadata, or released from a back-off) is fetched at once, not
+  when the poll ends: a new topic's first acks=all produce waited out
+  replica.fetch.wait.max.ms (and a second on the full back-off before that).
 """
 
 from __future__ import annotations
@@ -106,9 +110,15 @@ class Pair:
 
 @contextlib.asynccontextmanager
 async def start_pair(
-    tmp_path: Path, shared: SharedMetadata, *, partitions: int, backoff_ms: int
+    tmp_path: Path,
+    shared: SharedMetadata,
+    *,
+    partitions: int,
+    backoff_ms: int,
+    max_wait_ms: int = 50,
 ) -> AsyncIterator[Pair]:
-    """Broker 1 leads ``partitions`` partitions of TOPIC that broker 2 follows."""
+    """Broker 1 leads ``partitions`` partitions of TOPIC that broker 2 follows, with
+    ``max_wait_ms`` as replica.fetch.wait.max.ms."""
     servers = []
     try:
         for node_id in (1, 2):
@@ -116,7 +126,7 @@ async def start_pair(
                 tmp_path / f"logs-{node_id}",
                 f"node.id={node_id}",
                 f"replica.fetch.backoff.ms={backoff_ms}",
-                "replica.fetch.wait.max.ms=50",
+                f"replica.fetch.wait.max.ms={max_wait_ms}",
             )
             server = BrokerServer(config, link=Link(shared, node_id))  # type: ignore[arg-type]
             await server.start()
@@ -287,3 +297,74 @@ async def test_partitions_a_response_refuses_are_logged_in_one_line(
         lines = [r.getMessage() for r in caplog.records if "UNKNOWN_LEADER_EPOCH" in r.getMessage()]
         assert all("UNKNOWN_LEADER_EPOCH for 30 (" in line for line in lines), lines[:3]
         assert pair.follower_leo(0) == 0
+
+
+MORE = "more"  # a topic created while the follower's long poll is parked
+
+
+def leo(server: BrokerServer, topic: str, partition: int) -> int:
+    assert server.replicas is not None
+    replica = server.replicas.replicas.get(TopicPartition(topic, partition))
+    return replica.log.log_end_offset if replica is not None else -1
+
+
+def follower_parked(pair: Pair) -> bool:
+    """The follower's fetch session at the leader has a fetch waiting in its long poll."""
+    sessions = pair.leader.fetch_sessions
+    session = sessions.get(sessions._by_replica.get(2, 0))
+    watch = getattr(session, "watch", None)
+    waiter = getattr(watch, "waiter", None)
+    return waiter is not None and not waiter.done()
+
+
+def new_topic_delta(shared: SharedMetadata) -> MetadataDelta:
+    """MORE, one partition led by broker 1 and followed by broker 2: applied to the
+    shared image, not yet handed to either broker."""
+    topic_id = uuid.uuid4().hex
+    delta = MetadataDelta(shared.image)
+    for rec in (Topic(MORE, topic_id), Partition(topic_id, 0, (1, 2), (1, 2), 1, 0, 0)):
+        shared.offset += 1
+        delta.replay(rec, shared.offset, 1)
+    shared.image = delta.apply()
+    return delta
+
+
+@pytest.mark.parametrize("first", ["leader", "follower"])
+async def test_a_partition_added_during_a_long_poll_is_fetched_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, first: str
+) -> None:
+    """The long poll and the back-off are 10 minutes here, so only fetching the new
+    partition at once replicates it within the wait. ``first``: which broker applies
+    the new topic first. The follower first: its fetch of the new partition is refused
+    (UNKNOWN_TOPIC_OR_PARTITION: the leader has not applied it yet) and retried soon,
+    as a leader catching up on metadata is; the leader first: nothing tells the
+    follower's parked poll, so the follower must stop waiting for it."""
+    caplog.set_level(logging.INFO, logger="rillet.broker.replication.fetcher")
+    shared = SharedMetadata()
+    async with start_pair(
+        tmp_path, shared, partitions=1, backoff_ms=600_000, max_wait_ms=600_000
+    ) as pair:
+        assert (await produce(pair.conn, TOPIC, 0, batch(b"a")))[1] == 0
+        await wait_until_async(lambda: pair.follower_leo(0) == 1)
+        await wait_until_async(lambda: follower_parked(pair))
+
+        delta = new_topic_delta(shared)
+        to_leader, to_follower = shared.listeners
+        if first == "leader":
+            await to_leader(delta, shared.image)
+            await to_follower(delta, shared.image)
+        else:
+            await to_follower(delta, shared.image)
+            await wait_until_async(
+                lambda: any(
+                    "UNKNOWN_TOPIC_OR_PARTITION" in r.getMessage() and MORE in r.getMessage()
+                    for r in caplog.records
+                )
+            )
+            await to_leader(delta, shared.image)
+
+        assert (await produce(pair.conn, MORE, 0, batch(b"b")))[1] == 0
+        await wait_until_async(lambda: leo(pair.follower, MORE, 0) == 1)
+        # and the partition that was parked replicates on as before
+        assert (await produce(pair.conn, TOPIC, 0, batch(b"c")))[1] == 0
+        await wait_until_async(lambda: pair.follower_leo(0) == 2)

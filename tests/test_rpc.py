@@ -17,7 +17,12 @@ from rpc_echo_server import make_handlers
 from rillet.client.runtime import rpc_server
 from rillet.client.runtime.rpc_server import FileRange, Request, Response, RpcServer
 from rillet.client.wire import errors, messages, schemas
-from rillet.client.wire.connection import Connection, connect_any, parse_address
+from rillet.client.wire.connection import (
+    Connection,
+    RequestAbandoned,
+    connect_any,
+    parse_address,
+)
 from rillet.client.wire.errors import (
     InvalidRequestError,
     NetworkError,
@@ -334,6 +339,23 @@ async def test_request_timeout(conn: Connection) -> None:
         await conn.request("ListOffsets", list_offsets(300), timeout_ms=20)
     # Answered after the late ListOffsets answer (order), which must not confuse the client.
     assert (await conn.api_versions())[18] == (0, 0)
+
+
+async def test_abandoned_requests_fail_at_once_and_the_connection_goes_on(
+    conn: Connection,
+) -> None:
+    """``abandon`` (a follower's fetcher leaving a long poll): the callers get
+    RequestAbandoned without waiting, the late answer is dropped, and the next request
+    on the same connection is answered (after it, in order: this server's handler holds
+    it 300 ms, where a broker ends the parked fetch of a session its next fetch closes)."""
+    slow = asyncio.ensure_future(conn.request("ListOffsets", list_offsets(300)))
+    await wait_until_async(lambda: conn.in_flight == 1)
+    conn.abandon()
+    with pytest.raises(RequestAbandoned):
+        await slow
+    assert conn.in_flight == 0 and not conn.closed
+    header, _ = await conn.request("ListOffsets", list_offsets(0))
+    assert header["topics"][0][1][0][2] == 0
 
 
 async def test_connection_limit_refuses_extra_connections(data_file: Path) -> None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -65,7 +66,7 @@ from rillet.client.fetch_session import SESSION_ERRORS, FetchSessionBuilder
 from rillet.client.runtime.tasks import on_death_log
 from rillet.client.wire import errors, records
 from rillet.client.wire import messages as m
-from rillet.client.wire.connection import Connection
+from rillet.client.wire.connection import Connection, RequestAbandoned
 from rillet.client.wire.errors import RilletError
 from rillet.controller.metadata.image import NO_LEADER, TopicPartition
 from rillet.controller.metadata.remote_log import remote_log_view
@@ -79,11 +80,14 @@ RECONNECT_BACKOFF_MAX_S = 1.0
 # answers UNKNOWN_LEADER_EPOCH or NOT_LEADER_OR_FOLLOWER. That resolves within a metadata
 # fetch; the full replica.fetch.backoff.ms (1 s) there held the high watermark, and so
 # every acks=all produce, for a second after each failover.
+# UNKNOWN_TOPIC_OR_PARTITION is the same race for a new topic: the follower learned of
+# it first.
 LEADER_CATCH_UP_BACKOFF_S = 0.05
 LEADER_CATCHING_UP = frozenset(
     {
         errors.code_of("UNKNOWN_LEADER_EPOCH"),
         errors.code_of("NOT_LEADER_OR_FOLLOWER"),
+        errors.code_of("UNKNOWN_TOPIC_OR_PARTITION"),
     }
 )
 REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
@@ -229,6 +233,8 @@ class SourceFetcher:
         self._local_start_wanted: dict[TopicPartition, tuple[Replica, ListLeaderLocalStart]] = {}
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
+        # The connection while a Fetch is out on it: ``_interrupt`` abandons that fetch.
+        self._in_flight: Connection | None = None
         # The incremental fetch session with this leader (client/fetch_session.py).
         self.session = FetchSessionBuilder()
         self._task: asyncio.Task[None] | None = None
@@ -255,6 +261,17 @@ class SourceFetcher:
                 some_partitions(added),
             )
             self._changed.set()
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Partitions became fetchable that the Fetch out does not carry: stop waiting
+        for its answer, which may be parked at the leader for up to
+        replica.fetch.wait.max.ms, and fetch them now (``_fetch_loop``). Nothing at the
+        leader would end that long poll early: the partitions are not in the session it
+        watches. A new topic's first acks=all produce waited for it."""
+        conn, self._in_flight = self._in_flight, None
+        if conn is not None:
+            conn.abandon()
 
     def remove(self, tp: TopicPartition) -> None:
         """Stop fetching ``tp`` (the next request forgets it)."""
@@ -323,12 +340,23 @@ class SourceFetcher:
                 continue
             try:
                 conn = await self._connect()
-                timeout_ms = self.manager.config.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
-                response, payload = await conn.call(
-                    request, timeout_ms=timeout_ms, raise_errors=False
-                )
+                timeout_ms = request.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
+                self._in_flight = conn
+                try:
+                    response, payload = await conn.call(
+                        request, timeout_ms=timeout_ms, raise_errors=False
+                    )
+                finally:
+                    self._in_flight = None
                 if response.error_code and response.error_code not in SESSION_ERRORS:
                     raise errors.error_for(response.error_code, "fetch")
+            except RequestAbandoned:
+                # Its answer, dropped, may have changed the session at the leader: the
+                # next fetch is full, on the same connection. It closes the old session,
+                # and the leader then ends that session's parked fetch (ReplicaManager.
+                # unwatch), whose answer would otherwise hold up the new one's.
+                self.session.reset()
+                continue
             except (RilletError, OSError) as e:
                 logger.info("fetcher from %d: %s; retrying in %.2fs", self.source_id, e, backoff_s)
                 # The request may or may not have been answered: start a new session.
@@ -440,9 +468,17 @@ class SourceFetcher:
         # reads those and the ones that changed on its side, and its session's clock
         # records our position on the idle rest.
         session = self.session.build_changes(self._rows, changed)
+        max_wait_ms = config.max_wait_ms
+        if self._held:
+            # A backed-off partition rejoins when its time comes, not when the long poll
+            # that left it out ends.
+            times = [t for t in map(self.partitions.get, self._held) if t is not None]
+            if times:
+                until_ms = math.ceil((min(times) - now) * 1000)
+                max_wait_ms = max(0, min(max_wait_ms, until_ms))
         request = m.FetchRequest(
             replica_id=config.broker_id,
-            max_wait_ms=config.max_wait_ms,
+            max_wait_ms=max_wait_ms,
             min_bytes=1,
             max_bytes=config.response_max_bytes,
             topics=session.topics,
@@ -583,12 +619,16 @@ class SourceFetcher:
     def retry_now(self) -> None:
         """New metadata arrived: backed-off partitions may fetch again at once (a fenced
         epoch or a moved leader is what they were waiting for)."""
+        released = False
         for tp in self._held:
             if tp in self.partitions:
                 self.partitions[tp] = 0.0
                 self._stale.add(tp)
                 self._changed.set()
+                released = True
         self._held.clear()
+        if released:
+            self._interrupt()
 
 
 def fetch_response(

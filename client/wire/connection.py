@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", covariant=True)
 
 
+class RequestAbandoned(Exception):
+    """Raised in a request's caller by ``Connection.abandon``: its answer will be dropped."""
+
+
 class RequestMessage(Protocol[R]):
     """A request class of client/wire/messages.py, answered by an ``R``."""
 
@@ -245,6 +249,15 @@ class Connection:
         """The peer's APIs: ``{api_key: (min_version, max_version)}``."""
         response, _ = await self.call(messages.ApiVersionsRequest())
         return {v.api_key: (v.min_version, v.max_version) for v in response.api_keys}
+
+    def abandon(self) -> None:
+        """Stop waiting for every request in flight: each caller gets RequestAbandoned at
+        once, and the answers, when they come, are dropped. The connection stays open;
+        the peer still answers in order, so a later request's answer comes after theirs."""
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(RequestAbandoned(f"request to {self.peer} abandoned"))
 
     def close(self) -> None:
         """Close: bytes already written (one-way sends) are flushed first; pending
