@@ -98,6 +98,9 @@ class FetchSession:
     changed: set[Key] = field(default_factory=set)
     clock: FetchClock = field(default_factory=FetchClock)
     closed: bool = False
+    # Closed by its own follower (a full fetch naming it, or its next session), not
+    # evicted: its parked fetch is ended at once (ReplicaManager.unwatch).
+    replaced: bool = False
     watch: object = None  # the broker's FetchWatch, made on its first fetch
     next_seq: int = 0
 
@@ -343,6 +346,7 @@ class FetchSessionCache:
     def _close(self, session_id: int, replica_id: int) -> None:
         session = self._sessions.get(session_id)
         if session is not None and session.replica_id == replica_id:
+            session.replaced = True
             self._remove(session)
 
     def _remove(self, session: FetchSession) -> None:

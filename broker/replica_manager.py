@@ -721,11 +721,13 @@ class ReplicaManager:
         session.clock.last_fetch_ms = self.now_ms()
         first_keys = [(p.topic, p.partition) for p in partitions]
         while True:
+            if session.closed:  # unwatch took its watch off: not to be put back
+                return result
             for replica in result.touched:
                 replica.watchers.add(watch)
             remaining = deadline - loop.time()
             done = result.nbytes >= params.min_bytes or result.error or result.redirect
-            if done or remaining <= 0 or session.closed:
+            if done or remaining <= 0:
                 return result
             waiter: asyncio.Future[None] = loop.create_future()
             watch.waiter = waiter
@@ -739,16 +741,18 @@ class ReplicaManager:
             result = self._reader.read_all(params, wanted, False)
 
     def unwatch(self, sessions: Iterable[FetchSession]) -> None:
-        """Take closed sessions' watches off the replicas they read, and end a closed
-        session's parked fetch now: nothing will mark it any more, and answers on a
-        connection go out in order, so the follower's next fetch (which closed it, after
-        abandoning it: broker/replication/fetcher.py) would wait out its long poll."""
+        """Take closed sessions' watches off the replicas they read. A session its own
+        follower replaced also has its parked fetch ended now: answers on a connection
+        go out in order, so the follower's new fetch (sent after abandoning that one:
+        broker/replication/fetcher.py) would wait out its long poll. An evicted
+        session's fetch is left to its poll: ended at once, its follower would evict the
+        evictor at once, and so on, while followers outnumber the cache's slots."""
         for session in sessions:
             watch = session.watch
             if not isinstance(watch, FetchWatch):
                 continue
             waiter = watch.waiter
-            if waiter is not None and not waiter.done():
+            if session.replaced and waiter is not None and not waiter.done():
                 waiter.set_result(None)
             for topic, partition in session.partitions:
                 replica = self.replicas.get(TopicPartition(topic, partition))

@@ -8,6 +8,7 @@ a hand-moved clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -80,6 +81,13 @@ class Follower:
         self.topic_id = leader.manager.replicas[TopicPartition("t", 0)].topic_id
 
     async def fetch(self, max_wait_ms: int = 0) -> dict[int, m.FetchPartitionResult]:
+        response = await self.leader.handler(self.request(max_wait_ms))
+        assert response is not None
+        assert self.builder.on_response(response.message)
+        return {r.partition: r for t in response.message.topics for r in t.partitions}
+
+    def request(self, max_wait_ms: int = 0) -> Request:
+        """The next Fetch, as the builder makes it (its answer is the caller's)."""
         wanted = {
             ("t", p): m.FetchPartition(p, offset, -1, 0, -1, 1 << 20, self.topic_id)
             for p, offset in self.positions.items()
@@ -95,11 +103,7 @@ class Follower:
             session_epoch=s.session_epoch,
             forgotten=s.forgotten,
         )
-        request = Request(schemas.FETCH, 0, 1, "replica-2", {}, memoryview(b""), "", req)
-        response = await self.leader.handler(request)
-        assert response is not None
-        assert self.builder.on_response(response.message)
-        return {r.partition: r for t in response.message.topics for r in t.partitions}
+        return Request(schemas.FETCH, 0, 1, "replica-2", {}, memoryview(b""), "", req)
 
 
 @pytest.fixture
@@ -270,6 +274,60 @@ async def test_a_replaced_session_takes_its_watch_off_the_replicas(leader: Leade
     follower.builder.reset()  # a restarted follower: a new full fetch, a new session
     await follower.fetch()
     assert all(len(r.watchers) == 1 for r in replicas)
+
+
+async def parked(leader: Leader, follower: Follower) -> asyncio.Task:
+    """The follower's next fetch, long-polling at the leader (nothing new to read)."""
+    task = asyncio.ensure_future(leader.handler(follower.request(max_wait_ms=600_000)))
+    sessions = leader.handler.sessions
+    for _ in range(100):
+        await asyncio.sleep(0)
+        session = sessions.get(sessions._by_replica.get(follower.replica_id, 0))
+        waiter = getattr(getattr(session, "watch", None), "waiter", None)
+        if waiter is not None and not waiter.done():
+            return task
+    raise AssertionError("the fetch did not park")
+
+
+async def test_a_session_replaced_by_its_follower_ends_its_parked_fetch(leader: Leader) -> None:
+    """A follower that abandoned its long poll (broker/replication/fetcher.py) sends a full
+    fetch closing that session: the old fetch must end now, or the new one's answer
+    waits behind it on the connection. And its watch stays off the replicas: put back by
+    the woken fetch, it stayed on every idle replica for good."""
+    follower = Follower(leader)
+    tp = TopicPartition("t", 3)
+    await leader.manager.append_records([(tp, batch(b"a"))], 1, 1000)
+    await follower.fetch()
+    old = follower.builder.session_id
+    follower.positions[3] = 1  # the parked fetch lists partition 3: it reads it on waking
+    task = await parked(leader, follower)
+    follower.builder.reset()
+    await follower.fetch()
+    assert follower.builder.session_id != old
+    for _ in range(100):
+        if task.done():
+            break
+        await asyncio.sleep(0)
+    assert task.done()
+    replicas = [leader.manager.replicas[TopicPartition("t", p)] for p in range(N)]
+    assert all(w.session.id != old for r in replicas for w in r.watchers)
+
+
+async def test_an_evicted_sessions_parked_fetch_waits_out_its_poll(leader: Leader) -> None:
+    """Ended at once, the evicted follower would evict the evictor at once, and so on:
+    two followers ping-ponged full fetches at network speed with one slot."""
+    leader.handler = FetchHandler(leader.manager, BrokerMetrics(), FetchSessionCache(max_slots=1))
+    follower = Follower(leader)
+    await follower.fetch()
+    task = await parked(leader, follower)
+    await Follower(leader, replica_id=3).fetch()  # takes the only slot
+    assert leader.handler.sessions.evictions == 1
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert not task.done()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def test_a_tick_acts_only_on_replicas_that_may_have_something_to_do(

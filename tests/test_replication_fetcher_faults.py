@@ -14,6 +14,7 @@ partitions that broker 2 follows through its real fetcher over a real socket.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -27,6 +28,7 @@ from helpers import wait_until_async
 from test_broker_inproc import batch, broker_config, produce
 
 from rillet.broker.link.alter_partition_manager import Proposal
+from rillet.broker.replication.fetcher import FetcherConfig, SourceFetcher
 from rillet.broker.replication.types import AlterPartitionResponse
 from rillet.broker.server import BrokerServer, MetadataListener
 from rillet.client.wire import errors
@@ -368,3 +370,60 @@ async def test_a_partition_added_during_a_long_poll_is_fetched_at_once(
         # and the partition that was parked replicates on as before
         assert (await produce(pair.conn, TOPIC, 0, batch(b"c")))[1] == 0
         await wait_until_async(lambda: pair.follower_leo(0) == 2)
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.abandoned = 0
+
+    def abandon(self) -> None:
+        self.abandoned += 1
+
+
+async def test_abandoning_a_long_poll_is_rate_limited_and_only_when_it_saves_time() -> None:
+    """Each abandon costs a full fetch (the whole session listed and answered): a
+    failover's burst of metadata deltas must not turn into a burst of them."""
+    fetcher = SourceFetcher(None, 1)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+
+    def send(conn: FakeConn, wait_s: float) -> None:  # as _fetch_loop marks a Fetch out
+        fetcher._in_flight = conn  # type: ignore[assignment]
+        fetcher._in_flight_generation = fetcher._generation
+        fetcher._in_flight_until = loop.time() + wait_s
+
+    first = FakeConn()
+    send(first, 600)
+    fetcher._interrupt()
+    assert first.abandoned == 1 and fetcher._in_flight is None
+    short = FakeConn()  # a poll a back-off already cut short ends soon anyway
+    send(short, 0.02)
+    fetcher._interrupt()
+    assert short.abandoned == 0
+    second = FakeConn()  # within the interval: one abandon, later
+    send(second, 600)
+    for _ in range(40):
+        fetcher._interrupt()
+    assert second.abandoned == 0 and fetcher._abandon_timer is not None
+    await wait_until_async(lambda: second.abandoned == 1)
+    third, fourth = FakeConn(), FakeConn()
+    send(third, 600)
+    fetcher._interrupt()  # deferred again; then third is answered and fourth goes out,
+    send(fourth, 600)  # built with everything: the deferred check leaves it be
+    await wait_until_async(lambda: fetcher._abandon_timer is None)
+    assert third.abandoned == fourth.abandoned == 0
+
+
+def test_a_lasting_catch_up_refusal_backs_off_longer_each_time() -> None:
+    """A leader catching up on metadata answers within a few 50 ms tries; one that keeps
+    refusing must not cost a fetch and a log line every 50 ms (the back-off now also
+    shortens the long poll of the other partitions, so it is no longer hidden by it)."""
+
+    class Manager:
+        config = FetcherConfig(broker_id=2, backoff_ms=1000)
+
+    fetcher = SourceFetcher(Manager(), 1)  # type: ignore[arg-type]
+    tp = TopicPartition(TOPIC, 0)
+    delays = [fetcher._catch_up_delay(tp) for _ in range(7)]
+    assert delays == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    fetcher.remove(tp)  # forgotten with the partition (and reset by a good answer)
+    assert fetcher._catch_up_delay(tp) == 0.05

@@ -14,10 +14,14 @@ thin driver; every decision lives in the partition's sans-I/O core:
 What the driver does itself: CRC-check every fetched batch before the core sees it (a
 corrupt batch never reaches the log, and the core never advances the HW over it),
 back off a partition whose answer was an error (NOT_LEADER_OR_FOLLOWER,
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the metadata will move it, or the leader will
-catch up with it; OFFSET_OUT_OF_RANGE the core answers with a truncation), reconnect
-with backoff, and look the leader's address up in the metadata image on every connect
-(a restarted broker may listen on a new port).
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION: the metadata will
+move it, or the leader will catch up with it; OFFSET_OUT_OF_RANGE the core answers with a
+truncation), reconnect with backoff, and look the leader's address up in the metadata
+image on every connect (a restarted broker may listen on a new port). A partition that
+becomes fetchable while a Fetch is parked at the leader (added, or released from its
+back-off by new metadata) makes the fetcher abandon that Fetch and fetch in full at once,
+at most every 100 ms; a Fetch sent while partitions are backed off waits at most until
+the first may fetch again (docs/replication.md, "Fetching a new partition at once").
 
 The remote tier: a partition answered OFFSET_MOVED_TO_TIERED_STORAGE comes back from
 its core as a ``ListLeaderLocalStart`` question. Before the next Fetch, one ListOffsets
@@ -90,6 +94,11 @@ LEADER_CATCHING_UP = frozenset(
         errors.code_of("UNKNOWN_TOPIC_OR_PARTITION"),
     }
 )
+# Abandoning a Fetch out (``SourceFetcher._interrupt``) costs a full fetch; it is worth
+# it only when the fetch would wait longer than this, and happens at most once per
+# interval (a failover's burst of metadata deltas adds partitions many times a second).
+ABANDON_MIN_SAVING_S = LEADER_CATCH_UP_BACKOFF_S
+ABANDON_MIN_INTERVAL_S = 0.1
 REQUEST_TIMEOUT_SLACK_MS = 10_000  # beyond max_wait: a paused leader must not hang us forever
 Sent = dict[TopicPartition, tuple[Replica, FetchRequest]]  # what one Fetch asked, by partition
 EARLIEST_LOCAL = -4  # ListOffsets: the leader's local log start
@@ -233,8 +242,18 @@ class SourceFetcher:
         self._local_start_wanted: dict[TopicPartition, tuple[Replica, ListLeaderLocalStart]] = {}
         self._changed = asyncio.Event()
         self._conn: Connection | None = None
-        # The connection while a Fetch is out on it: ``_interrupt`` abandons that fetch.
+        # Bumped whenever partitions become fetchable (added, or released from a
+        # back-off): a Fetch built at an older generation may lack some of them.
+        self._generation = 0
+        # The Fetch out: its connection, the generation it was built at, and the loop
+        # time its long poll ends by. ``_interrupt`` may abandon it.
         self._in_flight: Connection | None = None
+        self._in_flight_generation = 0
+        self._in_flight_until = 0.0
+        self._abandoned_at = float("-inf")
+        self._abandon_timer: asyncio.TimerHandle | None = None
+        # Consecutive catch-up refusals per partition: their back-off doubles.
+        self._catch_up_tries: dict[TopicPartition, int] = {}
         # The incremental fetch session with this leader (client/fetch_session.py).
         self.session = FetchSessionBuilder()
         self._task: asyncio.Task[None] | None = None
@@ -264,17 +283,39 @@ class SourceFetcher:
             self._interrupt()
 
     def _interrupt(self) -> None:
-        """Partitions became fetchable that the Fetch out does not carry: stop waiting
+        """Partitions became fetchable that the Fetch out may not carry: stop waiting
         for its answer, which may be parked at the leader for up to
         replica.fetch.wait.max.ms, and fetch them now (``_fetch_loop``). Nothing at the
         leader would end that long poll early: the partitions are not in the session it
         watches. A new topic's first acks=all produce waited for it."""
-        conn, self._in_flight = self._in_flight, None
-        if conn is not None:
-            conn.abandon()
+        self._generation += 1
+        self._maybe_abandon()
+
+    def _maybe_abandon(self) -> None:
+        conn = self._in_flight
+        if conn is None or self._in_flight_generation == self._generation:
+            return  # nothing out, or it was built with everything fetchable
+        now = asyncio.get_running_loop().time()
+        if self._in_flight_until - now <= ABANDON_MIN_SAVING_S:
+            return  # its poll ends soon anyway (a back-off already shortened it)
+        wait = self._abandoned_at + ABANDON_MIN_INTERVAL_S - now
+        if wait > 0:
+            if self._abandon_timer is None:
+                self._abandon_timer = asyncio.get_running_loop().call_later(
+                    wait, self._abandon_later
+                )
+            return
+        self._in_flight = None
+        self._abandoned_at = now
+        conn.abandon()
+
+    def _abandon_later(self) -> None:
+        self._abandon_timer = None
+        self._maybe_abandon()
 
     def remove(self, tp: TopicPartition) -> None:
         """Stop fetching ``tp`` (the next request forgets it)."""
+        self._catch_up_tries.pop(tp, None)
         if self.partitions.pop(tp, None) is not None:
             self._stale.add(tp)
 
@@ -289,6 +330,9 @@ class SourceFetcher:
         return True
 
     def stop(self) -> None:
+        if self._abandon_timer is not None:
+            self._abandon_timer.cancel()
+            self._abandon_timer = None
         if self._task is not None:
             self._task.cancel()
         self._close()
@@ -334,14 +378,24 @@ class SourceFetcher:
     async def _fetch_loop(self) -> None:
         backoff_s = RECONNECT_BACKOFF_MIN_S
         while True:
+            generation = self._generation
             request, sent = self._build_request()
             if request is None:
                 await self._wait_for_work()
                 continue
             try:
                 conn = await self._connect()
+                if self._generation != generation:
+                    # Partitions became fetchable while we connected. The request was
+                    # built but not sent, and building it took its rows' changes out
+                    # of the incremental state: the next fetch is full.
+                    self.session.reset()
+                    continue
                 timeout_ms = request.max_wait_ms + REQUEST_TIMEOUT_SLACK_MS
                 self._in_flight = conn
+                self._in_flight_generation = generation
+                now = asyncio.get_running_loop().time()
+                self._in_flight_until = now + request.max_wait_ms / 1000
                 try:
                     response, payload = await conn.call(
                         request, timeout_ms=timeout_ms, raise_errors=False
@@ -598,7 +652,10 @@ class SourceFetcher:
         for effect in effects:
             if isinstance(effect, ListLeaderLocalStart):
                 self._local_start_wanted[tp] = (replica, effect)
-        if code != errors.NONE and not effects:
+        if code == errors.NONE:
+            if self._catch_up_tries:
+                self._catch_up_tries.pop(tp, None)
+        elif not effects:
             logger.debug(
                 "%s: fetch from %d answered %s; backing off",
                 replica.log.name,
@@ -606,7 +663,16 @@ class SourceFetcher:
                 errors.error_name(code),
             )
             self._backing_off.setdefault(code, []).append(tp)
-            self._back_off(tp, LEADER_CATCH_UP_BACKOFF_S if code in LEADER_CATCHING_UP else None)
+            self._back_off(tp, self._catch_up_delay(tp) if code in LEADER_CATCHING_UP else None)
+
+    def _catch_up_delay(self, tp: TopicPartition) -> float:
+        """50 ms, doubling with each refusal in a row, up to replica.fetch.backoff.ms: a
+        leader catching up on metadata answers within a few tries; a refusal that
+        lasts (a stuck leader) must not cost a fetch and a log line every 50 ms."""
+        tries = self._catch_up_tries.get(tp, 0)
+        self._catch_up_tries[tp] = tries + 1
+        cap_s = max(self.manager.config.backoff_ms / 1000, LEADER_CATCH_UP_BACKOFF_S)
+        return min(LEADER_CATCH_UP_BACKOFF_S * (1 << min(tries, 16)), cap_s)
 
     def _back_off(self, tp: TopicPartition, delay_s: float | None = None) -> None:
         if tp in self.partitions:
