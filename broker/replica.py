@@ -65,8 +65,9 @@ class Watcher(Protocol):
     """Told when a replica changes (``Replica.wake``): a leader's follower fetch session
     (FetchWatch), a follower's fetcher (broker/replication/fetcher.py)."""
 
-    def mark(self, key: tuple[str, int]) -> bool:
-        """Note that partition ``key`` changed; False: no longer interested."""
+    def mark(self, key: tuple[str, int], wake: bool = True) -> bool:
+        """Note that partition ``key`` changed; False: no longer interested. ``wake``
+        False: a change a parked follower fetch cannot answer at once (a HW move)."""
         ...
 
 
@@ -74,7 +75,8 @@ class FetchWatch:
     """A follower fetch session's watch on the replicas it reads. Whatever wakes a
     replica's parked fetches (an append, a HW or log-start move, a role or ISR change,
     removal) marks the partition changed in the session, so the session's next fetch
-    reads it, and wakes the session's parked fetch. Partitions nothing marked are left
+    reads it, and wakes the session's parked fetch (not for a HW move alone:
+    ``Replica.high_watermark_updated``). Partitions nothing marked are left
     unread: per fetch the leader reads what changed and what the follower listed, not
     the whole session."""
 
@@ -84,13 +86,13 @@ class FetchWatch:
         self.session = session
         self.waiter: asyncio.Future[None] | None = None  # the session's parked fetch
 
-    def mark(self, key: tuple[str, int]) -> bool:
+    def mark(self, key: tuple[str, int], wake: bool = True) -> bool:
         """False: the session no longer holds ``key`` (closed, forgotten, answered with
         an error); the replica drops the watch."""
         if not self.session.mark(key):
             return False
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
+        if wake and waiter is not None and not waiter.done():
             waiter.set_result(None)
         return True
 
@@ -152,16 +154,19 @@ class Replica:
         if self._ticking is not None:
             self._ticking[self] = None
 
-    def wake(self) -> None:
+    def wake(self, sessions: bool = True) -> None:
         """Wake every fetch waiting on this partition (new data, HW or log-start move,
-        role or ISR change, removal) and mark it changed in the sessions watching it."""
+        role or ISR change, removal) and mark it changed in the sessions watching it.
+        ``sessions`` False: mark the follower sessions without waking their parked
+        fetches (a HW move: ``high_watermark_updated``)."""
         self.activate()
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
         if self.watchers:
-            for watch in [w for w in self.watchers if not w.mark(self._key)]:
+            key = self._key
+            for watch in [w for w in self.watchers if not w.mark(key, sessions)]:
                 self.watchers.discard(watch)
 
     # -- ReplicaNetwork ------------------------------------------------------------------
@@ -175,7 +180,11 @@ class Replica:
             future.set_result(error_code)
 
     def high_watermark_updated(self, high_watermark: int) -> None:
-        self.wake()
+        # A follower reads to the log end, so a HW move gives its parked fetch nothing to
+        # answer: woken, it read again and parked again (a wasted pass on every acks=all
+        # produce). Its session is marked, so its next fetch carries the new HW. Consumers
+        # read to the HW: their fetches (``waiters``) are woken.
+        self.wake(sessions=False)
 
     def log_appended(self) -> None:
         self.wake()

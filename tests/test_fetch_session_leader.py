@@ -20,6 +20,7 @@ from rillet.broker.fetch_session import FetchSessionCache
 from rillet.broker.handlers.fetch import FetchHandler
 from rillet.broker.link.alter_partition_manager import Proposal
 from rillet.broker.metrics import BrokerMetrics
+from rillet.broker.replica import FetchWatch
 from rillet.broker.replica_fetch import FetchParams, FetchPartition, FetchResult
 from rillet.broker.replica_manager import REQUEST_TIMED_OUT, ReplicaManager, isr_check_every
 from rillet.broker.replication.partition_state import PartitionState
@@ -328,6 +329,41 @@ async def test_an_evicted_sessions_parked_fetch_waits_out_its_poll(leader: Leade
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def test_a_hw_move_alone_marks_a_parked_follower_fetch_but_wakes_only_consumers(
+    leader: Leader,
+) -> None:
+    """Followers read to the log end: a HW move gives a parked follower fetch nothing to
+    answer (woken, it read and parked again, on every acks=all produce). Its session is
+    marked, so its next fetch carries the new HW. A consumer reads to the HW: woken."""
+    follower = Follower(leader)
+    await follower.fetch()
+    tp = TopicPartition("t", 1)
+    replica = leader.manager.replicas[tp]
+    task = await parked(leader, follower)
+    session = leader.handler.sessions.get(follower.builder.session_id)
+    assert session is not None
+    consumer = Follower(leader, replica_id=-1)
+    polling = asyncio.ensure_future(leader.handler(consumer.request(max_wait_ms=600_000)))
+    for _ in range(100):
+        if replica.waiters:
+            break
+        await asyncio.sleep(0)
+    assert replica.waiters and not polling.done()
+
+    watch = session.watch
+    assert isinstance(watch, FetchWatch) and watch.waiter is not None
+    consumer_waiter = replica.waiters[0]
+    replica.high_watermark_updated(replica.state.high_watermark)
+    assert consumer_waiter.done()  # the consumer's fetch reads again
+    assert not watch.waiter.done() and ("t", 1) in session.changed  # the follower's: marked
+    replica.log_appended()  # new records: what a follower fetches
+    assert watch.waiter.done()
+    for t in (task, polling):
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
 
 
 async def test_a_tick_acts_only_on_replicas_that_may_have_something_to_do(

@@ -319,7 +319,7 @@ class SourceFetcher:
         if self.partitions.pop(tp, None) is not None:
             self._stale.add(tp)
 
-    def mark(self, key: tuple[str, int]) -> bool:
+    def mark(self, key: tuple[str, int], wake: bool = True) -> bool:
         """A replica this fetcher reads changed (Replica.wake): rebuild its row before the
         next request. False: no longer fetched here (the replica drops the watch)."""
         tp = TopicPartition(*key)

@@ -305,7 +305,7 @@ class SessionFetcher:
         self.entry: tuple[SimReplica, FetchRequest] | None = None
         self.stale = True
 
-    def mark(self, key: tuple[str, int]) -> bool:
+    def mark(self, key: tuple[str, int], wake: bool = True) -> bool:
         """SourceFetcher.mark: False once this fetcher is gone (the replica drops it)."""
         if self.broker.fetcher is not self:
             return False
