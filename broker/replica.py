@@ -109,6 +109,7 @@ class Replica:
         "driver",
         "min_insync_replicas",
         "waiters",
+        "hw_waiters",
         "watchers",
         "produce_waiters",
         "_send_alter",
@@ -137,6 +138,9 @@ class Replica:
         self.state = state
         self.min_insync_replicas = min_insync_replicas
         self.waiters: list[asyncio.Future[None]] = []  # parked (long-poll) fetches
+        # Parked waits for what lies below the HW (consumers' fetches, the group
+        # coordinator's commits): an append that leaves the HW where it was cannot end them.
+        self.hw_waiters: list[asyncio.Future[None]] = []
         self.watchers: set[Watcher] = set()  # fetch sessions and fetchers reading it
         self._key = (topic, partition)
         self.produce_waiters: dict[Hashable, asyncio.Future[int]] = {}  # acks=all
@@ -154,16 +158,22 @@ class Replica:
         if self._ticking is not None:
             self._ticking[self] = None
 
-    def wake(self, sessions: bool = True) -> None:
+    def wake(self, sessions: bool = True, hw_waiters: bool = True) -> None:
         """Wake every fetch waiting on this partition (new data, HW or log-start move,
         role or ISR change, removal) and mark it changed in the sessions watching it.
         ``sessions`` False: mark the follower sessions without waking their parked
-        fetches (a HW move: ``high_watermark_updated``)."""
+        fetches (a HW move: ``high_watermark_updated``); ``hw_waiters`` False: leave the
+        waits for the HW (an append: ``log_appended``)."""
         self.activate()
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+        if hw_waiters and self.hw_waiters:
+            waiters, self.hw_waiters = self.hw_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
         if self.watchers:
             key = self._key
             for watch in [w for w in self.watchers if not w.mark(key, sessions)]:
@@ -183,8 +193,11 @@ class Replica:
         # A follower reads to the log end, so a HW move gives its parked fetch nothing to
         # answer: woken, it read again and parked again (a wasted pass on every acks=all
         # produce). Its session is marked, so its next fetch carries the new HW. Consumers
-        # read to the HW: their fetches (``waiters``) are woken.
+        # read to the HW: their fetches (``hw_waiters``) are woken.
         self.wake(sessions=False)
 
     def log_appended(self) -> None:
-        self.wake()
+        # Records above the HW are nothing to a consumer yet: with acks=all the HW moves
+        # later, when the followers have them (and with a leader-only ISR the append's
+        # own HW move, applied before this, has woken them).
+        self.wake(hw_waiters=False)

@@ -49,6 +49,7 @@ from rillet.broker.link.alter_partition_manager import (
 from rillet.broker.remote_fetch import RemoteLogViews, RemoteRead, read_remote
 from rillet.broker.replica import FetchWatch, Replica
 from rillet.broker.replica_fetch import (
+    CONSUMER,
     FetchParams,
     FetchPartition,
     FetchPartitionResult,
@@ -633,6 +634,11 @@ class ReplicaManager:
             return await self._fetch_watched(params, partitions, session)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0, params.max_wait_ms) / 1000
+        # A consumer reads below the HW: an append that leaves it where it was cannot
+        # end its wait (Replica.hw_waiters). A follower without a session reads to the end.
+        lists: Callable[[Replica], list[asyncio.Future[None]]] = (
+            _hw_waiters if params.replica_id == CONSUMER else _waiters
+        )
         first = True
         while True:
             result = self._reader.read_all(params, partitions, first)
@@ -645,7 +651,7 @@ class ReplicaManager:
                 return result
             waiter: asyncio.Future[None] = loop.create_future()
             for replica in result.touched:  # none touched (no partitions): wait it out
-                replica.waiters.append(waiter)
+                lists(replica).append(waiter)
             timer = loop.call_later(remaining, _wake, waiter)
             try:
                 await waiter
@@ -653,8 +659,9 @@ class ReplicaManager:
                 timer.cancel()
                 waiter.cancel()
                 for replica in result.touched:  # a timed-out waiter must not pile up
-                    if waiter in replica.waiters:
-                        replica.waiters.remove(waiter)
+                    waiting = lists(replica)
+                    if waiter in waiting:
+                        waiting.remove(waiter)
 
     async def _read_remote(
         self, params: FetchParams, partitions: list[FetchPartition], result: FetchResult
@@ -889,6 +896,14 @@ def _pending_str(state: PartitionState) -> str:
     if pending is None:
         return "none"
     return f"{pending.kind} to {list(pending.proposal.new_isr)}"
+
+
+def _waiters(replica: Replica) -> list[asyncio.Future[None]]:
+    return replica.waiters
+
+
+def _hw_waiters(replica: Replica) -> list[asyncio.Future[None]]:
+    return replica.hw_waiters
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -242,7 +242,7 @@ async def test_long_poll_fetch_wakes_on_append(broker, conn) -> None:
     await link.create_topic("lp")
     waiting = asyncio.ensure_future(fetch(conn, "lp", 0, 0, max_wait_ms=30_000, min_bytes=1))
     replica = server.replicas.replicas[("lp", 0)]
-    await wait_until_async(lambda: replica.waiters, message="the fetch to park")
+    await wait_until_async(lambda: replica.hw_waiters, message="the fetch to park")
     other = await Connection.open("127.0.0.1", server.port)
     try:
         await produce(other, "lp", 0, batch(b"wake"))

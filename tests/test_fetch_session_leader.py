@@ -336,7 +336,8 @@ async def test_a_hw_move_alone_marks_a_parked_follower_fetch_but_wakes_only_cons
 ) -> None:
     """Followers read to the log end: a HW move gives a parked follower fetch nothing to
     answer (woken, it read and parked again, on every acks=all produce). Its session is
-    marked, so its next fetch carries the new HW. A consumer reads to the HW: woken."""
+    marked, so its next fetch carries the new HW. A consumer reads to the HW: woken by
+    the HW move, not by an append that leaves the HW where it was."""
     follower = Follower(leader)
     await follower.fetch()
     tp = TopicPartition("t", 1)
@@ -347,19 +348,21 @@ async def test_a_hw_move_alone_marks_a_parked_follower_fetch_but_wakes_only_cons
     consumer = Follower(leader, replica_id=-1)
     polling = asyncio.ensure_future(leader.handler(consumer.request(max_wait_ms=600_000)))
     for _ in range(100):
-        if replica.waiters:
+        if replica.hw_waiters:
             break
         await asyncio.sleep(0)
-    assert replica.waiters and not polling.done()
+    assert replica.hw_waiters and not polling.done()
 
     watch = session.watch
     assert isinstance(watch, FetchWatch) and watch.waiter is not None
-    consumer_waiter = replica.waiters[0]
+    consumer_waiter = replica.hw_waiters[0]
     replica.high_watermark_updated(replica.state.high_watermark)
     assert consumer_waiter.done()  # the consumer's fetch reads again
     assert not watch.waiter.done() and ("t", 1) in session.changed  # the follower's: marked
-    replica.log_appended()  # new records: what a follower fetches
-    assert watch.waiter.done()
+    consumer_waiter = asyncio.get_running_loop().create_future()
+    replica.hw_waiters.append(consumer_waiter)  # as the consumer's fetch parks again
+    replica.log_appended()  # new records: what a follower fetches, not a consumer yet
+    assert watch.waiter.done() and not consumer_waiter.done()
     for t in (task, polling):
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -739,10 +739,10 @@ async def test_a_request_for_many_groups_waits_for_them_together(
         both = m.OffsetFetchRequest(
             groups=[m.OffsetFetchGroup(g, None, -1, None) for g in (one, two)]
         )
-        before = len(replica.waiters)
+        before = len(replica.hw_waiters)
         tasks.append(loop.create_task(call(conns[2], both)))
         await wait_until_async(
-            lambda: len(replica.waiters) >= before + 2, timeout=10, message="both waiting"
+            lambda: len(replica.hw_waiters) >= before + 2, timeout=10, message="both waiting"
         )
     finally:
         for task in tasks:

@@ -369,13 +369,13 @@ class GroupManager:
             if remaining <= 0 or not replica.is_leader:
                 return False
             waiter: asyncio.Future[None] = loop.create_future()
-            replica.waiters.append(waiter)  # woken by HW moves and role changes
+            replica.hw_waiters.append(waiter)  # woken by HW moves and role changes
             try:
                 await asyncio.wait([waiter], timeout=remaining)
             finally:
                 waiter.cancel()
-                if waiter in replica.waiters:
-                    replica.waiters.remove(waiter)
+                if waiter in replica.hw_waiters:
+                    replica.hw_waiters.remove(waiter)
         return True
 
     def _revert(self, part: OffsetsPartition, generation: int, code: int) -> None:
