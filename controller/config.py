@@ -31,7 +31,9 @@ CONTROLLER_KEYS = ConfigTable([
         "Directory of the Raft log, hard state, snapshot and meta.properties."),
     Key("quorum.election.timeout.ms", int, 1000,
         "Raft election timeout T: a follower campaigns after a random wait in [T, 2T) "
-        "without hearing from a leader; a leader steps down without a quorum for T."),
+        "without hearing from a leader; a leader steps down without a quorum for T. The "
+        "only voter of a one-controller quorum campaigns at once on start: no one else "
+        "can lead or vote."),
     Key("quorum.fetch.timeout.ms", int, 2000,
         "Connect and write timeout of the Raft transport towards another voter."),
     Key("quorum.heartbeat.interval.ms", int, 100,

@@ -542,6 +542,21 @@ def test_single_voter_commits_alone() -> None:
     assert node.applied_index == index
 
 
+def test_a_single_voter_leads_on_its_first_tick() -> None:
+    """No one else can lead or vote, so waiting out the election timeout (1-2 s on every
+    start of a one-controller cluster) protects nothing; a restart leads at once too."""
+    node = RaftNode(RaftConfig(node_id=1, voters=(1,)), rng=random.Random(0), now_ms=5)
+    node.tick(5)
+    assert node.role is Role.LEADER
+    ready = node.ready()
+    assert ready.hard_state is not None
+    state = StorageState(ready.hard_state, None, tuple(ready.entries))
+    node.advance(ready)
+    again = RaftNode(RaftConfig(node_id=1, voters=(1,)), state, rng=random.Random(0), now_ms=9)
+    again.tick(9)
+    assert again.role is Role.LEADER and again.term == node.term + 1
+
+
 def test_ready_twice_without_advance_is_a_usage_error() -> None:
     node = RaftNode(RaftConfig(node_id=1, voters=(1, 2, 3)), rng=random.Random(0), now_ms=0)
     node.ready()

@@ -762,6 +762,7 @@ class LocalCluster:
         with self.locked():
             self.stop_console(timeout_s=timeout_s)  # first: it would only log errors
             strays = self._strays()
+            stopped: list[int] = []
             for group in (self.brokers(), self.controllers()):
                 ids = {n.node_id for n in group}
                 pids = {p for p, i in strays.items() if i in ids}
@@ -769,9 +770,13 @@ class LocalCluster:
                 for p in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p, signal.SIGCONT)  # a paused node cannot handle SIGTERM
-                _terminate(sorted(pids), kill=kill, timeout_s=timeout_s)
+                # Exited is enough to go on to the next group; the reaping of nodes another
+                # command started (up to a second or more each here) is waited for once.
+                _terminate(sorted(pids), kill=kill, timeout_s=timeout_s, reap=False)
+                stopped += pids
                 for n in group:
                     n.pid = n.start_time = None
+            _await_reaped(stopped)
             if self.s3 is not None and self.s3.embedded:
                 # Last: brokers upload until then. Never killed: ``kill`` is a crash of
                 # the nodes, not of S3 (killed, it would lose nothing it answered, but
@@ -1106,9 +1111,10 @@ def _parse_event(line: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def _terminate(pids: list[int], *, kill: bool, timeout_s: float) -> None:
+def _terminate(pids: list[int], *, kill: bool, timeout_s: float, reap: bool = True) -> None:
     """Signal ``pids`` (each verified as a node of ours by the caller) and wait for them;
-    SIGKILL whatever still runs at the deadline."""
+    SIGKILL whatever still runs at the deadline. ``reap`` False: the caller waits for the
+    reaping (``_await_reaped``)."""
     if not pids:
         return
     started = {pid: process_start_time(pid) for pid in pids}
@@ -1127,9 +1133,14 @@ def _terminate(pids: list[int], *, kill: bool, timeout_s: float) -> None:
         if running(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    # A node another command started is not our child: once it exits, whoever adopted it
-    # reaps it. Wait a little for that, so that no pid of the cluster is left when we
-    # return, but not for a reaper that never comes.
+    if reap:
+        _await_reaped(pids)
+
+
+def _await_reaped(pids: list[int]) -> None:
+    """A node another command started is not our child: once it exits, whoever adopted it
+    reaps it. Wait a little for that, so that no pid of the cluster is left when we
+    return, but not for a reaper that never comes."""
     reaped_by = time.monotonic() + ZOMBIE_REAP_WAIT_S
     while time.monotonic() < reaped_by and any(pid_alive(p) for p in pids):
         time.sleep(0.05)

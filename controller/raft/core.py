@@ -565,6 +565,10 @@ class RaftNode:
         self.prev_hard_state = HardState(self.term, self.vote, hard.commit)
         self.ready_outstanding = False
         self.reset_election_timer()
+        if not self.peers:
+            # The only voter: no one else can lead or vote, so the election timeout
+            # would protect nothing (Kafka's KRaft campaigns at once here too).
+            self.election_deadline_ms = now_ms
 
     # -- read-only view ----------------------------------------------------
 
