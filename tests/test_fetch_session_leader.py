@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -367,6 +367,65 @@ async def test_a_hw_move_alone_marks_a_parked_follower_fetch_but_wakes_only_cons
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await t
+
+
+def fetch_request(replica_id: int, p: int, offset: int, topic_id: str = "") -> Request:
+    """A sessionless Fetch of one partition of "t" that long-polls."""
+    row = m.FetchPartition(p, offset, -1, 0, -1, 1 << 20, topic_id)
+    req = m.FetchRequest(
+        replica_id=replica_id,
+        max_wait_ms=600_000,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        topics=[m.FetchTopic("t", [row])],
+    )
+    return Request(schemas.FETCH, 0, 1, "c", {}, memoryview(b""), "", req)
+
+
+async def loop_turns(done: Callable[[], bool], turns: int = 100) -> bool:
+    for _ in range(turns):
+        if done():
+            return True
+        await asyncio.sleep(0)
+    return done()
+
+
+async def test_a_consumer_parked_on_an_acks_all_append_wakes_when_the_hw_moves(
+    leader: Leader,
+) -> None:
+    """The append leaves the HW where it was (the follower has not fetched it): the
+    consumer's parked fetch is not woken by it, but by the follower's fetch that moves
+    the HW, and answers the record."""
+    tp = TopicPartition("t", 0)
+    replica = leader.manager.replicas[tp]
+    follower = Follower(leader)
+    await follower.fetch()
+    poll = asyncio.ensure_future(leader.handler(fetch_request(-1, 0, 0)))
+    assert await loop_turns(lambda: bool(replica.hw_waiters))
+    produce = asyncio.ensure_future(leader.manager.append_records([(tp, batch(b"a"))], -1, 5000))
+    assert not await loop_turns(poll.done, 20)
+    assert (await follower.fetch())[0].nbytes > 0
+    follower.positions[0] = 1
+    await follower.fetch()  # its position moves the HW to 1
+    assert await loop_turns(poll.done)
+    (row,) = poll.result().message.topics[0].partitions
+    assert row.high_watermark == 1 and row.nbytes > 0
+    (result,) = await produce
+    assert result.error_code == errors.NONE
+
+
+async def test_a_follower_fetch_without_a_session_is_woken_by_an_append(leader: Leader) -> None:
+    """A follower fetching with no session (the leader's cache has no slot for it)
+    reads to the log end: an append, which moves no HW here, must wake it."""
+    tp = TopicPartition("t", 1)
+    replica = leader.manager.replicas[tp]
+    poll = asyncio.ensure_future(
+        leader.handler(fetch_request(FOLLOWER, 1, 0, topic_id=replica.topic_id))
+    )
+    assert await loop_turns(lambda: bool(replica.waiters)) and not replica.hw_waiters
+    await leader.manager.append_records([(tp, batch(b"a"))], 1, 1000)
+    assert await loop_turns(poll.done)
+    assert poll.result().message.topics[0].partitions[0].nbytes > 0
 
 
 async def test_a_tick_acts_only_on_replicas_that_may_have_something_to_do(

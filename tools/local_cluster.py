@@ -1129,10 +1129,15 @@ def _terminate(pids: list[int], *, kill: bool, timeout_s: float, reap: bool = Tr
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.05)
-    for pid in pids:
-        if running(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    killed = [pid for pid in pids if running(pid)]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    # Gone, not just signalled: the next group (controllers) must not start stopping
+    # while a broker still runs.
+    dead_by = time.monotonic() + ZOMBIE_REAP_WAIT_S
+    while killed and time.monotonic() < dead_by and any(running(p) for p in killed):
+        time.sleep(0.01)
     if reap:
         _await_reaped(pids)
 

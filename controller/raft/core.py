@@ -947,7 +947,9 @@ class RaftNode:
 
     def handle_election_timeout(self) -> None:
         timeout_ms = self.now_ms - self.leader_contact_ms
-        if self.leader_contact_ms == NEVER_MS and self.role is Role.FOLLOWER:
+        if not self.peers:
+            self.emit("election_timeout", f"the only voter: campaigning (term {self.term})")
+        elif self.leader_contact_ms == NEVER_MS and self.role is Role.FOLLOWER:
             self.emit(
                 "election_timeout",
                 f"campaigning: leader {self.leader_id} is gone (term {self.term})",
