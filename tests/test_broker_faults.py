@@ -220,6 +220,33 @@ async def test_an_unexpected_heartbeat_error_is_fatal(fatal: Recorder) -> None:
     assert "heartbeat" in what and isinstance(error, KeyError)
 
 
+async def test_a_controlled_shutdown_asks_at_once_not_at_the_next_heartbeat() -> None:
+    """The heartbeat interval is 10 minutes here: only a heartbeat sent at once can carry
+    the request within the shutdown's deadline."""
+    heartbeats: list[m.BrokerHeartbeatRequest] = []
+
+    class Controller:
+        async def call(self, request: Any, **_: Any) -> tuple[Any, memoryview]:
+            if isinstance(request, m.BrokerRegistrationRequest):
+                return m.BrokerRegistrationResponse(broker_epoch=5), memoryview(b"")
+            heartbeats.append(request)
+            go = request.want_shut_down
+            answer = m.BrokerHeartbeatResponse(True, is_fenced=go, should_shut_down=go)
+            return answer, memoryview(b"")
+
+    lifecycle = BrokerLifecycle(
+        Controller(),
+        1,
+        [],
+        lambda: 0,  # type: ignore[arg-type]
+        heartbeat_interval_ms=600_000,
+    )
+    await lifecycle.start()
+    await wait_until_async(lambda: heartbeats)
+    assert await lifecycle.controlled_shutdown(deadline_ms=30_000)
+    assert [h.want_shut_down for h in heartbeats] == [False, True]
+
+
 # -- the broker's own tasks --------------------------------------------------------------
 
 
