@@ -16,7 +16,8 @@ venv, so a cluster benchmark measures the older brokers and clients end to end.
 Which benchmarks: ``storage`` (storage_bench.py: append, read, recovery), ``cluster``
 (cluster_bench.py: perf produce per record and bulk, perf consume, brokers' CPU) and
 ``codec`` (codec_bench.py, when present: per-record build and decode costs); with
-``--only spark`` also ``spark`` (spark_bench.py: spark load against perf produce).
+``--only spark`` also ``spark`` (spark_bench.py: spark load against perf produce), with
+``--only e2e`` also ``e2e`` (cluster_bench.py's end-to-end latency at fixed rates).
 """
 
 from __future__ import annotations
@@ -66,6 +67,28 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ],
     ),
     "codec": ("codec_bench.py", [], []),
+    # Only with --only e2e: end-to-end latency at two fixed rates, about a half and a
+    # quarter of this machine's RF=3 acks=all maximum (a share of a maximum measured in
+    # each run would give the two sides different loads).
+    "e2e": (
+        "cluster_bench.py",
+        [
+            *("--skip", "throughput", "--skip", "bulk", "--skip", "replication"),
+            *("--skip", "failover", "--e2e-linger-ms", "5"),
+            *("--e2e-rate", "450000", "250000"),
+        ],
+        [
+            f"end_to_end.{i}.{metric}"
+            for i in (0, 1)
+            for metric in (
+                "latency_ms.p50",
+                "latency_ms.p99",
+                "cpu_s.brokers",
+                "broker_requests_per_s.Produce",
+                "broker_requests_per_s.Fetch",
+            )
+        ],
+    ),
     # Only with --only spark (needs Java and the spark extra in both trees).
     "spark": (
         "spark_bench.py",
@@ -84,7 +107,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ],
     ),
 }
-OPT_IN = {"spark"}
+OPT_IN = {"spark", "e2e"}
 
 
 def sh(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -112,9 +135,12 @@ def base_tree(ref: str, work: Path) -> tuple[str, Path]:
 def dig(result: dict[str, Any], path: str) -> float | None:
     value: Any = result
     for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]  # a list's item by its index
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
             return None
-        value = value[part]
     return value if isinstance(value, int | float) else None
 
 

@@ -470,9 +470,9 @@ class RecordAccumulator:
             self._seal(tp)
         self._next_linger = math.inf
 
-    def _seal(self, tp: PartitionQueue) -> None:
+    def _seal(self, tp: PartitionQueue, wake: bool = True) -> None:
         """Close the open batch: encode it once and queue it behind the partition's
-        earlier batches."""
+        earlier batches (``wake``: and schedule a sender pass to send it)."""
         b = tp.open
         if b is None:
             return
@@ -500,7 +500,8 @@ class RecordAccumulator:
             b.values = b.keys = b.headers = None  # type: ignore[assignment]  # free early
             tp.ready.append(b)
             self._queued[tp] = None
-        self.wakeup()
+        if wake:
+            self.wakeup()
 
     def sealed(self, topic: str, partition: int) -> list[ProducerBatch]:
         """The partition's sealed batches waiting to be sent, in sending order."""
@@ -519,6 +520,8 @@ class RecordAccumulator:
         muted partitions, partitions at their in-flight limit, ``busy`` leaders and
         partitions whose leader moved while batches are in flight to the old one (they
         come back, fail and are resent first: docs/client.md, "Ordering and retries").
+        A leader that gets a request also gets its other partitions' open batches,
+        sealed before their linger (``_take_open``).
 
         Returns {leader: batches in order} and whether some partition had no leader
         (``leader_of`` answered < 0). Drained batches count as in flight until
@@ -551,7 +554,47 @@ class RecordAccumulator:
             tp.node = node
             sizes[node] = size + len(b.payload)  # type: ignore[arg-type]
             by_node.setdefault(node, []).append(b)
+        if by_node and self._lingering:
+            self._take_open(by_node, sizes, leader_of, max_request_bytes)
         return by_node, leaderless
+
+    def _take_open(
+        self,
+        by_node: dict[int, list[ProducerBatch]],
+        sizes: dict[int, int],
+        leader_of: Callable[[str, int], int],
+        max_request_bytes: int,
+    ) -> None:
+        """Seal and add to each request the open batches of partitions its leader leads,
+        as Kafka's producer drains every partition of a node it sends to. Each would
+        otherwise linger out on its own and cost the leader another request (and its
+        followers another fetch), while the records only wait longer. Only a partition
+        with nothing sealed waiting (its batches stay in order) within the same limits
+        as a sealed batch, and only while the request has room."""
+        for tp in list(self._lingering):
+            b = tp.open
+            if b is None or tp.ready or tp.muted:
+                continue
+            limit = 1 if tp.retrying else self.max_in_flight_per_partition
+            if tp.in_flight >= limit:
+                continue
+            node = leader_of(tp.topic, tp.partition)
+            if node not in by_node or (tp.in_flight and node != tp.node):
+                continue
+            if sizes[node] + b.nbytes > max_request_bytes:
+                continue  # by its estimate it will not fit: it lingers on
+            self._seal(tp, wake=False)
+            if not tp.ready:
+                self.wakeup()  # unencodable: set aside, the next pass fails it
+                continue
+            if sizes[node] + len(tp.ready[0].payload) > max_request_bytes:  # type: ignore[arg-type]
+                self.wakeup()  # sealed but over by its encoding: the next request takes it
+                continue
+            b = tp.ready.popleft()
+            tp.in_flight += 1
+            tp.node = node
+            sizes[node] += len(b.payload)  # type: ignore[arg-type]
+            by_node[node].append(b)
 
     # --- results -------------------------------------------------------------------
 

@@ -181,6 +181,54 @@ def test_drain_respects_max_request_bytes_but_always_takes_one_batch() -> None:
     assert [b.partition for b in by_node[1]] == [1, 2]
 
 
+def test_a_request_to_a_leader_takes_its_other_partitions_open_batches() -> None:
+    clock = Clock()
+    acc = make(clock)
+    table = leaders({0: 1, 1: 1, 2: 2, 3: 1})
+    acc.append("t", b"a", partition=0)
+    acc.seal_all()  # partition 0's batch is due
+    acc.append("t", b"b", partition=1)  # open, lingering, same leader
+    acc.append("t", b"c", partition=2)  # open, another leader
+    acc.append("t", b"d", partition=3)  # open, leader 1 too
+    by_node, _ = acc.drain(table, 1 << 20)
+    # Leader 1's request carries partition 1's open batch, sealed before its linger;
+    # leader 2 gets no request of its own for a batch still lingering.
+    assert {n: [(b.partition, values(b)) for b in bs] for n, bs in by_node.items()} == {
+        1: [(0, [b"a"]), (1, [b"b"]), (3, [b"d"])]
+    }
+    assert acc.topics["t"].parts[1].open is None
+    assert acc.topics["t"].parts[2].open is not None
+    acc.append("t", b"b2", partition=1)  # lands in a new batch, sent after the first
+    clock.now += LINGER
+    acc.ready(clock.now)
+    by_node, _ = acc.drain(table, 1 << 20)
+    assert {n: [(b.partition, values(b)) for b in bs] for n, bs in by_node.items()} == {
+        1: [(1, [b"b2"])],
+        2: [(2, [b"c"])],  # lingered out: its own request
+    }
+
+
+def test_open_batches_ride_along_only_within_the_limits_of_a_sealed_one() -> None:
+    acc = make(Clock(), max_in_flight_per_partition=1)
+    table = leaders({0: 1, 1: 1, 2: 1, 3: 1})
+    for p in (0, 1):
+        acc.append("t", b"%d" % p, partition=p)
+        acc.seal_all()
+    first, in_flight = acc.drain(table, 1 << 20)[0][1]
+    assert acc.delivered(first) is None  # partition 0's is done, partition 1's in flight
+    acc.append("t", b"x" * 100, partition=0)
+    acc.seal_all()  # partition 0: a sealed batch
+    acc.append("t", b"later", partition=0)  # ... and an open one behind it
+    acc.append("t", b"1-open", partition=1)  # at its in-flight limit
+    acc.append("t", b"y" * 200, partition=2)  # does not fit the request
+    acc.append("t", b"3", partition=3)  # fits
+    by_node, _ = acc.drain(table, 300)
+    assert [(b.partition, values(b)) for b in by_node[1]] == [(0, [b"x" * 100]), (3, [b"3"])]
+    parts = acc.topics["t"].parts
+    assert parts[0].open is not None and parts[1].open is not None
+    assert parts[2].open is not None  # it lingers on, unsealed
+
+
 def test_max_in_flight_per_partition_holds_back_the_next_batch() -> None:
     acc = make(Clock(), max_in_flight_per_partition=1)
     for i in range(2):
