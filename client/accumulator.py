@@ -529,6 +529,7 @@ class RecordAccumulator:
         """
         by_node: dict[int, list[ProducerBatch]] = {}
         sizes: dict[int, int] = {}
+        taken: set[PartitionQueue] = set()
         leaderless = False
         for tp in list(self._queued):
             if not tp.ready:
@@ -552,28 +553,38 @@ class RecordAccumulator:
             tp.ready.popleft()
             tp.in_flight += 1
             tp.node = node
+            taken.add(tp)
             sizes[node] = size + len(b.payload)  # type: ignore[arg-type]
             by_node.setdefault(node, []).append(b)
         if by_node and self._lingering:
-            self._take_open(by_node, sizes, leader_of, max_request_bytes)
+            self._take_open(by_node, sizes, taken, leader_of, max_request_bytes)
         return by_node, leaderless
 
     def _take_open(
         self,
         by_node: dict[int, list[ProducerBatch]],
         sizes: dict[int, int],
+        taken: set[PartitionQueue],
         leader_of: Callable[[str, int], int],
         max_request_bytes: int,
     ) -> None:
         """Seal and add to each request the open batches of partitions its leader leads,
         as Kafka's producer drains every partition of a node it sends to. Each would
         otherwise linger out on its own and cost the leader another request (and its
-        followers another fetch), while the records only wait longer. Only a partition
-        with nothing sealed waiting (its batches stay in order) within the same limits
-        as a sealed batch, and only while the request has room."""
+        followers another fetch), while the records only wait longer.
+
+        Only a partition with nothing sealed waiting (its batches stay in order) and
+        none ``taken`` into this pass's requests: a request carries one batch per
+        partition, since its answer has one result per partition. Within the same
+        limits as a sealed batch, only while the request has room, and never a topic's
+        sticky partition, whose batch unkeyed records are still filling (sealing it
+        would move them on and make every batch smaller)."""
         for tp in list(self._lingering):
             b = tp.open
-            if b is None or tp.ready or tp.muted:
+            if b is None or tp.ready or tp.muted or tp in taken:
+                continue
+            t = self.topics.get(tp.topic)
+            if t is not None and t.sticky == tp.partition:
                 continue
             limit = 1 if tp.retrying else self.max_in_flight_per_partition
             if tp.in_flight >= limit:
@@ -581,7 +592,7 @@ class RecordAccumulator:
             node = leader_of(tp.topic, tp.partition)
             if node not in by_node or (tp.in_flight and node != tp.node):
                 continue
-            if sizes[node] + b.nbytes > max_request_bytes:
+            if sizes[node] + records.HEADER_SIZE + b.nbytes > max_request_bytes:
                 continue  # by its estimate it will not fit: it lingers on
             self._seal(tp, wake=False)
             if not tp.ready:
@@ -593,6 +604,7 @@ class RecordAccumulator:
             b = tp.ready.popleft()
             tp.in_flight += 1
             tp.node = node
+            taken.add(tp)
             sizes[node] += len(b.payload)  # type: ignore[arg-type]
             by_node[node].append(b)
 

@@ -208,6 +208,33 @@ def test_a_request_to_a_leader_takes_its_other_partitions_open_batches() -> None
     }
 
 
+def test_a_request_carries_one_batch_per_partition_even_with_one_open_behind() -> None:
+    # The answer has one result per partition: two batches of one partition in a request
+    # would both get the second's (offsets, and an error reported as a success).
+    acc = make(Clock())
+    table = leaders({0: 1, 1: 1})
+    acc.append("t", b"sealed", partition=0)
+    acc.seal_all()
+    acc.append("t", b"open", partition=0)
+    acc.append("t", b"other", partition=1)
+    by_node, _ = acc.drain(table, 1 << 20)
+    assert [(b.partition, values(b)) for b in by_node[1]] == [(0, [b"sealed"]), (1, [b"other"])]
+    assert acc.topics["t"].parts[0].open is not None  # the next request takes it
+
+
+def test_the_sticky_partitions_open_batch_keeps_filling() -> None:
+    acc = make(Clock())
+    table = leaders({0: 1, 1: 1, 2: 1, 3: 1})
+    acc.append("t", b"keyed", partition=0)
+    acc.seal_all()
+    acc.append("t", b"unkeyed")  # lands on the sticky partition, opening a batch
+    sticky = acc.topics["t"].sticky
+    (batches,) = acc.drain(table, 1 << 20)[0].values()
+    assert [b.partition for b in batches] == [0]
+    assert acc.topics["t"].parts[sticky].open is not None
+    assert acc.topics["t"].sticky == sticky
+
+
 def test_open_batches_ride_along_only_within_the_limits_of_a_sealed_one() -> None:
     acc = make(Clock(), max_in_flight_per_partition=1)
     table = leaders({0: 1, 1: 1, 2: 1, 3: 1})
@@ -448,10 +475,16 @@ def test_random_schedules_keep_each_partitions_order_and_complete_every_batch(
         done.add(b)
         acc.deallocate(b)
 
+    max_request = rng.choice([100, 200, 1 << 20])
+
     def send() -> None:
-        by_node, _ = acc.drain(leader, 100)
+        by_node, _ = acc.drain(leader, max_request)
         for node, batches in by_node.items():
             assert node == table[batches[0].partition] > 0
+            # One batch per partition (the answer has one result per partition), and
+            # within the request bound unless the request is one batch.
+            assert len({b.partition for b in batches}) == len(batches)
+            assert len(batches) == 1 or sum(len(b.payload) for b in batches) <= max_request
             conns[node] += batches
 
     def answer(node: int) -> None:
