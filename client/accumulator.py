@@ -301,6 +301,12 @@ class RecordAccumulator:
         b.values.append(value)
         if key is not None or b.keys is not None:
             _append_key(b, key)
+        # A record with headers or a timestamp (append_record) gave the batch those
+        # columns: every later record needs its entry, or the batch cannot be encoded.
+        if b.headers is not None:
+            b.headers.append(None)
+        if b.timestamps is not None:
+            b.timestamps.append(b.timestamp_ms)
         b.nbytes += size
         if b.nbytes >= self.batch_size:
             self._seal(tp)
@@ -388,19 +394,46 @@ class RecordAccumulator:
         keys: Sequence[Any] | None,
         nbytes: int,
     ) -> ProducerBatch:
-        """A whole batch at once (``send_many``): column slices, sealed at once, after
-        the partition's open batch so earlier records go first."""
+        """Column slices of at most ``batch_size`` (``send_many``), added to the
+        partition's open batch as ``append`` adds records one by one: they join it while
+        it has room, else it seals and they open the next. Sealed at ``batch_size`` or
+        after ``linger_s`` like any batch, so many small calls make one batch a linger,
+        not one each (and each batch costs the leader a request)."""
+        sticky = partition is None
         if partition is None:
             partition = t.sticky if t.sticky >= 0 else self._stick(t, -1)
         tp = t.parts[partition]
-        if tp.open is not None:
+        b = tp.open
+        if b is not None and b.nbytes + nbytes > self.batch_size:
             self._seal(tp)
-        b = self._open_batch(tp)
-        b.values = list(values)
-        b.keys = list(keys) if keys is not None else None
-        b.nbytes = nbytes
+            b = None
+            if sticky:  # the seal moved the sticky choice on (KIP-480): follow it
+                tp = t.parts[t.sticky]
+                b = tp.open
+                if b is not None and b.nbytes + nbytes > self.batch_size:
+                    self._seal(tp)  # no room there either: these open its next batch
+                    b = None
+        if b is None:
+            b = self._open_batch(tp)
+        n = len(values)
+        if b.values:
+            index = len(b.values)
+            b.values.extend(values)
+            if keys is not None or b.keys is not None:
+                if b.keys is None:
+                    b.keys = [None] * index
+                b.keys.extend(keys if keys is not None else [None] * n)
+            if b.headers is not None:
+                b.headers.extend([None] * n)
+            if b.timestamps is not None:
+                b.timestamps.extend([b.timestamp_ms] * n)
+        else:
+            b.values = list(values)
+            b.keys = list(keys) if keys is not None else None
+        b.nbytes += nbytes
         self.buffered += nbytes
-        self._seal(tp)
+        if b.nbytes >= self.batch_size:
+            self._seal(tp)
         return b
 
     def partition_for(self, t: TopicQueues, key: Any) -> int:

@@ -366,9 +366,11 @@ class Producer:
         keys: Sequence[Any] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Buffer a list of records as whole batches (column slices, no per-record
-        Python work when unkeyed). Waits for buffer space between batches; delivery
-        errors are reported by ``flush()``."""
+        """Buffer a list of records in column slices of at most ``batch_size`` (no
+        per-record Python work when unkeyed). They join the partition's open batch as
+        records from ``produce`` do, and batches seal at ``batch_size`` or after
+        ``linger_ms``: calls a millisecond apart share a batch. Waits for buffer space
+        between slices; delivery errors are reported by ``flush()``."""
         self._check_open()
         if not values:
             return

@@ -54,6 +54,15 @@ def values(b: ProducerBatch) -> list[bytes]:
     return [r.value for r in records.decode_batch(b.payload)]
 
 
+def values_of_open(tp: object) -> list[bytes]:
+    return list(tp.open.values)  # type: ignore[attr-defined]
+
+
+def decode(b: ProducerBatch) -> list[records.Record]:
+    assert b.payload is not None
+    return list(records.decode_batch(b.payload))
+
+
 def leaders(table: dict[int, int]):  # noqa: ANN201
     return lambda topic, partition: table.get(partition, -1)
 
@@ -105,6 +114,81 @@ def test_the_wakeup_hook_fires_on_a_seal_and_on_an_earlier_linger_deadline() -> 
     assert calls == [100.0]
     acc.seal_all()
     assert len(calls) == 3
+
+
+def test_a_plain_record_after_one_with_headers_or_a_timestamp_shares_its_batch() -> None:
+    # The per-record fast path appended no header or timestamp for the plain record, so
+    # the batch's columns differed in length and the whole batch failed to encode.
+    acc = make(Clock())
+    acc.append("t", b"h", headers=[("x", b"1")], partition=0)
+    acc.append("t", b"plain", partition=0)
+    acc.append("t", b"ts", timestamp=5, partition=0)
+    acc.append("t", b"plain2", key=b"k", partition=0)
+    acc.seal_all()
+    assert acc.unencodable == []
+    (b,) = acc.sealed("t", 0)
+    got = [(r.value, r.key, r.timestamp, [h[0] for h in r.headers or ()]) for r in decode(b)]
+    assert got == [
+        (b"h", None, WALL_MS, ["x"]),
+        (b"plain", None, WALL_MS, []),
+        (b"ts", None, 5, []),
+        (b"plain2", b"k", WALL_MS, []),
+    ]
+
+
+def test_column_slices_join_the_open_batch_and_linger_like_single_records() -> None:
+    # send_many each millisecond made one batch, so one request, per call whatever the
+    # linger; now the calls of a linger share a batch.
+    clock = Clock()
+    acc = make(clock, batch_size=1000)
+    t = acc.topics["t"]
+    acc.append("t", b"one", partition=1)
+    acc.append_columns(t, 1, [b"a", b"b"], None, 20)
+    acc.append_columns(t, 1, [b"c"], None, 10)
+    assert acc.sealed("t", 1) == []  # still lingering
+    clock.now += LINGER
+    acc.ready(clock.now)
+    (b,) = acc.sealed("t", 1)
+    assert values(b) == [b"one", b"a", b"b", b"c"]
+
+
+def test_a_column_slice_that_does_not_fit_seals_the_open_batch_first() -> None:
+    acc = make(Clock(), batch_size=100)
+    t = acc.topics["t"]
+    acc.append_columns(t, 0, [b"a"], None, 60)
+    acc.append_columns(t, 0, [b"b"], None, 60)  # 120 > 100: "a" seals alone
+    assert [values(b) for b in acc.sealed("t", 0)] == [[b"a"]]
+    acc.append_columns(t, 0, [b"c"], None, 40)  # 100: full, sealed at once
+    assert [values(b) for b in acc.sealed("t", 0)] == [[b"a"], [b"b", b"c"]]
+
+
+def test_unkeyed_column_slices_follow_the_sticky_partition_when_a_batch_seals() -> None:
+    acc = make(Clock(), batch_size=100)
+    t = acc.topics["t"]
+    acc.append_columns(t, None, [b"a"], None, 60)
+    first = t.sticky
+    acc.append_columns(t, None, [b"b"], None, 60)  # seals first's batch, moves on
+    assert t.sticky != first
+    assert t.parts[t.sticky].open is not None and values_of_open(t.parts[t.sticky]) == [b"b"]
+    assert t.parts[first].open is None
+
+
+def test_column_slices_keep_keys_headers_and_timestamps_aligned() -> None:
+    clock = Clock()
+    acc = make(clock)
+    t = acc.topics["t"]
+    acc.append("t", b"h", headers=[("x", b"1")], timestamp=5, partition=0)
+    acc.append_columns(t, 0, [b"k1", b"k2"], [b"key1", b"key2"], 30)
+    acc.append("t", b"plain", partition=0)
+    acc.seal_all()
+    (b,) = acc.sealed("t", 0)
+    got = [(r.value, r.key, r.timestamp, [h[0] for h in r.headers or ()]) for r in decode(b)]
+    assert got == [
+        (b"h", None, 5, ["x"]),
+        (b"k1", b"key1", WALL_MS, []),
+        (b"k2", b"key2", WALL_MS, []),
+        (b"plain", None, WALL_MS, []),
+    ]
 
 
 def test_keyed_records_land_on_their_murmur2_partition() -> None:
