@@ -23,8 +23,11 @@ The sender (client/sender.py) drives all of it and completes the batches.
 from __future__ import annotations
 
 import math
+import operator
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
+from itertools import accumulate
 from typing import Any
 
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
@@ -158,6 +161,7 @@ def _unknown_topic(topic: str, record: HeldRecord) -> None:
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+_ONLY_BYTES = frozenset({bytes})
 
 
 def check_field(field: Any, what: str) -> None:
@@ -177,6 +181,31 @@ def _header(pair: Any) -> tuple[str, Any]:
     if v is not None and not isinstance(v, _BYTES_LIKE):
         raise TypeError(f"a header value must be bytes or None, not {type(v).__name__}")
     return k, v
+
+
+def column_ends(values: Sequence[Any], keys: Sequence[Any] | None) -> list[int]:
+    """Running totals of ``record_size`` over ``send_many``'s records (``ends[i]``:
+    records 0..i together), after checking every value and key as ``append`` checks
+    one. A bad one raises here, before any batch is touched, so it fails its own call and
+    never the records of a batch the call would have joined."""
+    sizes: Iterable[int] = _column_lengths(values, "value")
+    if keys is not None:
+        sizes = map(operator.add, sizes, _column_lengths(keys, "key"))
+    return list(accumulate(map(RECORD_OVERHEAD_BYTES.__add__, sizes)))
+
+
+def _column_lengths(column: Sequence[Any], what: str) -> Iterable[int]:
+    if set(map(type, column)) <= _ONLY_BYTES:  # the usual case, at C speed
+        return map(len, column)
+    lengths = []
+    for field in column:
+        if field is None:
+            lengths.append(0)
+        else:
+            if field.__class__ is not bytes:
+                check_field(field, what)
+            lengths.append(len(field))
+    return lengths
 
 
 def record_size(value: Any, key: Any, headers: Any) -> int:
@@ -392,49 +421,40 @@ class RecordAccumulator:
         partition: int | None,
         values: Sequence[Any],
         keys: Sequence[Any] | None,
-        nbytes: int,
-    ) -> ProducerBatch:
-        """Column slices of at most ``batch_size`` (``send_many``), added to the
-        partition's open batch as ``append`` adds records one by one: they join it while
-        it has room, else it seals and they open the next. Sealed at ``batch_size`` or
-        after ``linger_s`` like any batch, so many small calls make one batch a linger,
-        not one each (and each batch costs the leader a request)."""
-        sticky = partition is None
+        ends: Sequence[int],
+        start: int = 0,
+    ) -> int:
+        """``send_many``'s records from ``start`` on (``ends`` from ``column_ends``), as
+        many as fill the partition's open batch, or a new one, to ``batch_size``: the
+        record that reaches it included, as ``append`` adds records one by one. A batch
+        they fill seals at once, the rest lingers like any open batch, so calls a
+        millisecond apart share a batch. Returns the index the next call starts at."""
         if partition is None:
             partition = t.sticky if t.sticky >= 0 else self._stick(t, -1)
         tp = t.parts[partition]
-        b = tp.open
-        if b is not None and b.nbytes + nbytes > self.batch_size:
-            self._seal(tp)
-            b = None
-            if sticky:  # the seal moved the sticky choice on (KIP-480): follow it
-                tp = t.parts[t.sticky]
-                b = tp.open
-                if b is not None and b.nbytes + nbytes > self.batch_size:
-                    self._seal(tp)  # no room there either: these open its next batch
-                    b = None
-        if b is None:
-            b = self._open_batch(tp)
-        n = len(values)
+        b = tp.open or self._open_batch(tp)
+        before = ends[start - 1] if start else 0
+        end = min(bisect_left(ends, before + self.batch_size - b.nbytes, start) + 1, len(ends))
+        nbytes = ends[end - 1] - before
         if b.values:
-            index = len(b.values)
-            b.values.extend(values)
+            index, n = len(b.values), end - start
+            b.values.extend(values[start:end])
             if keys is not None or b.keys is not None:
                 if b.keys is None:
                     b.keys = [None] * index
-                b.keys.extend(keys if keys is not None else [None] * n)
+                b.keys.extend(keys[start:end] if keys is not None else [None] * n)
             if b.headers is not None:
                 b.headers.extend([None] * n)
             if b.timestamps is not None:
                 b.timestamps.extend([b.timestamp_ms] * n)
         else:
-            b.values = list(values)
-            b.keys = list(keys) if keys is not None else None
+            b.values = list(values[start:end])
+            b.keys = list(keys[start:end]) if keys is not None else None
         b.nbytes += nbytes
         self.buffered += nbytes
         if b.nbytes >= self.batch_size:
             self._seal(tp)
-        return b
+        return end
 
     def partition_for(self, t: TopicQueues, key: Any) -> int:
         p = t.key_cache.get(key)
@@ -483,6 +503,10 @@ class RecordAccumulator:
         """Seal every open batch that has lingered ``linger_s`` by ``now``; returns a time
         no open batch lingers out before (None: none is open). It can be early when a
         batch was sealed for its size since: a pass then finds nothing to seal."""
+        if self.buffered >= self.buffer_memory and self._lingering:
+            # Out of memory, and a caller may be waiting for some: every open batch is
+            # ready now (as in Kafka's accumulator), or the caller waits out a linger.
+            self.seal_all()
         if now >= self._next_linger:
             limit = now - self.linger_s
             oldest = math.inf

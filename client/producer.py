@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rillet.client.accumulator import (
-    RECORD_OVERHEAD_BYTES,
     HeldRecord,
     ProducerBatch,
     ProducerClosedError,
     RecordAccumulator,
     TopicQueues,
+    column_ends,
     record_size,
 )
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, MetadataClient
@@ -380,6 +380,7 @@ class Producer:
         if partition is not None and not 0 <= partition < t.num_partitions:
             raise ValueError(f"{topic} has no partition {partition}")
         if keys is not None and partition is None:
+            column_ends(values, keys)  # every record checked before any is added
             groups: dict[int, list[int]] = {}
             partition_for = self._accumulator.partition_for
             for i, k in enumerate(keys):
@@ -397,17 +398,10 @@ class Producer:
         keys: Sequence[Any] | None,
     ) -> None:
         acc = self._accumulator
-        total = sum(map(len, values)) + RECORD_OVERHEAD_BYTES * len(values)
-        if keys is not None:
-            total += sum(len(k) for k in keys if k is not None)
-        n = len(values)
-        per_batch = max(1, n * self.batch_size // max(total, 1))
-        for start in range(0, n, per_batch):
-            end = min(start + per_batch, n)
-            part_keys = keys[start:end] if keys is not None else None
-            acc.append_columns(
-                t, partition, values[start:end], part_keys, total * (end - start) // n
-            )
+        ends = column_ends(values, keys)  # raises on a bad record before any is added
+        start, n = 0, len(values)
+        while start < n:
+            start = acc.append_columns(t, partition, values, keys, ends, start)
             if acc.buffered >= acc.buffer_memory:
                 await self._sender.wait_for_space()
 

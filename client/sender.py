@@ -268,10 +268,13 @@ class Sender:
         return failed, first
 
     def wait_for_space(self) -> asyncio.Future[None]:
-        """A future that resolves once ``buffered`` drops below ``buffer_memory``."""
+        """A future that resolves once ``buffered`` drops below ``buffer_memory``. A pass
+        is scheduled, which seals the open batches (the accumulator is out of memory), so
+        the wait is for answers, not for a linger."""
         assert self._loop is not None
         fut = self._loop.create_future()
         self._space_waiters.append(fut)
+        self.wakeup()
         return fut
 
     def release(self, nbytes: int) -> None:

@@ -16,6 +16,7 @@ from rillet.client.accumulator import (
     ProducerBatch,
     ProducerClosedError,
     RecordAccumulator,
+    column_ends,
 )
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
 from rillet.client.wire import records
@@ -136,6 +137,16 @@ def test_a_plain_record_after_one_with_headers_or_a_timestamp_shares_its_batch()
     ]
 
 
+def add_columns(
+    acc: RecordAccumulator, t: object, partition: int | None, values: list, keys: list | None = None
+) -> None:
+    """What ``Producer.send_many`` does with one partition's records."""
+    ends = column_ends(values, keys)
+    start = 0
+    while start < len(values):
+        start = acc.append_columns(t, partition, values, keys, ends, start)  # type: ignore[arg-type]
+
+
 def test_column_slices_join_the_open_batch_and_linger_like_single_records() -> None:
     # send_many each millisecond made one batch, so one request, per call whatever the
     # linger; now the calls of a linger share a batch.
@@ -143,8 +154,8 @@ def test_column_slices_join_the_open_batch_and_linger_like_single_records() -> N
     acc = make(clock, batch_size=1000)
     t = acc.topics["t"]
     acc.append("t", b"one", partition=1)
-    acc.append_columns(t, 1, [b"a", b"b"], None, 20)
-    acc.append_columns(t, 1, [b"c"], None, 10)
+    add_columns(acc, t, 1, [b"a", b"b"])
+    add_columns(acc, t, 1, [b"c"])
     assert acc.sealed("t", 1) == []  # still lingering
     clock.now += LINGER
     acc.ready(clock.now)
@@ -152,25 +163,61 @@ def test_column_slices_join_the_open_batch_and_linger_like_single_records() -> N
     assert values(b) == [b"one", b"a", b"b", b"c"]
 
 
-def test_a_column_slice_that_does_not_fit_seals_the_open_batch_first() -> None:
+def test_column_slices_fill_a_batch_to_batch_size_and_seal_it_at_once() -> None:
     acc = make(Clock(), batch_size=100)
     t = acc.topics["t"]
-    acc.append_columns(t, 0, [b"a"], None, 60)
-    acc.append_columns(t, 0, [b"b"], None, 60)  # 120 > 100: "a" seals alone
-    assert [values(b) for b in acc.sealed("t", 0)] == [[b"a"]]
-    acc.append_columns(t, 0, [b"c"], None, 40)  # 100: full, sealed at once
-    assert [values(b) for b in acc.sealed("t", 0)] == [[b"a"], [b"b", b"c"]]
+    a, b, c = (bytes([x]) * 52 for x in b"abc")  # 60 bytes each with the overhead
+    add_columns(acc, t, 0, [a])
+    add_columns(acc, t, 0, [b, c])  # b joins a and fills the batch; c opens the next
+    assert [values(x) for x in acc.sealed("t", 0)] == [[a, b]]
+    assert list(t.parts[0].open.values) == [c]
+
+
+def test_column_slices_are_cut_by_each_records_size_not_an_average() -> None:
+    # Slices cut by the call's average record size could put many large records in one
+    # batch, far over batch_size (and the broker's max.message.bytes).
+    acc = make(Clock(), batch_size=1000)
+    t = acc.topics["t"]
+    small, large = [b"s"] * 500, [b"L" * 400] * 10
+    add_columns(acc, t, 0, small + large)
+    add_columns(acc, t, 0, large)
+    acc.seal_all()
+    batches = acc.sealed("t", 0)
+    largest_record = 400 + RECORD_OVERHEAD_BYTES
+    assert all(x.nbytes < 1000 + largest_record for x in batches)
+    assert [r for x in batches for r in values(x)] == small + large + large
 
 
 def test_unkeyed_column_slices_follow_the_sticky_partition_when_a_batch_seals() -> None:
     acc = make(Clock(), batch_size=100)
     t = acc.topics["t"]
-    acc.append_columns(t, None, [b"a"], None, 60)
+    a, b, c = (bytes([x]) * 52 for x in b"abc")
+    add_columns(acc, t, None, [a])
     first = t.sticky
-    acc.append_columns(t, None, [b"b"], None, 60)  # seals first's batch, moves on
+    add_columns(acc, t, None, [b, c])  # b fills first's batch, which seals and moves on
     assert t.sticky != first
-    assert t.parts[t.sticky].open is not None and values_of_open(t.parts[t.sticky]) == [b"b"]
-    assert t.parts[first].open is None
+    assert [values(x) for x in acc.sealed("t", first)] == [[a, b]]
+    assert list(t.parts[t.sticky].open.values) == [c]
+
+
+def test_a_bad_record_in_a_column_fails_before_any_batch_is_touched() -> None:
+    with pytest.raises(TypeError, match="value must be bytes"):
+        column_ends([b"ok", "text"], None)
+    with pytest.raises(TypeError, match="key must be bytes"):
+        column_ends([b"ok", b"ok"], [b"k", 7])
+    # None (a tombstone's value, a null key) and bytes-likes count as append counts them
+    assert column_ends([b"ab", None, bytearray(b"xyz")], [None, b"k", None]) == [10, 19, 30]
+
+
+def test_out_of_memory_seals_open_batches_before_their_linger() -> None:
+    clock = Clock()
+    acc = make(clock, buffer_memory=200)
+    acc.append("t", b"x" * 150, partition=0)
+    acc.ready(clock.now)
+    assert acc.sealed("t", 0) == []  # lingering: memory left
+    acc.append("t", b"y" * 150, partition=1)  # over buffer_memory now
+    acc.ready(clock.now)
+    assert [len(acc.sealed("t", p)) for p in (0, 1)] == [1, 1]
 
 
 def test_column_slices_keep_keys_headers_and_timestamps_aligned() -> None:
@@ -178,7 +225,7 @@ def test_column_slices_keep_keys_headers_and_timestamps_aligned() -> None:
     acc = make(clock)
     t = acc.topics["t"]
     acc.append("t", b"h", headers=[("x", b"1")], timestamp=5, partition=0)
-    acc.append_columns(t, 0, [b"k1", b"k2"], [b"key1", b"key2"], 30)
+    add_columns(acc, t, 0, [b"k1", b"k2"], [b"key1", b"key2"])
     acc.append("t", b"plain", partition=0)
     acc.seal_all()
     (b,) = acc.sealed("t", 0)

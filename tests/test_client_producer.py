@@ -184,6 +184,36 @@ async def test_send_many_builds_whole_batches_in_order(fake: FakeCluster) -> Non
     assert values_of(fake, "t", 2) == [b"first", *values]
 
 
+async def test_a_bad_record_in_send_many_fails_its_call_not_its_batch_mates(
+    fake: FakeCluster,
+) -> None:
+    # send_many's records join the open batch: a str among them used to be found only
+    # when the batch was encoded, failing the records of send() in the same batch too.
+    async with Producer(fake.bootstrap, linger_ms=50) as p:
+        h = p.send("t", b"valid", partition=2)
+        with pytest.raises(TypeError, match="value must be bytes"):
+            await p.send_many("t", [b"fine", "not bytes"], partition=2)
+        with pytest.raises(TypeError, match="key must be bytes"):
+            await p.send_many("t", [b"fine", b"fine"], keys=[b"k", "not bytes"])
+        assert (await h).offset == 0
+        await p.flush()
+    assert values_of(fake, "t", 2) == [b"valid"]
+
+
+async def test_send_many_over_buffer_memory_waits_for_answers_not_a_linger(
+    fake: FakeCluster,
+) -> None:
+    # Keyed send_many left open batches on every partition with the memory used up and
+    # nothing in flight: it waited for the linger (10 minutes here) to free any.
+    keys = [b"k%d" % i for i in range(2000)]
+    async with Producer(
+        fake.bootstrap, linger_ms=600_000, batch_size=64 * 1024, buffer_memory=64 * 1024
+    ) as p:
+        await asyncio.wait_for(p.send_many("t", [b"v" * 100] * 2000, keys), 60)
+        await asyncio.wait_for(p.flush(), 60)
+    assert sum(len(fake.records("t", q)) for q in range(6)) == 2000
+
+
 async def test_send_many_keyed_groups_by_partition(fake: FakeCluster) -> None:
     keys = [b"k%d" % (i % 11) for i in range(1000)]
     async with Producer(fake.bootstrap) as p:
