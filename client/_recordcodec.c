@@ -123,12 +123,12 @@ static int crc_of(const unsigned char *p, Py_ssize_t n, uint32_t *out) {
 
 /* --- building ----------------------------------------------------------------------- */
 
-/* A nullable byte field's encoded size (length varint + bytes); -1 with TypeError or
- * ValueError set. The twin's checks, in its order. */
-static Py_ssize_t field_size(PyObject *b, Py_ssize_t index, const char *what) {
+/* A nullable byte field's length in bytes (0 for None); -1 with TypeError or ValueError
+ * set. The twin's checks, in its order. */
+static Py_ssize_t field_length(PyObject *b, Py_ssize_t index, const char *what) {
     Py_ssize_t n;
     if (b == Py_None)
-        return 1;
+        return 0;
     if (PyBytes_Check(b))
         n = PyBytes_GET_SIZE(b);
     else if (PyByteArray_Check(b))
@@ -152,6 +152,16 @@ static Py_ssize_t field_size(PyObject *b, Py_ssize_t index, const char *what) {
                      index, what, n);
         return -1;
     }
+    return n;
+}
+
+/* A nullable byte field's encoded size (length varint + bytes); -1 with an error set. */
+static Py_ssize_t field_size(PyObject *b, Py_ssize_t index, const char *what) {
+    if (b == Py_None)
+        return 1;
+    Py_ssize_t n = field_length(b, index, what);
+    if (n < 0)
+        return -1;
     return uvarint_size(zigzag32((int32_t)n)) + n;
 }
 
@@ -1492,6 +1502,87 @@ static PyObject *make_values(PyObject *module, PyObject *const *args, Py_ssize_t
     return out;
 }
 
+/* --- the producer's send_many (client/accumulator.py) ----------------------------- */
+
+PyDoc_STRVAR(column_cut_doc,
+"column_cut(values, keys, start, room, overhead, /)\n--\n\n"
+"Where a slice of send_many's records ends: the fewest records from values[start] on\n"
+"whose sizes (len(value) + len(key) + overhead, None counting 0) add up to room or\n"
+"more, else all of them; returns (end, nbytes). keys is None or as long as values.\n"
+"Each value and key must be bytes, bytearray, memoryview or None: TypeError naming\n"
+"the record, as build_batch raises.");
+
+static PyObject *column_cut(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "column_cut takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    long long room = PyLong_AsLongLong(args[3]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t overhead = PyLong_AsSsize_t(args[4]);
+    if (overhead == -1 && PyErr_Occurred())
+        return NULL;
+    if (overhead < 0 || overhead > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "overhead must be within 0..2**31-1");
+        return NULL;
+    }
+    PyObject *values = PySequence_Fast(args[0], "values must be a sequence");
+    if (values == NULL)
+        return NULL;
+    PyObject *keys = NULL;
+    if (args[1] != Py_None) {
+        keys = PySequence_Fast(args[1], "keys must be a sequence or None");
+        if (keys == NULL) {
+            Py_DECREF(values);
+            return NULL;
+        }
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+    if (keys != NULL && PySequence_Fast_GET_SIZE(keys) != n) {
+        PyErr_SetString(PyExc_ValueError, "values and keys differ in length");
+        goto done;
+    }
+    if (start < 0 || start > n) {
+        PyErr_Format(PyExc_ValueError, "start %zd is outside 0..%zd", start, n);
+        goto done;
+    }
+    PyObject **v = PySequence_Fast_ITEMS(values);
+    PyObject **k = keys != NULL ? PySequence_Fast_ITEMS(keys) : NULL;
+    long long total = 0;
+    Py_ssize_t i = start;
+    while (i < n) {
+        Py_ssize_t size = field_length(v[i], i, "a value");
+        if (size < 0)
+            goto done;
+        long long add = (long long)size + overhead; /* each under 2**31: no overflow */
+        if (k != NULL) {
+            size = field_length(k[i], i, "a key");
+            if (size < 0)
+                goto done;
+            add += size;
+        }
+        if (total > LLONG_MAX - add) {
+            PyErr_SetString(PyExc_OverflowError, "the records' sizes do not fit 64 bits");
+            goto done;
+        }
+        total += add;
+        i++;
+        if (total >= room)
+            break;
+    }
+    result = Py_BuildValue("(nL)", i, total);
+done:
+    Py_DECREF(values);
+    Py_XDECREF(keys);
+    return result;
+}
+
 /* --- the module --------------------------------------------------------------------- */
 
 PyDoc_STRVAR(crc32c_doc, "crc32c(data, /)\n--\n\n"
@@ -1518,6 +1609,7 @@ static PyMethodDef methods[] = {
     {"check_records", FASTCALL(check_records), check_records_doc},
     {"crc32c", crc32c_of, METH_O, crc32c_doc},
     {"make_values", FASTCALL(make_values), make_values_doc},
+    {"column_cut", FASTCALL(column_cut), column_cut_doc},
     {NULL, NULL, 0, NULL},
 };
 

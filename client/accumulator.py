@@ -23,11 +23,8 @@ The sender (client/sender.py) drives all of it and completes the batches.
 from __future__ import annotations
 
 import math
-import operator
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Sequence
-from itertools import accumulate
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
@@ -161,7 +158,7 @@ def _unknown_topic(topic: str, record: HeldRecord) -> None:
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-_ONLY_BYTES = frozenset({bytes})
+_NEVER = 1 << 62  # a room no records fill: column_cut then checks them all
 
 
 def check_field(field: Any, what: str) -> None:
@@ -181,31 +178,6 @@ def _header(pair: Any) -> tuple[str, Any]:
     if v is not None and not isinstance(v, _BYTES_LIKE):
         raise TypeError(f"a header value must be bytes or None, not {type(v).__name__}")
     return k, v
-
-
-def column_ends(values: Sequence[Any], keys: Sequence[Any] | None) -> list[int]:
-    """Running totals of ``record_size`` over ``send_many``'s records (``ends[i]``:
-    records 0..i together), after checking every value and key as ``append`` checks
-    one. A bad one raises here, before any batch is touched, so it fails its own call and
-    never the records of a batch the call would have joined."""
-    sizes: Iterable[int] = _column_lengths(values, "value")
-    if keys is not None:
-        sizes = map(operator.add, sizes, _column_lengths(keys, "key"))
-    return list(accumulate(map(RECORD_OVERHEAD_BYTES.__add__, sizes)))
-
-
-def _column_lengths(column: Sequence[Any], what: str) -> Iterable[int]:
-    if set(map(type, column)) <= _ONLY_BYTES:  # the usual case, at C speed
-        return map(len, column)
-    lengths = []
-    for field in column:
-        if field is None:
-            lengths.append(0)
-        else:
-            if field.__class__ is not bytes:
-                check_field(field, what)
-            lengths.append(len(field))
-    return lengths
 
 
 def record_size(value: Any, key: Any, headers: Any) -> int:
@@ -415,16 +387,21 @@ class RecordAccumulator:
             self._seal(tp)
         return b, index
 
+    def check_columns(self, values: Sequence[Any], keys: Sequence[Any] | None) -> None:
+        """Check every value and key of a ``send_many`` call as ``append`` checks one
+        (TypeError naming the record), before any of them joins a batch: a bad record
+        then fails its own call, never the records of a batch it would have shared."""
+        records.codec.column_cut(values, keys, 0, _NEVER, RECORD_OVERHEAD_BYTES)
+
     def append_columns(
         self,
         t: TopicQueues,
         partition: int | None,
         values: Sequence[Any],
         keys: Sequence[Any] | None,
-        ends: Sequence[int],
         start: int = 0,
     ) -> int:
-        """``send_many``'s records from ``start`` on (``ends`` from ``column_ends``), as
+        """``send_many``'s records from ``start`` on (checked by ``check_columns``), as
         many as fill the partition's open batch, or a new one, to ``batch_size``: the
         record that reaches it included, as ``append`` adds records one by one. A batch
         they fill seals at once, the rest lingers like any open batch, so calls a
@@ -433,9 +410,9 @@ class RecordAccumulator:
             partition = t.sticky if t.sticky >= 0 else self._stick(t, -1)
         tp = t.parts[partition]
         b = tp.open or self._open_batch(tp)
-        before = ends[start - 1] if start else 0
-        end = min(bisect_left(ends, before + self.batch_size - b.nbytes, start) + 1, len(ends))
-        nbytes = ends[end - 1] - before
+        end, nbytes = records.codec.column_cut(
+            values, keys, start, self.batch_size - b.nbytes, RECORD_OVERHEAD_BYTES
+        )
         if b.values:
             index, n = len(b.values), end - start
             b.values.extend(values[start:end])

@@ -32,7 +32,6 @@ from rillet.client.accumulator import (
     ProducerClosedError,
     RecordAccumulator,
     TopicQueues,
-    column_ends,
     record_size,
 )
 from rillet.client.metadata import DEFAULT_BOOTSTRAP, MetadataClient
@@ -380,7 +379,7 @@ class Producer:
         if partition is not None and not 0 <= partition < t.num_partitions:
             raise ValueError(f"{topic} has no partition {partition}")
         if keys is not None and partition is None:
-            column_ends(values, keys)  # every record checked before any is added
+            self._accumulator.check_columns(values, keys)  # all, before any is added
             groups: dict[int, list[int]] = {}
             partition_for = self._accumulator.partition_for
             for i, k in enumerate(keys):
@@ -398,10 +397,10 @@ class Producer:
         keys: Sequence[Any] | None,
     ) -> None:
         acc = self._accumulator
-        ends = column_ends(values, keys)  # raises on a bad record before any is added
+        acc.check_columns(values, keys)  # raises on a bad record before any is added
         start, n = 0, len(values)
         while start < n:
-            start = acc.append_columns(t, partition, values, keys, ends, start)
+            start = acc.append_columns(t, partition, values, keys, start)
             if acc.buffered >= acc.buffer_memory:
                 await self._sender.wait_for_space()
 

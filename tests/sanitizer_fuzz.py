@@ -150,6 +150,23 @@ def fuzz_codec(codec: Any, count: int, rng: random.Random) -> None:
                 got = type(e)
             assert got == expected, (i, args)
             call(codec.build_batch, *build_args(cols, lambda s: s[::-1], 3))
+            # send_many's slices: the same columns, any start and room, as the twin cuts
+            cut = (
+                cols["values"],
+                cols["keys"],
+                rng.randrange(-1, len(cols["values"]) + 2),
+                rng.choice([-1, 0, 1, 50, 2**40, 2**63 - 1, 2**63]),
+                rng.choice([0, 8, -1, 2**62]),
+            )
+            try:
+                expected = twin.column_cut(*cut)
+            except EXPECTED as e:
+                expected = type(e)
+            try:
+                got = codec.column_cut(*cut)
+            except EXPECTED as e:
+                got = type(e)
+            assert got == expected, (i, cut)
             continue
         section, n, base_offset, base_ts = rng.choice(corpus)
         if rng.random() < 0.7:

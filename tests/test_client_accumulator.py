@@ -16,7 +16,6 @@ from rillet.client.accumulator import (
     ProducerBatch,
     ProducerClosedError,
     RecordAccumulator,
-    column_ends,
 )
 from rillet.client.partitioner import StickyPartitioner, partition_for_key
 from rillet.client.wire import records
@@ -141,10 +140,10 @@ def add_columns(
     acc: RecordAccumulator, t: object, partition: int | None, values: list, keys: list | None = None
 ) -> None:
     """What ``Producer.send_many`` does with one partition's records."""
-    ends = column_ends(values, keys)
+    acc.check_columns(values, keys)
     start = 0
     while start < len(values):
-        start = acc.append_columns(t, partition, values, keys, ends, start)  # type: ignore[arg-type]
+        start = acc.append_columns(t, partition, values, keys, start)  # type: ignore[arg-type]
 
 
 def test_column_slices_join_the_open_batch_and_linger_like_single_records() -> None:
@@ -201,12 +200,17 @@ def test_unkeyed_column_slices_follow_the_sticky_partition_when_a_batch_seals() 
 
 
 def test_a_bad_record_in_a_column_fails_before_any_batch_is_touched() -> None:
-    with pytest.raises(TypeError, match="value must be bytes"):
-        column_ends([b"ok", "text"], None)
-    with pytest.raises(TypeError, match="key must be bytes"):
-        column_ends([b"ok", b"ok"], [b"k", 7])
+    acc = make(Clock())
+    t = acc.topics["t"]
+    acc.append("t", b"valid", partition=0)
+    with pytest.raises(TypeError, match="record 1: a value must be bytes"):
+        add_columns(acc, t, 0, [b"ok", "text"])
+    with pytest.raises(TypeError, match="record 1: a key must be bytes"):
+        add_columns(acc, t, 0, [b"ok", b"ok"], [b"k", 7])
+    assert list(t.parts[0].open.values) == [b"valid"]
     # None (a tombstone's value, a null key) and bytes-likes count as append counts them
-    assert column_ends([b"ab", None, bytearray(b"xyz")], [None, b"k", None]) == [10, 19, 30]
+    add_columns(acc, t, 1, [b"ab", None, bytearray(b"xyz")], [None, b"k", None])
+    assert t.parts[1].open.nbytes == 30
 
 
 def test_out_of_memory_seals_open_batches_before_their_linger() -> None:

@@ -634,3 +634,55 @@ def test_a_column_resized_while_another_is_taken_is_refused() -> None:
         impl("native").build_batch(
             values, Shrinks(), None, None, 0, None, 0, 0, -1, -1, -1, -1, None
         )
+
+
+# --- column_cut: the producer's send_many slices ------------------------------------
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_column_cut_takes_the_fewest_records_that_fill_the_room(name: str) -> None:
+    cut = impl(name).column_cut
+    values = [b"a" * 10, None, bytearray(b"xyz"), memoryview(b"12345")]
+    assert cut(values, None, 0, 1 << 62, 8) == (4, 10 + 0 + 3 + 5 + 4 * 8)
+    assert cut(values, None, 0, 18, 8) == (1, 18)  # the record that reaches it included
+    assert cut(values, None, 0, 19, 8) == (2, 26)
+    assert cut(values, None, 2, 1, 8) == (3, 11)  # at least one record
+    assert cut(values, None, 4, 100, 8) == (4, 0)  # nothing left
+    keys = [None, b"kk", None, b"k"]
+    assert cut(values, keys, 0, 1 << 62, 8) == (4, 10 + 0 + 3 + 5 + 4 * 8 + 3)
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_column_cut_refuses_what_build_batch_refuses(name: str) -> None:
+    cut = impl(name).column_cut
+    with pytest.raises(TypeError, match="record 1: a value must be bytes or None, not str"):
+        cut([b"ok", "text"], None, 0, 1 << 62, 8)
+    with pytest.raises(TypeError, match="record 2: a key must be bytes or None, not int"):
+        cut([b"a"] * 3, [b"k", None, 7], 0, 1 << 62, 8)
+    with pytest.raises(ValueError, match="differ in length"):
+        cut([b"a"] * 3, [b"k"], 0, 1 << 62, 8)
+    with pytest.raises(ValueError, match="outside"):
+        cut([b"a"], None, 2, 10, 8)
+    with memoryview(b"gone") as mv:
+        pass
+    with pytest.raises(ValueError, match="released"):
+        cut([mv], None, 0, 10, 8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=30),
+    st.booleans(),
+    st.integers(0, 30),
+    st.integers(-5, 600),
+    st.integers(0, 20),
+)
+def test_column_cut_native_and_twin_agree(
+    values: list, keyed: bool, start: int, room: int, overhead: int
+) -> None:
+    native_impl, python_impl = both()
+    keys = [v[:3] if v else None for v in values] if keyed else None
+    start = min(start, len(values))
+    assert native_impl.column_cut(values, keys, start, room, overhead) == (
+        python_impl.column_cut(values, keys, start, room, overhead)
+    )

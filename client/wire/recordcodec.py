@@ -60,6 +60,13 @@ last_offset_delta, first_null_key)``
     increasing from 0 or more (``contiguous``: exactly ``0..count-1``). Returns the
     largest record timestamp, the last offset delta and the index of the first record
     with a null key (-1 when none has).
+
+``column_cut(values, keys, start, room, overhead) -> (end, nbytes)``
+    Where a slice of the producer's ``send_many`` records ends: the fewest records from
+    ``values[start]`` on whose sizes (``len(value) + len(key) + overhead``, None counting
+    0) add up to ``room`` or more, else all of them. Checks each value and key as
+    ``build_batch`` does (TypeError naming the record), so a bad record is refused before
+    it joins a batch other records share.
 """
 
 from __future__ import annotations
@@ -451,3 +458,41 @@ def check_records(
     if max_ts is None:
         raise ValueError("a batch needs at least one record")
     return max_ts, prev, first_null_key
+
+
+def column_cut(
+    values: Sequence[Any], keys: Sequence[Any] | None, start: int, room: int, overhead: int, /
+) -> tuple[int, int]:
+    if not _INT64_MIN <= room <= _INT64_MAX:
+        raise OverflowError("room does not fit 64 bits")
+    if not 0 <= overhead <= _INT32_MAX:
+        raise ValueError("overhead must be within 0..2**31-1")
+    n = len(values)
+    if keys is not None and len(keys) != n:
+        raise ValueError("values and keys differ in length")
+    if not 0 <= start <= n:
+        raise ValueError(f"start {start} is outside 0..{n}")
+    total = 0
+    i = start
+    while i < n:
+        add = _field_length(values[i], i, "a value") + overhead
+        if keys is not None:
+            add += _field_length(keys[i], i, "a key")
+        total += add
+        if total > _INT64_MAX:
+            raise OverflowError("the records' sizes do not fit 64 bits")
+        i += 1
+        if total >= room:
+            break
+    return i, total
+
+
+def _field_length(b: Any, index: int, what: str) -> int:
+    if b is None:
+        return 0
+    if not isinstance(b, _BYTES_LIKE):
+        raise TypeError(f"record {index}: {what} must be bytes or None, not {type(b).__name__}")
+    n = memoryview(b).nbytes if type(b) is memoryview else len(b)
+    if n > _INT32_MAX:
+        raise ValueError(f"record {index}: {what} length {n} does not fit an int32")
+    return n
