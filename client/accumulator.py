@@ -235,6 +235,10 @@ class RecordAccumulator:
         self.unencodable: list[ProducerBatch] = []  # sealed with an error, to complete
         self.closed = False
         self._lingering: dict[PartitionQueue, None] = {}  # partitions with an open batch
+        # Partitions with an open batch by the leader they had when it opened: where
+        # _take_open looks, so a request scans its leader's partitions, not all of them.
+        # A hint, checked on use (the batch may have sealed, the leader moved).
+        self._open_by_node: dict[int, dict[PartitionQueue, None]] = {}
         self._next_linger = math.inf  # no open batch lingers out before this
         self._queued: dict[PartitionQueue, None] = {}  # partitions with sealed batches
         self.wakeup: Callable[[], None] = _no_wakeup
@@ -471,6 +475,9 @@ class RecordAccumulator:
         tp.open = b
         self.incomplete.add(b)
         self._lingering[tp] = None
+        node = self.leader_of(tp.topic, tp.partition)
+        if node >= 0:
+            self._open_by_node.setdefault(node, {})[tp] = None
         if now + self.linger_s < self._next_linger:
             self._next_linger = now + self.linger_s
             self.wakeup()  # the sender arms its linger timer
@@ -613,18 +620,33 @@ class RecordAccumulator:
         limits as a sealed batch, only while the request has room, and never a topic's
         sticky partition, whose batch unkeyed records are still filling (sealing it
         would move them on and make every batch smaller)."""
-        for tp in list(self._lingering):
+        for node in list(by_node):
+            hint = self._open_by_node.get(node)
+            if hint:
+                self._take_open_for(node, hint, by_node, sizes, taken, leader_of, max_request_bytes)
+
+    def _take_open_for(
+        self,
+        node: int,
+        hint: dict[PartitionQueue, None],
+        by_node: dict[int, list[ProducerBatch]],
+        sizes: dict[int, int],
+        taken: set[PartitionQueue],
+        leader_of: Callable[[str, int], int],
+        max_request_bytes: int,
+    ) -> None:
+        for tp in list(hint):
             b = tp.open
-            if b is None or tp.ready or tp.muted or tp in taken:
+            if b is None or leader_of(tp.topic, tp.partition) != node:
+                del hint[tp]  # sealed since, or led elsewhere now: it lingers out there
+                continue
+            if tp.ready or tp.muted or tp in taken:
                 continue
             t = self.topics.get(tp.topic)
             if t is not None and t.sticky == tp.partition:
                 continue
             limit = 1 if tp.retrying else self.max_in_flight_per_partition
-            if tp.in_flight >= limit:
-                continue
-            node = leader_of(tp.topic, tp.partition)
-            if node not in by_node or (tp.in_flight and node != tp.node):
+            if tp.in_flight >= limit or (tp.in_flight and node != tp.node):
                 continue
             if sizes[node] + records.HEADER_SIZE + b.nbytes > max_request_bytes:
                 continue  # by its estimate it will not fit: it lingers on
@@ -710,6 +732,7 @@ class RecordAccumulator:
                 tp.ready.clear()
                 tp.failed = []
         self._lingering.clear()
+        self._open_by_node.clear()
         self._queued.clear()
         self._next_linger = math.inf
         return list(self.incomplete)

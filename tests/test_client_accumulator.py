@@ -320,6 +320,7 @@ def test_a_request_to_a_leader_takes_its_other_partitions_open_batches() -> None
     clock = Clock()
     acc = make(clock)
     table = leaders({0: 1, 1: 1, 2: 2, 3: 1})
+    acc.leader_of = table  # the producer's metadata, as the sender's drain sees it
     acc.append("t", b"a", partition=0)
     acc.seal_all()  # partition 0's batch is due
     acc.append("t", b"b", partition=1)  # open, lingering, same leader
@@ -348,6 +349,7 @@ def test_a_request_carries_one_batch_per_partition_even_with_one_open_behind() -
     # would both get the second's (offsets, and an error reported as a success).
     acc = make(Clock())
     table = leaders({0: 1, 1: 1})
+    acc.leader_of = table  # the producer's metadata, as the sender's drain sees it
     acc.append("t", b"sealed", partition=0)
     acc.seal_all()
     acc.append("t", b"open", partition=0)
@@ -360,6 +362,7 @@ def test_a_request_carries_one_batch_per_partition_even_with_one_open_behind() -
 def test_the_sticky_partitions_open_batch_keeps_filling() -> None:
     acc = make(Clock())
     table = leaders({0: 1, 1: 1, 2: 1, 3: 1})
+    acc.leader_of = table  # the producer's metadata, as the sender's drain sees it
     acc.append("t", b"keyed", partition=0)
     acc.seal_all()
     acc.append("t", b"unkeyed")  # lands on the sticky partition, opening a batch
@@ -373,6 +376,7 @@ def test_the_sticky_partitions_open_batch_keeps_filling() -> None:
 def test_open_batches_ride_along_only_within_the_limits_of_a_sealed_one() -> None:
     acc = make(Clock(), max_in_flight_per_partition=1)
     table = leaders({0: 1, 1: 1, 2: 1, 3: 1})
+    acc.leader_of = table  # the producer's metadata, as the sender's drain sees it
     for p in (0, 1):
         acc.append("t", b"%d" % p, partition=p)
         acc.seal_all()
@@ -389,6 +393,19 @@ def test_open_batches_ride_along_only_within_the_limits_of_a_sealed_one() -> Non
     parts = acc.topics["t"].parts
     assert parts[0].open is not None and parts[1].open is not None
     assert parts[2].open is not None  # it lingers on, unsealed
+
+
+def test_an_open_batch_whose_leader_moved_does_not_ride_to_the_old_one() -> None:
+    acc = make(Clock())
+    table = {0: 1, 1: 1, 2: 1}
+    acc.leader_of = leaders(table)
+    acc.append("t", b"a", partition=0)
+    acc.seal_all()
+    acc.append("t", b"b", partition=1)  # opened while 1 led it
+    table[1] = 2
+    by_node, _ = acc.drain(leaders(table), 1 << 20)
+    assert [(b.partition, values(b)) for b in by_node[1]] == [(0, [b"a"])]
+    assert acc.topics["t"].parts[1].open is not None  # it lingers out, then goes to 2
 
 
 def test_max_in_flight_per_partition_holds_back_the_next_batch() -> None:
@@ -599,6 +616,7 @@ def test_random_schedules_keep_each_partitions_order_and_complete_every_batch(
     acc.add_topic("t", 3)
     table = {0: 1, 1: 2, 2: 1}
     leader = leaders(table)
+    acc.leader_of = leader  # leaders move below: the index of open batches goes stale
     conns: dict[int, list[ProducerBatch]] = {1: [], 2: [], 3: []}  # in flight, in order
     failing: set[tuple[int, int]] = set()  # (partition, node): the rest fail too
     to_unmute: list = []
