@@ -475,9 +475,8 @@ class RecordAccumulator:
         tp.open = b
         self.incomplete.add(b)
         self._lingering[tp] = None
-        node = self.leader_of(tp.topic, tp.partition)
-        if node >= 0:
-            self._open_by_node.setdefault(node, {})[tp] = None
+        # -1 (no leader yet) too: _take_open moves those on once a leader is known
+        self._open_by_node.setdefault(self.leader_of(tp.topic, tp.partition), {})[tp] = None
         if now + self.linger_s < self._next_linger:
             self._next_linger = now + self.linger_s
             self.wakeup()  # the sender arms its linger timer
@@ -620,10 +619,27 @@ class RecordAccumulator:
         limits as a sealed batch, only while the request has room, and never a topic's
         sticky partition, whose batch unkeyed records are still filling (sealing it
         would move them on and make every batch smaller)."""
+        leaderless = self._open_by_node.get(-1)
+        if leaderless:
+            for tp in list(leaderless):
+                self._rehome(tp, -1, leader_of)
         for node in list(by_node):
             hint = self._open_by_node.get(node)
             if hint:
                 self._take_open_for(node, hint, by_node, sizes, taken, leader_of, max_request_bytes)
+
+    def _rehome(self, tp: PartitionQueue, node: int, leader_of: Callable[[str, int], int]) -> bool:
+        """Check ``tp``'s entry under ``node``: True if it stays. An entry whose batch
+        has sealed since goes; one whose leader is another now moves there."""
+        if tp.open is None:
+            del self._open_by_node[node][tp]
+            return False
+        leader = leader_of(tp.topic, tp.partition)
+        if leader == node:
+            return True
+        del self._open_by_node[node][tp]
+        self._open_by_node.setdefault(leader, {})[tp] = None
+        return False
 
     def _take_open_for(
         self,
@@ -636,10 +652,10 @@ class RecordAccumulator:
         max_request_bytes: int,
     ) -> None:
         for tp in list(hint):
+            if not self._rehome(tp, node, leader_of):
+                continue  # sealed since, or moved to its leader's entries
             b = tp.open
-            if b is None or leader_of(tp.topic, tp.partition) != node:
-                del hint[tp]  # sealed since, or led elsewhere now: it lingers out there
-                continue
+            assert b is not None
             if tp.ready or tp.muted or tp in taken:
                 continue
             t = self.topics.get(tp.topic)

@@ -408,6 +408,17 @@ def test_an_open_batch_whose_leader_moved_does_not_ride_to_the_old_one() -> None
     assert acc.topics["t"].parts[1].open is not None  # it lingers out, then goes to 2
 
 
+def test_a_batch_opened_with_no_leader_rides_along_once_it_has_one() -> None:
+    acc = make(Clock(), batch_size=100)
+    table = {0: 2, 1: -1}
+    acc.leader_of = leaders(table)
+    acc.append("t", b"d", partition=1)  # no leader yet (an election, a new topic)
+    table[1] = 2
+    acc.append("t", b"e" * 100, partition=0)  # sealed for its size
+    by_node, _ = acc.drain(leaders(table), 1 << 20)
+    assert [(b.partition, values(b)) for b in by_node[2]] == [(0, [b"e" * 100]), (1, [b"d"])]
+
+
 def test_max_in_flight_per_partition_holds_back_the_next_batch() -> None:
     acc = make(Clock(), max_in_flight_per_partition=1)
     for i in range(2):
