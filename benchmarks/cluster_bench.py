@@ -114,9 +114,8 @@ def rillet(bootstrap: str, *args: str) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "e2e-producer":  # the paced producer child
-        boot, topic, mode = sys.argv[2], sys.argv[3], sys.argv[8]
-        rate, seconds, size, linger_ms, batch_size = map(float, sys.argv[4:8] + sys.argv[9:10])
-        batch = int(batch_size)
+        boot, topic, mode, batch = sys.argv[2], sys.argv[3], sys.argv[8], int(sys.argv[9])
+        rate, seconds, size, linger_ms = map(float, sys.argv[4:8])
         asyncio.run(e2e_producer(boot, topic, rate, seconds, size, linger_ms, mode, batch))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -590,12 +590,8 @@ class RecordAccumulator:
             size = sizes.get(node, 0)
             if size and size + len(b.payload) > max_request_bytes:  # type: ignore[arg-type]
                 continue
-            tp.ready.popleft()
-            tp.in_flight += 1
-            tp.node = node
-            taken.add(tp)
-            sizes[node] = size + len(b.payload)  # type: ignore[arg-type]
-            by_node.setdefault(node, []).append(b)
+            sizes.setdefault(node, 0)
+            _take(tp, node, by_node.setdefault(node, []), sizes, taken)
         if by_node and self._lingering:
             self._take_open(by_node, sizes, taken, leader_of, max_request_bytes)
         return by_node, leaderless
@@ -623,10 +619,29 @@ class RecordAccumulator:
         if leaderless:
             for tp in list(leaderless):
                 self._rehome(tp, -1, leader_of)
-        for node in list(by_node):
-            hint = self._open_by_node.get(node)
-            if hint:
-                self._take_open_for(node, hint, by_node, sizes, taken, leader_of, max_request_bytes)
+        for node, batches in by_node.items():
+            for tp in list(self._open_by_node.get(node, ())):
+                if not self._rehome(tp, node, leader_of):
+                    continue  # sealed since, or moved to its leader's entries
+                b = tp.open
+                assert b is not None
+                if tp.ready or tp.muted or tp in taken:
+                    continue
+                t = self.topics.get(tp.topic)
+                if t is not None and t.sticky == tp.partition:
+                    continue
+                limit = 1 if tp.retrying else self.max_in_flight_per_partition
+                if tp.in_flight >= limit or (tp.in_flight and node != tp.node):
+                    continue
+                if sizes[node] + records.HEADER_SIZE + b.nbytes > max_request_bytes:
+                    continue  # by its estimate it will not fit: it lingers on
+                self._seal(tp, wake=False)
+                if not tp.ready:
+                    self.wakeup()  # unencodable: set aside, the next pass fails it
+                elif sizes[node] + len(tp.ready[0].payload) > max_request_bytes:  # type: ignore[arg-type]
+                    self.wakeup()  # sealed but over by its encoding: the next request takes it
+                else:
+                    _take(tp, node, batches, sizes, taken)
 
     def _rehome(self, tp: PartitionQueue, node: int, leader_of: Callable[[str, int], int]) -> bool:
         """Check ``tp``'s entry under ``node``: True if it stays. An entry whose batch
@@ -640,45 +655,6 @@ class RecordAccumulator:
         del self._open_by_node[node][tp]
         self._open_by_node.setdefault(leader, {})[tp] = None
         return False
-
-    def _take_open_for(
-        self,
-        node: int,
-        hint: dict[PartitionQueue, None],
-        by_node: dict[int, list[ProducerBatch]],
-        sizes: dict[int, int],
-        taken: set[PartitionQueue],
-        leader_of: Callable[[str, int], int],
-        max_request_bytes: int,
-    ) -> None:
-        for tp in list(hint):
-            if not self._rehome(tp, node, leader_of):
-                continue  # sealed since, or moved to its leader's entries
-            b = tp.open
-            assert b is not None
-            if tp.ready or tp.muted or tp in taken:
-                continue
-            t = self.topics.get(tp.topic)
-            if t is not None and t.sticky == tp.partition:
-                continue
-            limit = 1 if tp.retrying else self.max_in_flight_per_partition
-            if tp.in_flight >= limit or (tp.in_flight and node != tp.node):
-                continue
-            if sizes[node] + records.HEADER_SIZE + b.nbytes > max_request_bytes:
-                continue  # by its estimate it will not fit: it lingers on
-            self._seal(tp, wake=False)
-            if not tp.ready:
-                self.wakeup()  # unencodable: set aside, the next pass fails it
-                continue
-            if sizes[node] + len(tp.ready[0].payload) > max_request_bytes:  # type: ignore[arg-type]
-                self.wakeup()  # sealed but over by its encoding: the next request takes it
-                continue
-            b = tp.ready.popleft()
-            tp.in_flight += 1
-            tp.node = node
-            taken.add(tp)
-            sizes[node] += len(b.payload)  # type: ignore[arg-type]
-            by_node[node].append(b)
 
     # --- results -------------------------------------------------------------------
 
@@ -752,6 +728,22 @@ class RecordAccumulator:
         self._queued.clear()
         self._next_linger = math.inf
         return list(self.incomplete)
+
+
+def _take(
+    tp: PartitionQueue,
+    node: int,
+    batches: list[ProducerBatch],
+    sizes: dict[int, int],
+    taken: set[PartitionQueue],
+) -> None:
+    """Move ``tp``'s first sealed batch into ``node``'s request: in flight from now."""
+    b = tp.ready.popleft()
+    tp.in_flight += 1
+    tp.node = node
+    taken.add(tp)
+    sizes[node] += len(b.payload)  # type: ignore[arg-type]
+    batches.append(b)
 
 
 def _append_key(b: ProducerBatch, key: Any) -> None:

@@ -365,11 +365,12 @@ class Producer:
         keys: Sequence[Any] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Buffer a list of records in column slices of at most ``batch_size`` (no
-        per-record Python work when unkeyed). They join the partition's open batch as
-        records from ``produce`` do, and batches seal at ``batch_size`` or after
-        ``linger_ms``: calls a millisecond apart share a batch. Waits for buffer space
-        between slices; delivery errors are reported by ``flush()``."""
+        """Buffer a list of records in column slices (no per-record Python work when
+        unkeyed). Every value and key is checked before any is added; they join the
+        partition's open batch as records from ``produce`` do, and batches seal at
+        ``batch_size`` or after ``linger_ms``: calls a millisecond apart share a batch.
+        Waits for buffer space between slices; delivery errors are reported by
+        ``flush()``."""
         self._check_open()
         if not values:
             return
@@ -378,8 +379,8 @@ class Producer:
         t = self._accumulator.topics.get(topic) or await self._await_topic(topic)
         if partition is not None and not 0 <= partition < t.num_partitions:
             raise ValueError(f"{topic} has no partition {partition}")
+        self._accumulator.check_columns(values, keys)  # all, before any is added
         if keys is not None and partition is None:
-            self._accumulator.check_columns(values, keys)  # all, before any is added
             groups: dict[int, list[int]] = {}
             partition_for = self._accumulator.partition_for
             for i, k in enumerate(keys):
@@ -397,7 +398,6 @@ class Producer:
         keys: Sequence[Any] | None,
     ) -> None:
         acc = self._accumulator
-        acc.check_columns(values, keys)  # raises on a bad record before any is added
         start, n = 0, len(values)
         while start < n:
             start = acc.append_columns(t, partition, values, keys, start)
